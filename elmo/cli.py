@@ -1,0 +1,68 @@
+"""``elmo`` command line. Thin: each subcommand lives in the module that owns the idea and exposes
+``add_arguments(parser)`` and ``run(args) -> int``. Only the chosen module is imported, so serving
+commands never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from elmo.errors import ElmoError
+
+# name -> (module, one-line help). Modules are imported lazily.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("elmo.data", "fetch the corpora by package name and write train/valid/test splits"),
+    "train": ("elmo.train", "train the biLM language model"),
+    "eval-lm": ("elmo.evaluate", "forward/backward perplexity of a model on a text file"),
+    "baseline": ("elmo.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary"),
+    "export": ("export.onnx_export", "export a model directory to ONNX and verify it"),
+    "serve": ("service.server", "serve a model over gRPC"),
+    "embed": ("elmo.client", "embed text through a running server"),
+    "embed-file": ("elmo.batch", "embed a file into hdf5 / Parquet"),
+    "mix": ("elmo.mix_cli", "train / report task scalar mixes"),
+    "import-allennlp": ("elmo.weights", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
+    "bench": ("bench.run", "throughput / latency benchmarks"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: elmo COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`elmo COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        print(f"elmo: unknown command '{name}'\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, help_ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(module.run(args) or 0)
+    except ElmoError as exc:
+        print(f"elmo {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"elmo {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
