@@ -62,7 +62,7 @@ class ModelConfig:
         need(self.activation in ("relu", "tanh"), "activation", "must be 'relu' or 'tanh'")
         need(self.n_chars == N_CHAR_IDS, "n_chars", f"must be {N_CHAR_IDS} (the ELMo char scheme)")
         need(self.max_chars == MAX_CHARS, "max_chars", f"must be {MAX_CHARS} (the ELMo char scheme)")
-        need(isinstance(self.filters, list) and len(self.filters) > 0, "filters", "must be a non-empty [width, count] list")
+        need(isinstance(self.filters, list) and bool(self.filters), "filters", "must be a non-empty list")
         for pair in self.filters:
             need(
                 isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(v, int) and v > 0 for v in pair),

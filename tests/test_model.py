@@ -30,9 +30,7 @@ def embed(model: BiLM, sentences) -> tuple[np.ndarray, np.ndarray]:
     return layers.numpy(), mask.numpy()
 
 
-@pytest.mark.parametrize(
-    "factory, millions", [(elmo_small, 13.6), (elmo_medium, 28.0), (elmo_original, 93.6)]
-)
+@pytest.mark.parametrize("factory, millions", [(elmo_small, 13.6), (elmo_medium, 28.0), (elmo_original, 93.6)])
 def test_published_shapes_have_published_parameter_counts(factory, millions):
     model = BiLM(factory())
     assert round(model.num_parameters() / 1e6, 1) == millions
@@ -120,8 +118,11 @@ def test_deterministic_and_stateless_across_calls():
 
 @settings(max_examples=25, deadline=None)
 @given(
-    st.lists(st.lists(st.sampled_from(["a", "bb", "苹果", "Apple", ".", "😀", "x" * 60]), min_size=0, max_size=9),
-             min_size=1, max_size=5),
+    st.lists(
+        st.lists(st.sampled_from(["a", "bb", "苹果", "Apple", ".", "😀", "x" * 60]), min_size=0, max_size=9),
+        min_size=1,
+        max_size=5,
+    ),
     st.data(),
 )
 def test_a_sentence_is_the_same_alone_or_in_any_batch(batch, data):
@@ -132,7 +133,7 @@ def test_a_sentence_is_the_same_alone_or_in_any_batch(batch, data):
     in_batch, _ = embed(model, batch)
     alone, _ = embed(model, [target])
     np.testing.assert_allclose(in_batch[index, :, : len(target)], alone[0, :, : len(target)], atol=1e-6, rtol=0)
-    assert (in_batch[index, :, len(target):] == 0).all()
+    assert (in_batch[index, :, len(target) :] == 0).all()
 
 
 def test_lm_loss_ignores_padding():
