@@ -17,7 +17,8 @@ class ModelConfig:
     """Shape of the biLM. Defaults are the published ELMo-small shape.
 
     ``filters`` is a list of ``[width, count]`` pairs of the char-CNN; ``vocab_size`` is the size of the
-    LM softmax (0 = embedding-only model, e.g. imported weights).
+    LM softmax (0 = embedding-only model, e.g. imported weights). ``warm_state``: every LSTM starts from a fixed
+    warm state stored with the weights instead of zeros (imported models only, see elmo.weights).
     """
 
     char_dim: int = 16
@@ -36,6 +37,7 @@ class ModelConfig:
     max_chars: int = MAX_CHARS
     vocab_size: int = 0
     dropout: float = 0.1
+    warm_state: bool = False
 
     @property
     def n_filters(self) -> int:
@@ -73,6 +75,7 @@ class ModelConfig:
         need(self.cell_clip >= 0 and self.proj_clip >= 0, "cell_clip", "clips must be >= 0 (0 = no clipping)")
         need(isinstance(self.vocab_size, int) and self.vocab_size >= 0, "vocab_size", "must be an integer >= 0")
         need(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+        need(isinstance(self.warm_state, bool), "warm_state", "must be true or false")
         return self
 
     # -- persistence -------------------------------------------------------------------------------------------

@@ -66,25 +66,52 @@ def clip(x: Tensor, limit: float) -> Tensor:
 
 
 def projection_lstm_recurrence(
-    gates_x: Tensor, w_rec: Tensor, b_rec: Tensor, w_proj: Tensor, cell_clip: float, proj_clip: float
+    gates_x: Tensor,
+    w_rec: Tensor,
+    b_rec: Tensor,
+    w_proj: Tensor,
+    cell_clip: float,
+    proj_clip: float,
+    initial_hidden: Tensor | None = None,
+    initial_cell: Tensor | None = None,
 ) -> Tensor:
     """The exact ELMo recurrence over precomputed input gates.
 
     ``gates_x``: (B, T, 4C) = ``W_in x_t`` for every step (hoisted out of the loop: one big MatMul).
     ``w_rec``: (4C, P), ``b_rec``: (4C,), ``w_proj``: (P, C). Gate order (i, f, g, o).
     ``c_t = clip(σ(i) tanh(g) + σ(f) c_{t-1})``, ``h_t = clip(W_P (σ(o) tanh(c_t)))``. Returns h: (B, T, P).
+    The state starts at zero, or at the fixed warm state ``initial_hidden`` (P,) / ``initial_cell`` (C,) shared
+    by every row (so a sentence's vectors still do not depend on its batch).
     """
-    batch, steps, four_c = gates_x.shape
+    batch, _, four_c = gates_x.shape
     cell = gates_x.new_zeros(batch, four_c // 4)
     hidden = gates_x.new_zeros(batch, w_proj.shape[0])
+    if initial_hidden is not None and initial_cell is not None:
+        cell = cell + initial_cell
+        hidden = hidden + initial_hidden
+    return projection_lstm_scan(gates_x, w_rec, b_rec, w_proj, cell_clip, proj_clip, hidden, cell)[0]
+
+
+def projection_lstm_scan(
+    gates_x: Tensor,
+    w_rec: Tensor,
+    b_rec: Tensor,
+    w_proj: Tensor,
+    cell_clip: float,
+    proj_clip: float,
+    hidden: Tensor,
+    cell: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The loop of ``projection_lstm_recurrence`` from a given state: ``hidden`` (B, P), ``cell`` (B, C)
+    -> (h for every step (B, T, P), final hidden (B, P), final cell (B, C))."""
     outputs = []
-    for t in range(steps):
+    for t in range(gates_x.shape[1]):
         z = gates_x[:, t] + F.linear(hidden, w_rec, b_rec)
         i, f, g, o = z.chunk(4, dim=-1)
         cell = clip(torch.sigmoid(i) * torch.tanh(g) + torch.sigmoid(f) * cell, cell_clip)
         hidden = clip(F.linear(torch.sigmoid(o) * torch.tanh(cell), w_proj), proj_clip)
         outputs.append(hidden)
-    return torch.stack(outputs, dim=1)
+    return torch.stack(outputs, dim=1), hidden, cell
 
 
 class ProjectionLSTM(nn.Module):
@@ -104,10 +131,13 @@ class ProjectionLSTM(nn.Module):
         with torch.no_grad():  # forget-gate bias 1, the usual LSTM start
             self.state_linearity.bias.zero_()
             self.state_linearity.bias[cfg.cell_dim : 2 * cfg.cell_dim] = 1.0
+        # Optional fixed warm initial state (cfg.warm_state, set by elmo.weights at import): part of the state dict.
+        self.register_buffer("initial_hidden", torch.zeros(cfg.projection_dim) if cfg.warm_state else None)
+        self.register_buffer("initial_cell", torch.zeros(cfg.cell_dim) if cfg.warm_state else None)
 
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (B, T, input_dim), sentences left-aligned -> (B, T, P)."""
-        return projection_lstm_recurrence(
+        args = (
             self.input_linearity(x),
             self.state_linearity.weight,
             self.state_linearity.bias,
@@ -115,6 +145,9 @@ class ProjectionLSTM(nn.Module):
             self.cell_clip,
             self.proj_clip,
         )
+        if self.initial_hidden is None:
+            return projection_lstm_recurrence(*args)
+        return projection_lstm_recurrence(*args, initial_hidden=self.initial_hidden, initial_cell=self.initial_cell)
 
 
 def add_sentence_boundaries(char_ids: Tensor) -> tuple[Tensor, Tensor]:
