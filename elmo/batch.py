@@ -1,0 +1,1034 @@
+"""The batch embedding job: ``elmo embed-file INPUT OUTPUT --model DIR`` (files in, vectors out, at any scale).
+
+The input is cut into *shards* of ``--shard-lines`` consecutive lines. A shard is the unit of work, of sorting
+and of commitment::
+
+    scan INPUT once: decode and validate every line, count lines, hash the bytes, note each shard's byte range
+    for every shard not committed yet (in order; or spread over Ray actors with --engine ray):
+        read its lines -> tokens -> sort by length -> batches under --batch-tokens -> runtime -> layers
+        -> all / top / average / mix:TASK -> dtype -> shard file (written as *.tmp, fsynced, renamed)
+        -> one JSON line appended to the committed-shards manifest        <- the commit point
+    finish: hdf5    -> assemble the shards into one file in AllenNLP's layout, rename it into place
+            parquet -> write the final manifest, rename the shard directory into place
+
+Everything lives in ``OUTPUT.partial/`` until that last rename, so OUTPUT never exists half-written. A job killed
+at any point (SIGKILL included) and started again with the same arguments keeps the committed shards, deletes
+everything else in ``OUTPUT.partial/`` and carries on; the finished output holds every input line exactly once.
+Memory is bounded by one batch (hdf5) or one shard (Parquet), whatever the input's size.
+
+The embedding itself (:func:`embed_shard`) is the same code for the local engine, the Ray engine
+(:mod:`elmo.batch_ray`) and remote mode (``--server``, through :mod:`elmo.client`). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from elmo.errors import ElmoError, InputError, ModelFileError
+from elmo.tokenize import tokenize, whitespace_tokens
+
+log = logging.getLogger("elmo.batch")
+
+JOB_VERSION = 1
+HDF5, PARQUET = "hdf5", "parquet"
+TEXT, JSONL = "text", "jsonl"
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+DTYPES = {"float32": np.float32, "float16": np.float16}
+DEFAULT_BATCH_TOKENS = 4096
+DEFAULT_SHARD_LINES = 1000
+
+PARTIAL_SUFFIX = ".partial"
+JOB_FILE = "_job.json"
+COMMIT_LOG = "_manifest.jsonl"  # committed shards, one JSON line each, appended and fsynced
+MANIFEST_FILE = "_manifest.json"  # the finished Parquet output's manifest (complete: true)
+ASSEMBLY_FILE = "_assembled.h5.tmp"
+SENTENCE_INDEX = "sentence_to_index"  # AllenNLP's dataset name
+JOB_ATTR = "elmo_batch_job"  # root attribute of the finished hdf5 (invisible to keys(): AllenNLP code unaffected)
+SHARD_SENTENCES = "_sentences"  # inside an hdf5 shard only: the sentence_to_index keys of its lines, in order
+SHARD_IDS = "_ids"
+
+
+# -- what to write -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerSpec:
+    """``--layers``: ``all`` -> (n_layers, n, dim); ``top`` (last layer), ``average`` (mean of the layers) and
+    ``mix:TASK`` (the task's scalar mix, elmo.mix) -> (n, dim)."""
+
+    kind: str
+    task: str | None = None
+
+    @property
+    def text(self) -> str:
+        return f"mix:{self.task}" if self.kind == "mix" else self.kind
+
+
+def parse_layers(value: str) -> LayerSpec:
+    """``all | top | average | mix:TASK`` -> LayerSpec; anything else is an InputError naming the value."""
+    value = (value or "").strip()
+    if value in ("all", "top", "average"):
+        return LayerSpec(value)
+    if value.startswith("mix:") and value[4:].strip():
+        return LayerSpec("mix", value[4:].strip())
+    raise InputError(f"--layers: expected all, top, average or mix:TASK, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shape and element type of one sentence's output array."""
+
+    spec: LayerSpec
+    n_layers: int
+    dim: int
+    dtype: str  # "float32" | "float16"
+
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
+        if self.spec.kind == "all":
+            return (self.n_layers, n_tokens, self.dim)
+        return (n_tokens, self.dim)
+
+    def empty(self) -> np.ndarray:
+        """What a blank line becomes: ``(n_layers, 0, dim)`` or ``(0, dim)``."""
+        return np.zeros(self.shape(0), dtype=DTYPES[self.dtype])
+
+
+TaskMix = Callable[[np.ndarray], np.ndarray]  # one sentence's layers (L, n, dim) -> (n, dim)
+
+
+def load_task_mix(model_dir: Path, task: str, n_layers: int, dim: int) -> TaskMix:
+    """The one hook to elmo.mix: the stored task's numpy mix, per sentence (its layer norm is per sentence).
+
+    An unknown task raises elmo.mix.UnknownTaskError ("unknown task 'x' for model DIR; available tasks: ...").
+    """
+    from elmo.mix import TaskStore, apply_task
+
+    stored = TaskStore(model_dir, n_layers=n_layers, dim=dim).get(task)
+    return lambda layers: apply_task(layers, stored)
+
+
+def reduce_layers(layers: np.ndarray, spec: LayerSpec, mix: TaskMix | None = None) -> np.ndarray:
+    """One sentence's float32 layers (L, n, dim) -> what ``spec`` asks for (float32)."""
+    if spec.kind == "all":
+        return layers
+    if spec.kind == "top":
+        return layers[-1]
+    if spec.kind == "average":
+        return layers.mean(axis=0, dtype=np.float32)
+    if mix is None:
+        raise InputError(f"--layers {spec.text}: no task mix loaded")
+    return mix(layers)
+
+
+# -- input ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Record:
+    """One input line. ``sentence`` is the ``sentence_to_index`` key (the stripped line, or the JSONL text)."""
+
+    index: int  # 0-based line index in INPUT: the hdf5 key
+    id: str  # JSONL id, or the line index as a string
+    sentence: str
+    tokens: list[str]
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Lines ``[first_line, first_line + n_lines)`` of INPUT, bytes ``[byte_start, byte_end)``."""
+
+    number: int
+    first_line: int
+    n_lines: int
+    byte_start: int
+    byte_end: int
+
+    @property
+    def stem(self) -> str:
+        return f"part-{self.number:06d}"
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    path: Path
+    input_format: str  # text | jsonl
+    n_lines: int
+    sha256: str
+    shards: list[ShardSpec]
+
+
+def detect_input_format(path: Path, requested: str) -> str:
+    if requested in (TEXT, JSONL):
+        return requested
+    return JSONL if path.suffix.lower() in JSONL_SUFFIXES else TEXT
+
+
+def _line_text(raw: bytes, line_index: int, path: Path) -> str:
+    """Bytes of one line (terminator included) -> str without its terminator; bad UTF-8 names the line."""
+    if line_index == 0 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first sentence
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path}: line {line_index + 1} is not valid UTF-8 (byte {exc.start + 1} of the line is "
+            f"{raw[exc.start : exc.start + 1]!r})"
+        ) from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    if text.endswith("\r"):
+        text = text[:-1]
+    return text
+
+
+def _json_fields(text: str, line_index: int, path: Path) -> tuple[str, str | None, list[str] | None]:
+    """A JSONL line -> (id, text, tokens). ``id`` is optional (default: the line index); exactly one of a string
+    ``text`` or a list of string ``tokens``. A blank line is an empty sentence."""
+    where = f"{path}: line {line_index + 1}"
+    if not text.strip():
+        return str(line_index), "", None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object with 'id' and 'text', got {type(obj).__name__}")
+    raw_id = obj.get("id", line_index)
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        raise InputError(f"{where}: 'id' must be a string or an integer, got {raw_id!r}")
+    has_text, has_tokens = "text" in obj, "tokens" in obj
+    if has_text == has_tokens:
+        raise InputError(f"{where}: expected exactly one of 'text' (a string) or 'tokens' (a list of strings)")
+    if has_text:
+        if not isinstance(obj["text"], str):
+            raise InputError(f"{where}: 'text' must be a string, got {type(obj['text']).__name__}")
+        return str(raw_id), obj["text"], None
+    tokens = obj["tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) and t and not t.isspace() for t in tokens):
+        raise InputError(f"{where}: 'tokens' must be a list of non-empty strings")
+    return str(raw_id), None, tokens
+
+
+def make_record(raw: bytes, line_index: int, path: Path, input_format: str, tokenized: bool) -> Record:
+    """One raw line -> Record. Raw text goes through elmo.tokenize.tokenize (the one tokenizer); with
+    ``tokenized`` it is split on whitespace and embedded untouched."""
+    text = _line_text(raw, line_index, path)
+    tokens: list[str] | None = None
+    if input_format == JSONL:
+        record_id, text, tokens = _json_fields(text, line_index, path)
+    else:
+        record_id = str(line_index)
+    if tokens is not None:
+        return Record(line_index, record_id, " ".join(tokens), tokens)
+    sentence = text.strip()
+    words = whitespace_tokens(sentence) if tokenized else tokenize(sentence).tokens
+    return Record(line_index, record_id, sentence, words)
+
+
+def scan_input(path: Path, input_format: str, shard_lines: int) -> InputPlan:
+    """Read INPUT once, validating every line (UTF-8; JSON for JSONL) so that a bad line fails the job before any
+    work, and note where each shard starts. Memory: one entry per shard."""
+    if not path.exists():
+        raise InputError(f"{path}: input file not found")
+    if not path.is_file():
+        raise InputError(f"{path}: input is not a regular file")
+    digest = hashlib.sha256()
+    shards: list[ShardSpec] = []
+    line_index = 0
+    offset = shard_start = 0
+    try:
+        with open(path, "rb") as handle:
+            for raw in handle:
+                digest.update(raw)
+                text = _line_text(raw, line_index, path)
+                if input_format == JSONL:
+                    _json_fields(text, line_index, path)
+                line_index += 1
+                offset += len(raw)
+                if line_index % shard_lines == 0:
+                    shards.append(ShardSpec(len(shards), line_index - shard_lines, shard_lines, shard_start, offset))
+                    shard_start = offset
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read input ({exc.strerror})") from None
+    if line_index % shard_lines:
+        first = len(shards) * shard_lines
+        shards.append(ShardSpec(len(shards), first, line_index - first, shard_start, offset))
+    return InputPlan(path, input_format, line_index, digest.hexdigest(), shards)
+
+
+def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool) -> list[Record]:
+    """The shard's lines as Records (seek to its byte range; no re-scan of what came before)."""
+    with open(plan.path, "rb") as handle:
+        handle.seek(shard.byte_start)
+        data = handle.read(shard.byte_end - shard.byte_start)
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    if len(lines) != shard.n_lines:
+        raise InputError(f"{plan.path}: changed while the job was running (lines {shard.first_line}+)")
+    return [
+        make_record(raw, shard.first_line + i, plan.path, plan.input_format, tokenized) for i, raw in enumerate(lines)
+    ]
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Positions of the non-empty sentences, sorted by length, cut so that rows x longest <= batch_tokens
+    (the runtime's own rule, so it runs each batch as one; a longer sentence forms a batch alone)."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for position in order:
+        if current and (len(current) + 1) * lengths[position] > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(position)
+    if current:
+        batches.append(current)
+    return batches
+
+
+# -- embedding backends --------------------------------------------------------------------------------------------
+class Backend(Protocol):
+    """Where vectors come from: the in-process runtime or a remote server. ``embed`` returns per sentence the
+    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim))."""
+
+    n_layers: int
+    dim: int
+
+    def identity(self) -> dict: ...
+
+    def embed(self, sentences: list[list[str]]) -> list[np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+def _model_identity(model_dir: Path) -> dict:
+    """What makes the vectors what they are: hashes of the graph and its metadata (a re-export changes them)."""
+    digest = hashlib.sha256()
+    for name in ("config.json", "onnx.json", "model.onnx"):
+        path = model_dir / name
+        if path.is_file():
+            with open(path, "rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+    return {"model_sha256": digest.hexdigest()}
+
+
+class LocalBackend:
+    """The in-process onnxruntime runtime (elmo.runtime.Embedder), one session."""
+
+    def __init__(self, model_dir: str | Path, spec: LayerSpec, batch_tokens: int, threads: int | None = None) -> None:
+        from elmo.runtime import Embedder
+
+        self.model_dir = Path(model_dir)
+        self.embedder = Embedder(self.model_dir, intra_op_threads=threads, max_batch_tokens=batch_tokens)
+        self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
+        self.spec = spec
+        self.mix = load_task_mix(self.model_dir, spec.task, self.n_layers, self.dim) if spec.kind == "mix" else None
+
+    def identity(self) -> dict:
+        identity = _model_identity(self.model_dir)
+        if self.spec.kind == "mix":
+            task_file = self.model_dir / "tasks" / str(self.spec.task) / "task.json"
+            identity["task_sha256"] = hashlib.sha256(task_file.read_bytes()).hexdigest()
+        return identity
+
+    def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        return [reduce_layers(layers, self.spec, self.mix) for layers in self.embedder.embed_tokens(sentences)]
+
+    def close(self) -> None:
+        pass
+
+
+def make_backend(options: JobOptions) -> Backend:
+    if options.server:
+        from elmo.batch_remote import RemoteBackend
+
+        return RemoteBackend(options.server, options.spec, options.server_model)
+    return LocalBackend(options.model, options.spec, options.batch_tokens, options.threads)
+
+
+# -- shard writers -------------------------------------------------------------------------------------------------
+@dataclass
+class ShardStats:
+    lines: int = 0
+    blank: int = 0
+    tokens: int = 0
+
+    def add(self, other: ShardStats) -> None:
+        self.lines += other.lines
+        self.blank += other.blank
+        self.tokens += other.tokens
+
+
+class ShardWriter(Protocol):
+    def add(self, record: Record, vectors: np.ndarray) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync_file(path)
+    except OSError:  # some filesystems refuse to fsync a directory; the rename is still atomic
+        pass
+
+
+class Hdf5ShardWriter:
+    """One shard as a small hdf5 file: a dataset per line (key = line index), written as each batch finishes
+    (memory: one batch), plus the lines' sentences and ids for the final ``sentence_to_index``."""
+
+    def __init__(self, path: Path, layout: Layout, shard: ShardSpec, with_ids: bool) -> None:
+        import h5py
+
+        self.file = h5py.File(path, "w")
+        self.path, self.with_ids = path, with_ids
+        self.sentences: list[str] = [""] * shard.n_lines
+        self.ids: list[str] = [""] * shard.n_lines
+        self.first_line = shard.first_line
+
+    def add(self, record: Record, vectors: np.ndarray) -> None:
+        dataset = self.file.create_dataset(str(record.index), data=vectors)
+        if self.with_ids:
+            dataset.attrs["id"] = record.id
+        self.sentences[record.index - self.first_line] = record.sentence
+        self.ids[record.index - self.first_line] = record.id
+
+    def close(self) -> None:
+        import h5py
+
+        strings = h5py.string_dtype("utf-8")
+        self.file.create_dataset(SHARD_SENTENCES, data=np.array(self.sentences, dtype=object), dtype=strings)
+        self.file.create_dataset(SHARD_IDS, data=np.array(self.ids, dtype=object), dtype=strings)
+        self.file.close()
+
+
+def parquet_schema(layout: Layout):
+    """index int64, id string, tokens list<string>, vectors: (n, dim) as list<fixed_size_list<dim>>, and
+    (n_layers, n, dim) for ``all`` as list<list<fixed_size_list<dim>>>."""
+    import pyarrow as pa
+
+    element = pa.float16() if layout.dtype == "float16" else pa.float32()
+    vectors = pa.list_(pa.list_(element, layout.dim))
+    if layout.spec.kind == "all":
+        vectors = pa.list_(vectors)
+    meta = {"elmo": json.dumps({"layers": layout.spec.text, "n_layers": layout.n_layers, "dim": layout.dim})}
+    fields = [
+        pa.field("index", pa.int64()),
+        pa.field("id", pa.string()),
+        pa.field("tokens", pa.list_(pa.string())),
+        pa.field("vectors", vectors),
+    ]
+    return pa.schema(fields, metadata=meta)
+
+
+def _vectors_array(arrays: list[np.ndarray], layout: Layout):
+    """Per-sentence arrays -> one Arrow column built from offsets (no Python lists of floats)."""
+    import pyarrow as pa
+
+    element = pa.float16() if layout.dtype == "float16" else pa.float32()
+    flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, DTYPES[layout.dtype])
+    rows = pa.FixedSizeListArray.from_arrays(pa.array(flat, type=element), layout.dim)
+    if layout.spec.kind == "all":
+        # one inner list per (sentence, layer): n tokens each; then one outer list per sentence: n_layers each
+        per_layer = np.repeat([a.shape[1] for a in arrays], layout.n_layers)
+        inner = pa.ListArray.from_arrays(_offsets(per_layer), rows)
+        return pa.ListArray.from_arrays(_offsets(np.full(len(arrays), layout.n_layers)), inner)
+    return pa.ListArray.from_arrays(_offsets([a.shape[0] for a in arrays]), rows)
+
+
+def _offsets(lengths) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))]).astype(np.int32)
+
+
+class ParquetShardWriter:
+    """One shard as one Parquet file, rows in line order (memory: the shard's vectors)."""
+
+    def __init__(self, path: Path, layout: Layout, shard: ShardSpec, with_ids: bool) -> None:
+        self.path, self.layout = path, layout
+        self.rows: list[tuple[Record, np.ndarray] | None] = [None] * shard.n_lines
+        self.first_line = shard.first_line
+
+    def add(self, record: Record, vectors: np.ndarray) -> None:
+        self.rows[record.index - self.first_line] = (record, vectors)
+
+    def close(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        missing = [self.first_line + i for i, row in enumerate(self.rows) if row is None]
+        if missing:
+            raise ElmoError(f"internal: shard lost lines {missing[:5]}")
+        records = [row[0] for row in self.rows]
+        columns = [
+            pa.array([r.index for r in records], pa.int64()),
+            pa.array([r.id for r in records], pa.string()),
+            pa.array([r.tokens for r in records], pa.list_(pa.string())),
+            _vectors_array([row[1] for row in self.rows], self.layout),
+        ]
+        table = pa.Table.from_arrays(columns, schema=parquet_schema(self.layout))
+        pq.write_table(table, self.path, compression="zstd")
+
+
+WRITERS = {HDF5: (Hdf5ShardWriter, ".h5"), PARQUET: (ParquetShardWriter, ".parquet")}
+
+
+def embed_shard(
+    records: list[Record],
+    backend: Backend,
+    layout: Layout,
+    writer: ShardWriter,
+    batch_tokens: int,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> ShardStats:
+    """Embed one shard's records into ``writer``: sorted by length, batched under the token budget; blank lines
+    become empty entries without a model call. ``on_batch(sentences, tokens)`` reports progress."""
+    dtype = DTYPES[layout.dtype]
+    stats = ShardStats(lines=len(records))
+    for record in records:
+        if not record.tokens:
+            writer.add(record, layout.empty())
+            stats.blank += 1
+    if on_batch and stats.blank:
+        on_batch(stats.blank, 0)
+    for positions in plan_batches([len(r.tokens) for r in records], batch_tokens):
+        batch = [records[p].tokens for p in positions]
+        outputs = backend.embed(batch)
+        tokens = 0
+        for position, vectors in zip(positions, outputs):
+            expected = layout.shape(len(records[position].tokens))
+            if tuple(vectors.shape) != expected:
+                raise ElmoError(f"line {records[position].index}: got vectors of shape {vectors.shape}, not {expected}")
+            writer.add(records[position], vectors.astype(dtype, copy=False))
+            tokens += len(records[position].tokens)
+        stats.tokens += tokens
+        if on_batch:
+            on_batch(len(positions), tokens)
+    return stats
+
+
+def write_shard(
+    plan: InputPlan,
+    shard: ShardSpec,
+    options: JobOptions,
+    backend: Backend,
+    layout: Layout,
+    directory: Path,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Read, embed and write one shard as ``directory/part-NNNNNN.(h5|parquet)``: written under a unique temporary
+    name, fsynced, renamed. Returns its manifest entry; committing it is the caller's job."""
+    writer_class, suffix = WRITERS[options.output_format]
+    final = directory / (shard.stem + suffix)
+    temporary = directory / f".{shard.stem}.{uuid.uuid4().hex[:8]}{suffix}.tmp"
+    records = read_shard(plan, shard, options.tokenized)
+    writer = writer_class(temporary, layout, shard, plan.input_format == JSONL)
+    try:
+        stats = embed_shard(records, backend, layout, writer, options.batch_tokens, on_batch)
+        writer.close()
+        _fsync_file(temporary)
+        os.replace(temporary, final)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    _fsync_dir(directory)
+    return {
+        "shard": shard.number,
+        "file": final.name,
+        "first_line": shard.first_line,
+        "n_lines": shard.n_lines,
+        "blank": stats.blank,
+        "tokens": stats.tokens,
+        "bytes": final.stat().st_size,
+    }
+
+
+# -- the job directory ---------------------------------------------------------------------------------------------
+@dataclass
+class JobOptions:
+    input: Path
+    output: Path
+    model: Path | None
+    server: str | None
+    server_model: str
+    spec: LayerSpec
+    output_format: str
+    dtype: str
+    tokenized: bool
+    input_format: str
+    batch_tokens: int
+    shard_lines: int
+    engine: str = "local"
+    workers: int | None = None
+    threads: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+    ray_address: str | None = None
+
+
+def job_fingerprint(options: JobOptions, plan: InputPlan, backend_identity: dict, layout: Layout) -> dict:
+    """Everything that decides the output's content. A partial job resumes only under the same fingerprint;
+    batch size, engine, workers and threads only change the speed, so they are left out."""
+    return {
+        "version": JOB_VERSION,
+        "input": str(plan.path.resolve()),
+        "input_sha256": plan.sha256,
+        "input_lines": plan.n_lines,
+        "input_format": plan.input_format,
+        "tokenized": options.tokenized,
+        "layers": options.spec.text,
+        "dtype": options.dtype,
+        "format": options.output_format,
+        "shard_lines": options.shard_lines,
+        "n_layers": layout.n_layers,
+        "dim": layout.dim,
+        "source": backend_identity,
+    }
+
+
+def _differences(old: dict, new: dict) -> str:
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:3])
+
+
+class JobDirectory:
+    """``OUTPUT.partial/``: the job's fingerprint, the committed-shards log and the shard files.
+
+    The log is the only truth: a shard file not listed there (killed before its commit) or a listed one that is
+    missing or has another size is redone. A torn last line of the log (killed mid-append) is dropped.
+    """
+
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.path = output.with_name(output.name + PARTIAL_SUFFIX)
+        self.committed: dict[int, dict] = {}
+
+    def open(self, fingerprint: dict, overwrite: bool) -> None:
+        job_file = self.path / JOB_FILE
+        if self.path.exists() and overwrite:
+            shutil.rmtree(self.path)
+        if self.path.exists() and job_file.is_file():
+            old = _read_json(job_file)
+            if old != fingerprint:
+                raise InputError(
+                    f"{self.path} holds an unfinished job with other arguments or input "
+                    f"({_differences(old, fingerprint)}); rerun with the same arguments to resume it, "
+                    "or pass --overwrite to start over"
+                )
+            self._load_log()
+        else:
+            if self.path.exists():  # killed before the fingerprint was written: nothing worth keeping
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True)
+            _write_json_atomic(job_file, fingerprint)
+        self._remove_uncommitted()
+
+    def _load_log(self) -> None:
+        log_path = self.path / COMMIT_LOG
+        if not log_path.is_file():
+            return
+        entries = []
+        for line in log_path.read_bytes().split(b"\n"):
+            try:
+                entry = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue  # the torn tail of an append cut short
+            shard_file = self.path / str(entry.get("file", ""))
+            if shard_file.is_file() and shard_file.stat().st_size == entry.get("bytes"):
+                entries.append(entry)
+        self.committed = {entry["shard"]: entry for entry in entries}
+        # rewrite the log without the torn line so that later appends start on a fresh line
+        _write_text_atomic(log_path, "".join(json.dumps(e) + "\n" for e in self.committed.values()))
+
+    def _remove_uncommitted(self) -> None:
+        keep = {JOB_FILE, COMMIT_LOG} | {entry["file"] for entry in self.committed.values()}
+        for child in self.path.iterdir():
+            if child.name not in keep:
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+    def commit(self, entry: dict) -> None:
+        """Append one shard's entry to the log and fsync: from here on the shard survives any crash."""
+        with open(self.path / COMMIT_LOG, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.committed[entry["shard"]] = entry
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path.parent)
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    _write_text_atomic(path, json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+
+# -- finishing -----------------------------------------------------------------------------------------------------
+def finished_job(output: Path, output_format: str) -> dict | None:
+    """The fingerprint a finished OUTPUT was made with ({} when it exists but is not ours; None when absent)."""
+    if not output.exists():
+        return None
+    if output_format == PARQUET:
+        manifest = _read_json(output / MANIFEST_FILE) if output.is_dir() else {}
+        return manifest.get("job", {}) if manifest.get("complete") else {}
+    try:
+        import h5py
+
+        with h5py.File(output, "r") as handle:
+            return json.loads(handle.attrs.get(JOB_ATTR, "{}"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _ordered_entries(job: JobDirectory, plan: InputPlan) -> list[dict]:
+    """The committed shards in line order, checked to cover every input line exactly once."""
+    entries = [job.committed[shard.number] for shard in plan.shards]
+    expected = 0
+    for entry in entries:
+        if entry["first_line"] != expected:
+            raise ElmoError(f"internal: committed shards leave a gap at line {expected}")
+        expected += entry["n_lines"]
+    if expected != plan.n_lines:
+        raise ElmoError(f"internal: committed shards hold {expected} lines, the input has {plan.n_lines}")
+    return entries
+
+
+def assemble_hdf5(job: JobDirectory, plan: InputPlan, fingerprint: dict) -> None:
+    """Copy every shard's datasets into one file in AllenNLP's layout, add ``sentence_to_index`` and rename it to
+    OUTPUT. A crash here leaves only a temporary file in OUTPUT.partial/, rebuilt from the shards on resume.
+
+    Memory: the sentence -> index map (the size of the input's text), as AllenNLP's own command held it."""
+    import h5py
+
+    entries = _ordered_entries(job, plan)
+    temporary = job.path / ASSEMBLY_FILE
+    sentence_to_index: dict[str, str] = {}
+    with h5py.File(temporary, "w") as out:
+        out.attrs[JOB_ATTR] = json.dumps(fingerprint, sort_keys=True)
+        for entry in entries:
+            with h5py.File(job.path / entry["file"], "r") as shard:
+                for index in range(entry["first_line"], entry["first_line"] + entry["n_lines"]):
+                    key = str(index).encode()
+                    h5py.h5o.copy(shard.id, key, out.id, key)
+                for offset, sentence in enumerate(shard[SHARD_SENTENCES].asstr()[...]):
+                    sentence_to_index[sentence] = str(entry["first_line"] + offset)
+        index_dataset = out.create_dataset(SENTENCE_INDEX, (1,), dtype=h5py.string_dtype())
+        index_dataset[0] = json.dumps(sentence_to_index)
+    _fsync_file(temporary)
+    os.replace(temporary, job.output)
+    _fsync_dir(job.output.parent)
+    shutil.rmtree(job.path)
+
+
+def finish_parquet(job: JobDirectory, plan: InputPlan, fingerprint: dict, totals: ShardStats) -> None:
+    """Write the final manifest (complete: true) into the shard directory and rename the directory to OUTPUT."""
+    entries = _ordered_entries(job, plan)
+    manifest = {
+        "complete": True,
+        "job": fingerprint,
+        "lines": totals.lines,
+        "blank": totals.blank,
+        "tokens": totals.tokens,
+        "shards": [{k: e[k] for k in ("file", "first_line", "n_lines", "blank", "tokens", "bytes")} for e in entries],
+    }
+    _write_json_atomic(job.path / MANIFEST_FILE, manifest)
+    for name in (JOB_FILE, COMMIT_LOG):
+        (job.path / name).unlink(missing_ok=True)
+    os.replace(job.path, job.output)
+    _fsync_dir(job.output.parent)
+
+
+# -- progress ------------------------------------------------------------------------------------------------------
+class Progress:
+    """tqdm bar over sentences (rate = sentences/s, ETA) with tokens/s as a postfix."""
+
+    def __init__(self, total: int, done: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total, initial=done, unit="sent", desc="embed-file", disable=not enabled, dynamic_ncols=True
+        )
+        self.started = time.perf_counter()
+        self.tokens = 0
+        self.sentences = 0
+
+    def __call__(self, sentences: int, tokens: int) -> None:
+        self.sentences += sentences
+        self.tokens += tokens
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
+        self.bar.update(sentences)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+# -- the job -------------------------------------------------------------------------------------------------------
+@dataclass
+class JobResult:
+    output: Path
+    lines: int = 0
+    blank: int = 0
+    tokens: int = 0
+    resumed_lines: int = 0
+    embedded_lines: int = 0
+    embedded_tokens: int = 0
+    seconds: float = 0.0
+    already_complete: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if self.already_complete:
+            return f"embed-file: {self.output} is already complete ({self.lines} sentences); nothing to do"
+        rate = self.embedded_lines / self.seconds if self.seconds else 0.0
+        token_rate = self.embedded_tokens / self.seconds if self.seconds else 0.0
+        resumed = f"; {self.resumed_lines} resumed from an earlier run" if self.resumed_lines else ""
+        return (
+            f"embed-file: {self.lines} sentences ({self.blank} blank, {self.tokens} tokens) -> {self.output} "
+            f"({_size(self.output)}); this run embedded {self.embedded_lines} sentences in {self.seconds:.1f} s: "
+            f"{rate:,.1f} sentences/s, {token_rate:,.0f} tokens/s{resumed}"
+        )
+
+
+def _size(path: Path) -> str:
+    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    for unit in ("B", "KB", "MB", "GB"):
+        if total < 1024 or unit == "GB":
+            return f"{total:.1f} {unit}" if unit != "B" else f"{total} B"
+        total /= 1024
+    return f"{total} B"
+
+
+def check_options(options: JobOptions) -> None:
+    if options.model is None and not options.server:
+        raise InputError("give --model DIR (local runtime) or --server HOST:PORT (remote)")
+    if options.model is not None and options.server:
+        raise InputError("give either --model DIR or --server HOST:PORT, not both")
+    if options.model is not None and not options.model.is_dir():
+        raise ModelFileError(f"{options.model}: model directory not found")
+    if options.batch_tokens < 1:
+        raise InputError(f"--batch-tokens must be >= 1, got {options.batch_tokens}")
+    if options.shard_lines < 1:
+        raise InputError(f"--shard-lines must be >= 1, got {options.shard_lines}")
+    if options.output.resolve() == options.input.resolve():
+        raise InputError(f"{options.output}: OUTPUT would overwrite INPUT")
+    if not options.output.parent.is_dir():
+        raise InputError(f"{options.output.parent}: output directory does not exist")
+
+
+def run_job(options: JobOptions) -> JobResult:
+    """The whole job: scan, resume or start, embed the pending shards (local or Ray), finish. Idempotent."""
+    check_options(options)
+    plan = scan_input(options.input, detect_input_format(options.input, options.input_format), options.shard_lines)
+    backend = make_backend(options)
+    try:
+        layout = Layout(options.spec, backend.n_layers, backend.dim, options.dtype)
+        fingerprint = job_fingerprint(options, plan, backend.identity(), layout)
+        job = JobDirectory(options.output)
+        done = finished_job(options.output, options.output_format)
+        if done is not None and not options.overwrite:
+            if done == fingerprint:
+                if job.path.exists():  # killed between the final rename and the clean-up
+                    shutil.rmtree(job.path)
+                return JobResult(options.output, lines=plan.n_lines, already_complete=True)
+            raise InputError(
+                f"{options.output} already exists and was not made by this job; remove it or pass --overwrite"
+            )
+        if done is not None:
+            shutil.rmtree(options.output) if options.output.is_dir() else options.output.unlink()
+        job.open(fingerprint, options.overwrite)
+        return _embed_pending(options, plan, backend, layout, job, fingerprint)
+    finally:
+        backend.close()
+
+
+def _embed_pending(
+    options: JobOptions, plan: InputPlan, backend: Backend, layout: Layout, job: JobDirectory, fingerprint: dict
+) -> JobResult:
+    pending = [shard for shard in plan.shards if shard.number not in job.committed]
+    resumed = sum(entry["n_lines"] for entry in job.committed.values())
+    if resumed:
+        log.info("resuming %s: %d of %d lines already committed", job.path, resumed, plan.n_lines)
+    progress = Progress(plan.n_lines, resumed, options.progress)
+    try:
+        if options.engine == "ray" and pending:
+            backend.close()  # the actors hold their own sessions
+            from elmo.batch_ray import embed_shards_on_ray
+
+            embed_shards_on_ray(plan, pending, options, layout, job, progress)
+        else:
+            for shard in pending:
+                job.commit(write_shard(plan, shard, options, backend, layout, job.path, progress))
+    finally:
+        progress.close()
+    seconds = progress.elapsed
+    totals = ShardStats()
+    for entry in job.committed.values():
+        totals.add(ShardStats(entry["n_lines"], entry["blank"], entry["tokens"]))
+    if options.output_format == HDF5:
+        assemble_hdf5(job, plan, fingerprint)
+    else:
+        finish_parquet(job, plan, fingerprint, totals)
+    return JobResult(
+        options.output,
+        lines=totals.lines,
+        blank=totals.blank,
+        tokens=totals.tokens,
+        resumed_lines=resumed,
+        embedded_lines=progress.sentences,
+        embedded_tokens=progress.tokens,
+        seconds=seconds,
+    )
+
+
+# -- reading the output back ---------------------------------------------------------------------------------------
+def iter_parquet(path: str | Path) -> Iterator[tuple[int, str, list[str], np.ndarray]]:
+    """(index, id, tokens, vectors) per sentence of a Parquet output, in line order; vectors as numpy arrays of
+    the stored dtype, shape (n_layers, n, dim) or (n, dim). Reads one row group at a time."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    files = (
+        [path / entry["file"] for entry in _read_json(path / MANIFEST_FILE).get("shards", [])]
+        if path.is_dir()
+        else [path]
+    )
+    for file in files:
+        parquet = pq.ParquetFile(file)
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(group)
+            vectors = table.column("vectors").combine_chunks()
+            for row, (index, record_id, tokens) in enumerate(
+                zip(
+                    table.column("index").to_pylist(),
+                    table.column("id").to_pylist(),
+                    table.column("tokens").to_pylist(),
+                )
+            ):
+                yield index, record_id, tokens, _row_array(vectors, row)
+
+
+def _row_array(vectors, row: int) -> np.ndarray:
+    """Row ``row`` of a vectors column as a numpy array: (n, dim), or (n_layers, n, dim) for ``all``."""
+    import pyarrow as pa
+
+    value = vectors[row].values  # the sentence's token vectors, or its list of layers
+    if pa.types.is_fixed_size_list(value.type):
+        return value.flatten().to_numpy(zero_copy_only=False).reshape(len(value), value.type.list_size)
+    tokens = value.flatten()  # n_layers * n token vectors, layer by layer
+    return tokens.flatten().to_numpy(zero_copy_only=False).reshape(len(value), -1, tokens.type.list_size)
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", type=Path, help="text file (one sentence per line) or JSONL with 'id' and 'text'")
+    parser.add_argument("output", type=Path, help="output .hdf5 file, or Parquet directory")
+    source = parser.add_argument_group("where vectors come from (one of)")
+    source.add_argument("--model", type=Path, help="model directory (local onnxruntime)")
+    source.add_argument("--server", help="HOST:PORT of a running `elmo serve` (remote mode)")
+    source.add_argument("--server-model", default="", help="model name on the server (default: its default model)")
+    parser.add_argument(
+        "--layers", default="all", help="all (n_layers, n, dim) | top | average | mix:TASK -> (n, dim); default all"
+    )
+    parser.add_argument("--format", choices=[HDF5, PARQUET], help="default: parquet for a .parquet OUTPUT, else hdf5")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--tokenized", action="store_true", help="lines are whitespace-separated tokens, untouched")
+    parser.add_argument("--input-format", choices=["auto", TEXT, JSONL], default="auto", help="auto: .jsonl -> jsonl")
+    parser.add_argument(
+        "--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="padded tokens per runtime batch"
+    )
+    parser.add_argument(
+        "--shard-lines", type=int, default=DEFAULT_SHARD_LINES, help="lines per shard (unit of commit and sorting)"
+    )
+    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument("--workers", type=int, help="Ray actors (default: one per GPU, else CPUs / --threads)")
+    parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads per session")
+    parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    parser.add_argument("--overwrite", action="store_true", help="discard an existing OUTPUT or unfinished job")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def options_from_args(args: argparse.Namespace) -> JobOptions:
+    output_format = args.format or (PARQUET if args.output.suffix.lower() in PARQUET_SUFFIXES else HDF5)
+    return JobOptions(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        server=args.server,
+        server_model=args.server_model,
+        spec=parse_layers(args.layers),
+        output_format=output_format,
+        dtype=args.dtype,
+        tokenized=args.tokenized,
+        input_format=args.input_format,
+        batch_tokens=args.batch_tokens,
+        shard_lines=args.shard_lines,
+        engine=args.engine,
+        workers=args.workers,
+        threads=args.threads,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        ray_address=args.ray_address,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    result = run_job(options_from_args(args))
+    print(result.summary(), file=sys.stdout, flush=True)
+    return 0
+
+
+__all__ = [
+    "InputPlan",
+    "JobOptions",
+    "JobResult",
+    "LayerSpec",
+    "Layout",
+    "Record",
+    "ShardSpec",
+    "add_arguments",
+    "embed_shard",
+    "iter_parquet",
+    "parse_layers",
+    "plan_batches",
+    "run",
+    "run_job",
+    "scan_input",
+]
