@@ -1,0 +1,66 @@
+# syntax=docker/dockerfile:1
+#
+# The ELMo embedding service: onnxruntime-gpu with CUDA 13 + cuDNN 9 from its pip extras (no CUDA base image,
+# no torch), gRPC on 50051, Prometheus metrics on 9090, the shipped default model inside.
+#
+#   docker build -t elmo-service .
+#   docker run --gpus all -p 50051:50051 -p 9090:9090 elmo-service            # GPU host (NVIDIA Container Toolkit)
+#   docker run -p 50051:50051 -p 9090:9090 elmo-service                       # no GPU: onnxruntime falls back to CPU
+#   docker run --gpus all -p 50051:50051 -p 9090:9090 -v /srv/models/mine:/models/mine:ro elmo-service \
+#       --model /models/mine --host 0.0.0.0 --port 50051 --metrics-port 9090   # another model directory
+#
+# docs/operations.md explains the flags, logs, metrics, shutdown, TLS/bearer options and sizing.
+# tests/test_dockerfile.py checks this file with Docker's own parser, our rules, and a pip resolution of every
+# `pip install` below for this image's Python and platform.
+
+# Pinned by exact version. For a reproducible production build also pin the digest on the build host
+# (this repo's machines cannot reach Docker Hub):
+#   docker buildx imagetools inspect python:3.11.13-slim-bookworm   ->   FROM python:3.11.13-slim-bookworm@sha256:<digest>
+FROM python:3.11.13-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+# The CUDA/cuDNN wheels put their libraries here and onnxruntime's CUDA provider carries no RPATH to them.
+# Harmless without a GPU (the provider fails to load and onnxruntime runs on CPU).
+ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib
+# Ask the NVIDIA Container Toolkit for the compute libraries (libcuda) when run with --gpus.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+RUN python -m venv /opt/venv
+
+# The heavy layer first (~1.5 GB of CUDA/cuDNN wheels), so that a code change does not reinstall it.
+# Same pin as the `serve` extra in pyproject.toml (the test checks they agree).
+RUN pip install "onnxruntime-gpu[cuda,cudnn]==1.31.1"
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY elmo ./elmo
+COPY service ./service
+COPY export ./export
+COPY bench ./bench
+# The `serve` extra only (torch-free); then prove that the serving path imports without torch.
+RUN pip install ".[serve]" \
+    && python -c "import sys, service.server; assert 'torch' not in sys.modules, 'torch leaked into the image'"
+
+COPY scripts/healthcheck.py /app/scripts/healthcheck.py
+# The shipped default model. Another one: mount it (-v DIR:/models/NAME:ro) and pass --model /models/NAME.
+COPY models/default /app/models/default
+
+RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /app --shell /usr/sbin/nologin elmo
+USER 10001:10001
+
+EXPOSE 50051 9090
+
+# grpc.health.v1 reports SERVING only once the model is loaded and has answered a warm-up forward pass.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "/app/scripts/healthcheck.py", "127.0.0.1:50051"]
+
+# `elmo serve` drains in-flight requests on SIGTERM (docker stop); give it the grace it needs: docker stop -t 30.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["elmo", "serve"]
+CMD ["--model", "/app/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9090"]
