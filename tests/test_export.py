@@ -1,0 +1,81 @@
+import contextlib
+import json
+
+import numpy as np
+import pytest
+
+import export.onnx_export as onnx_export
+from elmo.cli import main
+from elmo.errors import ModelFileError
+from elmo.modeldir import sha256_of
+from elmo.runtime import CPU, Embedder
+from export.random_model import write_random_model
+from export.verify import verification_cases
+
+
+@pytest.fixture()
+def unexported_model(tmp_path):
+    return write_random_model(tmp_path / "model", "tiny", seed=1, scale=0.3, cell_clip=0.5, proj_clip=0.5)
+
+
+def test_export_writes_a_verified_graph_and_its_metadata(tiny_model_dir):
+    meta = json.loads((tiny_model_dir / "onnx.json").read_text())
+    assert meta["verification"]["passed"] is True
+    assert meta["verification"]["dtype"] == "float32"
+    assert 0 < meta["verification"]["max_abs_error"] <= 1e-5
+    assert meta["checkpoint_sha256"] == sha256_of(tiny_model_dir / "model.safetensors")
+    assert (meta["n_layers"], meta["dim"], meta["projection_dim"], meta["cell_dim"]) == (3, 16, 8, 16)
+    assert meta["char_scheme"]["max_chars"] == 50 and meta["opset"] == onnx_export.OPSET
+    assert "BertPreTokenizer" in json.dumps(meta["tokenizer"])
+    names = [case["name"] for case in meta["verification"]["cases"]]
+    assert {"length 1", "length 2", "length 7", "length 50", "length 200"} <= set(names)
+
+
+def test_verification_cases_cover_what_the_export_must_survive():
+    cases = dict(verification_cases())
+    tokens = [t for sentences in cases.values() for sentence in sentences for t in sentence]
+    assert any(len(t.encode()) > 50 for t in tokens)
+    assert any("\u4e00" <= ch <= "\u9fff" for t in tokens for ch in t)  # CJK
+    assert any(ord(ch) > 0xFFFF for t in tokens for ch in t)  # emoji (4-byte UTF-8)
+    mixed = [len(s) for s in cases["mixed lengths 1/2/7/50/200"]]
+    assert sorted(mixed) == [1, 2, 7, 50, 200]
+
+
+def test_a_traced_python_loop_fails_verification_and_leaves_no_graph(unexported_model, monkeypatch):
+    # Without the scripted recurrence the tracer unrolls the loop to the sample's length: the checker would pass
+    # such a graph, the self-verification must not.
+    monkeypatch.setattr(onnx_export, "exportable_recurrence", contextlib.nullcontext)
+    with pytest.raises(ModelFileError, match="model.onnx: verification against PyTorch failed"):
+        onnx_export.export_model(unexported_model)
+    assert not (unexported_model / "model.onnx").exists()
+    assert not (unexported_model / "onnx.json").exists()
+
+
+def test_fp16_export_reports_its_own_error(unexported_model, tmp_path):
+    out = tmp_path / "fp16"
+    onnx_export.export_model(unexported_model, out, fp16=True)
+    meta = json.loads((out / "onnx.json").read_text())
+    assert meta["dtype"] == "float16" and meta["verification"]["dtype"] == "float16"
+    assert 1e-5 < meta["verification"]["max_abs_error"] <= onnx_export.FP16_TOLERANCE
+    full = tmp_path / "fp32"
+    onnx_export.export_model(unexported_model, full)
+    sentences = [["Half", "precision", "."], ["中", "文"]]
+    half = Embedder(out, providers=[CPU]).embed_tokens(sentences)
+    single = Embedder(full, providers=[CPU]).embed_tokens(sentences)
+    for a, b in zip(half, single):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, atol=onnx_export.FP16_TOLERANCE)
+
+
+def test_cli_exports_into_another_directory(unexported_model, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert main(["export", "--model", str(unexported_model), "--out", str(out), "--threads", "1"]) == 0
+    assert "verification: passed" in capsys.readouterr().out
+    assert {"config.json", "model.onnx", "onnx.json"} <= {p.name for p in out.iterdir()}
+    assert Embedder(out, providers=[CPU]).embed_tokens([["ok"]])[0].shape == (3, 1, 16)
+
+
+def test_cli_names_a_missing_model_directory(tmp_path, capsys):
+    assert main(["export", "--model", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("elmo export: error:") and "absent" in err

@@ -1,0 +1,198 @@
+import json
+import logging
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from elmo.checkpoint import load_model
+from elmo.errors import ElmoError, InputError, ModelFileError
+from elmo.runtime import CPU, CUDA, Embedder
+from tests.conftest import REPO
+from tests.numpy_reference import config_dict, elmo_forward, from_torch_state
+
+SENTENCES = [
+    ["The", "cat", "sat", "on", "the", "mat", "."],
+    ["苹", "果", "很", "好", "吃"],
+    ["a"],
+    ["x" * 70, "😀", "👍🏽", "naïve", "!"],
+    [],
+    ["One", "more", "sentence", "with", "a", "few", "more", "tokens", "than", "the", "others", "have", "."],
+]
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model_dir):
+    return Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    model = load_model(tiny_model_dir)
+    weights, cfg = from_torch_state(model.state_dict(), model.cfg), config_dict(model.cfg)
+    return lambda sentence: elmo_forward(weights, sentence, cfg)
+
+
+def test_matches_independent_float64_reference(embedder, reference):
+    outputs = embedder.embed_tokens(SENTENCES)
+    assert len(outputs) == len(SENTENCES)
+    for sentence, layers in zip(SENTENCES, outputs):
+        assert layers.dtype == np.float32
+        assert layers.shape == (embedder.info.n_layers, len(sentence), embedder.info.dim)
+        if sentence:
+            np.testing.assert_allclose(layers, reference(sentence), atol=1e-5, rtol=0)
+
+
+def test_a_sentence_gets_the_same_vectors_alone_and_in_any_batch(embedder):
+    together = embedder.embed_tokens(SENTENCES)
+    for sentence, vectors in zip(SENTENCES, together):
+        np.testing.assert_allclose(embedder.embed_tokens([sentence])[0], vectors, atol=1e-6, rtol=0)
+    reversed_order = embedder.embed_tokens(SENTENCES[::-1])[::-1]
+    for a, b in zip(together, reversed_order):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_small_token_budget_splits_batches_without_changing_results(tiny_model_dir, embedder):
+    small = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, max_batch_tokens=8)
+    assert len(small._batches([len(s) for s in SENTENCES])) > 2
+    for a, b in zip(small.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_long_sentence_beyond_any_tracing_length(embedder, reference):
+    sentence = [f"w{i % 37}" for i in range(300)]
+    (layers,) = embedder.embed_tokens([sentence])
+    assert layers.shape[1] == 300
+    np.testing.assert_allclose(layers, reference(sentence), atol=1e-5, rtol=0)
+
+
+def test_empty_inputs(embedder):
+    assert embedder.embed_tokens([]) == []
+    (empty,) = embedder.embed_tokens([[]])
+    assert empty.shape == (embedder.info.n_layers, 0, embedder.info.dim)
+
+
+def test_embed_texts_tokenizes_with_offsets(embedder):
+    text = "Hello, world! 你好。"
+    ((tokenized, layers),) = embedder.embed_texts([text])
+    assert tokenized.tokens == ["Hello", ",", "world", "!", "你", "好", "。"]
+    assert [text[a:b] for a, b in tokenized.offsets] == tokenized.tokens
+    np.testing.assert_allclose(layers, embedder.embed_tokens([tokenized.tokens])[0], atol=1e-6, rtol=0)
+
+
+def test_info_describes_the_model(embedder, tiny_model_dir):
+    info = embedder.info
+    assert (info.n_layers, info.dim, info.provider) == (3, 16, CPU)
+    assert info.model_dir == tiny_model_dir
+    embedder.warmup()
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [("a sentence", "not one string"), (["not", "tokenized"], "is a string"), ([["ok", ""]], "non-empty strings")],
+)
+def test_bad_input_is_an_input_error(embedder, bad, message):
+    with pytest.raises(InputError, match=message):
+        embedder.embed_tokens(bad)
+
+
+def test_too_long_sentence_is_refused(tiny_model_dir):
+    short = Embedder(tiny_model_dir, providers=[CPU], max_tokens_per_sentence=4)
+    with pytest.raises(InputError, match="5 tokens; the limit is 4"):
+        short.embed_tokens([["a"] * 5])
+
+
+# -- provider selection --------------------------------------------------------------------------------------------
+def test_one_log_line_names_the_active_provider_and_why(tiny_model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="elmo.runtime"):
+        embedder = Embedder(tiny_model_dir)  # default: CUDA first when the build has it, then CPU
+    lines = [r.getMessage() for r in caplog.records if "onnxruntime provider" in r.getMessage()]
+    assert len(lines) == 1
+    assert embedder.info.provider == embedder.session.get_providers()[0]
+    assert embedder.info.provider in lines[0]
+    if embedder.info.provider == CPU:
+        assert "CUDA" in lines[0]  # the reason: why not the GPU
+
+
+def test_demanding_cuda_without_a_gpu_fails_loudly(tiny_model_dir):
+    try:
+        embedder = Embedder(tiny_model_dir, providers=[CUDA])
+    except ElmoError as exc:
+        assert "CUDAExecutionProvider was demanded" in str(exc)
+    else:
+        assert embedder.info.provider == CUDA
+
+
+# -- bad model directories -----------------------------------------------------------------------------------------
+@pytest.fixture()
+def model_copy(tiny_model_dir, tmp_path):
+    return shutil.copytree(tiny_model_dir, tmp_path / "model")
+
+
+def test_missing_graph_names_the_file(model_copy):
+    (model_copy / "model.onnx").unlink()
+    with pytest.raises(ModelFileError, match="model.onnx: ONNX graph not found"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_corrupt_graph_names_the_file(model_copy):
+    (model_copy / "model.onnx").write_bytes(b"\x08\x07 this is not a protobuf" * 10)
+    with pytest.raises(ModelFileError, match="model.onnx: onnxruntime cannot load"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_truncated_graph_names_the_file(model_copy):
+    data = (model_copy / "model.onnx").read_bytes()
+    (model_copy / "model.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="model.onnx"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_missing_metadata_names_the_file(model_copy):
+    (model_copy / "onnx.json").unlink()
+    with pytest.raises(ModelFileError, match="onnx.json: export metadata not found"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_metadata_that_contradicts_config_names_both_files(model_copy):
+    meta = json.loads((model_copy / "onnx.json").read_text())
+    meta["dim"] = 32
+    (model_copy / "onnx.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelFileError, match=r"onnx.json: does not match .*config.json \(dim: 32 vs 16\)"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_metadata_of_another_checkpoint_is_refused(model_copy):
+    meta = json.loads((model_copy / "onnx.json").read_text())
+    meta["checkpoint_sha256"] = "0" * 64
+    (model_copy / "onnx.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelFileError, match="onnx.json: exported from a different model.safetensors"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_graph_that_contradicts_metadata_names_the_graph(model_copy):
+    # onnx.json and config.json agree on 3 LSTM layers (4 output layers); the graph itself has 2 LSTM layers.
+    config = json.loads((model_copy / "config.json").read_text())
+    meta = json.loads((model_copy / "onnx.json").read_text())
+    config["n_layers"], meta["n_layers"] = 3, 4
+    (model_copy / "config.json").write_text(json.dumps(config))
+    (model_copy / "onnx.json").write_text(json.dumps(meta))
+    (model_copy / "model.safetensors").unlink()  # no checkpoint to compare against
+    with pytest.raises(ModelFileError, match="model.onnx: graph does not match onnx.json"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(ModelFileError, match="model directory not found"):
+        Embedder(tmp_path / "nope")
+
+
+def test_runtime_never_imports_torch(tiny_model_dir):
+    code = (
+        "import sys; from elmo.runtime import Embedder; "
+        f"e = Embedder({str(tiny_model_dir)!r}, providers=['CPUExecutionProvider']); e.embed_texts(['a b']); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
