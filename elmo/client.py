@@ -1,0 +1,241 @@
+"""Python client of the embedding service, returning numpy arrays; and ``elmo embed --server HOST:PORT TEXT...``.
+
+    from elmo.client import EmbedderClient
+    with EmbedderClient("127.0.0.1:50051") as client:
+        vectors = client.embed_texts(["The cat sat .", "苹果很好吃"])   # per sentence float32 (n_layers, n_tokens, dim)
+        results = client.embed(["Apple shares rose ."], task="ner_msra") # tokens, offsets, layers, mix
+
+Inputs are ``str`` (raw text), ``bytes`` (UTF-8 text, checked here) or a list of tokens. Failures raise
+:class:`RemoteError` (an ``ElmoError``) carrying the gRPC status code and the server's message. Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from elmo.errors import ElmoError, InputError
+from elmo.v1 import embedder_pb2 as pb
+from elmo.v1 import embedder_pb2_grpc as pb_grpc
+from elmo.wire import DTYPE_NAMES, from_tensor
+
+AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+InputLike = str | bytes | Sequence[str]
+
+
+class RemoteError(ElmoError):
+    """The server answered with an error status; ``code`` is the grpc.StatusCode, the message is the server's."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class Embedding:
+    tokens: list[str]
+    offsets: list[tuple[int, int]] | None  # None for pre-tokenized input
+    layers: np.ndarray | None  # (n_selected_layers, n_tokens, dim), None with omit_layers
+    mix: np.ndarray | None  # (n_tokens, dim), None without a task
+
+
+def to_input(item: InputLike, index: int = 0) -> pb.Input:
+    """One sentence -> ``elmo.v1.Input``; bytes must be UTF-8 and strings encodable (no lone surrogates)."""
+    if isinstance(item, bytes):
+        try:
+            item = item.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"inputs[{index}] is not valid UTF-8 (byte 0x{item[exc.start]:02x} at offset {exc.start})"
+            ) from None
+    if isinstance(item, str):
+        _check_encodable(item, f"inputs[{index}]")
+        return pb.Input(text=item)
+    tokens = list(item)
+    for j, token in enumerate(tokens):
+        if not isinstance(token, str):
+            raise InputError(f"inputs[{index}].tokens[{j}] is {type(token).__name__}, not str")
+        _check_encodable(token, f"inputs[{index}].tokens[{j}]")
+    return pb.Input(tokens=pb.Tokens(tokens=tokens))
+
+
+def _check_encodable(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{where} cannot be encoded as UTF-8 (character {exc.object[exc.start]!r} at {exc.start})"
+        ) from None
+
+
+class EmbedderClient:
+    """A channel to one server. Thread-safe (gRPC channels are); use one per process and share it."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        auth_token: str | None = None,
+        tls_ca: str | Path | None = None,
+        tls_server_name: str | None = None,
+        timeout: float | None = 60.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+            self.channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self.channel = grpc.insecure_channel(target, options=options)
+        self.stub = pb_grpc.EmbedderStub(self.channel)
+        self.timeout = timeout
+        token = auth_token if auth_token is not None else os.environ.get(AUTH_TOKEN_ENV)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    # -- plumbing -------------------------------------------------------------------------------------------------
+    def _call(self, method, request, timeout: float | None = None):
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise RemoteError(exc.code(), exc.details() or "") from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> EmbedderClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the channel connects (not until the model is warm: see :meth:`health`)."""
+        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+
+    # -- API ------------------------------------------------------------------------------------------------------
+    def request(
+        self,
+        inputs: Sequence[InputLike],
+        layers: Sequence[int] | None = None,
+        task: str = "",
+        omit_layers: bool = False,
+        dtype: str = "float32",
+        model: str = "",
+    ) -> pb.EmbedRequest:
+        """The EmbedRequest :meth:`embed` would send (public: the load generator and the tests reuse it)."""
+        if isinstance(inputs, (str, bytes)):
+            raise InputError("inputs must be a list of sentences, not one string")
+        if dtype not in DTYPE_NAMES:
+            raise InputError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
+        return pb.EmbedRequest(
+            inputs=[to_input(item, i) for i, item in enumerate(inputs)],
+            layers=list(layers or []),
+            task=task,
+            omit_layers=omit_layers,
+            dtype=DTYPE_NAMES[dtype],
+            model=model,
+        )
+
+    def embed(self, inputs: Sequence[InputLike], timeout: float | None = None, **options) -> list[Embedding]:
+        """Embed sentences. Options: layers, task, omit_layers, dtype ('float32'|'float16'), model."""
+        response = self._call(self.stub.Embed, self.request(inputs, **options), timeout)
+        return decode_response(response)
+
+    def embed_texts(self, texts: Sequence[str | bytes], **options) -> list[np.ndarray]:
+        """Raw texts -> per text the layers array ``(n_layers, n_tokens, dim)``."""
+        return [e.layers for e in self.embed(texts, **options)]
+
+    def embed_tokens(self, sentences: Sequence[Sequence[str]], **options) -> list[np.ndarray]:
+        """Tokenized sentences -> per sentence ``(n_layers, n_tokens, dim)``, exactly like Embedder.embed_tokens."""
+        if any(isinstance(s, (str, bytes)) for s in sentences):
+            raise InputError("embed_tokens takes lists of tokens; use embed_texts for raw text")
+        return [e.layers for e in self.embed(sentences, **options)]
+
+    def embed_stream(self, requests, timeout: float | None = None):
+        """Iterate EmbedRequests (see :meth:`request`) -> decoded results per request, in order."""
+        try:
+            for response in self.stub.EmbedStream(iter(requests), timeout=timeout, metadata=self._metadata):
+                yield decode_response(response)
+        except grpc.RpcError as exc:
+            raise RemoteError(exc.code(), exc.details() or "") from None
+
+    def tokenize(self, texts: Sequence[str], model: str = "") -> list[tuple[list[str], list[tuple[int, int]]]]:
+        response = self._call(self.stub.Tokenize, pb.TokenizeRequest(texts=list(texts), model=model))
+        return [(list(t.tokens), [(s.start, s.end) for s in t.offsets]) for t in response.texts]
+
+    def model_info(self, model: str = "") -> pb.ModelInfo:
+        return self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(model=model))
+
+    def list_models(self) -> list[str]:
+        return list(self._call(self.stub.ListModels, pb.ListModelsRequest()).models)
+
+    def health(self, service: str = "") -> str:
+        """grpc.health.v1 status name: 'SERVING', 'NOT_SERVING', ..."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        response = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def decode_response(response: pb.EmbedResponse) -> list[Embedding]:
+    out = []
+    for e in response.embeddings:
+        out.append(
+            Embedding(
+                tokens=list(e.tokens),
+                offsets=[(s.start, s.end) for s in e.offsets] if e.offsets else None,
+                layers=from_tensor(e.layers) if e.HasField("layers") else None,
+                mix=from_tensor(e.mix) if e.HasField("mix") else None,
+            )
+        )
+    return out
+
+
+# -- `elmo embed` ------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("texts", nargs="+", help="sentences to embed (raw text; with --tokens: whitespace tokens)")
+    parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of a running `elmo serve`")
+    parser.add_argument("--tokens", action="store_true", help="the texts are whitespace-separated tokens")
+    parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
+    parser.add_argument("--task", default="", help="scalar-mix task name")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
+    parser.add_argument("--model", default="", help="served model name (default: the server's default)")
+    parser.add_argument("--tls-ca", type=Path, default=None, help="PEM root certificate to trust (enables TLS)")
+    parser.add_argument("--auth-token", default=None, help=f"bearer token (default: env {AUTH_TOKEN_ENV})")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    parser.add_argument("--show", type=int, default=4, help="numbers to print per layer (default 4)")
+
+
+def run(args: argparse.Namespace) -> int:
+    layers = [int(v) for v in args.layers.split(",") if v.strip()] if args.layers else None
+    inputs = [t.split() for t in args.texts] if args.tokens else list(args.texts)
+    with EmbedderClient(args.server, auth_token=args.auth_token, tls_ca=args.tls_ca, timeout=args.timeout) as client:
+        results = client.embed(inputs, layers=layers, task=args.task, dtype=args.dtype, model=args.model)
+    np.set_printoptions(precision=4, suppress=True)
+    for text, result in zip(args.texts, results):
+        print(f"{text!r}: {len(result.tokens)} tokens {result.tokens}")
+        if result.layers is not None:
+            print(f"  layers {result.layers.dtype} {tuple(result.layers.shape)}")
+            for index, layer in zip(layers or range(result.layers.shape[0]), result.layers):
+                print(f"    layer {index} token 0: {layer[0, : args.show]} ... |v|={np.linalg.norm(layer[0]):.4f}")
+        if result.mix is not None:
+            print(f"  mix[{args.task}] {tuple(result.mix.shape)} token 0: {result.mix[0, : args.show]}")
+    return 0
+
+
+__all__ = ["Embedding", "EmbedderClient", "RemoteError", "decode_response", "to_input"]

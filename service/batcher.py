@@ -1,0 +1,281 @@
+"""Dynamic batching across concurrent requests under a token budget.
+
+Requests put their sentences (token lists) in one queue per model; a single loop forms batches and runs the
+runtime in a worker thread (one thread per model: one onnxruntime session feeds one device stream, and keeping
+the event loop free means a slow batch never blocks accepting or answering other calls).
+
+Batch formation, when the worker is free:
+  * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
+  * the oldest queued sentence always goes in (no starvation), then the queued sentences nearest to it in length
+    while the padded cost ``longest x count`` stays within ``max_batch_tokens`` (padding counts: it costs compute);
+  * an idle batcher with a partial batch waits at most ``max_delay`` for company;
+  * the batch goes to the runtime sorted by length.
+Admission is per request and all-or-nothing: if the queued tokens would exceed ``max_queue_tokens`` the request
+is refused with OVERLOADED before any of it is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from elmo.errors import ElmoError
+from service.errors import Kind, ServiceError, from_library_error
+
+log = logging.getLogger(__name__)
+
+# (sentences of tokens) -> per sentence float32 (n_layers, n_tokens, dim)
+EmbedFn = Callable[[list[list[str]]], list[np.ndarray]]
+
+
+@dataclass
+class BatchStats:
+    """What a sentence's batch looked like (reported back in EmbedResponse.timing)."""
+
+    queue_s: float
+    inference_s: float
+    sentences: int
+    tokens: int  # padded: longest x sentences
+
+
+@dataclass
+class _Item:
+    tokens: list[str]
+    future: asyncio.Future
+    deadline: float | None  # time.monotonic() seconds, None = no deadline
+    enqueued: float = field(default_factory=time.monotonic)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class BatcherObserver:
+    """Hooks for metrics; the default does nothing (service.metrics implements them)."""
+
+    def queue_changed(self, sentences: int, tokens: int) -> None: ...
+
+    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None: ...
+
+    def dropped(self, reason: str, count: int) -> None: ...
+
+
+class Batcher:
+    def __init__(
+        self,
+        embed_fn: EmbedFn,
+        *,
+        max_batch_tokens: int,
+        max_batch_sentences: int,
+        max_delay_s: float,
+        max_queue_tokens: int,
+        name: str = "model",
+        observer: BatcherObserver | None = None,
+    ):
+        self._embed_fn = embed_fn
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_sentences = max_batch_sentences
+        self.max_delay_s = max_delay_s
+        self.max_queue_tokens = max_queue_tokens
+        self.name = name
+        self.observer = observer or BatcherObserver()
+        # One worker thread per model: the runtime is fed by exactly one caller at a time.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"runtime-{name}")
+        self._queue: list[_Item] = []
+        self._queued_tokens = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self.batches_run = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def close(self) -> None:
+        """Refuse new work, fail what is still queued (UNAVAILABLE), wait for the running batch, stop the thread."""
+        self._closed = True
+        for item in self._take_all():
+            if not item.future.done():
+                item.future.set_exception(ServiceError(Kind.UNAVAILABLE, "server is shutting down"))
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    @property
+    def queued_sentences(self) -> int:
+        return len(self._queue)
+
+    # -- submitting -----------------------------------------------------------------------------------------------
+    async def embed(
+        self, sentences: Sequence[list[str]], deadline: float | None = None
+    ) -> tuple[list[np.ndarray], list[BatchStats]]:
+        """Embed sentences (each a non-empty token list) -> per sentence (n_layers, n_tokens, dim) and batch stats.
+
+        Raises ServiceError OVERLOADED (queue full), DEADLINE (expired while queued), UNAVAILABLE (closing),
+        INVALID_INPUT / INTERNAL (runtime errors). Cancelling the caller abandons its queued sentences.
+        """
+        if self._closed or self._wakeup is None:
+            raise ServiceError(Kind.UNAVAILABLE, "server is shutting down")
+        n_tokens = sum(len(s) for s in sentences)
+        if self._queued_tokens + n_tokens > self.max_queue_tokens:
+            self.observer.dropped("overloaded", len(sentences))
+            raise ServiceError(
+                Kind.OVERLOADED,
+                f"overloaded: {self._queued_tokens} tokens queued, this request adds {n_tokens}, "
+                f"limit {self.max_queue_tokens} (--max-queue-tokens); retry with backoff",
+            )
+        loop = asyncio.get_running_loop()
+        items = [_Item(list(tokens), loop.create_future(), deadline) for tokens in sentences]
+        self._queue.extend(items)
+        self._queued_tokens += n_tokens
+        self.observer.queue_changed(len(self._queue), self._queued_tokens)
+        self._wakeup.set()
+        try:
+            results = await asyncio.gather(*(item.future for item in items))
+        except BaseException:
+            for item in items:  # abandoned: the loop drops cancelled items instead of computing them
+                item.future.cancel()
+            raise
+        return [r[0] for r in results], [r[1] for r in results]
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_work()
+            batch = self._form_batch()
+            if not batch:
+                continue
+            await self._run(batch, loop)
+
+    async def _wait_for_work(self) -> None:
+        """Return when a batch should be formed: full enough, or the oldest item waited ``max_delay``."""
+        assert self._wakeup is not None
+        while True:
+            self._drop_dead()
+            if self._queue:
+                if self._queued_tokens >= self.max_batch_tokens or len(self._queue) >= self.max_batch_sentences:
+                    return
+                wait = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
+                if wait <= 0:
+                    return
+            else:
+                wait = None
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+
+    def _drop_dead(self) -> None:
+        """Remove cancelled items and fail expired ones with DEADLINE, so no compute is spent on them."""
+        now = time.monotonic()
+        keep: list[_Item] = []
+        expired = cancelled = 0
+        for item in self._queue:
+            if item.future.done():
+                cancelled += 1
+            elif item.deadline is not None and item.deadline <= now:
+                expired += 1
+                item.future.set_exception(
+                    ServiceError(Kind.DEADLINE, "deadline exceeded while queued; the work was dropped")
+                )
+            else:
+                keep.append(item)
+        if expired or cancelled:
+            self._queue = keep
+            self._queued_tokens = sum(item.n_tokens for item in keep)
+            self.observer.queue_changed(len(keep), self._queued_tokens)
+            if expired:
+                self.observer.dropped("deadline", expired)
+            if cancelled:
+                self.observer.dropped("cancelled", cancelled)
+
+    def _form_batch(self) -> list[_Item]:
+        self._drop_dead()
+        if not self._queue:
+            return []
+        oldest = self._queue[0]
+        rest = sorted(range(1, len(self._queue)), key=lambda i: (abs(self._queue[i].n_tokens - oldest.n_tokens), i))
+        chosen = [0]
+        longest = oldest.n_tokens
+        for i in rest:
+            if len(chosen) >= self.max_batch_sentences:
+                break
+            new_longest = max(longest, self._queue[i].n_tokens)
+            if new_longest * (len(chosen) + 1) > self.max_batch_tokens:
+                continue
+            chosen.append(i)
+            longest = new_longest
+        taken = set(chosen)
+        batch = [self._queue[i] for i in sorted(chosen)]
+        self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
+        self._queued_tokens -= sum(item.n_tokens for item in batch)
+        self.observer.queue_changed(len(self._queue), self._queued_tokens)
+        batch.sort(key=lambda item: item.n_tokens)
+        return batch
+
+    async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
+        started = time.monotonic()
+        sentences = [item.tokens for item in batch]
+        padded = max(item.n_tokens for item in batch) * len(batch)
+        try:
+            outputs = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
+            if len(outputs) != len(batch):
+                raise ServiceError(Kind.INTERNAL, f"runtime returned {len(outputs)} results for {len(batch)} sentences")
+        except asyncio.CancelledError:
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(ServiceError(Kind.UNAVAILABLE, "server is shutting down"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the callers, never kill the loop
+            error = _as_service_error(exc)
+            if error.kind is Kind.INTERNAL:
+                log.exception("batch of %d sentences failed on model %s", len(batch), self.name)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            return
+        seconds = time.monotonic() - started
+        self.batches_run += 1
+        self.observer.batch_done(len(batch), sum(item.n_tokens for item in batch), padded, seconds)
+        log.debug(
+            "model %s: batch of %d sentences, %d padded tokens, %.1f ms", self.name, len(batch), padded, 1000 * seconds
+        )
+        for item, output in zip(batch, outputs):
+            if not item.future.done():
+                stats = BatchStats(started - item.enqueued, seconds, len(batch), padded)
+                item.future.set_result((output, stats))
+
+    def _take_all(self) -> list[_Item]:
+        items, self._queue, self._queued_tokens = self._queue, [], 0
+        return items
+
+
+def _as_service_error(exc: Exception) -> ServiceError:
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, ElmoError):
+        return from_library_error(exc)
+    return ServiceError(Kind.INTERNAL, f"inference failed: {type(exc).__name__}: {exc}")
+
+
+__all__ = ["BatchStats", "Batcher", "BatcherObserver", "EmbedFn"]

@@ -1,0 +1,71 @@
+"""The service's one error type and its one mapping to gRPC status codes.
+
+The queue, the limits and the servicer raise :class:`ServiceError` with a :class:`Kind` and a message that names
+the problem; only :func:`grpc_code` knows about gRPC. Library errors (``elmo.errors``) are translated once by
+:func:`from_library_error`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import grpc
+
+from elmo.errors import ConfigError, ElmoError, InputError, ModelFileError
+
+
+class Kind(enum.Enum):
+    INVALID_INPUT = "invalid input"  # the request itself is wrong; retrying it cannot help
+    NOT_FOUND = "not found"  # unknown model or task
+    OVERLOADED = "overloaded"  # queue full; retry later with backoff
+    DEADLINE = "deadline exceeded"  # the caller's deadline passed before the work was done
+    UNAVAILABLE = "unavailable"  # warming up or draining; retry on another replica
+    UNAUTHENTICATED = "unauthenticated"  # missing or wrong bearer token
+    INTERNAL = "internal"  # a bug or a broken model; logged with a traceback
+
+
+_GRPC_CODES: dict[Kind, grpc.StatusCode] = {
+    Kind.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    Kind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Kind.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Kind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+class ServiceError(Exception):
+    """A failure meant for the caller: ``kind`` picks the status code, ``message`` names the problem."""
+
+    def __init__(self, kind: Kind, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ServiceError({self.kind.name}, {self.message!r})"
+
+
+def grpc_code(kind: Kind) -> grpc.StatusCode:
+    return _GRPC_CODES[kind]
+
+
+def from_library_error(exc: ElmoError) -> ServiceError:
+    """Translate an ``elmo.errors`` exception raised by the runtime or a task store."""
+    if isinstance(exc, InputError):
+        return ServiceError(Kind.INVALID_INPUT, str(exc))
+    if isinstance(exc, (ModelFileError, ConfigError)):
+        return ServiceError(Kind.INTERNAL, f"model error: {exc}")
+    return ServiceError(Kind.INTERNAL, str(exc))
+
+
+def invalid(message: str) -> ServiceError:
+    return ServiceError(Kind.INVALID_INPUT, message)
+
+
+def not_found(message: str) -> ServiceError:
+    return ServiceError(Kind.NOT_FOUND, message)
+
+
+__all__ = ["Kind", "ServiceError", "from_library_error", "grpc_code", "invalid", "not_found"]

@@ -1,0 +1,89 @@
+"""Every limit of the service in one place: defaults, ``elmo serve`` flags, and validation of the values.
+
+The defaults keep a 2-core CPU box responsive and a single response under gRPC's usual message sizes; raise them
+deliberately (see docs/service.md, "Limits").
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from elmo.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    # -- per request ---------------------------------------------------------------------------------------------
+    max_inputs: int = 256  # sentences in one EmbedRequest / texts in one TokenizeRequest
+    max_tokens_per_sentence: int = 512  # further capped by the model's own limit
+    max_tokens_per_request: int = 8192
+    max_message_bytes: int = 8 * MIB  # largest request gRPC accepts (larger: RESOURCE_EXHAUSTED from gRPC itself)
+    max_response_bytes: int = 64 * MIB  # largest response the server builds (larger: INVALID_ARGUMENT, up front)
+    # -- queue and batching --------------------------------------------------------------------------------------
+    max_queue_tokens: int = 65536  # tokens waiting across all requests; beyond: RESOURCE_EXHAUSTED "overloaded"
+    max_batch_tokens: int = 4096  # padded tokens (longest sentence x sentences) in one runtime call
+    max_batch_sentences: int = 128
+    max_delay_ms: float = 2.0  # how long an idle batcher waits for company before running a partial batch
+    # -- server --------------------------------------------------------------------------------------------------
+    max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
+    max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
+    drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
+
+    def validate(self) -> Limits:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_delay_ms":
+                ok = value >= 0
+            elif f.name == "drain_seconds":
+                ok = value >= 0
+            else:
+                ok = isinstance(value, int) and value > 0
+            if not ok:
+                raise ConfigError(f"limit --{f.name.replace('_', '-')} must be positive (got {value!r})")
+        if self.max_tokens_per_sentence > self.max_tokens_per_request:
+            raise ConfigError("--max-tokens-per-sentence must not exceed --max-tokens-per-request")
+        if self.max_tokens_per_sentence > self.max_batch_tokens:
+            raise ConfigError("--max-tokens-per-sentence must not exceed --max-batch-tokens (a sentence must fit)")
+        if self.max_tokens_per_request > self.max_queue_tokens:
+            raise ConfigError("--max-tokens-per-request must not exceed --max-queue-tokens (a request must fit)")
+        return self
+
+
+_HELP = {
+    "max_inputs": "sentences per request",
+    "max_tokens_per_sentence": "tokens per sentence (also capped by the model)",
+    "max_tokens_per_request": "tokens per request, all sentences together",
+    "max_message_bytes": "largest request message in bytes",
+    "max_response_bytes": "largest response message in bytes",
+    "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
+    "max_batch_tokens": "padded tokens per runtime call",
+    "max_batch_sentences": "sentences per runtime call",
+    "max_delay_ms": "how long an idle batcher waits to fill a batch",
+    "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
+    "max_stream_inflight": "EmbedStream requests in flight per stream",
+    "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
+}
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("limits")
+    defaults = Limits()
+    for f in fields(Limits):
+        default = getattr(defaults, f.name)
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            type=type(default),
+            default=default,
+            help=f"{_HELP[f.name]} (default {default})",
+        )
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}).validate()
+
+
+__all__ = ["MIB", "Limits", "add_limit_arguments", "limits_from_args"]

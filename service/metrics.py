@@ -1,0 +1,125 @@
+"""Prometheus metrics of the service, served on their own HTTP port (``--metrics-port``).
+
+One registry per server instance (tests run several servers in one process). Names follow Prometheus
+conventions; the list with meanings is in docs/service.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from service.batcher import BatcherObserver
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+THROUGHPUT_WINDOW_S = 10.0
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "elmo_requests", "RPCs finished, by method and status code", ["method", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "elmo_request_latency_seconds",
+            "RPC latency as seen by the server",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("elmo_requests_in_flight", "RPCs being handled", registry=r)
+        self.queue_sentences = Gauge("elmo_queue_sentences", "sentences waiting to be batched", ["model"], registry=r)
+        self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting to be batched", ["model"], registry=r)
+        self.batch_tokens = Histogram(
+            "elmo_batch_tokens", "real tokens per runtime call", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.batch_padded_tokens = Histogram(
+            "elmo_batch_padded_tokens",
+            "longest x sentences per runtime call",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_sentences = Histogram(
+            "elmo_batch_sentences", "sentences per runtime call", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.inference = Histogram(
+            "elmo_inference_seconds", "runtime time per batch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.tokens = Counter("elmo_embedded_tokens", "tokens embedded", ["model"], registry=r)
+        self.dropped = Counter(
+            "elmo_dropped_sentences",
+            "sentences not computed, by reason (overloaded, deadline, cancelled)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.ready = Gauge("elmo_model_ready", "1 once the model passed its warm-up forward", ["model"], registry=r)
+        self.tokens_per_second = Gauge(
+            "elmo_tokens_per_second",
+            f"tokens embedded per second over the last {THROUGHPUT_WINDOW_S:.0f} s",
+            registry=r,
+        )
+        self._recent: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+        self.tokens_per_second.set_function(self._throughput)
+        self._http = None
+
+    def serve_http(self, port: int, host: str = "0.0.0.0") -> int:
+        """Expose /metrics on ``port`` (0 = any free port); returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http = server
+        return server.server_address[1]
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+    def observer(self, model: str) -> BatcherObserver:
+        return _ModelObserver(self, model)
+
+    def record_tokens(self, n: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._recent.append((now, n))
+            self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+
+    def _throughput(self) -> float:
+        with self._lock:
+            self._trim(time.monotonic())
+            return sum(n for _, n in self._recent) / THROUGHPUT_WINDOW_S
+
+
+class _ModelObserver(BatcherObserver):
+    def __init__(self, metrics: ServiceMetrics, model: str):
+        self.m = metrics
+        self.model = model
+
+    def queue_changed(self, sentences: int, tokens: int) -> None:
+        self.m.queue_sentences.labels(self.model).set(sentences)
+        self.m.queue_tokens.labels(self.model).set(tokens)
+
+    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None:
+        self.m.batch_sentences.labels(self.model).observe(sentences)
+        self.m.batch_tokens.labels(self.model).observe(tokens)
+        self.m.batch_padded_tokens.labels(self.model).observe(padded_tokens)
+        self.m.inference.labels(self.model).observe(seconds)
+        self.m.tokens.labels(self.model).inc(tokens)
+        self.m.record_tokens(tokens)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.m.dropped.labels(self.model, reason).inc(count)
+
+
+__all__ = ["ServiceMetrics"]

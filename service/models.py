@@ -1,0 +1,129 @@
+"""The served models: one runtime, one batcher and one task store per model, looked up by name."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elmo.errors import ConfigError
+from service.batcher import Batcher, BatcherObserver
+from service.errors import Kind, ServiceError, not_found
+from service.limits import Limits
+from service.tasks import ModelTasks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedModel:
+    name: str
+    directory: Path
+    runtime: Any  # elmo.runtime.Embedder (duck-typed: .info, .embed_tokens, .warmup)
+    batcher: Batcher
+    tasks: ModelTasks
+    n_layers: int
+    dim: int
+    max_tokens_per_sentence: int  # the model's own limit (the service may cap it lower)
+    provider: str
+    version: str
+    ready: bool = field(default=False)
+
+    async def warm_up(self) -> None:
+        """runtime.warmup() in the worker thread, then one real forward through the batcher (checked)."""
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        if hasattr(self.runtime, "warmup"):
+            await loop.run_in_executor(self.batcher.executor, self.runtime.warmup)
+        (vectors,), _ = await self.batcher.embed([["warm", "-", "up"]])
+        if vectors.shape != (self.n_layers, 3, self.dim) or not np.isfinite(vectors).all():
+            raise ServiceError(
+                Kind.INTERNAL,
+                f"model {self.name}: warm-up forward gave shape {vectors.shape} "
+                f"(expected {(self.n_layers, 3, self.dim)}) or non-finite values",
+            )
+        self.ready = True
+        log.info("model %s warmed up in %.2f s (provider %s)", self.name, time.monotonic() - started, self.provider)
+
+
+def _info_value(info: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        value = info.get(name) if isinstance(info, dict) else getattr(info, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _version(runtime: Any) -> str:
+    """The model's version: onnx.json ``version`` if set, else the checkpoint hash it was exported from."""
+    meta = getattr(runtime, "meta", None) or {}
+    if meta.get("version"):
+        return str(meta["version"])
+    sha = meta.get("checkpoint_sha256")
+    return f"sha256:{sha[:12]}" if sha else ""
+
+
+def serve_model(
+    runtime: Any, directory: Path, limits: Limits, observer: BatcherObserver, name: str = ""
+) -> ServedModel:
+    """Wrap a loaded runtime for serving (``name`` overrides the name the model reports)."""
+    info = runtime.info
+    name = name or str(_info_value(info, "name", default=directory.name))
+    n_layers = int(_info_value(info, "n_layers"))
+    dim = int(_info_value(info, "dim"))
+    batcher = Batcher(
+        runtime.embed_tokens,
+        max_batch_tokens=limits.max_batch_tokens,
+        max_batch_sentences=limits.max_batch_sentences,
+        max_delay_s=limits.max_delay_ms / 1000.0,
+        max_queue_tokens=limits.max_queue_tokens,
+        name=name,
+        observer=observer,
+    )
+    return ServedModel(
+        name=name,
+        directory=directory,
+        runtime=runtime,
+        batcher=batcher,
+        tasks=ModelTasks(directory, n_layers=n_layers, dim=dim),
+        n_layers=n_layers,
+        dim=dim,
+        max_tokens_per_sentence=int(
+            _info_value(info, "max_tokens_per_sentence", default=limits.max_tokens_per_sentence)
+        ),
+        provider=str(_info_value(info, "provider", default="")),
+        version=_version(runtime),
+    )
+
+
+class ModelRegistry:
+    """Models by name; the first one registered is the default (empty ``model`` in a request)."""
+
+    def __init__(self, models: list[ServedModel]):
+        if not models:
+            raise ConfigError("no model to serve (--model DIR)")
+        self.models: dict[str, ServedModel] = {}
+        for model in models:
+            if model.name in self.models:
+                raise ConfigError(f"two models are named '{model.name}': give one another name with --model NAME=DIR")
+            self.models[model.name] = model
+        self.default = models[0].name
+
+    def get(self, name: str) -> ServedModel:
+        if not name:
+            return self.models[self.default]
+        try:
+            return self.models[name]
+        except KeyError:
+            raise not_found(f"unknown model '{name}' (serving: {', '.join(self.models)})") from None
+
+    def __iter__(self):
+        return iter(self.models.values())
+
+
+__all__ = ["ModelRegistry", "ServedModel", "serve_model"]

@@ -1,0 +1,257 @@
+"""``elmo serve``: the gRPC embedding server.
+
+    elmo serve --model DIR [--model NAME=DIR ...] --port 50051 [--metrics-port 9090]
+               [--tls-cert FILE --tls-key FILE] [--auth-token TOKEN | env ELMO_AUTH_TOKEN] [limits flags]
+
+Lifecycle: models load -> the port opens with grpc.health.v1 NOT_SERVING (reflection and GetModelInfo answer,
+Embed answers UNAVAILABLE "warming up") -> each model runs a real warm-up forward pass through its batcher ->
+SERVING. On SIGTERM/SIGINT: health NOT_SERVING, new RPCs get UNAVAILABLE, RPCs in flight (streams included) get
+``--drain-seconds`` to finish, then the batchers stop and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from elmo.errors import ConfigError
+from service.interceptors import AuthInterceptor, ObserverInterceptor
+from service.limits import Limits, add_limit_arguments, limits_from_args
+from service.metrics import ServiceMetrics
+from service.models import ModelRegistry, ServedModel, serve_model
+from service.servicer import SERVICE_NAME, EmbedderServicer, ServerState, embedder_handler
+
+log = logging.getLogger("service.server")
+
+AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
+HEALTH_SERVICES = ("", SERVICE_NAME)  # "" = the whole server
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+
+    def credentials(self) -> grpc.ServerCredentials:
+        for path in (self.cert, self.key):
+            if not path.is_file():
+                raise ConfigError(f"{path}: TLS file not found")
+        return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
+
+
+class ElmoServer:
+    """The gRPC server around a set of served models. ``start`` -> ``warm_up`` -> ``wait`` / ``drain``."""
+
+    def __init__(
+        self,
+        models: list[ServedModel],
+        limits: Limits,
+        metrics: ServiceMetrics,
+        host: str = "0.0.0.0",
+        port: int = 50051,
+        tls: TlsFiles | None = None,
+        auth_token: str | None = None,
+    ):
+        self.registry = ModelRegistry(models)
+        self.limits = limits
+        self.metrics = metrics
+        self.host, self.port, self.tls = host, port, tls
+        self.state = ServerState()
+        self.health = HealthServicer()
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            ObserverInterceptor(on_start=metrics.in_flight.inc, on_done=self._rpc_done)
+        ]
+        if auth_token:
+            interceptors.append(AuthInterceptor(auth_token))
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
+            options=[
+                ("grpc.max_receive_message_length", limits.max_message_bytes),
+                ("grpc.max_send_message_length", limits.max_response_bytes + 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self.servicer = EmbedderServicer(self.registry, limits, self.state)
+        self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self.server,
+        )
+        self._stopped = asyncio.Event()
+        self._draining_task: asyncio.Task | None = None
+
+    def _rpc_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        self.metrics.in_flight.dec()
+        short = method.rsplit("/", 1)[-1]
+        self.metrics.requests.labels(short, code.name).inc()
+        self.metrics.latency.labels(short).observe(seconds)
+
+    async def start(self) -> int:
+        """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.host}:{self.port}"
+        if self.tls is not None:
+            self.port = self.server.add_secure_port(address, self.tls.credentials())
+        else:
+            self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise ConfigError(f"cannot listen on {address}")
+        for model in self.registry:
+            model.batcher.start()
+        await self.server.start()
+        log.info(
+            "listening on %s:%d (%s), models: %s",
+            self.host,
+            self.port,
+            "TLS" if self.tls else "plaintext",
+            ", ".join(m.name for m in self.registry),
+        )
+        return self.port
+
+    async def warm_up(self) -> None:
+        """A real forward pass per model through its batcher; then SERVING."""
+        for model in self.registry:
+            await model.warm_up()
+            self.metrics.ready.labels(model.name).set(1)
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("SERVING")
+
+    def request_drain(self) -> None:
+        """Signal-handler entry point: start draining once."""
+        if self._draining_task is None:
+            self._draining_task = asyncio.get_running_loop().create_task(self.drain())
+
+    async def drain(self, grace: float | None = None) -> None:
+        """NOT_SERVING, refuse new RPCs, let in-flight RPCs finish within ``grace`` seconds, stop everything."""
+        grace = self.limits.drain_seconds if grace is None else grace
+        log.info("draining: new RPCs get UNAVAILABLE, in-flight RPCs have %.0f s to finish", grace)
+        self.state.draining = True
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        for model in self.registry:
+            await model.batcher.close()
+        self.metrics.close()
+        log.info("drained and stopped")
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+
+# -- command line ------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[NAME=]DIR",
+        help="model directory to serve (repeat for several; the first is the default)",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free port)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default off)")
+    parser.add_argument("--metrics-host", default=None, help="address for /metrics (default: --host)")
+    parser.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain (with --tls-key)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
+    parser.add_argument(
+        "--auth-token",
+        default=None,
+        help=f"require 'authorization: Bearer TOKEN' (default: env {AUTH_TOKEN_ENV}; none = open)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: ORT's)")
+    parser.add_argument(
+        "--providers", default=None, help="comma-separated onnxruntime providers (default: CUDA then CPU)"
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write the bound gRPC port (and metrics port) here once listening (for --port 0)",
+    )
+    add_limit_arguments(parser)
+
+
+def _model_specs(values: list[str]) -> list[tuple[str, Path]]:
+    specs = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if sep and not Path(value).exists():
+            specs.append((name, Path(path)))
+        else:
+            specs.append(("", Path(value)))
+    return specs
+
+
+def load_models(args: argparse.Namespace, limits: Limits, metrics: ServiceMetrics) -> list[ServedModel]:
+    from elmo.runtime import Embedder
+
+    providers = [p.strip() for p in args.providers.split(",")] if args.providers else None
+    models = []
+    for name, directory in _model_specs(args.model):
+        runtime = Embedder(
+            directory,
+            providers=providers,
+            intra_op_threads=args.threads,
+            max_batch_tokens=limits.max_batch_tokens,
+            max_tokens_per_sentence=limits.max_tokens_per_sentence,
+        )
+        served_name = name or runtime.info.name
+        models.append(serve_model(runtime, directory, limits, metrics.observer(served_name), name=served_name))
+    return models
+
+
+def _tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    return TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
+
+
+async def serve(args: argparse.Namespace) -> int:
+    limits = limits_from_args(args)
+    tls = _tls_from_args(args)
+    metrics = ServiceMetrics()
+    models = load_models(args, limits, metrics)
+    server = ElmoServer(
+        models,
+        limits,
+        metrics,
+        host=args.host,
+        port=args.port,
+        tls=tls,
+        auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV) or None,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_drain)
+    port = await server.start()
+    metrics_port = None
+    if args.metrics_port is not None:
+        metrics_port = metrics.serve_http(args.metrics_port, args.metrics_host or args.host)
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
+    if args.port_file is not None:
+        args.port_file.write_text(f"{port}\n{metrics_port or ''}\n")
+    await server.warm_up()
+    await server.wait()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(serve(args))
+
+
+__all__ = ["ElmoServer", "TlsFiles", "add_arguments", "run", "serve"]
