@@ -8,7 +8,7 @@ MODEL ?= models/default
 PORT ?= 50051
 METRICS_PORT ?= 9090
 
-.PHONY: test serve lint clean
+.PHONY: test serve lint clean proto
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(VENV)/.installed
 
 serve: $(SERVE_VENV)/.installed
 	$(SERVE_VENV)/bin/elmo serve --model $(MODEL) --port $(PORT) --metrics-port $(METRICS_PORT)
+
+# regenerate elmo/v1/*_pb2*.py from proto/ (committed; tests/test_proto.py checks they match)
+proto: $(VENV)/.installed
+	$(VENV)/bin/python scripts/gen_proto.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
