@@ -123,7 +123,7 @@ def random_hdf5_weights(shape: Shape, seed: int) -> dict[str, np.ndarray]:
     for direction in (0, 1):
         for layer in range(shape.n_layers):
             group = lstm_group(shape, direction, layer)
-            ds[f"{group}/W_0"] = normal(2 * p, 4 * c, scale=0.8)
+            ds[f"{group}/W_0"] = normal(2 * p, 4 * c, scale=0.6)
             ds[f"{group}/B"] = normal(4 * c, scale=0.5)
             if p != c:
                 ds[f"{group}/W_P_0"] = normal(c, p, scale=1.0)
