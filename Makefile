@@ -12,7 +12,7 @@ METRICS_PORT ?= 9090
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[serve,train,dev]'
+	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch]'
 	touch $@
 
 $(SERVE_VENV)/.installed: pyproject.toml
