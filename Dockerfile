@@ -60,7 +60,9 @@ EXPOSE 50051 9090
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "/app/scripts/healthcheck.py", "127.0.0.1:50051"]
 
-# `elmo serve` drains in-flight requests on SIGTERM (docker stop); give it the grace it needs: docker stop -t 30.
+# On SIGTERM `elmo serve` turns health NOT_SERVING, refuses new RPCs and gives in-flight ones --drain-seconds
+# (default 30) before it exits 0. Docker's default stop grace is 10 s: use `docker stop -t 40` (or a shorter
+# --drain-seconds); in Kubernetes keep terminationGracePeriodSeconds above --drain-seconds.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["elmo", "serve"]
 CMD ["--model", "/app/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9090"]
