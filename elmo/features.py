@@ -66,20 +66,48 @@ class LocalBackend:
 
 
 class RemoteBackend:
-    """The gRPC service through :mod:`elmo.client`; a task's mix is computed by the server (``task`` field)."""
+    """The gRPC service through :class:`elmo.client.EmbedderClient`; a stored task's mix is computed by the server
+    (the request's ``task`` field). Requests are cut to the server's advertised limits (GetModelInfo)."""
 
-    def __init__(self, server: str, **client_options: Any) -> None:
+    def __init__(self, server: str, model_name: str = "", **client_options: Any) -> None:
         from elmo.client import EmbedderClient
 
         self.client = EmbedderClient(server, **client_options)
-        info = self.client.model_info()
+        self.model_name = model_name
+        info = self.client.model_info(model_name)
         self.n_layers, self.dim = int(info.n_layers), int(info.dim)
+        self.tasks = list(info.tasks)
+        limits = info.limits if info.HasField("limits") else None
+        self.max_inputs = int(limits.max_inputs) if limits and limits.max_inputs else 64
+        self.max_tokens = int(limits.max_tokens_per_request) if limits and limits.max_tokens_per_request else 8192
+        if limits and limits.max_response_bytes:
+            # All layers (float32) plus a mix per token, with a margin for tokens, offsets and framing.
+            per_token = 4 * self.dim * (self.n_layers + 1)
+            self.max_tokens = max(1, min(self.max_tokens, int(0.7 * limits.max_response_bytes) // per_token))
+
+    def _chunks(self, sentences: list[list[str]]):
+        start = 0
+        while start < len(sentences):
+            end, tokens = start, 0
+            while end < len(sentences) and end - start < self.max_inputs:
+                if end > start and tokens + len(sentences[end]) > self.max_tokens:
+                    break
+                tokens += len(sentences[end])
+                end += 1
+            yield sentences[start:end]
+            start = end
+
+    def _embed(self, sentences: list[list[str]], **options: Any) -> list:
+        out = []
+        for chunk in self._chunks(sentences):
+            out.extend(self.client.embed(chunk, model=self.model_name, **options))
+        return out
 
     def embed_tokens(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        return [e.layers for e in self.client.embed_tokens(sentences)]
+        return [e.layers for e in self._embed(sentences)]
 
     def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
-        return [e.mix for e in self.client.embed_tokens(sentences, task=task, omit_layers=True)]
+        return [e.mix for e in self._embed(sentences, task=task, omit_layers=True)]
 
 
 def connect(model: str | Path | None = None, server: str | None = None, **options: Any) -> Backend:
