@@ -1,0 +1,403 @@
+"""The batch job (elmo.batch): AllenNLP's hdf5 layout, Parquet shards, resume after SIGKILL, bad input, Ray.
+
+Everything runs the real runtime on the tiny exported model (tests/conftest.py) and real files under tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+
+from elmo import batch
+from elmo.batch import JobOptions, iter_parquet, parse_layers, plan_batches, scan_input
+from elmo.cli import main as cli
+from elmo.errors import InputError
+from elmo.runtime import CPU, Embedder
+from elmo.tokenize import tokenize
+from tests.conftest import REPO
+
+LINES = [
+    "The cat sat on the mat.",
+    "",
+    "苹果很好吃，我很喜欢。",
+    "   padded with spaces   ",
+    "The cat sat on the mat.",  # a duplicate sentence: sentence_to_index keeps the last index, as AllenNLP's dict did
+    "A much longer sentence, with punctuation; numbers like 3.14 and an emoji 😀 at the end!",
+    "x",
+    "",
+    "Last line without a newline",
+]
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model_dir):
+    return Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+
+
+def write_lines(path: Path, lines: list[str], final_newline: bool = False) -> Path:
+    path.write_text("\n".join(lines) + ("\n" if final_newline else ""), encoding="utf-8")
+    return path
+
+
+def embed_file(*args: str) -> int:
+    return cli(["embed-file", *map(str, args), "--no-progress", "--threads", "1"])
+
+
+def read_hdf5(path: Path) -> dict[str, np.ndarray]:
+    with h5py.File(path, "r") as handle:
+        return {key: handle[key][...] for key in handle.keys()}
+
+
+def expected_layers(embedder: Embedder, line: str, tokenized: bool = False) -> np.ndarray:
+    tokens = line.split() if tokenized else tokenize(line.strip()).tokens
+    return embedder.embed_tokens([tokens])[0]
+
+
+# -- AllenNLP's hdf5 layout ----------------------------------------------------------------------------------------
+def test_hdf5_reads_back_with_allennlp_conventions(tmp_path, tiny_model_dir, embedder):
+    source = write_lines(tmp_path / "in.txt", LINES)
+    output = tmp_path / "out.hdf5"
+    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "all", "--shard-lines", "4") == 0
+
+    n_layers, dim = embedder.info.n_layers, embedder.info.dim
+    with h5py.File(output, "r") as handle:
+        # the keys AllenNLP wrote: one dataset per 0-based line index, plus sentence_to_index, nothing else
+        assert set(handle.keys()) == {str(i) for i in range(len(LINES))} | {"sentence_to_index"}
+        index_dataset = handle["sentence_to_index"]
+        assert index_dataset.shape == (1,)
+        sentence_to_index = json.loads(index_dataset[0])
+        for i, line in enumerate(LINES):
+            vectors = handle[str(i)][...]
+            assert vectors.dtype == np.float32
+            n_tokens = len(tokenize(line.strip()).tokens)
+            assert vectors.shape == (n_layers, n_tokens, dim)
+            np.testing.assert_allclose(vectors, expected_layers(embedder, line), atol=1e-6, rtol=0)
+    # {stripped sentence: "index"}, later duplicates win exactly as AllenNLP's dict assignment did
+    allennlp_style = {}
+    for i, line in enumerate(LINES):
+        allennlp_style[line.strip()] = str(i)
+    assert sentence_to_index == allennlp_style
+    blank = read_hdf5(output)
+    assert blank["1"].shape == blank["7"].shape == (n_layers, 0, dim)  # blank lines: kept, empty
+
+
+@pytest.mark.parametrize("layers", ["top", "average"])
+def test_top_and_average_are_n_by_dim(tmp_path, tiny_model_dir, embedder, layers):
+    source = write_lines(tmp_path / "in.txt", LINES)
+    output = tmp_path / "out.h5"
+    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", layers, "--dtype", "float16") == 0
+    vectors = read_hdf5(output)
+    for i, line in enumerate(LINES):
+        full = expected_layers(embedder, line)
+        want = full[-1] if layers == "top" else full.mean(axis=0)
+        assert vectors[str(i)].dtype == np.float16
+        assert vectors[str(i)].shape == want.shape
+        np.testing.assert_allclose(vectors[str(i)].astype(np.float32), want, atol=2e-3, rtol=1e-3)
+
+
+def test_task_mix_and_unknown_task(tmp_path, tiny_model_dir, embedder, capsys):
+    from elmo.mix import Task, TaskStore, apply_task, save_task
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    n_layers, dim = embedder.info.n_layers, embedder.info.dim
+    task = Task("demo", "tagging", n_layers, dim, weights=[0.5, -1.0, 2.0][:n_layers], gamma=1.7, labels=["A"])
+    save_task(model, task)
+    source = write_lines(tmp_path / "in.txt", LINES)
+    output = tmp_path / "mix.h5"
+    assert embed_file(source, output, "--model", model, "--layers", "mix:demo") == 0
+    stored = TaskStore(model).get("demo")
+    vectors = read_hdf5(output)
+    for i, line in enumerate(LINES):
+        np.testing.assert_allclose(vectors[str(i)], apply_task(expected_layers(embedder, line), stored), atol=1e-6)
+
+    capsys.readouterr()
+    assert embed_file(source, tmp_path / "nope.h5", "--model", model, "--layers", "mix:nope") == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown task 'nope'" in err and "demo" in err and len(err.splitlines()) == 1
+
+
+# -- Parquet -------------------------------------------------------------------------------------------------------
+def test_jsonl_tokenized_to_parquet_shards(tmp_path, tiny_model_dir, embedder):
+    records = [
+        {"id": "doc-a", "text": "Hello there , world"},
+        {"id": 7, "tokens": ["pre", "tokenized", "input"]},
+        {"id": "blank", "text": ""},
+        {"text": "no id given"},
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n\n", encoding="utf-8")
+    output = tmp_path / "out.parquet"
+    assert embed_file(source, output, "--model", tiny_model_dir, "--tokenized", "--shard-lines", "2") == 0
+
+    rows = list(iter_parquet(output))
+    assert [r[0] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r[1] for r in rows] == ["doc-a", "7", "blank", "3", "4"]  # missing id / blank line -> the line index
+    tokens = [["Hello", "there", ",", "world"], ["pre", "tokenized", "input"], [], ["no", "id", "given"], []]
+    assert [r[2] for r in rows] == tokens
+    for (_, _, _, vectors), want in zip(rows, tokens):
+        assert vectors.shape == (embedder.info.n_layers, len(want), embedder.info.dim)
+        if want:
+            np.testing.assert_allclose(vectors, embedder.embed_tokens([want])[0], atol=1e-6, rtol=0)
+
+    manifest = json.loads((output / "_manifest.json").read_text())
+    assert manifest["complete"] and manifest["lines"] == 5 and manifest["blank"] == 2
+    assert [s["file"] for s in manifest["shards"]] == [
+        "part-000000.parquet",
+        "part-000001.parquet",
+        "part-000002.parquet",
+    ]
+    assert sorted(p.name for p in output.iterdir()) == ["_manifest.json"] + [s["file"] for s in manifest["shards"]]
+    # any Parquet reader sees the rows in order (files starting with '_' are ignored)
+    table = pads.dataset(output, format="parquet").to_table()
+    assert table.column("index").to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_parquet_top_matches_hdf5(tmp_path, tiny_model_dir):
+    source = write_lines(tmp_path / "in.txt", LINES, final_newline=True)
+    assert embed_file(source, tmp_path / "a.h5", "--model", tiny_model_dir, "--layers", "top") == 0
+    assert embed_file(source, tmp_path / "b.parquet", "--model", tiny_model_dir, "--layers", "top") == 0
+    hdf5 = read_hdf5(tmp_path / "a.h5")
+    rows = list(iter_parquet(tmp_path / "b.parquet"))
+    assert len(rows) == len(LINES)
+    for index, _, _, vectors in rows:
+        np.testing.assert_array_equal(vectors, hdf5[str(index)])
+
+
+# -- streaming pieces ----------------------------------------------------------------------------------------------
+def test_batches_respect_the_token_budget_and_cover_every_sentence():
+    lengths = [5, 0, 1, 40, 7, 7, 3, 0, 12, 2, 9]
+    batches = plan_batches(lengths, batch_tokens=16)
+    covered = sorted(p for b in batches for p in b)
+    assert covered == [i for i, n in enumerate(lengths) if n > 0]
+    for positions in batches:
+        longest = max(lengths[p] for p in positions)
+        assert len(positions) == 1 or len(positions) * longest <= 16
+
+
+def test_scan_streams_and_shards_cover_the_file(tmp_path):
+    import tracemalloc
+
+    source = tmp_path / "big.txt"
+    with open(source, "w", encoding="utf-8") as handle:
+        for i in range(200_000):
+            handle.write(f"line {i} of a file that is much larger than what the scan keeps in memory\n")
+    tracemalloc.start()
+    plan = scan_input(source, "text", shard_lines=1000)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert source.stat().st_size > 15_000_000 and peak < 2_000_000  # memory: one entry per shard, not per line
+    assert plan.n_lines == 200_000 and len(plan.shards) == 200
+    assert plan.shards[-1].byte_end == source.stat().st_size
+    record = batch.read_shard(plan, plan.shards[123], tokenized=True)[0]
+    assert record.index == 123_000 and record.tokens[:2] == ["line", "123000"]
+
+
+# -- bad input: one clear line -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        (None, [], "input file not found"),
+        (b"fine\n\xff\xfe broken\n", [], "line 2 is not valid UTF-8"),
+        (b"fine\n", ["--layers", "middle"], "--layers: expected all, top, average or mix:TASK, got 'middle'"),
+        (b'{"id": 1, "text": "ok"}\n{"id": 2, "text": \n', ["--input-format", "jsonl"], "line 2 is not valid JSON"),
+        (b'{"id": 1}\n', ["--input-format", "jsonl"], "exactly one of 'text'"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, capsys, content, extra, message):
+    source = tmp_path / "in.txt"
+    if content is not None:
+        source.write_bytes(content)
+    code = embed_file(source, tmp_path / "out.h5", "--model", tiny_model_dir, *extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("elmo embed-file: error: ") and message in err[0]
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_parse_layers():
+    assert parse_layers("all").kind == "all" and parse_layers("mix:pos").task == "pos"
+    for bad in ("", "mix:", "ALL", "top,average"):
+        with pytest.raises(InputError):
+            parse_layers(bad)
+
+
+# -- resumability --------------------------------------------------------------------------------------------------
+def corpus(n: int) -> list[str]:
+    words = "the a cat dog sat ran on under mat tree 苹果 很 好 . , !".split()
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(n):
+        length = 0 if i % 97 == 5 else int(rng.integers(1, 14))
+        lines.append(" ".join(rng.choice(words, size=length)))
+    return lines
+
+
+def assert_same_output(a: Path, b: Path, output_format: str) -> None:
+    if output_format == "hdf5":
+        left, right = read_hdf5(a), read_hdf5(b)
+        assert left.keys() == right.keys()
+        for key in left:
+            np.testing.assert_array_equal(left[key], right[key], err_msg=key)
+    else:
+        left, right = list(iter_parquet(a)), list(iter_parquet(b))
+        assert [r[:3] for r in left] == [r[:3] for r in right]
+        for x, y in zip(left, right):
+            np.testing.assert_array_equal(x[3], y[3])
+
+
+@pytest.mark.parametrize("output_format", ["hdf5", "parquet"])
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, tiny_model_dir, output_format, capsys):
+    source = write_lines(tmp_path / "in.txt", corpus(1500), final_newline=True)
+    args = ["--model", tiny_model_dir, "--format", output_format, "--shard-lines", "25", "--layers", "all"]
+    reference = tmp_path / "reference.out"
+    assert embed_file(source, reference, *args) == 0
+
+    output = tmp_path / "killed.out"
+    log = tmp_path / "killed.out.partial" / "_manifest.jsonl"
+    command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), *map(str, args)]
+    process = subprocess.Popen(
+        [*command, "--no-progress", "--threads", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.is_file() and log.read_bytes().count(b"\n") >= 3:
+            break
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, process.stderr.read().decode()[-2000:]
+    assert not output.exists(), "killed mid-run: the output must not exist yet"
+    committed = log.read_bytes().count(b"\n")
+    assert 3 <= committed < 60
+
+    capsys.readouterr()
+    assert embed_file(source, output, *args) == 0
+    summary = capsys.readouterr().out
+    assert "resumed from an earlier run" in summary and "1500 sentences" in summary
+    assert not (tmp_path / "killed.out.partial").exists()
+    assert_same_output(output, reference, output_format)
+
+
+def test_every_crash_state_resumes_to_the_same_output(tmp_path, tiny_model_dir):
+    """The states a kill can leave, made on purpose: a torn last log line, a renamed shard never committed, a
+    stray temporary, a half-assembled hdf5; and a kill after the final rename (clean-up not done)."""
+    source = write_lines(tmp_path / "in.txt", corpus(120))
+    reference = tmp_path / "reference.h5"
+    args = ["--model", tiny_model_dir, "--shard-lines", "10", "--layers", "average"]
+    assert embed_file(source, reference, *args) == 0
+
+    output = tmp_path / "out.h5"
+    options = batch.options_from_args(_parsed(source, output, args))
+    plan = scan_input(source, "text", 10)
+    backend = batch.make_backend(options)
+    layout = batch.Layout(options.spec, backend.n_layers, backend.dim, options.dtype)
+    fingerprint = batch.job_fingerprint(options, plan, backend.identity(), layout)
+    job = batch.JobDirectory(output)
+    job.open(fingerprint, overwrite=False)
+    for shard in plan.shards[:4]:
+        job.commit(batch.write_shard(plan, shard, options, backend, layout, job.path))
+    batch.write_shard(plan, plan.shards[4], options, backend, layout, job.path)  # renamed, never committed
+    (job.path / ".part-000005.deadbeef.h5.tmp").write_bytes(b"half a shard")
+    (job.path / "_assembled.h5.tmp").write_bytes(b"half an assembly")
+    with open(job.path / "_manifest.jsonl", "ab") as handle:
+        handle.write(b'{"shard": 9, "file": "part-0000')  # torn append
+
+    assert embed_file(source, output, *args) == 0
+    assert_same_output(output, reference, "hdf5")
+
+    # killed after the final rename, before removing OUTPUT.partial: a rerun only cleans up
+    job.path.mkdir()
+    (job.path / "_job.json").write_text("{}")
+    assert embed_file(source, output, *args) == 0
+    assert not job.path.exists()
+    assert_same_output(output, reference, "hdf5")
+
+
+def _parsed(source: Path, output: Path, args: list) -> object:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    batch.add_arguments(parser)
+    return parser.parse_args([str(source), str(output), *map(str, args), "--no-progress", "--threads", "1"])
+
+
+def test_resume_refuses_other_arguments_and_existing_outputs(tmp_path, tiny_model_dir, capsys):
+    source = write_lines(tmp_path / "in.txt", corpus(30))
+    output = tmp_path / "out.h5"
+    partial = tmp_path / "out.h5.partial"
+    partial.mkdir()
+    (partial / "_job.json").write_text(json.dumps({"version": 1, "dtype": "float16"}))
+    capsys.readouterr()
+    assert embed_file(source, output, "--model", tiny_model_dir) == 2
+    err = capsys.readouterr().err
+    assert "unfinished job with other arguments" in err and "dtype" in err and "--overwrite" in err
+
+    assert embed_file(source, output, "--model", tiny_model_dir, "--overwrite") == 0
+    capsys.readouterr()
+    assert embed_file(source, output, "--model", tiny_model_dir) == 0  # same job again: nothing to do
+    assert "already complete" in capsys.readouterr().out
+    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "top") == 2  # someone else's file
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_progress_bar_and_summary(tmp_path, tiny_model_dir, capsys):
+    source = write_lines(tmp_path / "in.txt", LINES)
+    code = cli(["embed-file", str(source), str(tmp_path / "o.h5"), "--model", str(tiny_model_dir), "--threads", "1"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "sent/s" in captured.err and "tok/s" in captured.err  # tqdm: sentences/s, tokens/s, ETA
+    summary = captured.out.strip().splitlines()
+    assert len(summary) == 1 and f"{len(LINES)} sentences (2 blank" in summary[0]
+    assert "sentences/s" in summary[0] and "tokens/s" in summary[0]
+
+
+def test_batch_job_imports_no_torch(tmp_path, tiny_model_dir):
+    source = write_lines(tmp_path / "in.txt", LINES[:3])
+    code = (
+        "import sys; from elmo.cli import main; "
+        f"rc = main(['embed-file', {str(source)!r}, {str(tmp_path / 'o.parquet')!r}, '--model', "
+        f"{str(tiny_model_dir)!r}, '--no-progress']); "
+        "import elmo.batch_ray; "
+        "assert rc == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# -- Ray -----------------------------------------------------------------------------------------------------------
+def test_ray_engine_matches_local(tmp_path, tiny_model_dir):
+    ray = pytest.importorskip("ray")
+    source = write_lines(tmp_path / "in.txt", corpus(90))
+    args = ["--model", tiny_model_dir, "--shard-lines", "20", "--layers", "all"]
+    assert embed_file(source, tmp_path / "local.parquet", *args) == 0
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        assert embed_file(source, tmp_path / "ray.parquet", *args, "--engine", "ray") == 0
+        assert embed_file(source, tmp_path / "ray.h5", *args, "--engine", "ray") == 0
+    finally:
+        ray.shutdown()
+    assert_same_output(tmp_path / "ray.parquet", tmp_path / "local.parquet", "parquet")
+    manifest = json.loads((tmp_path / "ray.parquet" / "_manifest.json").read_text())
+    assert [s["first_line"] for s in manifest["shards"]] == [0, 20, 40, 60, 80]
+    local_rows = {r[0]: r[3] for r in iter_parquet(tmp_path / "local.parquet")}
+    for key, vectors in read_hdf5(tmp_path / "ray.h5").items():
+        if key != "sentence_to_index":
+            np.testing.assert_array_equal(vectors, local_rows[int(key)])
+
+
+def test_options_dataclass_is_what_the_cli_builds(tmp_path, tiny_model_dir):
+    options = batch.options_from_args(_parsed(tmp_path / "in.txt", tmp_path / "x.parquet", ["--model", tiny_model_dir]))
+    assert isinstance(options, JobOptions)
+    assert options.output_format == "parquet" and options.spec.kind == "all" and options.dtype == "float32"
