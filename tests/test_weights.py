@@ -560,10 +560,10 @@ def test_runtime_gives_a_sentence_the_same_vectors_in_any_batch(tmp_path, bilm_t
     embedder = cpu_embedder(out)
     target = sentences[3]
     (alone,) = embedder.embed_tokens([target])
-    outputs = []
-    for batch, index, _ in _compositions(sentences, target):
-        outputs.append(embedder.embed_tokens(batch)[index])
-        assert np.abs(outputs[-1] - alone).max() <= 1e-6
-    # A small token budget splits the same request into other batches: still the same vectors.
-    small_budget = cpu_embedder(out, max_batch_tokens=64).embed_tokens([*sentences, target])
-    assert np.abs(small_budget[-1] - alone).max() <= 1e-6
+    outputs = [embedder.embed_tokens(batch)[index] for batch, index, _ in _compositions(sentences, target)]
+    # A small token budget splits the same request into other batches.
+    outputs.append(cpu_embedder(out, max_batch_tokens=64).embed_tokens([*sentences, target])[-1])
+    assert max(np.abs(got - alone).max() for got in outputs) <= 1e-6
+    # onnxruntime's CPU kernels give each row the same arithmetic whatever the batch shape: bit-identical
+    # (docs/pretrained.md states this guarantee for the CPU provider).
+    assert all(np.array_equal(got, alone) for got in outputs)
