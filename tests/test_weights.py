@@ -20,6 +20,7 @@ import torch
 from elmo.chars import batch_to_char_ids
 from elmo.checkpoint import load_model
 from elmo.cli import main as elmo_main
+from elmo.config import elmo_medium, elmo_original, elmo_small
 from elmo.errors import ConfigError, ElmoError, ModelFileError
 from elmo.model import BiLM
 from elmo.weights import (
@@ -367,6 +368,40 @@ def _mutated(path: str, value) -> dict:
 def test_unknown_or_inconsistent_options_name_the_field(path, value, field):
     with pytest.raises(ConfigError, match=f"field '{field}'"):
         options_to_config(_mutated(path, value))
+
+
+def published_options(cell: int, projection: int, n_highway: int) -> dict:
+    """The published AllenNLP options.json files (elmo_2x{cell}_{projection}_2048cnn_{n}xhighway_options.json)."""
+    return {
+        "lstm": {
+            "use_skip_connections": True,
+            "projection_dim": projection,
+            "cell_clip": 3,
+            "proj_clip": 3,
+            "dim": cell,
+            "n_layers": 2,
+        },
+        "char_cnn": {
+            "activation": "relu",
+            "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+            "n_highway": n_highway,
+            "embedding": {"dim": 16},
+            "n_characters": 262,
+            "max_characters_per_token": 50,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "cell, projection, n_highway, preset",
+    [(1024, 128, 1, elmo_small), (2048, 256, 1, elmo_medium), (4096, 512, 2, elmo_original)],
+    ids=["small", "medium", "original / 5.5B"],
+)
+def test_published_options_give_the_published_shapes(cell, projection, n_highway, preset):
+    cfg = options_to_config(published_options(cell, projection, n_highway))
+    expected = preset()
+    expected.dropout = 0.0  # imported models are for inference
+    assert cfg == expected
 
 
 def test_published_training_options_are_accepted():
