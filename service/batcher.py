@@ -92,6 +92,7 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
+        self.batches_started = 0
         self.batches_run = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -237,6 +238,7 @@ class Batcher:
         started = time.monotonic()
         sentences = [item.tokens for item in batch]
         padded = max(item.n_tokens for item in batch) * len(batch)
+        self.batches_started += 1
         try:
             outputs = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
             if len(outputs) != len(batch):

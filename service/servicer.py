@@ -7,6 +7,7 @@ service.errors) and an undecodable request into INVALID_ARGUMENT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from dataclasses import dataclass
@@ -28,10 +29,36 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "elmo.v1.
 
 
 class ServerState:
-    """Shared switches: set ``draining`` on SIGTERM so that new calls get UNAVAILABLE at once."""
+    """Draining switch and the count of admitted embedding RPCs (what a drain waits for).
+
+    Once ``draining`` is set, new RPCs get UNAVAILABLE from the servicer itself while the port stays open, so that
+    callers see a clear status (gRPC's own shutdown would answer late arrivals with CANCELLED)."""
 
     def __init__(self) -> None:
         self.draining = False
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def check_open(self) -> None:
+        if self.draining:
+            raise ServiceError(Kind.UNAVAILABLE, "server is shutting down; retry on another replica")
+
+    @contextlib.contextmanager
+    def admit(self):
+        """Count an RPC as in flight for the drain (refused with UNAVAILABLE when draining)."""
+        self.check_open()
+        self.active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
 
 
 @dataclass
@@ -89,11 +116,11 @@ def prepare_embed(request: pb.EmbedRequest, models: ModelRegistry, limits: Limit
     return prepared
 
 
-def _check_count(n: int, limits: Limits) -> None:
+def _check_count(n: int, limits: Limits, field: str = "inputs") -> None:
     if n == 0:
-        raise invalid("inputs is empty: send at least one sentence")
+        raise invalid(f"{field} is empty: send at least one sentence")
     if n > limits.max_inputs:
-        raise invalid(f"too many inputs: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request")
+        raise invalid(f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request")
 
 
 def _input_tokens(item: pb.Input, i: int) -> tuple[list[str], list[tuple[int, int]] | None]:
@@ -164,17 +191,15 @@ class EmbedderServicer:
         self.limits = limits
         self.state = state
 
-    def _check_open(self, model: ServedModel | None = None) -> None:
-        if self.state.draining:
-            raise ServiceError(Kind.UNAVAILABLE, "server is shutting down; retry on another replica")
-        if model is not None and not model.ready:
+    @staticmethod
+    def _check_ready(model: ServedModel) -> None:
+        if not model.ready:
             raise ServiceError(Kind.UNAVAILABLE, f"model '{model.name}' is warming up; retry shortly")
 
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         started = time.monotonic()
-        self._check_open()
         prepared = prepare_embed(request, self.models, self.limits)
-        self._check_open(prepared.model)
+        self._check_ready(prepared.model)
         vectors, stats = await prepared.model.batcher.embed(prepared.sentences, _deadline(context))
         response = build_response(prepared, vectors)
         response.request_id = request.request_id
@@ -190,11 +215,21 @@ class EmbedderServicer:
 
     @_answer
     async def Embed(self, request, context):  # noqa: N802 - gRPC method names
-        return await self._embed(request, context)
+        with self.state.admit():
+            return await self._embed(request, context)
 
     async def EmbedStream(self, request_iterator, context):  # noqa: N802
         """Requests are embedded concurrently (so they batch together), answered in order; at most
-        ``max_stream_inflight`` in flight, which pushes back on a fast writer."""
+        ``max_stream_inflight`` in flight, which pushes back on a fast writer. A stream that was open before a
+        drain began is in flight: it keeps being served until it ends or the drain grace period runs out."""
+        try:
+            with self.state.admit():
+                async for response in self._stream(request_iterator, context):
+                    yield response
+        except ServiceError as exc:
+            await context.abort(grpc_code(exc.kind), exc.message)
+
+    async def _stream(self, request_iterator, context):
         inflight: asyncio.Queue = asyncio.Queue(maxsize=self.limits.max_stream_inflight)
         done = object()
 
@@ -214,19 +249,20 @@ class EmbedderServicer:
                 if isinstance(item, ServiceError):
                     raise item
                 yield await item
-        except ServiceError as exc:
-            await context.abort(grpc_code(exc.kind), exc.message)
         finally:
             reader.cancel()
             while not inflight.empty():
                 item = inflight.get_nowait()
                 if isinstance(item, asyncio.Future):
                     item.cancel()
+                    if item.done() and not item.cancelled():
+                        item.exception()  # retrieved: no "exception was never retrieved" noise
 
     @_answer
     async def Tokenize(self, request, context):  # noqa: N802
         self.models.get(request.model)
-        _check_count(len(request.texts), self.limits)
+        self.state.check_open()
+        _check_count(len(request.texts), self.limits, "texts")
         response = pb.TokenizeResponse()
         for text in request.texts:
             tokenized = tokenize(text)

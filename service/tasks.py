@@ -41,12 +41,15 @@ class ModelTasks:
 
     def get(self, name: str) -> Task:
         """The task called ``name``; ServiceError NOT_FOUND "unknown task 'x'" when there is none."""
-        known = self.names()
-        if name not in known:
-            listing = ", ".join(known) if known else "none"
-            raise not_found(f"unknown task '{name}' (tasks of this model: {listing})")
+        if self._store is None:
+            raise not_found(f"unknown task '{name}' (this server has no task support: elmo.mix is missing)")
+        from elmo.mix import UnknownTaskError
+
         try:
             return self._store.get(name)
+        except UnknownTaskError:
+            listing = ", ".join(self.names()) or "none"
+            raise not_found(f"unknown task '{name}' (tasks of this model: {listing})") from None
         except ElmoError as exc:
             raise from_library_error(exc) from None
 

@@ -1,0 +1,158 @@
+"""A real gRPC server on 127.0.0.1 in a background thread (its own event loop), for the service tests.
+
+No mocks: the server, the batcher, the onnxruntime session and the sockets are the real ones. The worker thread of
+a model's batcher can be held (:meth:`ServerThread.hold_worker`) to make queueing, overload and deadline tests
+deterministic without sleeping on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import subprocess
+import threading
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+from service.limits import Limits
+from service.metrics import ServiceMetrics
+from service.models import serve_model
+from service.server import ElmoServer, TlsFiles
+
+# Small limits so that every hard edge is cheap to reach with the tiny model (dim 16, 3 layers: 192 B per token).
+EDGE_LIMITS = Limits(
+    max_inputs=8,
+    max_tokens_per_sentence=20,
+    max_tokens_per_request=60,
+    max_message_bytes=16 * 1024,
+    max_response_bytes=8 * 1024,
+    max_queue_tokens=64,
+    max_batch_tokens=64,
+    max_batch_sentences=16,
+    max_delay_ms=1.0,
+    drain_seconds=2.0,
+).validate()
+
+
+class ServerThread:
+    def __init__(
+        self,
+        runtimes: dict[str, object],
+        limits: Limits = EDGE_LIMITS,
+        tls: TlsFiles | None = None,
+        auth_token: str | None = None,
+        metrics_port: int | None = None,
+    ):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-grpc-server", daemon=True)
+        self.thread.start()
+        self.metrics = ServiceMetrics()
+        self.server: ElmoServer = self.call(self._create(runtimes, limits, tls, auth_token))
+        self.port = self.call(self.server.start())
+        self.metrics_port = (
+            self.metrics.serve_http(metrics_port or 0, "127.0.0.1") if metrics_port is not None else None
+        )
+        self.target = f"127.0.0.1:{self.port}"
+
+    async def _create(self, runtimes, limits, tls, auth_token) -> ElmoServer:
+        models = [
+            serve_model(runtime, Path(runtime.info.model_dir), limits, self.metrics.observer(name), name=name)
+            for name, runtime in runtimes.items()
+        ]
+        return ElmoServer(models, limits, self.metrics, host="127.0.0.1", port=0, tls=tls, auth_token=auth_token)
+
+    def call(self, coro, timeout: float = 60.0):
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def warm_up(self) -> None:
+        self.call(self.server.warm_up())
+
+    def model(self, name: str = ""):
+        return self.server.registry.get(name)
+
+    @contextlib.contextmanager
+    def hold_worker(self, name: str = ""):
+        """Occupy the model's runtime thread: batches queue up behind it until the block exits."""
+        release = threading.Event()
+        started = threading.Event()
+
+        def occupy() -> None:
+            started.set()
+            release.wait(60)
+
+        future = self.model(name).batcher.executor.submit(occupy)
+        started.wait(10)
+        try:
+            yield
+        finally:
+            release.set()
+            future.result(10)
+
+    def queued_tokens(self, name: str = "") -> int:
+        return self.model(name).batcher.queued_tokens
+
+    def metric(self, name: str, **labels) -> float:
+        """Current value of one sample in the server's registry (0 when absent)."""
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def stop(self) -> None:
+        try:
+            self.call(self.server.drain(grace=1.0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+def limits_with(**changes) -> Limits:
+    return replace(EDGE_LIMITS, **changes).validate()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def metric_value(text: str, name: str, **labels) -> float | None:
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(match.group(3))
+    return None
+
+
+def self_signed_cert(directory: Path) -> TlsFiles:
+    """A throwaway certificate for 127.0.0.1 / localhost made with the openssl CLI."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return TlsFiles(cert, key)

@@ -1,0 +1,83 @@
+"""The wire contract: committed generated code matches proto/, tensors pack exactly, undecodable requests are
+explained, the public names of issue 5 exist."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elmo.errors import InputError
+from elmo.v1 import embedder_pb2 as pb
+from elmo.wire import from_tensor, to_tensor
+from service.decode import UndecodableRequest, lenient_parser
+from tests.conftest import REPO
+
+GENERATED = ["elmo/v1/embedder_pb2.py", "elmo/v1/embedder_pb2.pyi", "elmo/v1/embedder_pb2_grpc.py"]
+
+
+def test_regenerating_gives_the_committed_files(tmp_path):
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (dev extra) regenerates the code")
+    from scripts.gen_proto import generate
+
+    written = generate(tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == sorted(GENERATED)
+    for name in GENERATED:
+        assert (tmp_path / name).read_bytes() == (REPO / name).read_bytes(), f"{name} is stale: run `make proto`"
+
+
+def test_public_contract_names():
+    service = pb.DESCRIPTOR.services_by_name["Embedder"]
+    assert pb.DESCRIPTOR.package == "elmo.v1"
+    methods = {
+        m.name: (m.input_type.name, m.output_type.name, m.client_streaming, m.server_streaming) for m in service.methods
+    }
+    assert methods["Embed"] == ("EmbedRequest", "EmbedResponse", False, False)
+    assert methods["EmbedStream"] == ("EmbedRequest", "EmbedResponse", True, True)
+    assert methods["Tokenize"] == ("TokenizeRequest", "TokenizeResponse", False, False)
+    assert methods["GetModelInfo"] == ("GetModelInfoRequest", "ModelInfo", False, False)
+    request = pb.EmbedRequest.DESCRIPTOR.fields_by_name
+    assert {"inputs", "layers", "task", "omit_layers", "dtype", "model"} <= set(request)
+    assert [f.name for f in pb.Input.DESCRIPTOR.oneofs_by_name["kind"].fields] == ["text", "tokens"]
+    assert set(pb.Tensor.DESCRIPTOR.fields_by_name) == {"shape", "dtype", "data"}
+    assert {"tokens", "offsets", "layers", "mix"} <= set(pb.Embedding.DESCRIPTOR.fields_by_name)
+    assert {"embeddings", "model", "timing"} <= set(pb.EmbedResponse.DESCRIPTOR.fields_by_name)
+    assert (pb.FLOAT32, pb.FLOAT16) == (0, 1)
+    info = set(pb.ModelInfo.DESCRIPTOR.fields_by_name)
+    assert {"name", "version", "n_layers", "dim", "max_tokens_per_sentence", "tasks", "execution_provider"} <= info
+
+
+@pytest.mark.parametrize("dtype, np_dtype", [(pb.FLOAT32, np.float32), (pb.FLOAT16, np.float16)])
+def test_tensor_round_trip_is_exact_little_endian_row_major(dtype, np_dtype):
+    array = np.random.default_rng(0).standard_normal((3, 5, 4)).astype(np.float32)
+    tensor = to_tensor(array, dtype)
+    assert list(tensor.shape) == [3, 5, 4] and tensor.dtype == dtype
+    expected = np.ascontiguousarray(array, dtype=np.dtype(np_dtype).newbyteorder("<")).tobytes()
+    assert tensor.data == expected
+    back = from_tensor(pb.Tensor.FromString(tensor.SerializeToString()))
+    assert back.dtype == np_dtype and back.flags.writeable
+    np.testing.assert_array_equal(back, array.astype(np_dtype))
+    # Non-contiguous input is packed row-major too.
+    assert to_tensor(array[:, ::2], dtype).data == np.ascontiguousarray(array[:, ::2], dtype=np_dtype).tobytes()
+
+
+def test_tensor_with_wrong_byte_count_is_refused():
+    with pytest.raises(InputError, match="needs 24 bytes, got 20"):
+        from_tensor(pb.Tensor(shape=[2, 3], dtype=pb.FLOAT32, data=b"\0" * 20))
+    with pytest.raises(InputError, match="dtype 9"):
+        from_tensor(pb.Tensor(shape=[1], dtype=9, data=b"\0" * 4))
+
+
+def test_lenient_parser_names_the_bad_field():
+    parse = lenient_parser(pb.EmbedRequest)
+    good = pb.EmbedRequest(inputs=[pb.Input(text="héllo"), pb.Input(tokens=pb.Tokens(tokens=["a", "QQ"]))])
+    assert parse(good.SerializeToString()) == good
+    bad = parse(good.SerializeToString().replace(b"QQ", b"\xe4\xb8"))  # a truncated 3-byte sequence
+    assert isinstance(bad, UndecodableRequest)
+    assert bad.message.startswith("inputs[1].tokens.tokens[1] is not valid UTF-8 (byte 0xe4 at offset 0)")
+    text_bad = parse(
+        pb.EmbedRequest(inputs=[pb.Input(text="AB")], task="T").SerializeToString().replace(b"AB", b"\x80a")
+    )
+    assert text_bad.message.startswith("inputs[0].text is not valid UTF-8 (byte 0x80 at offset 0)")
+    task_bad = parse(pb.EmbedRequest(task="TT").SerializeToString().replace(b"TT", b"\xff\xff"))
+    assert task_bad.message.startswith("task is not valid UTF-8")
+    assert "malformed protobuf" in parse(b"\x0a\xff").message
