@@ -72,7 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--mix-lr", type=float, default=2e-2, help="mix weights / gamma learning rate (Adam)")
     train.add_argument("--hidden", type=int, default=None, help="head hidden width (0 = linear)")
     train.add_argument("--dropout", type=float, default=0.2)
-    train.add_argument("--layer-norm", action="store_true", help="normalise each layer (per sentence) before mixing")
+    train.add_argument(
+        "--layer-norm",
+        choices=("off", "on", "auto"),
+        default=None,
+        help="normalise each layer per sentence before mixing; auto = try both, keep the better dev "
+        "score (per variant); default auto for built-in data, off otherwise",
+    )
     train.add_argument("--l2", type=float, default=0.001, help="L2 on the raw mix weights (paper: 0.001)")
     train.add_argument("--pooling", choices=("mean", "max", "mean+max"), default="mean+max")
     train.add_argument("--seed", type=int, default=0)
@@ -233,10 +239,23 @@ def train_command(args: argparse.Namespace) -> dict:
         raise DataError(f"{data.name}: only {len(labels)} distinct label(s) ({labels}); a task needs at least 2")
     metric = metric_for(data, labels)
     hidden = args.hidden if args.hidden is not None else 0
-    cfg = TrainConfig(
-        hidden=hidden, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, mix_lr=args.mix_lr,
-        dropout=args.dropout, layer_norm=args.layer_norm, l2=args.l2, pooling=args.pooling, seed=args.seed,
-    )  # fmt: skip
+    norm = args.layer_norm or ("auto" if args.data in BUILTIN else "off")
+    norm_options = {"off": [False], "on": [True], "auto": [False, True]}[norm]
+    cfgs = [
+        TrainConfig(
+            hidden=hidden,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            mix_lr=args.mix_lr,
+            dropout=args.dropout,
+            layer_norm=layer_norm,
+            l2=args.l2,
+            pooling=args.pooling,
+            seed=args.seed,
+        )  # fmt: skip
+        for layer_norm in norm_options
+    ]
     cache_name = f"{args.task}-{_data_tag(args, data)}"
     cached = compute_features(args, data, cache_name)
     feature_seconds = time.perf_counter() - started
@@ -252,10 +271,19 @@ def train_command(args: argparse.Namespace) -> dict:
     for layer in variants:
         tag = "mix" if layer is None else f"layer{layer}"
         t0 = time.perf_counter()
-        model, hist = train_task_model(data.kind, sets["train"], sets["dev"], len(labels), cfg, scorers["dev"], layer)
+        model, hist, tried = None, None, {}
+        for cfg in cfgs:  # the dev score picks the configuration (never the test score)
+            candidate, candidate_hist = train_task_model(
+                data.kind, sets["train"], sets["dev"], len(labels), cfg, scorers["dev"], layer
+            )
+            tried["layer_norm" if cfg.layer_norm else "no_layer_norm"] = candidate_hist["best_dev"]
+            if hist is None or candidate_hist["best_dev"] > hist["best_dev"]:
+                model, hist = candidate, candidate_hist
         entry = {
             "dev": hist["best_dev"],
             "best_epoch": hist["best_epoch"],
+            "layer_norm": model.mix.layer_norm,
+            "dev_by_config": tried,
             "seconds": round(time.perf_counter() - t0, 1),
         }
         if "test" in sets:

@@ -62,12 +62,13 @@ def test_train_classification_from_tsv_with_test_file(model_dir, tmp_path, capsy
     train.write_text("\n".join(rows) + "\n")
     test = tmp_path / "test.tsv"
     test.write_text("pos\t很好\nneg\t很差\n")
-    assert _train(model_dir, tmp_path, "--task", "toy_sent", "--data", str(train), "--test", str(test),
-                  "--kind", "classification", "--pooling", "mean", "--no-compare") == 0  # fmt: skip
+    options = ["--kind", "classification", "--pooling", "mean", "--no-compare", "--layer-norm", "on"]
+    assert _train(model_dir, tmp_path, "--task", "toy_sent", "--data", str(train), "--test", str(test), *options) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(summary) >= {"mix", "stored"} and "layer0" not in summary
     task = TaskStore(model_dir).get("toy_sent")
     assert task.kind == "classification" and task.pooling == "mean" and task.metrics["eval_split"] == "test"
+    assert task.layer_norm and task.metrics["mix"]["layer_norm"]
     layers = Embedder(model_dir, intra_op_threads=1).embed_texts(["很好"])[0][1]
     assert task.predict(layers)[0] in ("neg", "pos")
 
