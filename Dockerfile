@@ -48,10 +48,13 @@ RUN pip install ".[serve]" \
     && python -c "import sys, service.server; assert 'torch' not in sys.modules, 'torch leaked into the image'"
 
 COPY scripts/healthcheck.py /app/scripts/healthcheck.py
-# The shipped default model. Another one: mount it (-v DIR:/models/NAME:ro) and pass --model /models/NAME.
-COPY models/default /app/models/default
+RUN groupadd --system --gid 10001 elmo \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin elmo
 
-RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /app --shell /usr/sbin/nologin elmo
+# The shipped default model. Another one: mount it (-v DIR:/models/NAME:ro) and pass --model /models/NAME.
+# Owned by the service user: COPY keeps the context's file modes, and weights written by training may be 0600.
+COPY --chown=10001:10001 models/default /app/models/default
+
 USER 10001:10001
 
 EXPOSE 50051 9090

@@ -75,6 +75,7 @@ class Copy:
     line: int
     sources: list[str]
     destinations: list[str]  # absolute path in the image of each source
+    chown: str | None = None
 
 
 @dataclass
@@ -112,7 +113,9 @@ def _copy(ins: dockerfile.Command, workdir: str) -> Copy:
     destinations = [
         posixpath.join(dest_abs, posixpath.basename(src.rstrip("/"))) if into_directory else dest_abs for src in sources
     ]
-    return Copy(ins.start_line, [posixpath.normpath(s) for s in sources], [posixpath.normpath(d) for d in destinations])
+    chown = next((f.split("=", 1)[1] for f in ins.flags if f.startswith("--chown=")), None)
+    sources = [posixpath.normpath(s) for s in sources]
+    return Copy(ins.start_line, sources, [posixpath.normpath(d) for d in destinations], chown)
 
 
 def run_commands(ins: dockerfile.Command) -> list[list[str]]:
@@ -363,15 +366,23 @@ def rule_entrypoint(image: Image, pyproject: dict) -> list[str]:
 
 
 def rule_default_model(image: Image, pyproject: dict) -> list[str]:
-    """The default model is copied into the image, and the CMD serves that copy."""
-    destinations = {d for c in image.copies for s, d in zip(c.sources, c.destinations) if s == DEFAULT_MODEL}
-    if not destinations:
+    """The default model is copied into the image, readable by the service user, and the CMD serves that copy."""
+    copies = [c for c in image.copies if DEFAULT_MODEL in c.sources]
+    if not copies:
         return [f"{DEFAULT_MODEL} is not copied into the image"]
+    problems = []
+    user = last(image.final, "USER")
+    owner = user.value[0] if user is not None and user.value else None
+    for copy in copies:
+        # COPY keeps the build context's modes: weights saved 0600 by training stay unreadable for another user.
+        if owner is None or copy.chown != owner:
+            problems.append(f"line {copy.line}: COPY {DEFAULT_MODEL} needs --chown={owner} (got {copy.chown!r})")
+    destinations = {d for c in copies for s, d in zip(c.sources, c.destinations) if s == DEFAULT_MODEL}
     cmd = last(image.final, "CMD")
     served = option_value(cmd.value, "--model") if cmd is not None else None
     if served not in destinations:
-        return [f"CMD serves --model {served!r}, not the copied default model {sorted(destinations)}"]
-    return []
+        problems.append(f"CMD serves --model {served!r}, not the copied default model {sorted(destinations)}")
+    return problems
 
 
 def rule_cuda_libraries(image: Image, pyproject: dict) -> list[str]:
@@ -569,7 +580,8 @@ BREAKAGES = [
     ("shell-entrypoint", 'ENTRYPOINT ["elmo", "serve"]', "ENTRYPOINT elmo serve", "entrypoint"),
     ("loopback-only", '"--host", "0.0.0.0"', '"--host", "127.0.0.1"', "entrypoint"),
     ("cmd-wrong-port", '"--port", "50051"', '"--port", "50052"', "entrypoint"),
-    ("model-not-copied", "COPY models/default /app/models/default", "", "default-model"),
+    ("model-not-copied", "COPY --chown=10001:10001 models/default /app/models/default", "", "default-model"),
+    ("model-root-owned", "COPY --chown=10001:10001 models/default", "COPY models/default", "default-model"),
     ("serves-other-model", '"--model", "/app/models/default"', '"--model", "/models/x"', "default-model"),
     ("no-ld-library-path", "ENV LD_LIBRARY_PATH=", "ENV IGNORED=", "cuda-libraries"),
     ("no-cudnn-path", ":/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib", "", "cuda-libraries"),
