@@ -1,7 +1,8 @@
 """The model directory format: file names and the export metadata (onnx.json). Torch-free (serving path).
 
 A model directory holds config.json (elmo.config), model.safetensors, vocab.txt, and after ``elmo export``
-model.onnx plus onnx.json. onnx.json describes the graph (dims, layer count, char scheme, tokenizer, opset,
+model.onnx, encoder.onnx, context.onnx, model.onnx.data (their shared weights) and onnx.json. onnx.json
+describes the graphs (dims, layer count, char scheme, tokenizer, opset,
 the sha256 of the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it
 against config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
 """
@@ -18,7 +19,10 @@ from elmo.errors import ConfigError, ModelFileError
 
 WEIGHTS_FILE = "model.safetensors"
 VOCAB_FILE = "vocab.txt"
-ONNX_FILE = "model.onnx"
+ONNX_FILE = "model.onnx"  # the whole model in one graph: char_ids (B, T, 50) -> layers (B, L+1, T, 2P), mask
+ENCODER_FILE = "encoder.onnx"  # char-CNN: char_ids (N, 50) -> token vectors (N, P)
+CONTEXT_FILE = "context.onnx"  # biLSTM: tokens (B, T+2, P), lengths (B,) -> layers (B, L+1, T, 2P)
+ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
 ONNX_META_FILE = "onnx.json"
 FORMAT_VERSION = 1
 
@@ -64,6 +68,7 @@ def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> 
     if scheme.get("max_chars") != MAX_CHARS or scheme.get("n_chars") != N_CHAR_IDS:
         raise ModelFileError(f"{path}: char scheme {scheme} differs from this code's ({MAX_CHARS} x {N_CHAR_IDS})")
     _check_against_config(directory, path, meta)
+    _check_weights_data(directory, path, meta)
     if check_checkpoint:
         _check_against_checkpoint(directory, path, meta)
     return meta
@@ -87,6 +92,24 @@ def _check_against_config(directory: Path, meta_path: Path, meta: dict) -> None:
     if wrong:
         details = ", ".join(f"{key}: {got} vs {want}" for key, (got, want) in wrong.items())
         raise ModelFileError(f"{meta_path}: does not match {config_path} ({details}); re-run `elmo export`")
+
+
+def _check_weights_data(directory: Path, meta_path: Path, meta: dict) -> None:
+    """The graphs' weight file must be the one exported with them (a truncated or swapped file would otherwise
+    load and give wrong vectors, or fail with an onnxruntime message that does not name it)."""
+    expected = meta.get("weights_data")
+    if not expected:
+        return
+    if not isinstance(expected, dict) or not {"file", "bytes", "sha256"} <= set(expected):
+        raise ModelFileError(f"{meta_path}: field weights_data must be {{file, bytes, sha256}} (re-run `elmo export`)")
+    data = directory / expected["file"]
+    if not data.is_file():
+        raise ModelFileError(f"{data}: the graphs' weight file is missing (re-run `elmo export`)")
+    size = data.stat().st_size
+    if size != expected["bytes"]:
+        raise ModelFileError(f"{data}: {size} bytes, {meta_path.name} says {expected['bytes']} (truncated or replaced)")
+    if sha256_of(data) != expected["sha256"]:
+        raise ModelFileError(f"{data}: sha256 differs from {meta_path.name} (corrupted or replaced)")
 
 
 def _check_against_checkpoint(directory: Path, meta_path: Path, meta: dict) -> None:

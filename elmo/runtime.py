@@ -1,14 +1,21 @@
 """The onnxruntime runtime: a model directory in, per-sentence layer vectors out. Imports no torch.
 
-``Embedder(model_dir)`` loads ``model.onnx`` (checked against ``onnx.json`` and ``config.json``), picks the
-execution provider (CUDA first, then CPU; one log line says which one is active and why), and embeds
-tokenized or raw sentences into float32 arrays ``(n_layers, n_tokens, dim)``. Sentences are sorted by length
-and cut into batches under a token budget, so padding stays small and results come back in input order.
+``Embedder(model_dir)`` loads the exported graphs (checked against ``onnx.json`` and ``config.json``), picks the
+execution provider (CUDA first, then CPU; one log line says which one is active and why), and embeds tokenized
+or raw sentences into float32 arrays ``(n_layers, n_tokens, dim)``.
+
+How a call runs: the distinct tokens of all sentences go through the char-CNN graph (encoder.onnx) once each,
+skipping those in an LRU cache of token vectors (a token's vector does not depend on its context: AllenNLP's
+``vocab_to_cache`` idea); the sentences are sorted by length and cut into batches under a token budget; each
+batch gets its token vectors gathered into a (B, T+2, P) array with the <S>/</S> vectors in place and runs
+through the biLSTM graph (context.onnx). Results come back in input order.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from elmo.chars import MAX_CHARS, batch_to_char_ids
+from elmo.chars import BOS_IDS, EOS_IDS, MAX_CHARS, word_to_char_ids
 from elmo.errors import ElmoError, InputError, ModelFileError
-from elmo.modeldir import ONNX_FILE, model_directory, read_onnx_metadata
+from elmo.modeldir import CONTEXT_FILE, ENCODER_FILE, model_directory, read_onnx_metadata
 from elmo.tokenize import Tokenized, tokenize
 
 log = logging.getLogger("elmo.runtime")
@@ -27,6 +34,11 @@ CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 DEFAULT_MAX_BATCH_TOKENS = 4096
 DEFAULT_MAX_TOKENS_PER_SENTENCE = 1024
+DEFAULT_CACHE_SIZE = 50_000
+ENCODER_CHUNK = 256  # distinct tokens per char-CNN run: its conv activations are ~0.4 MB per token
+
+# Rows of the per-call token table that every batch gathers from.
+_PAD_ROW, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class EmbedderInfo:
 
 
 # -- providers -----------------------------------------------------------------------------------------------------
-def _requested_providers(providers: Sequence[str] | None) -> list[str]:
+def requested_providers(providers: Sequence[str] | None) -> list[str]:
     if providers is not None:
         return list(providers)
     if CUDA in ort.get_available_providers():
@@ -50,10 +62,10 @@ def _requested_providers(providers: Sequence[str] | None) -> list[str]:
     return [CPU]
 
 
-def _provider_reason(requested: list[str], active: str) -> str:
+def provider_reason(requested: list[str], active: str) -> str:
     """Why ``active`` is the provider in use, for the one log line."""
     if active == CUDA:
-        return "CUDA provider loaded and the graph runs on the GPU"
+        return "CUDA provider loaded: the graphs run on the GPU"
     if CUDA in requested:
         return (
             "CUDA provider requested but onnxruntime could not use it (no GPU visible, or the CUDA 13 / cuDNN 9 "
@@ -64,19 +76,15 @@ def _provider_reason(requested: list[str], active: str) -> str:
     return f"providers={requested} were requested"
 
 
-def create_session(
+def open_session(
     path: Path,
-    providers: Sequence[str] | None = None,
+    providers: list[str],
     intra_op_threads: int | None = None,
     inter_op_threads: int | None = None,
 ) -> ort.InferenceSession:
-    """An InferenceSession for ``path`` with CUDA -> CPU selection and exactly one log line about the provider.
-
-    An explicit provider list without the CPU provider is a demand: failing to get it raises ElmoError.
-    """
+    """An InferenceSession for ``path``; ModelFileError naming the file when onnxruntime cannot load it."""
     if not path.is_file():
         raise ModelFileError(f"{path}: ONNX graph not found (run `elmo export --model {path.parent}`)")
-    requested = _requested_providers(providers)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if intra_op_threads:
@@ -84,19 +92,53 @@ def create_session(
     if inter_op_threads:
         options.inter_op_num_threads = int(inter_op_threads)
     try:
-        session = ort.InferenceSession(str(path), options, providers=requested)
+        return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own untyped errors for unreadable graphs
         raise ModelFileError(f"{path}: onnxruntime cannot load this graph ({type(exc).__name__}: {exc})") from None
-    active = session.get_providers()[0]
-    if active not in requested:
-        raise ElmoError(f"execution provider {requested[0]} was demanded but {active} is active for {path}")
-    log.info("onnxruntime provider: %s active for %s (%s)", active, path.name, _provider_reason(requested, active))
-    return session
+
+
+# -- token-vector cache --------------------------------------------------------------------------------------------
+class TokenVectorCache:
+    """A thread-safe LRU map token -> char-CNN vector (P,) float32. Capacity 0 disables it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(0, int(capacity))
+        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: Sequence[str]) -> list[np.ndarray | None]:
+        with self._lock:
+            found = []
+            for token in tokens:
+                vector = self._entries.get(token)
+                if vector is not None:
+                    self._entries.move_to_end(token)
+                found.append(vector)
+            hits = sum(v is not None for v in found)
+            self.hits += hits
+            self.misses += len(found) - hits
+            return found
+
+    def store(self, tokens: Sequence[str], vectors: np.ndarray) -> None:
+        if not self.capacity:
+            return
+        with self._lock:
+            for token, vector in zip(tokens[-self.capacity :], vectors[-self.capacity :]):
+                self._entries[token] = vector
+                self._entries.move_to_end(token)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
 
 
 # -- the embedder --------------------------------------------------------------------------------------------------
 class Embedder:
-    """Embed sentences with an exported biLM. Thread-safe for concurrent calls (onnxruntime sessions are)."""
+    """Embed sentences with an exported biLM. Safe to call from several threads (onnxruntime sessions are; the
+    cache has a lock), but on CUDA one session is one stream: feed it large batches from one batcher."""
 
     def __init__(
         self,
@@ -106,49 +148,78 @@ class Embedder:
         inter_op_threads: int | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_tokens_per_sentence: int = DEFAULT_MAX_TOKENS_PER_SENTENCE,
-        cache_size: int = 0,
+        cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         if max_batch_tokens < 1 or max_tokens_per_sentence < 1:
             raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
         self.max_batch_tokens = int(max_batch_tokens)
-        self.cache_size = int(cache_size)
-        path = self.model_dir / self.meta.get("graph", ONNX_FILE)
-        self.session = create_session(path, providers, intra_op_threads, inter_op_threads)
-        self._check_graph(path)
+        self.cache = TokenVectorCache(cache_size)
+        graphs = self.meta.get("graphs") or {}
+        requested = requested_providers(providers)
+        threads = (intra_op_threads, inter_op_threads)
+        self._paths = {
+            "encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE),
+            "context": self.model_dir / graphs.get("context", CONTEXT_FILE),
+        }
+        self.encoder = open_session(self._paths["encoder"], requested, *threads)
+        if self.encoder.get_providers()[0] == CPU and CPU in requested:
+            # CUDA did not load for the first graph; asking again would only repeat onnxruntime's complaint.
+            self.context = open_session(self._paths["context"], [CPU], *threads)
+        else:
+            self.context = open_session(self._paths["context"], requested, *threads)
+        active = self._active_provider(requested)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
             n_layers=int(self.meta["n_layers"]),
             dim=int(self.meta["dim"]),
             max_tokens_per_sentence=int(max_tokens_per_sentence),
-            provider=self.session.get_providers()[0],
+            provider=active,
             model_dir=self.model_dir,
         )
+        self._check_graphs()
+        self._boundaries = self._encode(np.stack([BOS_IDS, EOS_IDS]))  # (2, P)
 
-    def _check_graph(self, path: Path) -> None:
-        """The graph's declared inputs/outputs must agree with onnx.json (catches a foreign model.onnx)."""
-        inputs = {i.name: i.shape for i in self.session.get_inputs()}
-        outputs = {o.name: o.shape for o in self.session.get_outputs()}
-        problems = []
-        if list(inputs) != ["char_ids"] or inputs["char_ids"][-1] != MAX_CHARS:
-            problems.append(f"inputs {inputs} (expected char_ids [batch, tokens, {MAX_CHARS}])")
-        layers = outputs.get("layers")
-        if layers is None or len(layers) != 4 or layers[1] != self.meta["n_layers"] or layers[3] != self.meta["dim"]:
-            problems.append(
-                f"output layers {layers} (onnx.json says [batch, {self.meta['n_layers']}, tokens, {self.meta['dim']}])"
-            )
-        if problems:
-            raise ModelFileError(f"{path}: graph does not match onnx.json: {'; '.join(problems)}")
+    def _active_provider(self, requested: list[str]) -> str:
+        active = {self.encoder.get_providers()[0], self.context.get_providers()[0]}
+        if len(active) > 1:
+            raise ElmoError(f"encoder and context graphs run on different providers {sorted(active)}")
+        (provider,) = active
+        if provider not in requested:
+            raise ElmoError(f"execution provider {requested[0]} was demanded but {provider} is active")
+        reason = provider_reason(requested, provider)
+        log.info("onnxruntime provider: %s active for %s (%s)", provider, self.model_dir, reason)
+        return provider
+
+    def _check_graphs(self) -> None:
+        """The graphs' declared inputs/outputs must agree with onnx.json (catches foreign or stale graphs)."""
+        p, layers, dim = int(self.meta["projection_dim"]), self.info.n_layers, self.info.dim
+        expected = {
+            "encoder": ({"char_ids": [None, MAX_CHARS]}, {"token_vectors": [None, p]}),
+            "context": ({"tokens": [None, None, p], "lengths": [None]}, {"layers": [None, layers, None, dim]}),
+        }
+        for part, (inputs, outputs) in expected.items():
+            session = getattr(self, part)
+            declared = {x.name: x.shape for x in session.get_inputs()}, {x.name: x.shape for x in session.get_outputs()}
+            for want, got in zip((inputs, outputs), declared):
+                ok = set(want) == set(got) and all(
+                    len(got[name]) == len(shape) and all(w is None or w == g for w, g in zip(shape, got[name]))
+                    for name, shape in want.items()
+                )
+                if not ok:
+                    raise ModelFileError(
+                        f"{self._paths[part]}: graph does not match onnx.json: declares {got}, expected {want}"
+                    )
 
     # -- public API ------------------------------------------------------------------------------------------------
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Tokenized sentences -> per sentence float32 ``(n_layers, n_tokens, dim)`` (empty -> n_tokens 0)."""
         sentences = self._validated(sentences)
+        table, rows = self._token_table(sentences)
         results: list[np.ndarray | None] = [None] * len(sentences)
         for indices in self._batches([len(s) for s in sentences]):
-            batch = [sentences[i] for i in indices]
-            layers = self._run(batch)  # (B, L+1, T, D)
+            layers = self._contextualize(table, [rows[i] for i in indices])  # (B, L+1, T, D)
             for row, index in enumerate(indices):
                 results[index] = np.ascontiguousarray(layers[row, :, : len(sentences[index])])
         empty = np.zeros((self.info.n_layers, 0, self.info.dim), dtype=np.float32)
@@ -166,7 +237,7 @@ class Embedder:
         return list(zip(tokenized, vectors))
 
     def warmup(self) -> None:
-        """One real forward pass (allocations, kernel selection) before the first request."""
+        """Real forward passes (allocations, kernel selection) before the first request."""
         self.embed_tokens([["Warm", "up", "."], ["a"]])
 
     # -- internals -------------------------------------------------------------------------------------------------
@@ -174,7 +245,7 @@ class Embedder:
         if isinstance(sentences, str):
             raise InputError("embed_tokens takes a list of tokenized sentences, not one string")
         out = []
-        limit = self.info.max_tokens_per_sentence if hasattr(self, "info") else None
+        limit = self.info.max_tokens_per_sentence
         for i, sentence in enumerate(sentences):
             if isinstance(sentence, str):
                 raise InputError(f"sentence {i} is a string; pass a list of tokens (or use embed_texts)")
@@ -182,19 +253,49 @@ class Embedder:
             for j, token in enumerate(tokens):
                 if not isinstance(token, str) or not token:
                     raise InputError(f"sentence {i} token {j}: tokens must be non-empty strings, got {token!r}")
-            if limit is not None and len(tokens) > limit:
+            if len(tokens) > limit:
                 raise InputError(f"sentence {i} has {len(tokens)} tokens; the limit is {limit}")
             out.append(tokens)
         return out
 
+    def _token_table(self, sentences: list[list[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(table (3 + U, P): pad, <S>, </S>, then the U distinct tokens; per sentence its rows in the table)."""
+        distinct: dict[str, int] = {}
+        rows = [
+            np.array([distinct.setdefault(t, len(distinct) + _FIRST_TOKEN_ROW) for t in s], dtype=np.int64)
+            for s in sentences
+        ]
+        tokens = list(distinct)
+        vectors = self.cache.lookup(tokens)
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        if missing:
+            fresh = self._encode(np.stack([word_to_char_ids(tokens[i]) for i in missing]))
+            self.cache.store([tokens[i] for i in missing], fresh)
+            for i, vector in zip(missing, fresh):
+                vectors[i] = vector
+        table = np.empty((_FIRST_TOKEN_ROW + len(tokens), self._boundaries.shape[1]), dtype=np.float32)
+        table[_PAD_ROW] = 0.0
+        table[_BOS_ROW : _EOS_ROW + 1] = self._boundaries
+        if tokens:
+            table[_FIRST_TOKEN_ROW:] = np.stack(vectors)
+        return table, rows
+
+    def _encode(self, char_ids: np.ndarray) -> np.ndarray:
+        """(N, 50) char ids -> (N, P) token vectors, in chunks that bound the conv activations' memory."""
+        chunks = [
+            self.encoder.run(["token_vectors"], {"char_ids": char_ids[i : i + ENCODER_CHUNK].astype(np.int64)})[0]
+            for i in range(0, len(char_ids), ENCODER_CHUNK)
+        ]
+        return np.concatenate(chunks).astype(np.float32, copy=False)
+
     def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices of non-empty sentences sorted by length and cut so that rows x longest <= max_batch_tokens
-        (a single sentence longer than the budget forms its own batch)."""
+        """Indices of non-empty sentences sorted by length and cut so that rows x (longest + 2) stays within
+        max_batch_tokens (a sentence longer than the budget forms its own batch)."""
         order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
         batches: list[list[int]] = []
         current: list[int] = []
         for index in order:
-            if current and (len(current) + 1) * lengths[index] > self.max_batch_tokens:
+            if current and (len(current) + 1) * (lengths[index] + 2) > self.max_batch_tokens:
                 batches.append(current)
                 current = []
             current.append(index)
@@ -202,7 +303,13 @@ class Embedder:
             batches.append(current)
         return batches
 
-    def _run(self, sentences: list[list[str]]) -> np.ndarray:
-        char_ids = batch_to_char_ids(sentences).astype(np.int64)
-        (layers,) = self.session.run(["layers"], {"char_ids": char_ids})
+    def _contextualize(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+        """Gather each sentence's ``[<S>, tokens, </S>]`` vectors and run the biLSTM graph -> (B, L+1, T, D)."""
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        index = np.full((len(rows), int(lengths.max()) + 2), _PAD_ROW, dtype=np.int64)
+        index[:, 0] = _BOS_ROW
+        for b, r in enumerate(rows):
+            index[b, 1 : len(r) + 1] = r
+            index[b, len(r) + 1] = _EOS_ROW
+        (layers,) = self.context.run(["layers"], {"tokens": table[index], "lengths": lengths})
         return layers

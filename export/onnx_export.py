@@ -1,25 +1,26 @@
-"""``elmo export``: a model directory (config.json + model.safetensors) -> model.onnx + onnx.json, verified.
+"""``elmo export``: a model directory (config.json + model.safetensors) -> ONNX graphs + onnx.json, verified.
 
-The exported graph keeps ELMo's exact semantics for any batch size and sentence length: the projection-LSTM
-recurrence is exported as an ONNX ``Loop`` (``torch.jit.script_if_tracing``), because ``nn.LSTM(proj_size)``
-does not export, ONNX's LSTM op has no recurrent projection, and a traced Python loop would be unrolled to the
-sample's length (see ../shared/reference/ENVIRONMENT.md). The command verifies the result against PyTorch on
-lengths other than the tracing sample's before it reports success; a failed verification raises ModelFileError.
+Writes model.onnx (the whole model in one graph), encoder.onnx and context.onnx (the runtime's two halves, see
+export/graphs.py and export/context_graph.py), their weights in model.onnx.data (each distinct tensor once), and
+onnx.json (dims, layer count, char scheme, tokenizer settings, opset, checkpoint sha256, verification result).
+Everything is written into a staging folder first, verified against PyTorch on inputs the tracer never saw, and
+moved into place only when the verification passes; a failed verification raises ModelFileError.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+import onnx
 import torch
+from onnx import numpy_helper
 
 import elmo.model as elmo_model
 from elmo.chars import MAX_CHARS, N_CHAR_IDS, batch_to_char_ids
@@ -27,151 +28,123 @@ from elmo.checkpoint import load_model
 from elmo.config import CONFIG_FILE, ModelConfig
 from elmo.errors import ModelFileError
 from elmo.modeldir import (
+    CONTEXT_FILE,
+    ENCODER_FILE,
     FORMAT_VERSION,
+    ONNX_DATA_FILE,
     ONNX_FILE,
     ONNX_META_FILE,
+    VOCAB_FILE,
     WEIGHTS_FILE,
     sha256_of,
 )
 from elmo.tokenize import TOKENIZER_SETTINGS
-from export.verify import VerificationReport, verify_onnx
+from export.context_graph import build_context_graph
+from export.graphs import EncoderGraph, PrefixGraph
+from export.verify import verify_export
 
 log = logging.getLogger("elmo.export")
 
 OPSET = 17
 FP32_TOLERANCE = 1e-5
 # fp16 rounds every intermediate to ~3 significant digits; the clipped LSTM states stay within ±3, so an
-# absolute error of a few 1e-2 is what fp16 arithmetic gives. Beyond this bound the graph is broken, not imprecise.
+# absolute error of a few 1e-3..1e-2 is what fp16 arithmetic gives. Beyond this bound the graph is broken.
 FP16_TOLERANCE = 0.1
+# Tensors at least this big go to the shared data file; small ones stay inline.
+EXTERNAL_THRESHOLD = 1024
+STAGING = ".export-staging"
 
 
-# -- loading -------------------------------------------------------------------------------------------------------
 def load_bilm(model_dir: Path) -> elmo_model.BiLM:
     """A model directory -> BiLM in eval mode, float32 (fp16-stored weights are widened by load_model)."""
     return load_model(model_dir).float().eval()
 
 
-# -- the exportable recurrence -------------------------------------------------------------------------------------
-@torch.jit.script_if_tracing
-def _loop_recurrence(
-    gates_x: torch.Tensor,
-    w_rec: torch.Tensor,
-    b_rec: torch.Tensor,
-    w_proj: torch.Tensor,
-    cell_clip: float,
-    proj_clip: float,
-    initial_hidden: torch.Tensor,
-    initial_cell: torch.Tensor,
-) -> torch.Tensor:
-    """Same maths as elmo.model.projection_lstm_recurrence; scripted so the tracer emits an ONNX Loop whose trip
-    count is the runtime token axis. ``gates_x`` (B, T, 4C), initial state (P,) / (C,) -> (B, T, P)."""
-    batch = gates_x.shape[0]
-    steps = gates_x.shape[1]
-    cell = torch.zeros([batch, initial_cell.shape[0]], dtype=gates_x.dtype, device=gates_x.device) + initial_cell
-    hidden = torch.zeros([batch, initial_hidden.shape[0]], dtype=gates_x.dtype, device=gates_x.device)
-    hidden = hidden + initial_hidden
-    outputs: list[torch.Tensor] = []
-    for t in range(steps):
-        z = gates_x[:, t] + torch.matmul(hidden, w_rec.t()) + b_rec
-        i, f, g, o = z.chunk(4, dim=-1)
-        cell = torch.clamp(torch.sigmoid(i) * torch.tanh(g) + torch.sigmoid(f) * cell, -cell_clip, cell_clip)
-        hidden = torch.clamp(torch.matmul(torch.sigmoid(o) * torch.tanh(cell), w_proj.t()), -proj_clip, proj_clip)
-        outputs.append(hidden)
-    return torch.stack(outputs, dim=1)
-
-
-def _exportable_recurrence(
-    gates_x, w_rec, b_rec, w_proj, cell_clip: float, proj_clip: float, initial_hidden=None, initial_cell=None
-):
-    # A clip of 0 means "no clipping" in the config; an infinite bound is the same thing without an If node.
-    inf = float("inf")
-    if initial_hidden is None or initial_cell is None:
-        initial_hidden = gates_x.new_zeros(w_proj.shape[0])
-        initial_cell = gates_x.new_zeros(w_proj.shape[1])
-    return _loop_recurrence(
-        gates_x, w_rec, b_rec, w_proj, cell_clip or inf, proj_clip or inf, initial_hidden, initial_cell
-    )
-
-
-@contextlib.contextmanager
-def exportable_recurrence() -> Iterator[None]:
-    """Swap the eager recurrence for the scripted one while tracing, so the export reuses elmo.model's modules
-    unchanged (ProjectionLSTM looks the function up in its module at call time)."""
-    original = elmo_model.projection_lstm_recurrence
-    elmo_model.projection_lstm_recurrence = _exportable_recurrence
-    try:
-        yield
-    finally:
-        elmo_model.projection_lstm_recurrence = original
-
-
-class _GraphModule(torch.nn.Module):
-    """char_ids int64 (B, T, 50) -> (layers float32 (B, L+1, T, 2P), mask bool (B, T))."""
-
-    def __init__(self, model: elmo_model.BiLM) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        layers, mask = self.model(char_ids)
-        return layers.float(), mask
-
-
-def export_graph(model: elmo_model.BiLM, path: Path, fp16: bool = False, opset: int = OPSET) -> None:
-    """Trace ``model`` into ``path`` with dynamic batch and token axes. ``fp16`` converts the float32 graph's
-    weights and arithmetic to float16 afterwards (inputs and outputs keep their types)."""
-    sample = torch.as_tensor(batch_to_char_ids([["a", "bc", "def"], ["ghij", "k"]])).long()
-    module = _GraphModule(model).eval()
-    with exportable_recurrence(), torch.no_grad():
+# -- building the graphs ------------------------------------------------------------------------------------------
+def _trace(module: torch.nn.Module, args: tuple, path: Path, inputs: dict, outputs: dict) -> onnx.ModelProto:
+    """Trace ``module`` to ONNX (legacy exporter: the dynamo exporter fixes the token axis silently) and load it.
+    ``inputs`` / ``outputs``: name -> {axis: symbolic name} for the dynamic axes."""
+    with torch.no_grad():
         torch.onnx.export(
-            module,
-            (sample,),
+            module.eval(),
+            args,
             str(path),
             dynamo=False,
-            opset_version=opset,
-            input_names=["char_ids"],
-            output_names=["layers", "mask"],
-            dynamic_axes={
-                "char_ids": {0: "batch", 1: "tokens"},
-                "layers": {0: "batch", 2: "tokens"},
-                "mask": {0: "batch", 1: "tokens"},
-            },
+            opset_version=OPSET,
+            input_names=list(inputs),
+            output_names=list(outputs),
+            dynamic_axes={**inputs, **outputs},
         )
-    import onnx
-
     graph = onnx.load(str(path))
-    _declare_output_dims(graph, model.cfg)
-    if fp16:
-        graph = convert_to_fp16(graph)
-    onnx.save(graph, str(path))
+    path.unlink()
+    return graph
 
 
-def _declare_output_dims(graph, cfg: ModelConfig) -> None:
+def build_graphs(model: elmo_model.BiLM, scratch: Path) -> dict[str, onnx.ModelProto]:
+    """The three graphs (file name -> ModelProto, weights inline). The char-CNN parts are traced (sample of
+    several lengths; verification uses others), the biLSTM is built by hand (export/context_graph.py)."""
+    char_ids = torch.as_tensor(batch_to_char_ids([["a", "bc", "def"], ["ghij", "k"]])).long()
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    context = build_context_graph(state, model.cfg)
+    encoder = _trace(
+        EncoderGraph(model),
+        (char_ids[0],),
+        scratch / ENCODER_FILE,
+        {"char_ids": {0: "n_tokens"}},
+        {"token_vectors": {0: "n_tokens"}},
+    )
+    prefix = _trace(
+        PrefixGraph(model),
+        (char_ids,),
+        scratch / "prefix.onnx",
+        {"char_ids": {0: "batch", 1: "tokens"}},
+        {"tokens": {0: "batch", 1: "steps"}, "lengths": {0: "batch"}, "mask": {0: "batch", 1: "tokens"}},
+    )
+    context.ir_version = prefix.ir_version
+    # Names cannot collide: every name in the hand-built graph starts with "context/".
+    full = onnx.compose.merge_models(
+        prefix, context, io_map=[("tokens", "tokens"), ("lengths", "lengths")], outputs=["layers", "mask"]
+    )
+    graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, CONTEXT_FILE: context}
+    for graph in graphs.values():
+        _declare_output_dims(graph, model.cfg)
+        onnx.checker.check_model(graph)
+    return graphs
+
+
+def _declare_output_dims(graph: onnx.ModelProto, cfg: ModelConfig) -> None:
     """The tracer leaves the layer and feature axes symbolic; write the real sizes so that the runtime can check
     a graph against onnx.json before running it."""
     for output in graph.graph.output:
+        dims = output.type.tensor_type.shape.dim
         if output.name == "layers":
-            dims = output.type.tensor_type.shape.dim
             dims[1].dim_value = cfg.n_output_layers
             dims[3].dim_value = cfg.output_dim
+        elif output.name == "token_vectors":
+            dims[1].dim_value = cfg.projection_dim
 
 
-def convert_to_fp16(graph):
+# -- float16 -------------------------------------------------------------------------------------------------------
+def convert_to_fp16(graph: onnx.ModelProto) -> onnx.ModelProto:
     """A float32 ONNX model -> the same in float16 (onnxconverter-common handles the Loop body too); the graph's
     inputs and outputs keep their types."""
-    import onnx
     from onnxconverter_common import float16
 
     model = float16.convert_float_to_float16(graph, keep_io_types=True)
-    # The converter retypes tensors but leaves Cast(to=float) nodes (the model's mask casts) as they were, which
-    # onnxruntime rejects; inside the graph every float is float16 now, only the graph outputs stay float32.
     outputs = {o.name for o in model.graph.output}
 
-    def retype_casts(graph: onnx.GraphProto) -> None:
+    # The converter retypes tensors but leaves Cast(to=float) and SequenceEmpty(dtype=float) attributes as they
+    # were, which onnxruntime rejects; inside the graph every float is float16 now, only the outputs stay float32.
+    def retype(graph: onnx.GraphProto) -> None:
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            if value.type.HasField("sequence_type"):
+                element = value.type.sequence_type.elem_type.tensor_type
+                if element.elem_type == onnx.TensorProto.FLOAT:
+                    element.elem_type = onnx.TensorProto.FLOAT16
         for node in graph.node:
             for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:  # Loop / If bodies
-                    retype_casts(attribute.g)
+                if attribute.type == onnx.AttributeProto.GRAPH:  # Loop bodies
+                    retype(attribute.g)
                 elif (
                     (node.op_type, attribute.name) in (("Cast", "to"), ("SequenceEmpty", "dtype"))
                     and attribute.i == onnx.TensorProto.FLOAT
@@ -179,29 +152,57 @@ def convert_to_fp16(graph):
                 ):
                     attribute.i = onnx.TensorProto.FLOAT16
 
-    def retype_sequences(graph: onnx.GraphProto) -> None:
-        for value in [*graph.input, *graph.output, *graph.value_info]:
-            element = value.type.sequence_type.elem_type if value.type.HasField("sequence_type") else None
-            if element is not None and element.tensor_type.elem_type == onnx.TensorProto.FLOAT:
-                element.tensor_type.elem_type = onnx.TensorProto.FLOAT16
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    retype_sequences(attribute.g)
-
-    retype_casts(model.graph)
-    retype_sequences(model.graph)
+    retype(model.graph)
     return model
 
 
+# -- shared weights ------------------------------------------------------------------------------------------------
+def _initializers(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _initializers(attribute.g)
+
+
+def save_with_shared_weights(graphs: dict[str, onnx.ModelProto], directory: Path) -> int:
+    """Save every graph into ``directory`` with its large tensors in one data file, each distinct tensor once
+    (the three graphs hold the same weights). Returns the data file's size in bytes."""
+    stored: dict[bytes, tuple[int, int]] = {}
+    with open(directory / ONNX_DATA_FILE, "wb") as data:
+        for name, graph in graphs.items():
+            for tensor in _initializers(graph.graph):
+                array = numpy_helper.to_array(tensor)
+                if array.nbytes < EXTERNAL_THRESHOLD:
+                    continue
+                raw = array.tobytes()
+                key = hashlib.sha256(raw + str((array.dtype, array.shape)).encode()).digest()
+                if key not in stored:
+                    data.write(b"\0" * (-data.tell() % 64))  # aligned, as onnxruntime prefers for mapping
+                    stored[key] = (data.tell(), len(raw))
+                    data.write(raw)
+                offset, length = stored[key]
+                tensor.ClearField("raw_data")
+                tensor.ClearField("float_data")
+                tensor.ClearField("int32_data")
+                tensor.ClearField("int64_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                del tensor.external_data[:]
+                for field, value in (("location", ONNX_DATA_FILE), ("offset", offset), ("length", length)):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = field, str(value)
+            onnx.save(graph, str(directory / name))
+        return data.tell()
+
+
 # -- metadata ------------------------------------------------------------------------------------------------------
-def build_metadata(
-    cfg: ModelConfig, name: str, checkpoint_sha256: str | None, fp16: bool, report: VerificationReport
-) -> dict:
+def build_metadata(cfg: ModelConfig, name: str, checkpoint_sha256: str | None, fp16: bool, data: Path) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "name": name,
         "graph": ONNX_FILE,
+        "graphs": {"model": ONNX_FILE, "encoder": ENCODER_FILE, "context": CONTEXT_FILE},
+        "weights_data": {"file": ONNX_DATA_FILE, "bytes": data.stat().st_size, "sha256": sha256_of(data)},
         "dtype": "float16" if fp16 else "float32",
         "opset": OPSET,
         "inputs": {"char_ids": ["batch", "tokens", MAX_CHARS]},
@@ -212,69 +213,91 @@ def build_metadata(
         "cell_dim": cfg.cell_dim,
         "n_lstm_layers": cfg.n_layers,
         "char_scheme": {"name": "elmo", "max_chars": MAX_CHARS, "n_chars": N_CHAR_IDS, "shift": 1},
-        "sentence_boundaries": "added inside the graph (<S>, </S>) and removed from the output",
+        "sentence_boundaries": "added inside the graphs (<S>, </S>) and removed from the output",
         "tokenizer": TOKENIZER_SETTINGS,
-        "recurrence": "onnx-loop",
+        "recurrence": "onnx-scan, both directions per Scan, input projection hoisted",
         "checkpoint_sha256": checkpoint_sha256,
         "config": cfg.to_dict(),
-        "exporter": {"torch": torch.__version__, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        "verification": report.to_dict(),
+        "exporter": {"torch": torch.__version__, "onnx": onnx.__version__},
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
-def export_model(model_dir: str | Path, out_dir: str | Path | None = None, fp16: bool = False) -> Path:
-    """Export ``model_dir`` to ``out_dir`` (default: the model directory itself) and verify it.
+def export_model(
+    model_dir: str | Path, out_dir: str | Path | None = None, fp16: bool = False, threads: int | None = None
+) -> Path:
+    """Export ``model_dir`` into ``out_dir`` (default: the model directory itself) and verify it.
 
-    Returns the path of the written model.onnx. Raises ModelFileError when verification fails (the bad graph
-    is removed so that no runtime picks it up).
+    Returns the path of the written model.onnx. Raises ModelFileError when verification fails; nothing in
+    ``out_dir`` is replaced then.
     """
     model_dir = Path(model_dir)
     out = Path(out_dir) if out_dir is not None else model_dir
-    out.mkdir(parents=True, exist_ok=True)
     model = load_bilm(model_dir)
     cfg = model.cfg
     weights = model_dir / WEIGHTS_FILE
     checkpoint_sha = sha256_of(weights) if weights.is_file() else None
 
-    onnx_path = out / ONNX_FILE
-    # Written beside the target and moved into place only once verified: a failed export never replaces a good one.
-    candidate = out / (ONNX_FILE + ".unverified")
-    started = time.perf_counter()
+    staging = out / STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     try:
-        export_graph(model, candidate, fp16=fp16)
-        log.info("exported %s in %.1f s; verifying against PyTorch", onnx_path, time.perf_counter() - started)
-        report = verify_onnx(model, candidate, tolerance=FP16_TOLERANCE if fp16 else FP32_TOLERANCE, fp16=fp16)
-    except BaseException:
-        candidate.unlink(missing_ok=True)
-        raise
-    log.info("verification: %s", report.summary())
-    if not report.passed:
-        candidate.unlink(missing_ok=True)
-        raise ModelFileError(f"{onnx_path}: verification against PyTorch failed: {report.summary()}")
-    os.replace(candidate, onnx_path)
+        started = time.perf_counter()
+        graphs = build_graphs(model, staging)
+        if fp16:
+            graphs = {name: convert_to_fp16(graph) for name, graph in graphs.items()}
+        data_bytes = save_with_shared_weights(graphs, staging)
+        del graphs
+        meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, fp16, staging / ONNX_DATA_FILE)
+        (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
+        log.info(
+            "exported %d graphs (%.1f MB of weights) in %.1f s; verifying against PyTorch",
+            3,
+            data_bytes / 1e6,
+            time.perf_counter() - started,
+        )
+        report = verify_export(
+            model,
+            staging,
+            tolerance=FP16_TOLERANCE if fp16 else FP32_TOLERANCE,
+            dtype=meta["dtype"],
+            threads=threads or max(1, torch.get_num_threads()),
+        )
+        log.info("verification: %s", report.summary())
+        if not report.passed:
+            raise ModelFileError(f"{out / ONNX_FILE}: verification against PyTorch failed: {report.summary()}")
+        meta["verification"] = report.to_dict()
+        (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        _move_into_place(staging, out, model_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / ONNX_FILE
 
-    meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, fp16, report)
-    (out / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    if out.resolve() != model_dir.resolve():
-        # The exported folder is a model directory of its own (the runtime checks onnx.json against config.json).
-        for name in (CONFIG_FILE, "vocab.txt"):
+
+def _move_into_place(staging: Path, out: Path, model_dir: Path) -> None:
+    # The metadata last: a reader never sees new metadata beside old graphs.
+    for name in (ONNX_DATA_FILE, ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, ONNX_META_FILE):
+        os.replace(staging / name, out / name)
+    if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
+        for name in (CONFIG_FILE, VOCAB_FILE):
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, out / name)
-    return onnx_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=Path, help="model directory (config.json + model.safetensors)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the model directory)")
-    parser.add_argument("--fp16", action="store_true", help="export float16 weights and arithmetic (I/O stay fp32)")
+    parser.add_argument("--fp16", action="store_true", help="float16 weights and arithmetic (inputs/outputs stay)")
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads for verification")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = export_model(args.model, args.out, fp16=args.fp16)
+    path = export_model(args.model, args.out, fp16=args.fp16, threads=args.threads)
     meta = json.loads((path.parent / ONNX_META_FILE).read_text())
-    print(f"wrote {path} and {path.parent / ONNX_META_FILE}; verification: {meta['verification']['summary']}")
+    print(f"wrote {path.parent}/{{{ONNX_FILE},{ENCODER_FILE},{CONTEXT_FILE},{ONNX_DATA_FILE},{ONNX_META_FILE}}}")
+    print(f"verification: {meta['verification']['summary']}")
     return 0

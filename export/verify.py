@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmo.chars import batch_to_char_ids
+from elmo.chars import MAX_CHARS, batch_to_char_ids
 
 Sentences = list[list[str]]
 
@@ -85,51 +85,76 @@ class VerificationReport:
         }
 
 
-def torch_layers(model: torch.nn.Module, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def torch_layers(model: torch.nn.Module, sentences: Sentences) -> list[np.ndarray]:
+    """The PyTorch model's vectors, one (L+1, n, 2P) array per sentence."""
     with torch.no_grad():
-        layers, mask = model(torch.as_tensor(char_ids).long())
-    return layers.float().numpy(), mask.numpy()
+        layers, _ = model(torch.as_tensor(batch_to_char_ids(sentences)).long())
+    layers = layers.float().numpy()
+    return [layers[i, :, : len(s)] for i, s in enumerate(sentences)]
 
 
 def compare(
     model: torch.nn.Module,
-    run_graph: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    embed: Callable[[Sentences], list[np.ndarray]],
     cases: Sequence[tuple[str, Sentences]],
     tolerance: float,
     dtype: str,
+    label: str,
 ) -> VerificationReport:
-    """Run every case through ``run_graph`` (char_ids int64 (B, T, 50) -> (layers, mask)) and PyTorch."""
+    """Run every case through ``embed`` (sentences -> per sentence (L+1, n, 2P)) and through PyTorch."""
     report = VerificationReport(tolerance=tolerance, dtype=dtype)
     for name, sentences in cases:
-        char_ids = batch_to_char_ids(sentences).astype(np.int64)
-        expected, expected_mask = torch_layers(model, char_ids)
+        name = f"{label}: {name}"
+        expected = torch_layers(model, sentences)
         try:
-            got, got_mask = run_graph(char_ids)
+            got = embed(sentences)
         except Exception as exc:  # an onnxruntime failure is a verification failure, reported as such
-            report.failures.append(f"{name}: onnxruntime raised {type(exc).__name__}: {exc}")
+            report.failures.append(f"{name}: raised {type(exc).__name__}: {exc}")
             continue
-        if got.shape != expected.shape:
-            report.failures.append(f"{name}: output shape {got.shape}, PyTorch gives {expected.shape}")
+        shapes = [g.shape for g in got]
+        if shapes != [e.shape for e in expected]:
+            report.failures.append(f"{name}: output shapes {shapes}, PyTorch gives {[e.shape for e in expected]}")
             continue
-        if not np.array_equal(got_mask.astype(bool), expected_mask.astype(bool)):
-            report.failures.append(f"{name}: mask differs")
-        error = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
+        error = max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected) if e.size), default=0.0)
         if not np.isfinite(error):
             report.failures.append(f"{name}: non-finite output")
-        report.cases.append(CaseResult(name, tuple(char_ids.shape), error))
+        width = max((len(s) for s in sentences), default=0)
+        report.cases.append(CaseResult(name, (len(sentences), width, MAX_CHARS), error))
     return report
 
 
-def verify_onnx(model: torch.nn.Module, onnx_path: Path, tolerance: float, fp16: bool = False) -> VerificationReport:
-    """Verify the single-graph export ``onnx_path`` on the CPU provider (the export machine has no GPU)."""
+def full_graph_embedder(session) -> Callable[[Sentences], list[np.ndarray]]:
+    """model.onnx as a per-sentence embedder; its mask output and its zero padding are checked on the way."""
+
+    def embed(sentences: Sentences) -> list[np.ndarray]:
+        char_ids = batch_to_char_ids(sentences).astype(np.int64)
+        layers, mask = session.run(["layers", "mask"], {"char_ids": char_ids})
+        lengths = np.array([len(s) for s in sentences])
+        if not np.array_equal(mask, np.arange(char_ids.shape[1])[None, :] < lengths[:, None]):
+            raise ValueError("mask output differs from the sentence lengths")
+        for i, n in enumerate(lengths):
+            if np.any(layers[i, :, n:]):
+                raise ValueError(f"sentence {i}: non-zero vectors past its end")
+        return [layers[i, :, :n] for i, n in enumerate(lengths)]
+
+    return embed
+
+
+def verify_export(model: torch.nn.Module, directory: Path, tolerance: float, dtype: str, threads: int = 1):
+    """Verify the graphs written in ``directory`` against ``model``: model.onnx alone, and the runtime's
+    encoder + context path (elmo.runtime.Embedder, exactly what is served), both on the CPU provider."""
     import onnxruntime as ort
 
+    from elmo.modeldir import ONNX_FILE
+    from elmo.runtime import CPU, Embedder
+
     options = ort.SessionOptions()
-    options.intra_op_num_threads = max(1, torch.get_num_threads())
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-
-    def run_graph(char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        layers, mask = session.run(["layers", "mask"], {"char_ids": char_ids})
-        return layers, mask
-
-    return compare(model, run_graph, verification_cases(), tolerance, "float16" if fp16 else "float32")
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU])
+    cases = verification_cases()
+    report = compare(model, full_graph_embedder(session), cases, tolerance, dtype, ONNX_FILE)
+    runtime = Embedder(directory, providers=[CPU], intra_op_threads=threads, cache_size=64)
+    for part in (compare(model, runtime.embed_tokens, cases, tolerance, dtype, "runtime"),):
+        report.cases += part.cases
+        report.failures += part.failures
+    return report

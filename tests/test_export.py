@@ -1,9 +1,9 @@
-import contextlib
 import json
 
 import numpy as np
 import pytest
 
+import export.context_graph as context_graph
 import export.onnx_export as onnx_export
 from elmo.cli import main
 from elmo.errors import ModelFileError
@@ -27,8 +27,9 @@ def test_export_writes_a_verified_graph_and_its_metadata(tiny_model_dir):
     assert (meta["n_layers"], meta["dim"], meta["projection_dim"], meta["cell_dim"]) == (3, 16, 8, 16)
     assert meta["char_scheme"]["max_chars"] == 50 and meta["opset"] == onnx_export.OPSET
     assert "BertPreTokenizer" in json.dumps(meta["tokenizer"])
-    names = [case["name"] for case in meta["verification"]["cases"]]
-    assert {"length 1", "length 2", "length 7", "length 50", "length 200"} <= set(names)
+    names = {case["name"] for case in meta["verification"]["cases"]}
+    for path in ("model.onnx", "runtime"):  # the single graph and the served encoder + context path
+        assert {f"{path}: length {n}" for n in (1, 2, 7, 50, 200)} <= names
 
 
 def test_verification_cases_cover_what_the_export_must_survive():
@@ -41,14 +42,15 @@ def test_verification_cases_cover_what_the_export_must_survive():
     assert sorted(mixed) == [1, 2, 7, 50, 200]
 
 
-def test_a_traced_python_loop_fails_verification_and_leaves_no_graph(unexported_model, monkeypatch):
-    # Without the scripted recurrence the tracer unrolls the loop to the sample's length: the checker would pass
-    # such a graph, the self-verification must not.
-    monkeypatch.setattr(onnx_export, "exportable_recurrence", contextlib.nullcontext)
+def test_a_graph_without_clipping_fails_verification_and_replaces_nothing(unexported_model, monkeypatch):
+    # A semantic slip (here: the clips dropped from the hand-built recurrence) passes the ONNX checker; the
+    # self-verification must catch it, and an earlier good export must stay in place.
+    onnx_export.export_model(unexported_model)
+    before = {p.name: p.read_bytes() for p in unexported_model.iterdir()}
+    monkeypatch.setattr(context_graph, "_clip", lambda g, x, limit: x)
     with pytest.raises(ModelFileError, match="model.onnx: verification against PyTorch failed"):
         onnx_export.export_model(unexported_model)
-    assert not (unexported_model / "model.onnx").exists()
-    assert not (unexported_model / "onnx.json").exists()
+    assert {p.name: p.read_bytes() for p in unexported_model.iterdir()} == before
 
 
 def test_fp16_export_reports_its_own_error(unexported_model, tmp_path):

@@ -110,7 +110,7 @@ def test_one_log_line_names_the_active_provider_and_why(tiny_model_dir, caplog):
         embedder = Embedder(tiny_model_dir)  # default: CUDA first when the build has it, then CPU
     lines = [r.getMessage() for r in caplog.records if "onnxruntime provider" in r.getMessage()]
     assert len(lines) == 1
-    assert embedder.info.provider == embedder.session.get_providers()[0]
+    assert embedder.info.provider == embedder.encoder.get_providers()[0] == embedder.context.get_providers()[0]
     assert embedder.info.provider in lines[0]
     if embedder.info.provider == CPU:
         assert "CUDA" in lines[0]  # the reason: why not the GPU
@@ -131,22 +131,38 @@ def model_copy(tiny_model_dir, tmp_path):
     return shutil.copytree(tiny_model_dir, tmp_path / "model")
 
 
-def test_missing_graph_names_the_file(model_copy):
-    (model_copy / "model.onnx").unlink()
-    with pytest.raises(ModelFileError, match="model.onnx: ONNX graph not found"):
+@pytest.mark.parametrize("name", ["encoder.onnx", "context.onnx"])
+def test_missing_graph_names_the_file(model_copy, name):
+    (model_copy / name).unlink()
+    with pytest.raises(ModelFileError, match=f"{name}: ONNX graph not found"):
         Embedder(model_copy, providers=[CPU])
 
 
-def test_corrupt_graph_names_the_file(model_copy):
-    (model_copy / "model.onnx").write_bytes(b"\x08\x07 this is not a protobuf" * 10)
-    with pytest.raises(ModelFileError, match="model.onnx: onnxruntime cannot load"):
+def test_missing_weight_data_names_the_file(model_copy):
+    (model_copy / "model.onnx.data").unlink()
+    with pytest.raises(ModelFileError, match="model.onnx.data: the graphs' weight file is missing"):
         Embedder(model_copy, providers=[CPU])
 
 
-def test_truncated_graph_names_the_file(model_copy):
-    data = (model_copy / "model.onnx").read_bytes()
-    (model_copy / "model.onnx").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelFileError, match="model.onnx"):
+@pytest.mark.parametrize("name", ["encoder.onnx", "context.onnx"])
+def test_corrupt_graph_names_the_file(model_copy, name):
+    (model_copy / name).write_bytes(b"\x08\x07 this is not a protobuf" * 10)
+    with pytest.raises(ModelFileError, match=f"{name}: onnxruntime cannot load"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_truncated_weight_data_names_the_file(model_copy):
+    data = (model_copy / "model.onnx.data").read_bytes()
+    (model_copy / "model.onnx.data").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match=r"model.onnx.data: \d+ bytes, onnx.json says \d+"):
+        Embedder(model_copy, providers=[CPU])
+
+
+def test_altered_weight_data_names_the_file(model_copy):
+    data = bytearray((model_copy / "model.onnx.data").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (model_copy / "model.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="model.onnx.data: sha256 differs from onnx.json"):
         Embedder(model_copy, providers=[CPU])
 
 
@@ -180,7 +196,7 @@ def test_graph_that_contradicts_metadata_names_the_graph(model_copy):
     (model_copy / "config.json").write_text(json.dumps(config))
     (model_copy / "onnx.json").write_text(json.dumps(meta))
     (model_copy / "model.safetensors").unlink()  # no checkpoint to compare against
-    with pytest.raises(ModelFileError, match="model.onnx: graph does not match onnx.json"):
+    with pytest.raises(ModelFileError, match="context.onnx: graph does not match onnx.json"):
         Embedder(model_copy, providers=[CPU])
 
 
