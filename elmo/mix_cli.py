@@ -259,10 +259,16 @@ def train_command(args: argparse.Namespace) -> dict:
     cache_name = f"{args.task}-{_data_tag(args, data)}"
     cached = compute_features(args, data, cache_name)
     feature_seconds = time.perf_counter() - started
-    sets = {
-        split: FeatureData(cached[split].layers, cached[split].offsets, targets_of(part, labels), data.kind)
-        for split, part in data.splits.items()
+    feature_sets = {
+        cfg.layer_norm: {
+            split: FeatureData(
+                cached[split].layers, cached[split].offsets, targets_of(part, labels), data.kind, cfg.layer_norm
+            )
+            for split, part in data.splits.items()
+        }
+        for cfg in cfgs
     }
+    sets = feature_sets[cfgs[0].layer_norm]
     scorers = {split: make_scorer(metric, part, labels) for split, part in data.splits.items()}
     compare = args.compare if args.compare is not None else args.data in BUILTIN
     n_layers = sets["train"].layers.shape[0]
@@ -273,8 +279,9 @@ def train_command(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         model, hist, tried = None, None, {}
         for cfg in cfgs:  # the dev score picks the configuration (never the test score)
+            features = feature_sets[cfg.layer_norm]
             candidate, candidate_hist = train_task_model(
-                data.kind, sets["train"], sets["dev"], len(labels), cfg, scorers["dev"], layer
+                data.kind, features["train"], features["dev"], len(labels), cfg, scorers["dev"], layer
             )
             tried["layer_norm" if cfg.layer_norm else "no_layer_norm"] = candidate_hist["best_dev"]
             if hist is None or candidate_hist["best_dev"] > hist["best_dev"]:
@@ -282,12 +289,12 @@ def train_command(args: argparse.Namespace) -> dict:
         entry = {
             "dev": hist["best_dev"],
             "best_epoch": hist["best_epoch"],
-            "layer_norm": model.mix.layer_norm,
+            "layer_norm": model.layer_norm,
             "dev_by_config": tried,
             "seconds": round(time.perf_counter() - t0, 1),
         }
         if "test" in sets:
-            entry["test"] = scorers["test"](predict(model, sets["test"]))
+            entry["test"] = scorers["test"](predict(model, feature_sets[model.layer_norm]["test"]))
         entry["weights"] = model.mix.normalized_weights()
         entry["gamma"] = model.mix.gamma.item()
         results[tag] = entry

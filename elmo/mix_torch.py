@@ -199,16 +199,21 @@ class TrainConfig:
 
 
 class TaskModel(nn.Module):
-    """ScalarMix + light head. Tagging: logits per token (B, T, K). Classification: pooled mix -> (B, K)."""
+    """ScalarMix + light head on a flat batch of tokens (no padding): ``forward(layers (L, n, D), segments (n,),
+    n_sentences)`` -> logits per token (n, K) for tagging, per sentence (B, K) for classification (pooled mix).
+
+    ``layer_norm`` is applied by :class:`FeatureData` when it loads the features (per sentence, no parameters, so it
+    is done once instead of every step); the mix here therefore runs without it, and the stored task records it.
+    """
 
     def __init__(self, kind: str, n_layers: int, dim: int, n_labels: int, cfg: TrainConfig, layer: int | None = None):
         super().__init__()
         self.kind = kind
+        self.layer_norm = cfg.layer_norm
         self.pooling = cfg.pooling if kind == "classification" else None
         initial = None if layer is None else one_hot_logits(n_layers, layer)
         self.mix = ScalarMix(
             n_layers,
-            layer_norm=cfg.layer_norm,
             l2=cfg.l2 if layer is None else 0.0,
             dropout=cfg.dropout,
             initial=initial,
@@ -218,10 +223,10 @@ class TaskModel(nn.Module):
         sizes = [width, cfg.hidden, n_labels] if cfg.hidden else [width, n_labels]
         self.head = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
 
-    def forward(self, layers: Tensor, mask: Tensor) -> Tensor:
-        x = self.mix(layers, mask)  # (B, T, D)
+    def forward(self, layers: Tensor, segments: Tensor, n_sentences: int) -> Tensor:
+        x = self.mix(layers.unsqueeze(0))[0]  # (n, D)
         if self.kind == "classification":
-            x = pool_torch(x, mask, self.pooling)
+            x = segment_pool(x, segments, n_sentences, self.pooling)  # (B, D) or (B, 2D)
         for index, linear in enumerate(self.head):
             x = linear(x)
             if index < len(self.head) - 1:
@@ -242,61 +247,92 @@ def pool_torch(x: Tensor, mask: Tensor, pooling: str) -> Tensor:
     return {"mean": mean, "max": big, "mean+max": torch.cat([mean, big], dim=-1)}[pooling]
 
 
-class FeatureData:
-    """Cached features of one split in memory: ``layers`` (L, N_tokens, D) float16/32 (a memmap is fine),
-    ``offsets`` (n_sentences + 1,), ``targets``: int per token (tagging) or per sentence (classification)."""
+def segment_pool(x: Tensor, segments: Tensor, n_sentences: int, pooling: str) -> Tensor:
+    """Flat tokens (n, D) with their sentence ids (n,) -> (B, D) or (B, 2D); matches elmo.mix.pool."""
+    dim = x.shape[1]
+    count = torch.zeros(n_sentences, dtype=x.dtype).index_add_(0, segments, torch.ones_like(segments, dtype=x.dtype))
+    mean = torch.zeros(n_sentences, dim, dtype=x.dtype).index_add_(0, segments, x) / count.clamp_min(1.0)[:, None]
+    index = segments[:, None].expand(-1, dim)
+    big = torch.full((n_sentences, dim), float("-inf"), dtype=x.dtype).scatter_reduce(0, index, x, "amax")
+    big = torch.where(count[:, None] > 0, big, torch.zeros_like(big))
+    return {"mean": mean, "max": big, "mean+max": torch.cat([mean, big], dim=-1)}[pooling]
 
-    def __init__(self, layers: np.ndarray, offsets: np.ndarray, targets: np.ndarray, kind: str) -> None:
-        if len(offsets) < 2:
-            raise DataError("no sentences in this split (empty training set)")
-        self.layers = torch.from_numpy(np.array(layers))  # a private in-memory copy (the cache is a read-only memmap)
+
+def normalize_per_sentence(layers: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """elmo.mix.normalize_layers for every sentence of a flat (L, N, D) array at once -> float32 (L, N, D)."""
+    lengths = np.diff(offsets)
+    segment = np.repeat(np.arange(len(lengths)), lengths)
+    out = np.empty(layers.shape, dtype=np.float32)
+    for j in range(layers.shape[0]):  # one layer at a time keeps the float64 temporaries small
+        x = np.asarray(layers[j], dtype=np.float64)  # (N, D)
+        count = lengths * x.shape[1]
+        mean = np.add.reduceat(x.sum(axis=1), offsets[:-1]) / count  # (n_sentences,)
+        centered = x - mean[segment][:, None]
+        var = np.add.reduceat((centered**2).sum(axis=1), offsets[:-1]) / count
+        out[j] = centered / np.sqrt(var + LAYER_NORM_EPS)[segment][:, None]
+    return out
+
+
+class FeatureData:
+    """Cached features of one split in memory, as flat tokens: ``layers`` (L, N_tokens, D) (a memmap is fine),
+    ``offsets`` (n_sentences + 1,), ``targets``: int per token (tagging) or per sentence (classification).
+    ``layer_norm`` normalises each sentence's layers once, here (see :class:`TaskModel`)."""
+
+    def __init__(
+        self, layers: np.ndarray, offsets: np.ndarray, targets: np.ndarray, kind: str, layer_norm: bool = False
+    ) -> None:
         self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.diff(self.offsets)
+        if len(self.lengths) == 0:
+            raise DataError("no sentences in this split (empty training set)")
+        if (self.lengths <= 0).any():
+            raise DataError(f"{int((self.lengths <= 0).sum())} sentence(s) without tokens in the features")
+        values = normalize_per_sentence(layers, self.offsets) if layer_norm else np.asarray(layers, dtype=np.float32)
+        self.layers = torch.from_numpy(values.astype(np.float16))  # half the memory; math is float32 per batch
         self.targets = torch.from_numpy(np.asarray(targets, dtype=np.int64))
         self.kind = kind
-        self.lengths = np.diff(self.offsets)
+        self.layer_norm = layer_norm
+        expected = self.offsets[-1] if kind == "tagging" else len(self.lengths)
+        if len(self.targets) != expected:
+            raise DataError(
+                f"{len(self.targets)} targets for {expected} {'tokens' if kind == 'tagging' else 'sentences'}"
+            )
 
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def batch(self, indices: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
-        """-> layers (B, L, T, D) float32, mask (B, T) bool, targets (B, T) with -100 padding or (B,)."""
-        lengths = self.lengths[list(indices)]
-        width = max(int(lengths.max()), 1)
-        steps = np.arange(width)[None, :]
-        valid = steps < lengths[:, None]
-        # Padding points at token 0 and is masked out afterwards.
-        gather = np.where(valid, self.offsets[list(indices)][:, None] + steps, 0)
-        index = torch.from_numpy(gather.reshape(-1))
-        layers = self.layers.index_select(1, index).float()  # (L, B*T, D)
-        layers = layers.view(layers.shape[0], len(indices), width, -1).transpose(0, 1)
-        mask = torch.from_numpy(valid)
-        if self.kind == "tagging":
-            targets = self.targets.index_select(0, index).view(len(indices), width)
-            targets = targets.masked_fill(~mask, -100)
-        else:
-            targets = self.targets[list(indices)]
-        return layers * mask[:, None, :, None], mask, targets
+    def batch(self, indices: Sequence[int]) -> tuple[Tensor, Tensor, int, Tensor]:
+        """-> layers (L, n, D) float32 of the sentences' tokens, their sentence positions in the batch (n,), the
+        number of sentences B, targets (n,) for tagging or (B,) for classification."""
+        indices = np.asarray(indices)
+        lengths = self.lengths[indices]
+        starts = self.offsets[indices]
+        index = torch.from_numpy(np.concatenate([np.arange(a, a + n) for a, n in zip(starts, lengths)]))
+        layers = self.layers.index_select(1, index).float()
+        segments = torch.from_numpy(np.repeat(np.arange(len(indices)), lengths))
+        targets = self.targets.index_select(0, index) if self.kind == "tagging" else self.targets[indices]
+        return layers, segments, len(indices), targets
 
     def batches(self, batch_size: int, shuffle: bool, generator: np.random.Generator | None = None):
         order = np.arange(len(self))
         if shuffle and generator is not None:
             generator.shuffle(order)
-        else:  # similar lengths together: less padding when evaluating
-            order = np.argsort(self.lengths, kind="stable")
         for start in range(0, len(order), batch_size):
             yield order[start : start + batch_size]
 
 
 @torch.no_grad()
-def predict(model: TaskModel, data: FeatureData, batch_size: int = 64) -> list[np.ndarray]:
+def predict(model: TaskModel, data: FeatureData, batch_size: int = 128) -> list[np.ndarray]:
     """Argmax label ids per sentence: arrays (n_tokens,) for tagging, (1,) for classification; input order."""
     model.eval()
-    out: list[np.ndarray | None] = [None] * len(data)
+    out: list[np.ndarray] = []
     for indices in data.batches(batch_size, shuffle=False):
-        layers, mask, _ = data.batch(indices)
-        best = model(layers, mask).argmax(dim=-1).numpy()
-        for row, i in enumerate(indices):
-            out[i] = best[row, : data.lengths[i]] if model.kind == "tagging" else best[row : row + 1]
+        layers, segments, n_sentences, _ = data.batch(indices)
+        best = model(layers, segments, n_sentences).argmax(dim=-1).numpy()
+        if model.kind == "tagging":
+            out.extend(np.split(best, np.cumsum(data.lengths[indices])[:-1]))
+        else:
+            out.extend(best[:, None])
     return out
 
 
@@ -312,6 +348,8 @@ def train_task_model(
     """Adam on the head (lr) and the mix (mix_lr); keeps the state with the best dev ``score`` (higher = better);
     stops after ``patience`` epochs without improvement. Returns (model at its best, history)."""
     cfg.validate()
+    if train.layer_norm != cfg.layer_norm or dev.layer_norm != cfg.layer_norm:
+        raise ConfigError("the features' layer_norm must match the training config's (FeatureData(layer_norm=...))")
     torch.manual_seed(cfg.seed)
     generator = np.random.default_rng(cfg.seed)
     n_layers, dim = train.layers.shape[0], train.layers.shape[2]
@@ -329,9 +367,8 @@ def train_task_model(
         model.train()
         total, steps = 0.0, 0
         for indices in train.batches(cfg.batch_size, shuffle=True, generator=generator):
-            layers, mask, targets = train.batch(indices)
-            logits = model(layers, mask)
-            loss = F.cross_entropy(logits.reshape(-1, n_labels), targets.reshape(-1), ignore_index=-100)
+            layers, segments, n_sentences, targets = train.batch(indices)
+            loss = F.cross_entropy(model(layers, segments, n_sentences), targets)
             loss = loss + model.mix.penalty()
             optimizer.zero_grad()
             loss.backward()
@@ -364,8 +401,6 @@ def to_task(
     trained: TaskModel, name: str, labels: list[str], **extra
 ) -> tuple[Task, list[tuple[np.ndarray, np.ndarray]]]:
     """A trained TaskModel -> the numpy :class:`elmo.mix.Task` and its head arrays, ready for ``save_task``."""
-    if trained.mix.layer_norm and trained.mix.norm_scope != "sentence":
-        raise ConfigError("only a per-sentence layer norm can be stored and served (norm_scope='sentence')")
     mix = trained.mix
     task = Task(
         name=name,
@@ -374,7 +409,7 @@ def to_task(
         dim=trained.head[0].in_features // (2 if trained.pooling == "mean+max" else 1),
         weights=[float(v) for v in mix.weights.detach()],
         gamma=float(mix.gamma.detach()),
-        layer_norm=mix.layer_norm,
+        layer_norm=trained.layer_norm,
         labels=list(labels),
         pooling=trained.pooling,
         **extra,

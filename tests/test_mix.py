@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from elmo.config import tiny
-from elmo.errors import InputError, ModelFileError
+from elmo.errors import DataError, InputError, ModelFileError
 from elmo.mix import (
     Task,
     TaskStore,
@@ -30,8 +30,11 @@ from elmo.mix_torch import (
     ScalarMix,
     TaskModel,
     TrainConfig,
+    normalize_per_sentence,
     one_hot_logits,
     pool_torch,
+    predict,
+    segment_pool,
     to_task,
     train_task_model,
 )
@@ -139,39 +142,69 @@ def test_pooling_torch_matches_numpy():
 
 
 # -- tasks on disk -----------------------------------------------------------------------------------------------
-def _trained_task(tmp_path, kind: str):
-    """A TaskModel trained for a few steps on random features, stored under tmp_path."""
+def _trained_task(tmp_path, kind: str, layer_norm: bool = True):
+    """A TaskModel trained for a few steps on random features, stored under tmp_path; returns the raw features."""
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 6, size=20)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    layers = rng.normal(size=(3, int(offsets[-1]), 8)).astype(np.float32)
+    layers = (rng.normal(size=(3, int(offsets[-1]), 8)) * [[[1.0]], [[3.0]], [[0.2]]] + 0.5).astype(np.float32)
     n_targets = int(offsets[-1]) if kind == "tagging" else len(lengths)
-    data = FeatureData(layers, offsets, rng.integers(0, 3, size=n_targets), kind)
-    cfg = TrainConfig(epochs=2, hidden=5, layer_norm=True)
+    data = FeatureData(layers, offsets, rng.integers(0, 3, size=n_targets), kind, layer_norm=layer_norm)
+    cfg = TrainConfig(epochs=2, hidden=5, layer_norm=layer_norm)
     model, history = train_task_model(kind, data, data, 3, cfg, lambda predicted: 0.0)
     task, head = to_task(model, f"t_{kind}", ["a", "b", "c"], metrics={"metric": "accuracy"})
     save_task(tmp_path, task, head)
-    return model, data, history
+    return model, data, history, layers, offsets
 
 
 @pytest.mark.parametrize("kind", ["tagging", "classification"])
-def test_stored_task_reproduces_the_torch_model(tmp_path, kind):
-    model, data, history = _trained_task(tmp_path, kind)
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_stored_task_reproduces_the_torch_model(tmp_path, kind, layer_norm):
+    """The numpy task (normalising and mixing raw layers itself) == the torch model on its (pre-normalised)
+    training features: same mix, same logits, same predictions."""
+    model, data, history, raw, offsets = _trained_task(tmp_path, kind, layer_norm)
     assert history["epochs"] and history["best_epoch"] >= 1
     task = TaskStore(tmp_path).get(f"t_{kind}")
-    assert task.kind == kind and task.labels == ["a", "b", "c"] and task.layer_norm
+    assert task.kind == kind and task.labels == ["a", "b", "c"] and task.layer_norm == layer_norm
     assert task.head_layers == [[8 * (2 if kind == "classification" else 1), 5], [5, 3]]
-    layers, mask, _ = data.batch([0, 1, 2])
-    with torch.no_grad():
-        torch_mix = model.mix(layers, mask).numpy()
-        torch_logits = model(layers, mask).numpy()
-    for b in range(3):
-        sentence = layers[b, :, : int(mask[b].sum())].numpy()
-        n = sentence.shape[1]
-        np.testing.assert_allclose(apply_task(sentence, task), torch_mix[b, :n], atol=1e-5)
-        expected = torch_logits[b, :n] if kind == "tagging" else torch_logits[b : b + 1]
-        np.testing.assert_allclose(task.logits(sentence), expected, atol=1e-4)
-        assert len(task.predict(sentence)) == (n if kind == "tagging" else 1)
+    predicted = predict(model, data)
+    for i in range(len(data)):
+        sentence = raw[:, offsets[i] : offsets[i + 1]]
+        layers, segments, n_sentences, _ = data.batch([i])
+        with torch.no_grad():
+            torch_mix = model.mix(layers.unsqueeze(0))[0].numpy()
+            torch_logits = model(layers, segments, n_sentences).numpy()
+        np.testing.assert_allclose(apply_task(sentence, task), torch_mix, atol=2e-3)  # features cached as float16
+        np.testing.assert_allclose(task.logits(sentence), torch_logits, atol=1e-2)
+        top2 = np.sort(torch_logits, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2e-2  # near-ties may flip with float16 features: compare the rest
+        numpy_labels = np.array([task.labels.index(p) for p in task.predict(sentence)])
+        np.testing.assert_array_equal(numpy_labels[clear], predicted[i][clear])
+
+
+def test_feature_data_layer_norm_matches_numpy():
+    rng = np.random.default_rng(6)
+    offsets = np.array([0, 4, 5, 12])
+    layers = (rng.normal(size=(3, 12, 8)) * 4 + 2).astype(np.float32)
+    normalized = normalize_per_sentence(layers, offsets)
+    for i in range(3):
+        expected = normalize_layers(layers[:, offsets[i] : offsets[i + 1]])
+        np.testing.assert_allclose(normalized[:, offsets[i] : offsets[i + 1]], expected, atol=1e-5)
+    with pytest.raises(DataError, match="empty training set"):
+        FeatureData(layers[:, :0], np.array([0]), np.array([], dtype=np.int64), "tagging")
+    with pytest.raises(DataError, match="12 targets for 3 sentences"):
+        FeatureData(layers, offsets, np.zeros(12, dtype=np.int64), "classification")
+
+
+def test_segment_pool_matches_numpy():
+    rng = np.random.default_rng(7)
+    lengths = [3, 1, 4]
+    x = rng.normal(size=(8, 5)).astype(np.float32)
+    segments = torch.from_numpy(np.repeat(np.arange(3), lengths))
+    parts = np.split(x, np.cumsum(lengths)[:-1])
+    for pooling in ("mean", "max", "mean+max"):
+        got = segment_pool(torch.from_numpy(x), segments, 3, pooling).numpy()
+        np.testing.assert_allclose(got, np.stack([pool(p, pooling) for p in parts]), atol=1e-6)
 
 
 def test_task_json_is_readable_and_has_the_mix(tmp_path):
@@ -265,9 +298,8 @@ def test_elmo_from_features_needs_n_layers():
 def test_task_model_single_layer_baseline_uses_only_that_layer():
     model = TaskModel("tagging", 3, 4, 2, TrainConfig(dropout=0.0), layer=0)
     assert not model.mix.weights.requires_grad and model.mix.normalized_weights() == [1.0, 0.0, 0.0]
-    x = torch.randn(2, 3, 5, 4)
+    x = torch.randn(3, 5, 4)
     y = x.clone()
-    y[:, 1:] = torch.randn(2, 2, 5, 4)  # other layers changed: output unchanged
-    torch.testing.assert_close(
-        model(x, torch.ones(2, 5, dtype=torch.bool)), model(y, torch.ones(2, 5, dtype=torch.bool))
-    )
+    y[1:] = torch.randn(2, 5, 4)  # other layers changed: output unchanged
+    segments = torch.tensor([0, 0, 0, 1, 1])
+    torch.testing.assert_close(model(x, segments, 2), model(y, segments, 2))
