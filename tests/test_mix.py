@@ -303,3 +303,22 @@ def test_task_model_single_layer_baseline_uses_only_that_layer():
     y[1:] = torch.randn(2, 5, 4)  # other layers changed: output unchanged
     segments = torch.tensor([0, 0, 0, 1, 1])
     torch.testing.assert_close(model(x, segments, 2), model(y, segments, 2))
+
+
+def test_shipped_tasks_load_against_the_shipped_model():
+    """The tasks committed in models/default/tasks/ match that model's shape and carry their evaluation."""
+    from pathlib import Path
+
+    from elmo.config import ModelConfig
+
+    model_dir = Path(__file__).resolve().parents[1] / "models" / "default"
+    store = TaskStore(model_dir)
+    if not store.names():
+        pytest.skip("models/default has no tasks (yet)")
+    cfg = ModelConfig.load(model_dir)
+    store = TaskStore(model_dir, n_layers=cfg.n_output_layers, dim=cfg.output_dim)
+    for task in store.all():
+        layers = np.random.default_rng(0).normal(size=(cfg.n_output_layers, 4, cfg.output_dim)).astype(np.float32)
+        assert task.apply(layers).shape == (4, cfg.output_dim)
+        assert len(task.predict(layers)) == (4 if task.kind == "tagging" else 1)
+        assert {"metric", "mix", "layer0"} <= set(task.metrics)
