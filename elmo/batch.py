@@ -31,7 +31,9 @@ import shutil
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -51,6 +53,12 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 DTYPES = {"float32": np.float32, "float16": np.float16}
 DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_SHARD_LINES = 1000
+# A batch job embeds documents as they come: the serving limit (elmo.runtime's 1024) would fail a long line, and a
+# line longer than --batch-tokens simply runs as a batch of its own.
+LOCAL_MAX_TOKENS_PER_SENTENCE = 100_000
+WINDOW_BATCHES = 2  # a runtime call gets ~2 batches' worth of tokens: memory stays ~2 batches of vectors
+REMOTE_IN_FLIGHT = 4  # requests in flight to a server: its batcher fills while we write
+REMOTE_ATTEMPTS = 10  # per request, for UNAVAILABLE / RESOURCE_EXHAUSTED (backoff 0.1 s doubling to 10 s: ~50 s)
 
 PARTIAL_SUFFIX = ".partial"
 JOB_FILE = "_job.json"
@@ -282,29 +290,37 @@ def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool) -> list[Recor
     ]
 
 
-def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Positions of the non-empty sentences, sorted by length, cut so that rows x longest <= batch_tokens
-    (the runtime's own rule, so it runs each batch as one; a longer sentence forms a batch alone)."""
+def plan_windows(lengths: Sequence[int], window_tokens: int) -> list[list[int]]:
+    """Positions of the non-empty sentences sorted by length, cut into windows of about ``window_tokens`` real
+    tokens (a window closes once it reaches the budget; a longer sentence is a window alone).
+
+    A window is what one runtime call gets: the runtime cuts it into batches under ``--batch-tokens`` by its own
+    padding rule, and since the window is sorted those batches waste almost no padding."""
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
+    windows: list[list[int]] = []
     current: list[int] = []
+    tokens = 0
     for position in order:
-        if current and (len(current) + 1) * lengths[position] > batch_tokens:
-            batches.append(current)
-            current = []
         current.append(position)
+        tokens += lengths[position]
+        if tokens >= window_tokens:
+            windows.append(current)
+            current, tokens = [], 0
     if current:
-        batches.append(current)
-    return batches
+        windows.append(current)
+    return windows
 
 
 # -- embedding backends --------------------------------------------------------------------------------------------
 class Backend(Protocol):
     """Where vectors come from: the in-process runtime or a remote server. ``embed`` returns per sentence the
-    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim))."""
+    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim)). ``in_flight`` batches
+    may be embedded concurrently (from threads)."""
 
     n_layers: int
     dim: int
+    max_tokens_per_sentence: int
+    in_flight: int
 
     def identity(self) -> dict: ...
 
@@ -314,11 +330,13 @@ class Backend(Protocol):
 
 
 def _model_identity(model_dir: Path) -> dict:
-    """What makes the vectors what they are: hashes of the graph and its metadata (a re-export changes them)."""
+    """What makes the vectors what they are: the graphs, their weights and metadata (a re-export changes them)."""
     digest = hashlib.sha256()
-    for name in ("config.json", "onnx.json", "model.onnx"):
+    graphs = sorted(p.name for p in model_dir.iterdir() if ".onnx" in p.name and p.is_file())
+    for name in ["config.json", "onnx.json", *graphs]:
         path = model_dir / name
         if path.is_file():
+            digest.update(name.encode() + b"\0")
             with open(path, "rb") as handle:
                 while block := handle.read(1 << 22):
                     digest.update(block)
@@ -332,8 +350,15 @@ class LocalBackend:
         from elmo.runtime import Embedder
 
         self.model_dir = Path(model_dir)
-        self.embedder = Embedder(self.model_dir, intra_op_threads=threads, max_batch_tokens=batch_tokens)
+        self.embedder = Embedder(
+            self.model_dir,
+            intra_op_threads=threads,
+            max_batch_tokens=batch_tokens,
+            max_tokens_per_sentence=LOCAL_MAX_TOKENS_PER_SENTENCE,
+        )
         self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
+        self.max_tokens_per_sentence = self.embedder.info.max_tokens_per_sentence
+        self.in_flight = 1  # one session, one batch at a time (its intra-op threads share the batch)
         self.spec = spec
         self.mix = load_task_mix(self.model_dir, spec.task, self.n_layers, self.dim) if spec.kind == "mix" else None
 
@@ -351,11 +376,120 @@ class LocalBackend:
         pass
 
 
+class RemoteBackend:
+    """A running ``elmo serve`` through :class:`elmo.client.EmbedderClient` (the one client). Token lists go over
+    the wire untouched; requests are cut to the server's advertised limits. ``top`` asks for the last layer only,
+    ``mix:TASK`` for the server's task mix only; ``average`` is computed here from all layers, as locally."""
+
+    def __init__(self, target: str, spec: LayerSpec, model: str = "", wait_s: float = 30.0) -> None:
+        from elmo.client import EmbedderClient
+
+        self.client = EmbedderClient(target)
+        self.spec, self.model = spec, model
+        self._wait_until_serving(target, wait_s)
+        self.info = self.client.model_info(model)
+        self.n_layers, self.dim = int(self.info.n_layers), int(self.info.dim)
+        limits = self.info.limits
+        self.max_tokens_per_sentence = int(limits.max_tokens_per_sentence or self.info.max_tokens_per_sentence)
+        self.max_inputs = int(limits.max_inputs) or 256
+        self.max_request_tokens = int(limits.max_tokens_per_request) or 8192
+        self.max_response_bytes = int(limits.max_response_bytes) or 64 << 20
+        self.in_flight = REMOTE_IN_FLIGHT
+        if spec.kind == "mix" and spec.task not in self.info.tasks:
+            available = ", ".join(self.info.tasks) or "none"
+            raise InputError(
+                f"unknown task '{spec.task}' on server {target} (model {self.info.name}); available tasks: {available}"
+            )
+
+    def _wait_until_serving(self, target: str, wait_s: float) -> None:
+        """A server that is starting (or warming up) gets ``wait_s`` seconds to report SERVING on grpc.health."""
+        from elmo.client import RemoteError
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                status = self.client.health()
+                problem = f"health status {status}"
+                if status == "SERVING":
+                    return
+            except RemoteError as exc:
+                problem = str(exc)
+            if time.monotonic() >= deadline:
+                raise ElmoError(f"server {target} is not serving after {wait_s:g} s ({problem})")
+            time.sleep(0.2)
+
+    def identity(self) -> dict:
+        return {"server_model": self.info.name, "server_model_version": self.info.version}
+
+    def _call(self, sentences: list[list[str]]) -> list:
+        """One Embed request; overload and short outages (a restart, a drain) are retried with backoff, so that
+        a long job rides them out; any other status fails the job with the server's message."""
+        import grpc
+
+        from elmo.client import RemoteError
+
+        delay = 0.1
+        for attempt in range(REMOTE_ATTEMPTS):
+            try:
+                return self.client.embed(sentences, **self._request_options())
+            except RemoteError as exc:
+                retryable = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                if not retryable or attempt == REMOTE_ATTEMPTS - 1:
+                    raise
+                log.warning("server: %s; retrying in %.1f s", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+    def _request_options(self) -> dict:
+        if self.spec.kind == "mix":
+            return {"task": self.spec.task, "omit_layers": True, "model": self.model}
+        if self.spec.kind == "top":
+            return {"layers": [self.n_layers - 1], "model": self.model}
+        return {"model": self.model}
+
+    def _response_bytes(self, tokens: list[str]) -> int:
+        """A generous estimate of one sentence's share of a response (vectors, token strings, framing)."""
+        layers = self.n_layers if self.spec.kind in ("all", "average") else 1
+        return len(tokens) * (layers * self.dim * 4 + 16) + sum(len(t) for t in tokens) * 4 + 128
+
+    def requests(self, sentences: list[list[str]]) -> list[list[int]]:
+        """Positions cut into requests within max_inputs, max_tokens_per_request and ~80 % of max_response_bytes."""
+        requests: list[list[int]] = []
+        current: list[int] = []
+        tokens = size = 0
+        for position, sentence in enumerate(sentences):
+            need = self._response_bytes(sentence)
+            full = len(current) >= self.max_inputs or tokens + len(sentence) > self.max_request_tokens
+            if current and (full or size + need > 0.8 * self.max_response_bytes - 1024):
+                requests.append(current)
+                current, tokens, size = [], 0, 0
+            current.append(position)
+            tokens, size = tokens + len(sentence), size + need
+        if current:
+            requests.append(current)
+        return requests
+
+    def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.empty(0)] * len(sentences)
+        for positions in self.requests(sentences):
+            results = self._call([sentences[p] for p in positions])
+            for position, result in zip(positions, results):
+                if self.spec.kind == "mix":
+                    out[position] = result.mix
+                elif self.spec.kind == "top":
+                    out[position] = result.layers[0]
+                else:
+                    out[position] = reduce_layers(result.layers, self.spec)
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def make_backend(options: JobOptions) -> Backend:
     if options.server:
-        from elmo.batch_remote import RemoteBackend
-
-        return RemoteBackend(options.server, options.spec, options.server_model)
+        return RemoteBackend(options.server, options.spec, options.server_model, options.server_wait)
     return LocalBackend(options.model, options.spec, options.batch_tokens, options.threads)
 
 
@@ -407,9 +541,15 @@ class Hdf5ShardWriter:
         self.first_line = shard.first_line
 
     def add(self, record: Record, vectors: np.ndarray) -> None:
-        dataset = self.file.create_dataset(str(record.index), data=vectors)
+        import h5py
+
+        # h5py's low-level calls: half the cost of create_dataset, which counts at one dataset per sentence
+        vectors = np.ascontiguousarray(vectors)
+        space = h5py.h5s.create_simple(vectors.shape)
+        dataset = h5py.h5d.create(self.file.id, str(record.index).encode(), h5py.h5t.py_create(vectors.dtype), space)
+        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, vectors)
         if self.with_ids:
-            dataset.attrs["id"] = record.id
+            h5py.Dataset(dataset).attrs["id"] = record.id
         self.sentences[record.index - self.first_line] = record.sentence
         self.ids[record.index - self.first_line] = record.id
 
@@ -500,8 +640,9 @@ def embed_shard(
     batch_tokens: int,
     on_batch: Callable[[int, int], None] | None = None,
 ) -> ShardStats:
-    """Embed one shard's records into ``writer``: sorted by length, batched under the token budget; blank lines
-    become empty entries without a model call. ``on_batch(sentences, tokens)`` reports progress."""
+    """Embed one shard's records into ``writer``: sorted by length, in windows of ~2 batches that the runtime cuts
+    into batches under ``batch_tokens``; blank lines become empty entries without a model call.
+    ``on_batch(sentences, tokens)`` reports progress."""
     dtype = DTYPES[layout.dtype]
     stats = ShardStats(lines=len(records))
     for record in records:
@@ -510,9 +651,8 @@ def embed_shard(
             stats.blank += 1
     if on_batch and stats.blank:
         on_batch(stats.blank, 0)
-    for positions in plan_batches([len(r.tokens) for r in records], batch_tokens):
-        batch = [records[p].tokens for p in positions]
-        outputs = backend.embed(batch)
+    windows = plan_windows([len(r.tokens) for r in records], WINDOW_BATCHES * batch_tokens)
+    for positions, outputs in _embedded(backend, records, windows):
         tokens = 0
         for position, vectors in zip(positions, outputs):
             expected = layout.shape(len(records[position].tokens))
@@ -524,6 +664,24 @@ def embed_shard(
         if on_batch:
             on_batch(len(positions), tokens)
     return stats
+
+
+def _embedded(
+    backend: Backend, records: list[Record], windows: list[list[int]]
+) -> Iterator[tuple[list[int], list[np.ndarray]]]:
+    """(positions, outputs) per window, in order. ``backend.in_flight`` threads embed ahead (one more window
+    queued) while the caller writes the previous results: onnxruntime and gRPC release the GIL, so writing the
+    vectors overlaps computing the next ones (that matters on a GPU; on a busy CPU it is a wash)."""
+    with ThreadPoolExecutor(backend.in_flight, thread_name_prefix="embed-file") as pool:
+        running: deque = deque()
+        for positions in windows:
+            running.append((positions, pool.submit(backend.embed, [records[p].tokens for p in positions])))
+            if len(running) > backend.in_flight:
+                done, future = running.popleft()
+                yield done, future.result()
+        while running:
+            done, future = running.popleft()
+            yield done, future.result()
 
 
 def write_shard(
@@ -541,6 +699,12 @@ def write_shard(
     final = directory / (shard.stem + suffix)
     temporary = directory / f".{shard.stem}.{uuid.uuid4().hex[:8]}{suffix}.tmp"
     records = read_shard(plan, shard, options.tokenized)
+    for record in records:
+        if len(record.tokens) > backend.max_tokens_per_sentence:
+            raise InputError(
+                f"{plan.path}: line {record.index + 1} has {len(record.tokens)} tokens; the limit is "
+                f"{backend.max_tokens_per_sentence} (split the line, or raise the server's limit)"
+            )
     writer = writer_class(temporary, layout, shard, plan.input_format == JSONL)
     try:
         stats = embed_shard(records, backend, layout, writer, options.batch_tokens, on_batch)
@@ -583,6 +747,7 @@ class JobOptions:
     overwrite: bool = False
     progress: bool = True
     ray_address: str | None = None
+    server_wait: float = 30.0
 
 
 def job_fingerprint(options: JobOptions, plan: InputPlan, backend_identity: dict, layout: Layout) -> dict:
@@ -964,6 +1129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--model", type=Path, help="model directory (local onnxruntime)")
     source.add_argument("--server", help="HOST:PORT of a running `elmo serve` (remote mode)")
     source.add_argument("--server-model", default="", help="model name on the server (default: its default model)")
+    source.add_argument(
+        "--server-wait", type=float, default=30.0, help="seconds to wait for the server to report SERVING"
+    )
     parser.add_argument(
         "--layers", default="all", help="all (n_layers, n, dim) | top | average | mix:TASK -> (n, dim); default all"
     )
@@ -1006,6 +1174,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         ray_address=args.ray_address,
+        server_wait=args.server_wait,
     )
 
 
@@ -1027,7 +1196,7 @@ __all__ = [
     "embed_shard",
     "iter_parquet",
     "parse_layers",
-    "plan_batches",
+    "plan_windows",
     "run",
     "run_job",
     "scan_input",

@@ -20,7 +20,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from elmo import batch
-from elmo.batch import JobOptions, iter_parquet, parse_layers, plan_batches, scan_input
+from elmo.batch import JobOptions, iter_parquet, parse_layers, plan_windows, scan_input
 from elmo.cli import main as cli
 from elmo.errors import InputError
 from elmo.runtime import CPU, Embedder
@@ -176,14 +176,14 @@ def test_parquet_top_matches_hdf5(tmp_path, tiny_model_dir):
 
 
 # -- streaming pieces ----------------------------------------------------------------------------------------------
-def test_batches_respect_the_token_budget_and_cover_every_sentence():
+def test_windows_are_sorted_bounded_and_cover_every_sentence():
     lengths = [5, 0, 1, 40, 7, 7, 3, 0, 12, 2, 9]
-    batches = plan_batches(lengths, batch_tokens=16)
-    covered = sorted(p for b in batches for p in b)
-    assert covered == [i for i, n in enumerate(lengths) if n > 0]
-    for positions in batches:
-        longest = max(lengths[p] for p in positions)
-        assert len(positions) == 1 or len(positions) * longest <= 16
+    windows = plan_windows(lengths, window_tokens=16)
+    order = [p for w in windows for p in w]
+    assert sorted(order) == [i for i, n in enumerate(lengths) if n > 0]
+    assert [lengths[p] for p in order] == sorted(lengths[p] for p in order)  # sorted: little padding per batch
+    for window in windows:
+        assert sum(lengths[p] for p in window[:-1]) < 16  # closes as soon as it reaches the budget
 
 
 def test_scan_streams_and_shards_cover_the_file(tmp_path):
@@ -401,3 +401,46 @@ def test_options_dataclass_is_what_the_cli_builds(tmp_path, tiny_model_dir):
     options = batch.options_from_args(_parsed(tmp_path / "in.txt", tmp_path / "x.parquet", ["--model", tiny_model_dir]))
     assert isinstance(options, JobOptions)
     assert options.output_format == "parquet" and options.spec.kind == "all" and options.dtype == "float32"
+
+
+# -- remote mode ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layers", ["all", "top", "average", "mix:demo"])
+def test_remote_server_gives_the_same_output(tmp_path, tiny_model_dir, layers):
+    from elmo.mix import Task, save_task
+    from tests.service_helpers import EDGE_LIMITS, ServerThread
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    save_task(model, Task("demo", "tagging", 3, 16, weights=[0.1, 0.7, -0.4], gamma=0.9, labels=["A"]))
+    server = ServerThread({"tiny": Embedder(model, providers=[CPU], intra_op_threads=1)}, EDGE_LIMITS)
+    try:
+        server.warm_up()
+        source = write_lines(tmp_path / "in.txt", corpus(60))  # EDGE_LIMITS: 8 inputs, 8 KiB per response
+        assert embed_file(source, tmp_path / "local.h5", "--model", model, "--layers", layers) == 0
+        assert embed_file(source, tmp_path / "remote.h5", "--server", server.target, "--layers", layers) == 0
+    finally:
+        server.stop()
+    local, remote = read_hdf5(tmp_path / "local.h5"), read_hdf5(tmp_path / "remote.h5")
+    assert local.keys() == remote.keys()
+    assert local.pop("sentence_to_index") == remote.pop("sentence_to_index")
+    for key in local:
+        assert local[key].shape == remote[key].shape
+        np.testing.assert_allclose(remote[key], local[key], atol=1e-6, rtol=0, err_msg=key)
+
+
+def test_remote_unknown_task_and_unreachable_server(tmp_path, tiny_model_dir, capsys):
+    from tests.service_helpers import EDGE_LIMITS, ServerThread
+
+    source = write_lines(tmp_path / "in.txt", LINES)
+    server = ServerThread({"tiny": Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)}, EDGE_LIMITS)
+    try:
+        capsys.readouterr()
+        # not warmed up yet: the job waits for SERVING (--server-wait), then fails on the unknown task
+        server.loop.call_later(0.5, lambda: server.loop.create_task(server.server.warm_up()))
+        assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--layers", "mix:nope") == 2
+        assert "unknown task 'nope'" in capsys.readouterr().err
+    finally:
+        server.stop()
+    assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--server-wait", "0.5") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not serving after 0.5 s" in err[0] and "UNAVAILABLE" in err[0]

@@ -1,0 +1,181 @@
+"""Throughput of ``elmo embed-file`` against the in-process runtime on the same model, sentences and threads.
+
+    python -m bench.batch_throughput --model models/default [--lines 2000] [--threads 2] [--repeat 3]
+    python -m bench.batch_throughput --preset small          # ELMo-small shape, random weights (exported once)
+
+*runtime*: ``Embedder.embed_tokens`` on the already tokenized sentences, ``--shard-lines`` sentences per call (the
+runtime sorts and batches them under the same token budget), outputs discarded: the ceiling.
+*embed-file*: the whole job in-process (scan + UTF-8 check + tokenizer + batching + runtime + writing shards +
+commit log + final hdf5 assembly or Parquet manifest), on the raw text. The two alternate ``--repeat`` times and
+the best of each is kept (the machine is shared). ``--memory`` also runs the job as a subprocess on 1x and 4x the
+lines and reports each one's peak RSS: bounded memory means the two are close.
+
+Writes JSON to ``--out`` (default runs/bench/batch_throughput.json) and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "data" / "corpus" / "test.txt"
+
+
+def corpus_lines(n: int) -> tuple[list[str], str]:
+    """Real held-out text when `elmo data` has run (data/corpus/test.txt, English + Chinese), else a synthetic one."""
+    if CORPUS.is_file():
+        with open(CORPUS, encoding="utf-8") as handle:
+            lines = [line.rstrip("\n") for _, line in zip(range(n), handle)]
+        while len(lines) < n:
+            lines += lines[: n - len(lines)]
+        return lines, f"{CORPUS.relative_to(REPO)} (first {n} lines)"
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(5000)]
+    lines = [" ".join(rng.choice(words, size=max(1, int(rng.lognormal(3.0, 0.6))))) for _ in range(n)]
+    return lines, f"synthetic ({n} lines, log-normal lengths)"
+
+
+def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
+    if args.model:
+        return Path(args.model), str(args.model)
+    directory = REPO / "runs" / "bench-models" / f"elmo-{args.preset}"
+    if not (directory / "onnx.json").is_file():
+        from export.random_model import write_random_model
+
+        write_random_model(directory, args.preset, seed=0, export=True)
+    return directory, f"ELMo-{args.preset} shape, random weights ({directory.relative_to(REPO)})"
+
+
+def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> tuple[float, int]:
+    from elmo.runtime import Embedder
+    from elmo.tokenize import tokenize
+
+    embedder = Embedder(model, intra_op_threads=args.threads, max_batch_tokens=args.batch_tokens)
+    sentences = [tokenize(line.strip()).tokens for line in lines]
+    embedder.warmup()
+    began = time.perf_counter()
+    for start in range(0, len(sentences), args.shard_lines):
+        embedder.embed_tokens(sentences[start : start + args.shard_lines])
+    return time.perf_counter() - began, sum(len(s) for s in sentences)
+
+
+def time_embed_file(model: Path, source: Path, output: Path, args: argparse.Namespace) -> float:
+    from elmo.batch import JobOptions, parse_layers, run_job
+
+    options = JobOptions(
+        input=source,
+        output=output,
+        model=model,
+        server=None,
+        server_model="",
+        spec=parse_layers(args.layers),
+        output_format=args.format,
+        dtype="float32",
+        tokenized=False,
+        input_format="text",
+        batch_tokens=args.batch_tokens,
+        shard_lines=args.shard_lines,
+        threads=args.threads,
+        overwrite=True,
+        progress=False,
+    )
+    began = time.perf_counter()
+    run_job(options)
+    return time.perf_counter() - began
+
+
+def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespace) -> float:
+    """Peak resident memory of one `elmo embed-file` process (MB)."""
+    command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model)]
+    command += ["--layers", args.layers, "--format", args.format, "--no-progress", "--overwrite"]
+    command += ["--shard-lines", str(args.shard_lines), "--batch-tokens", str(args.batch_tokens)]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(after, before) / 1024  # ru_maxrss is in KB on Linux; the max over children so far
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model directory (default: --preset random weights)")
+    parser.add_argument("--preset", default="small", help="random-weights shape when no --model")
+    parser.add_argument("--lines", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--shard-lines", type=int, default=1000)
+    parser.add_argument("--layers", default="all")
+    parser.add_argument("--format", default="hdf5", choices=["hdf5", "parquet"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x --lines (subprocesses)")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "batch_throughput.json")
+    args = parser.parse_args()
+
+    model, model_name = prepare_model(args)
+    lines, corpus_name = corpus_lines(args.lines)
+    work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
+    try:
+        source = work / "in.txt"
+        source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        runtime_s, embed_file_s = [], []
+        tokens = 0
+        for _ in range(args.repeat):
+            seconds, tokens = time_runtime(model, lines, args)
+            runtime_s.append(seconds)
+            embed_file_s.append(time_embed_file(model, source, work / f"out.{args.format}", args))
+        output_bytes = sum(p.stat().st_size for p in work.glob("out*") if p.is_file()) or sum(
+            p.stat().st_size for p in (work / f"out.{args.format}").rglob("*") if p.is_file()
+        )
+        result = {
+            "model": model_name,
+            "corpus": corpus_name,
+            "lines": len(lines),
+            "tokens": tokens,
+            "layers": args.layers,
+            "format": args.format,
+            "threads": args.threads,
+            "batch_tokens": args.batch_tokens,
+            "shard_lines": args.shard_lines,
+            "runtime_tokens_per_s": tokens / min(runtime_s),
+            "embed_file_tokens_per_s": tokens / min(embed_file_s),
+            "runtime_seconds": runtime_s,
+            "embed_file_seconds": embed_file_s,
+            "output_bytes": output_bytes,
+            "machine": f"{platform.machine()}, {platform.python_version()}",
+        }
+        result["ratio"] = result["embed_file_tokens_per_s"] / result["runtime_tokens_per_s"]
+        if args.memory:
+            big = work / "in4.txt"
+            big.write_text("\n".join(lines * 4) + "\n", encoding="utf-8")
+            result["peak_rss_mb"] = {
+                f"{len(lines)} lines": peak_rss_mb(model, source, work / f"m1.{args.format}", args),
+                f"{4 * len(lines)} lines": peak_rss_mb(model, big, work / f"m4.{args.format}", args),
+            }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"model: {result['model']}; corpus: {result['corpus']}; {tokens} tokens; layers {args.layers}, {args.format}")
+    print("| path | tokens/s | relative |\n|---|---:|---:|")
+    print(f"| in-process runtime (`Embedder.embed_tokens`) | {result['runtime_tokens_per_s']:,.0f} | 100 % |")
+    print(
+        f"| `elmo embed-file` end to end | {result['embed_file_tokens_per_s']:,.0f} | {100 * result['ratio']:.1f} % |"
+    )
+    if "peak_rss_mb" in result:
+        print("peak RSS:", ", ".join(f"{k}: {v:.0f} MB" for k, v in result["peak_rss_mb"].items()))
+
+
+if __name__ == "__main__":
+    main()
