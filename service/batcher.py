@@ -151,8 +151,11 @@ class Batcher:
         try:
             results = await asyncio.gather(*(item.future for item in items))
         except BaseException:
-            for item in items:  # abandoned: the loop drops cancelled items instead of computing them
-                item.future.cancel()
+            for item in items:
+                if not item.future.done():
+                    item.future.cancel()  # abandoned: the loop drops cancelled items instead of computing them
+                elif not item.future.cancelled():
+                    item.future.exception()  # mark retrieved: no "exception was never retrieved" log at GC time
             raise
         return [r[0] for r in results], [r[1] for r in results]
 

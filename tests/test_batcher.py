@@ -1,0 +1,173 @@
+"""The dynamic batcher on the real tiny runtime: batch formation under the padded token budget, admission,
+deadlines, cancellation, runtime errors, shutdown. The runtime's worker thread is held with a threading.Event
+where a test needs work to queue up, so nothing depends on timing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from elmo.runtime import Embedder
+from service.batcher import Batcher, BatcherObserver
+from service.errors import Kind, ServiceError
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_model_dir) -> Embedder:
+    return Embedder(tiny_model_dir, intra_op_threads=1)
+
+
+class Recorder(BatcherObserver):
+    """Real runtime calls, with the batch compositions and observer events written down."""
+
+    def __init__(self, runtime: Embedder):
+        self.runtime = runtime
+        self.batches: list[list[int]] = []
+        self.dropped_counts: dict[str, int] = {}
+
+    def embed(self, sentences: list[list[str]]):
+        self.batches.append([len(s) for s in sentences])
+        return self.runtime.embed_tokens(sentences)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.dropped_counts[reason] = self.dropped_counts.get(reason, 0) + count
+
+
+def make(recorder: Recorder, **limits) -> Batcher:
+    settings = dict(max_batch_tokens=20, max_batch_sentences=8, max_delay_s=0.0, max_queue_tokens=100)
+    settings.update(limits)
+    batcher = Batcher(recorder.embed, name="tiny", observer=recorder, **settings)
+    batcher.start()
+    return batcher
+
+
+def sentence(n: int, tag: str = "w") -> list[str]:
+    return [f"{tag}{i}" for i in range(n)]
+
+
+async def held(batcher: Batcher) -> threading.Event:
+    """Occupy the runtime thread until the returned event is set."""
+    release, started = threading.Event(), threading.Event()
+    batcher.executor.submit(lambda: (started.set(), release.wait(30)))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+    return release
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def test_batches_group_similar_lengths_under_the_padded_budget(runtime):
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder)
+        sentences = [sentence(n, f"s{i}_") for i, n in enumerate([10, 2, 9, 3, 10, 1])]
+        vectors, stats = await batcher.embed(sentences)
+        await batcher.close()
+        return recorder, sentences, vectors, stats
+
+    recorder, sentences, vectors, stats = asyncio.run(scenario())
+    # Oldest first (10), joined by its nearest length while longest x count <= 20; then the oldest left (2) with
+    # 3 and 1; then 9 alone. Every batch reaches the runtime sorted by length.
+    assert recorder.batches == [[10, 10], [1, 2, 3], [9]]
+    for tokens, got, stat in zip(sentences, vectors, stats, strict=True):
+        # Order restored; values as the sentence alone, within the runtime's batch-composition bound (issue 8).
+        np.testing.assert_allclose(got, runtime.embed_tokens([tokens])[0], rtol=0, atol=1e-6)
+        assert stat.tokens <= 20
+    assert [s.sentences for s in stats] == [2, 3, 1, 3, 2, 3]
+
+
+def test_admission_is_all_or_nothing_and_overload_is_refused_at_once(runtime):
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder, max_queue_tokens=10)
+        release = await held(batcher)
+        first = asyncio.ensure_future(batcher.embed([sentence(6)]))
+        await until(lambda: batcher.batches_started == 1)  # taken into a batch, waiting for the thread
+        second = asyncio.ensure_future(batcher.embed([sentence(6)]))
+        await until(lambda: batcher.queued_tokens == 6)
+        with pytest.raises(ServiceError) as info:
+            await batcher.embed([sentence(2), sentence(3)])  # 6 + 5 > 10: none of it is queued
+        assert info.value.kind is Kind.OVERLOADED and info.value.message.startswith("overloaded")
+        assert batcher.queued_tokens == 6
+        release.set()
+        results = await asyncio.gather(first, second)
+        await batcher.close()
+        return recorder, results
+
+    recorder, results = asyncio.run(scenario())
+    assert [r[0][0].shape[1] for r in results] == [6, 6]
+    assert recorder.dropped_counts == {"overloaded": 2}
+
+
+def test_expired_and_cancelled_work_never_reaches_the_runtime(runtime):
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder)
+        with pytest.raises(ServiceError) as info:
+            await batcher.embed([sentence(4)], deadline=time.monotonic() - 1)
+        assert info.value.kind is Kind.DEADLINE
+        release = await held(batcher)
+        filler = asyncio.ensure_future(batcher.embed([sentence(7)]))
+        await until(lambda: batcher.batches_started == 1)
+        expiring = asyncio.ensure_future(batcher.embed([sentence(5)], deadline=time.monotonic() + 0.05))
+        abandoned = asyncio.ensure_future(batcher.embed([sentence(3)]))
+        await until(lambda: batcher.queued_tokens == 8)
+        abandoned.cancel()
+        await asyncio.sleep(0.1)  # past the deadline of `expiring` while it is still queued
+        release.set()
+        await filler
+        with pytest.raises(ServiceError) as info:
+            await expiring
+        assert info.value.kind is Kind.DEADLINE and "dropped" in info.value.message
+        await batcher.close()
+        return recorder
+
+    recorder = asyncio.run(scenario())
+    assert recorder.batches == [[7]]
+    assert recorder.dropped_counts == {"deadline": 2, "cancelled": 1}
+
+
+def test_a_failing_batch_fails_its_callers_and_the_loop_goes_on(runtime):
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder)
+        with pytest.raises(ServiceError) as info:
+            await batcher.embed([["fine"], ["has", ""]])  # the runtime itself refuses an empty token
+        assert info.value.kind is Kind.INVALID_INPUT
+        (vectors,), _ = await batcher.embed([["still", "serving"]])
+        await batcher.close()
+        return vectors
+
+    assert asyncio.run(scenario()).shape == (3, 2, 16)
+
+
+def test_close_fails_queued_work_with_unavailable(runtime):
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder)
+        release = await held(batcher)
+        running = asyncio.ensure_future(batcher.embed([sentence(2)]))
+        await until(lambda: batcher.batches_started == 1)
+        queued = asyncio.ensure_future(batcher.embed([sentence(3)]))
+        await until(lambda: batcher.queued_tokens == 3)
+        closing = asyncio.ensure_future(batcher.close())
+        with pytest.raises(ServiceError) as info:
+            await queued
+        assert info.value.kind is Kind.UNAVAILABLE
+        release.set()
+        await closing
+        with pytest.raises(ServiceError) as info:
+            await running  # cancelled with the loop: its batch result is not waited for
+        assert info.value.kind is Kind.UNAVAILABLE
+        with pytest.raises(ServiceError):
+            await batcher.embed([sentence(1)])
+
+    asyncio.run(scenario())
