@@ -36,6 +36,9 @@ DEFAULT_MAX_BATCH_TOKENS = 4096
 DEFAULT_MAX_TOKENS_PER_SENTENCE = 1024
 DEFAULT_CACHE_SIZE = 50_000
 ENCODER_CHUNK = 256  # distinct tokens per char-CNN run: its conv activations are ~0.4 MB per token
+# cuDNN's exhaustive conv-algorithm search runs again for every new input shape; the encoder sees a new token
+# count on nearly every call, so ask for the heuristic choice (and pad token counts to a few sizes on CUDA).
+DEFAULT_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
 
 # Rows of the per-call token table that every batch gathers from.
 _PAD_ROW, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
@@ -81,8 +84,10 @@ def open_session(
     providers: list[str],
     intra_op_threads: int | None = None,
     inter_op_threads: int | None = None,
+    cuda_options: dict | None = None,
 ) -> ort.InferenceSession:
-    """An InferenceSession for ``path``; ModelFileError naming the file when onnxruntime cannot load it."""
+    """An InferenceSession for ``path``; ModelFileError naming the file when onnxruntime cannot load it.
+    ``cuda_options`` go to the CUDA provider (default: DEFAULT_CUDA_OPTIONS)."""
     if not path.is_file():
         raise ModelFileError(f"{path}: ONNX graph not found (run `elmo export --model {path.parent}`)")
     options = ort.SessionOptions()
@@ -91,8 +96,10 @@ def open_session(
         options.intra_op_num_threads = int(intra_op_threads)
     if inter_op_threads:
         options.inter_op_num_threads = int(inter_op_threads)
+    cuda = {**DEFAULT_CUDA_OPTIONS, **(cuda_options or {})}
+    with_options = [(name, cuda) if name == CUDA else name for name in providers]
     try:
-        return ort.InferenceSession(str(path), options, providers=providers)
+        return ort.InferenceSession(str(path), options, providers=with_options)
     except Exception as exc:  # onnxruntime raises its own untyped errors for unreadable graphs
         raise ModelFileError(f"{path}: onnxruntime cannot load this graph ({type(exc).__name__}: {exc})") from None
 
@@ -135,6 +142,43 @@ class TokenVectorCache:
                 self._entries.popitem(last=False)
 
 
+# -- batching ------------------------------------------------------------------------------------------------------
+# Cost of one recurrence step in "rows": a step costs (rows + STEP_COST) units, whatever the rows. On CPU the
+# per-step overhead is small next to a row's MatMul work; on CUDA a step is a fixed train of kernel launches and
+# extra rows are almost free, so fewer, wider batches win.
+CPU_STEP_COST = 8.0
+CUDA_STEP_COST = 256.0
+RUN_COST = 64.0  # per onnxruntime run, in row-steps
+
+
+def plan_batches(steps: Sequence[int], max_batch_tokens: int, step_cost: float) -> list[int]:
+    """Cut ``steps`` (per sentence, sorted ascending, boundaries included) into consecutive batches; returns the
+    batch sizes. Minimises the sum over batches of ``longest * (rows + step_cost) + RUN_COST`` (padding counts
+    as work) with ``rows * longest <= max_batch_tokens`` unless one row alone exceeds it. A dynamic programme,
+    O(n * rows)."""
+    n = len(steps)
+    best = np.zeros(n + 1)
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for end in range(1, n + 1):
+        longest = steps[end - 1]
+        max_rows = max(1, min(end, max_batch_tokens // longest))
+        starts = np.arange(end - max_rows, end)
+        costs = best[starts] + longest * ((end - starts) + step_cost) + RUN_COST
+        pick = int(np.argmin(costs))
+        best[end], cut[end] = costs[pick], starts[pick]
+    sizes = []
+    end = n
+    while end > 0:
+        sizes.append(end - int(cut[end]))
+        end = int(cut[end])
+    return sizes[::-1]
+
+
+def _padded_count(rows: int) -> int:
+    """The next power of two (at least 16, at most ENCODER_CHUNK) >= rows."""
+    return min(ENCODER_CHUNK, max(16, 1 << (rows - 1).bit_length()))
+
+
 # -- the embedder --------------------------------------------------------------------------------------------------
 class Embedder:
     """Embed sentences with an exported biLM. Safe to call from several threads (onnxruntime sessions are; the
@@ -149,6 +193,8 @@ class Embedder:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_tokens_per_sentence: int = DEFAULT_MAX_TOKENS_PER_SENTENCE,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        cuda_options: dict | None = None,
+        io_binding: bool | None = None,
     ) -> None:
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
@@ -158,7 +204,7 @@ class Embedder:
         self.cache = TokenVectorCache(cache_size)
         graphs = self.meta.get("graphs") or {}
         requested = requested_providers(providers)
-        threads = (intra_op_threads, inter_op_threads)
+        threads = (intra_op_threads, inter_op_threads, cuda_options)
         self._paths = {
             "encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE),
             "context": self.model_dir / graphs.get("context", CONTEXT_FILE),
@@ -179,6 +225,10 @@ class Embedder:
             model_dir=self.model_dir,
         )
         self._check_graphs()
+        self._step_cost = CUDA_STEP_COST if active == CUDA else CPU_STEP_COST
+        # On CUDA the outputs are written straight into host arrays through an IOBinding (None: on CUDA only).
+        self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
+        self._pad_encoder_batches = active == CUDA
         self._boundaries = self._encode(np.stack([BOS_IDS, EOS_IDS]))  # (2, P)
 
     def _active_provider(self, requested: list[str]) -> str:
@@ -282,25 +332,24 @@ class Embedder:
 
     def _encode(self, char_ids: np.ndarray) -> np.ndarray:
         """(N, 50) char ids -> (N, P) token vectors, in chunks that bound the conv activations' memory."""
-        chunks = [
-            self.encoder.run(["token_vectors"], {"char_ids": char_ids[i : i + ENCODER_CHUNK].astype(np.int64)})[0]
-            for i in range(0, len(char_ids), ENCODER_CHUNK)
-        ]
+        chunks = []
+        for start in range(0, len(char_ids), ENCODER_CHUNK):
+            chunk = char_ids[start : start + ENCODER_CHUNK].astype(np.int64)
+            rows = len(chunk)
+            if self._pad_encoder_batches:  # few distinct shapes: cuDNN plans and allocations get reused
+                chunk = np.concatenate([chunk, np.zeros((_padded_count(rows) - rows, MAX_CHARS), np.int64)])
+            chunks.append(self.encoder.run(["token_vectors"], {"char_ids": chunk})[0][:rows])
         return np.concatenate(chunks).astype(np.float32, copy=False)
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices of non-empty sentences sorted by length and cut so that rows x (longest + 2) stays within
-        max_batch_tokens (a sentence longer than the budget forms its own batch)."""
+        """Indices of the non-empty sentences, sorted by length and cut into batches (each within
+        max_batch_tokens, a longer sentence alone) that minimise the padded work (see plan_batches)."""
         order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for index in order:
-            if current and (len(current) + 1) * (lengths[index] + 2) > self.max_batch_tokens:
-                batches.append(current)
-                current = []
-            current.append(index)
-        if current:
-            batches.append(current)
+        sizes = plan_batches([lengths[i] + 2 for i in order], self.max_batch_tokens, self._step_cost)
+        batches, start = [], 0
+        for size in sizes:
+            batches.append(order[start : start + size])
+            start += size
         return batches
 
     def _contextualize(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
@@ -311,5 +360,12 @@ class Embedder:
         for b, r in enumerate(rows):
             index[b, 1 : len(r) + 1] = r
             index[b, len(r) + 1] = _EOS_ROW
-        (layers,) = self.context.run(["layers"], {"tokens": table[index], "lengths": lengths})
-        return layers
+        feeds = {"tokens": table[index], "lengths": lengths}
+        if not self.io_binding:
+            return self.context.run(["layers"], feeds)[0]
+        binding = self.context.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_output("layers", "cpu")  # onnxruntime copies the result once, into host memory
+        self.context.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()

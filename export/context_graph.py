@@ -78,15 +78,16 @@ def _layer_weights(state: dict[str, np.ndarray], layer: int, cfg: ModelConfig) -
     return {k: v.astype(np.float32) for k, v in weights.items()}
 
 
-def _cell_body(weights: dict[str, np.ndarray], cfg: ModelConfig, layer: int) -> onnx.GraphProto:
-    """Scan body: (h (2, B, P), c (2, B, C), gates_x_t (2, B, 4C)) -> (h', c', y_t = h')."""
-    g = _Builder(f"context/l{layer}/")
-    h_in, c_in, gates_t = (f"context/l{layer}/{name}" for name in ("h", "c", "gates_t"))
-    h_next, c_next, y_t = (f"context/l{layer}/{name}" for name in ("h_next", "c_next", "y_t"))
+def _cell_body(weights: dict[str, np.ndarray], cfg: ModelConfig, scope: str) -> onnx.GraphProto:
+    """Scan body: (h (D, B, P), c (D, B, C), gates_x_t (D, B, 4C)) -> (h', c', y_t = h'), D = 2 directions at
+    once, or without the D axis for one direction (weights shaped accordingly)."""
+    g = _Builder(f"context/{scope}/")
+    h_in, c_in, gates_t = (f"context/{scope}/{name}" for name in ("h", "c", "gates_t"))
+    h_next, c_next, y_t = (f"context/{scope}/{name}" for name in ("h_next", "c_next", "y_t"))
     p, c = cfg.projection_dim, cfg.cell_dim
     z = g.op("Add", [gates_t, g.op("MatMul", [h_in, g.const(weights["w_rec"], "w_rec")])])
     z = g.op("Add", [z, g.const(weights["b_rec"], "b_rec")])
-    i, f, gg, o = g.op("Split", [z], "gate", outputs=4, axis=2)
+    i, f, gg, o = g.op("Split", [z], "gate", outputs=4, axis=-1)
     cell = g.op(
         "Add", [g.op("Mul", [g.op("Sigmoid", [i]), g.op("Tanh", [gg])]), g.op("Mul", [g.op("Sigmoid", [f]), c_in])]
     )
@@ -101,12 +102,14 @@ def _cell_body(weights: dict[str, np.ndarray], cfg: ModelConfig, layer: int) -> 
         helper.make_node("Identity", [hidden], [y_t]),
     ]
 
+    lead = [2] if weights["w_rec"].ndim == 3 else []
+
     def value(name: str, width) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, "batch", width])
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [*lead, "batch", width])
 
     return helper.make_graph(
         g.nodes,
-        f"layer{layer}_cell",
+        f"{scope}_cell",
         [value(h_in, p), value(c_in, c), value(gates_t, 4 * c)],
         [value(h_next, p), value(c_next, c), value(y_t, p)],
         initializer=g.initializers,
@@ -130,8 +133,58 @@ def _layers_value_info(cfg: ModelConfig) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info("layers", TensorProto.FLOAT, shape)
 
 
-def build_context_graph(state: dict[str, np.ndarray], cfg: ModelConfig) -> onnx.ModelProto:
-    """``state``: the BiLM state dict as float32 numpy arrays. Returns the context.onnx model."""
+def _fused_scan(g: _Builder, x: str, weights: dict, cfg: ModelConfig, layer: int, batch_and_steps: str, state) -> str:
+    """Both directions in one Scan: x (2, B, S, in) -> h (2, B, S, P)."""
+    # The input projection of every step, hoisted out of the recurrence: one (2, B*S, in) @ (2, in, 4C) MatMul.
+    flat = g.op("Reshape", [x, g.i64([2, -1, weights["w_in"].shape[1]])])
+    gates_shape = g.op("Concat", [g.i64([2]), batch_and_steps, g.i64([4 * cfg.cell_dim])], axis=0)
+    gates = g.op("Reshape", [g.op("MatMul", [flat, g.const(weights["w_in"], "w_in")]), gates_shape])
+    _, _, h = g.op(
+        "Scan",
+        [state(weights["h0"]), state(weights["c0"]), gates],
+        f"scan{layer}",
+        outputs=3,
+        body=_cell_body(weights, cfg, f"l{layer}"),
+        num_scan_inputs=1,
+        scan_input_axes=[2],
+        scan_output_axes=[2],
+    )
+    return h
+
+
+def _separate_scans(g: _Builder, x: str, weights: dict, cfg: ModelConfig, layer: int, batch: str) -> str:
+    """One Scan per direction (2-D weights): x (2, B, S, in) -> h (2, B, S, P). Measured against the fused form
+    in bench/recurrence.py."""
+    outputs = []
+    for d, x_d in enumerate(g.op("Split", [x], outputs=2, axis=0)):
+        one = {k: v[d] for k, v in weights.items()}
+        gates = g.op("MatMul", [g.op("Squeeze", [x_d, g.i64([0])]), g.const(one["w_in"], "w_in")])  # (B, S, 4C)
+        initial = [
+            g.op(
+                "Expand",
+                [g.const(one[k], k), g.op("Concat", [g.unsqueeze(batch, 0), g.i64([one[k].shape[-1]])], axis=0)],
+            )
+            for k in ("h0", "c0")
+        ]
+        _, _, h = g.op(
+            "Scan",
+            [*initial, gates],
+            f"scan{layer}_{d}",
+            outputs=3,
+            body=_cell_body(one, cfg, f"l{layer}d{d}"),
+            num_scan_inputs=1,
+            scan_input_axes=[1],
+            scan_output_axes=[1],
+        )
+        outputs.append(g.unsqueeze(h, 0))
+    return g.op("Concat", outputs, axis=0)
+
+
+def build_context_graph(
+    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = True
+) -> onnx.ModelProto:
+    """``state``: the BiLM state dict as float32 numpy arrays. Returns the context.onnx model. ``fuse_directions``
+    runs both directions in one Scan per layer (the default: fewer, larger ops); False gives one Scan each."""
     g = _Builder("context/")
     batch_and_steps = g.op("Slice", [g.op("Shape", ["tokens"]), g.i64([0]), g.i64([2])])  # [B, S]
     batch = g.op("Gather", [batch_and_steps, g.i64(0)], axis=0)
@@ -150,23 +203,13 @@ def build_context_graph(state: dict[str, np.ndarray], cfg: ModelConfig) -> onnx.
         )
 
     x = g.op("Concat", [g.unsqueeze(x0, 0), g.unsqueeze(reverse(x0), 0)], axis=0)  # (2, B, S, P): fwd, reversed
-    gates_shape = g.op("Concat", [g.i64([2]), batch_and_steps, g.i64([4 * cfg.cell_dim])], axis=0)
     layers = [g.op("Concat", [x0, x0], axis=-1)]
     for layer in range(cfg.n_layers):
         weights = _layer_weights(state, layer, cfg)
-        # The input projection of every step, hoisted out of the recurrence: one (2, B*S, in) @ (2, in, 4C) MatMul.
-        flat = g.op("Reshape", [x, g.i64([2, -1, weights["w_in"].shape[1]])])
-        gates = g.op("Reshape", [g.op("MatMul", [flat, g.const(weights["w_in"], "w_in")]), gates_shape])
-        _, _, h = g.op(
-            "Scan",
-            [direction_state(weights["h0"]), direction_state(weights["c0"]), gates],
-            f"scan{layer}",
-            outputs=3,
-            body=_cell_body(weights, cfg, layer),
-            num_scan_inputs=1,
-            scan_input_axes=[2],
-            scan_output_axes=[2],
-        )  # (2, B, S, P)
+        if fuse_directions:
+            h = _fused_scan(g, x, weights, cfg, layer, batch_and_steps, direction_state)  # (2, B, S, P)
+        else:
+            h = _separate_scans(g, x, weights, cfg, layer, batch)
         if layer > 0 and cfg.residual:
             h = g.op("Add", [h, x])
         x = g.op("Mul", [h, mask])

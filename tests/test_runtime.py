@@ -9,7 +9,7 @@ import pytest
 
 from elmo.checkpoint import load_model
 from elmo.errors import ElmoError, InputError, ModelFileError
-from elmo.runtime import CPU, CUDA, Embedder
+from elmo.runtime import CPU, CPU_STEP_COST, CUDA, CUDA_STEP_COST, Embedder, TokenVectorCache, plan_batches
 from tests.conftest import REPO
 from tests.numpy_reference import config_dict, elmo_forward, from_torch_state
 
@@ -212,3 +212,60 @@ def test_runtime_never_imports_torch(tiny_model_dir):
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# -- batching and the token cache ----------------------------------------------------------------------------------
+def test_plan_batches_respects_the_budget_and_covers_every_sentence():
+    rng = np.random.default_rng(0)
+    steps = sorted(int(n) for n in rng.integers(3, 90, size=300))
+    for step_cost in (CPU_STEP_COST, CUDA_STEP_COST):
+        sizes = plan_batches(steps, 512, step_cost)
+        assert sum(sizes) == len(steps) and min(sizes) >= 1
+        start = 0
+        for size in sizes:
+            assert size * steps[start + size - 1] <= 512
+            start += size
+
+
+def test_plan_batches_separates_short_from_long_sentences():
+    # 63 short sentences and one long one: padding all to the long one would waste ~10x the work.
+    sizes = plan_batches([5] * 63 + [100], 100_000, CPU_STEP_COST)
+    assert sizes == [63, 1]
+    # With expensive steps (CUDA: a step costs as much as many rows), one batch is cheaper.
+    assert plan_batches([12] * 8 + [14], 100_000, CUDA_STEP_COST) == [9]
+
+
+def test_a_sentence_longer_than_the_budget_runs_alone():
+    assert plan_batches([3, 3, 50], 20, CPU_STEP_COST) == [2, 1]
+
+
+def test_cache_serves_repeated_tokens_and_gives_the_same_vectors(tiny_model_dir):
+    cached = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, cache_size=3)
+    uncached = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, cache_size=0)
+    sentences = [["a", "b", "c", "d"], ["a", "b", "e"]]
+    first = cached.embed_tokens(sentences)
+    assert len(cached.cache) == 3  # bounded: least recently used tokens evicted
+    hits = cached.cache.hits
+    second = cached.embed_tokens(sentences)
+    assert cached.cache.hits > hits
+    reference = uncached.embed_tokens(sentences)
+    assert len(uncached.cache) == 0
+    for a, b, c in zip(first, second, reference):
+        np.testing.assert_allclose(a, c, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(b, c, atol=1e-6, rtol=0)
+
+
+def test_token_cache_is_least_recently_used():
+    cache = TokenVectorCache(2)
+    cache.store(["a", "b"], np.eye(2, dtype=np.float32))
+    cache.lookup(["a"])  # "a" is now the most recent
+    cache.store(["c"], np.ones((1, 2), dtype=np.float32))
+    assert [v is not None for v in cache.lookup(["a", "b", "c"])] == [True, False, True]
+
+
+def test_cuda_paths_give_the_same_vectors_on_cpu(tiny_model_dir, embedder):
+    # The IOBinding run and the padded encoder batches are what CUDA uses; both work on the CPU provider too.
+    cuda_like = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, cache_size=0, io_binding=True)
+    cuda_like._pad_encoder_batches = True
+    for a, b in zip(cuda_like.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

@@ -1,0 +1,230 @@
+"""``elmo bench``: tokens/s and latency of the project's PyTorch eager BiLM vs the onnxruntime runtime.
+
+    elmo bench                                   # models/default (if present) + ELMo-small + ELMo-original shapes
+    elmo bench --model DIR --shapes small --batch-sizes 1 8 64 --threads 2 --seconds 20
+
+For every model and batch size the same sentences (batches of B, in order) go through: ``torch eager``
+(``BiLM(char_ids)`` on the padded batch, the way the training code runs it), ``ort`` (``Embedder.embed_tokens``
+with the token cache off: the distinct-token char-CNN + Scan biLSTM path) and ``ort+cache`` (the same with a warm
+LRU cache of token vectors, as a long-running server has it). The engines take turns batch by batch, so the
+machine's load hits them alike. Random-weight models of the published shapes are written and exported once
+under runs/bench-models/. Results: bench/results/<name>.json and .md (a Markdown table). Benchmarks, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from elmo.chars import batch_to_char_ids
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+MODELS_CACHE = REPO / "runs" / "bench-models"
+DEFAULT_MODEL = REPO / "models" / "default"
+ENGINES = ("torch eager", "ort", "ort+cache")
+
+_CJK = (  # 300 frequent Chinese characters, most frequent first
+    "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后"
+    "小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长"
+    "知民样现分将外但身些与高意进把法此实回二理美点月明其种声全工己话儿者向情部正名定女问力机给等几很业最"
+    "间新什打便位因重被走电四第门相次东政海口使教西再平真听世气信北少关并内加化由却代军产入先山五太水万市"
+    "眼体别处总才场师书比住员九笑性通目华报立马命张活难神数件安表原车白应路期叫死常提感金何更反合放做系计"
+    "或司利受光王果亲界及今京务制解各任至清物台象记边共风战干接它许八特觉望直服毛林题建南度统色字请交爱让"
+)
+
+
+def synthetic_sentences(n: int, seed: int = 0) -> list[list[str]]:
+    """Deterministic text-like sentences: Zipf-distributed words (a 20k vocabulary of letter strings, some
+    capitalised, punctuation), 1 in 5 sentences Chinese characters, lengths log-normal around 20 (3-80)."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
+    weights = 1.0 / np.arange(1, 27) ** 0.9
+    vocab = [
+        "".join(rng.choice(letters, size=int(rng.integers(1, 12)), p=weights / weights.sum())) for _ in range(20000)
+    ]
+    vocab[:8] = [".", ",", "the", "of", "and", "to", "a", "in"]
+    zipf = 1.0 / np.arange(1, len(vocab) + 1) ** 1.05
+    cjk = np.array(list(_CJK))
+    cjk_p = 1.0 / np.arange(1, len(cjk) + 1) ** 0.8
+    sentences = []
+    for length in np.clip(rng.lognormal(2.9, 0.55, size=n), 3, 80).astype(int):
+        if rng.random() < 0.2:
+            sentences.append(list(rng.choice(cjk, size=length, p=cjk_p / cjk_p.sum())) + ["。"])
+        else:
+            words = [str(w) for w in rng.choice(vocab, size=length, p=zipf / zipf.sum())]
+            words[0] = words[0].capitalize()
+            sentences.append(words)
+    return sentences
+
+
+def text_sentences(path: Path, n: int) -> list[list[str]]:
+    from elmo.tokenize import tokenize
+
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [tokenize(line).tokens for line in lines[:n] if tokenize(line).tokens]
+
+
+def random_shape_model(shape: str) -> Path:
+    """runs/bench-models/<shape>: random weights of a published shape, exported (once)."""
+    from elmo.errors import ModelFileError
+    from elmo.modeldir import read_onnx_metadata
+
+    directory = MODELS_CACHE / shape
+    try:
+        read_onnx_metadata(directory)
+    except ModelFileError:  # absent, or exported by an older version of the exporter
+        from export.random_model import write_random_model
+
+        print(f"writing and exporting a random-weight {shape} model into {directory} (once)", flush=True)
+        write_random_model(directory, shape, seed=0, export=True)
+    return directory
+
+
+# -- measurement ---------------------------------------------------------------------------------------------------
+class TorchEngine:
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+
+        from elmo.checkpoint import load_model
+
+        self.torch = torch
+        self.model = load_model(model_dir).float().eval()
+
+    def __call__(self, batch: list[list[str]]) -> None:
+        with self.torch.inference_mode():
+            self.model(self.torch.as_tensor(batch_to_char_ids(batch)).long())
+
+
+def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: argparse.Namespace) -> dict:
+    """Interleaved timing of the engines on consecutive batches of ``sentences``."""
+    import torch
+
+    from elmo.runtime import CPU, Embedder
+
+    torch.set_num_threads(args.threads)
+    providers = None if args.provider == "auto" else [args.provider]
+    engines = {
+        "torch eager": TorchEngine(model_dir),
+        "ort": Embedder(model_dir, providers, intra_op_threads=args.threads, cache_size=0).embed_tokens,
+        "ort+cache": Embedder(model_dir, providers, intra_op_threads=args.threads).embed_tokens,
+    }
+    provider = engines["ort"].__self__.info.provider if providers != [CPU] else CPU
+    batches = [sentences[i : i + batch_size] for i in range(0, len(sentences) - batch_size + 1, batch_size)]
+    for engine in engines.values():  # warm-up: allocations, kernel choice, a first cache fill
+        engine(batches[0][:2])
+    for batch in batches[: max(1, args.cache_warm_batches)]:
+        engines["ort+cache"](batch)
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    tokens: list[int] = []
+    started = time.perf_counter()
+    for batch in batches[1:] + batches[:1]:
+        for name, engine in engines.items():
+            begin = time.perf_counter()
+            engine(batch)
+            times[name].append(time.perf_counter() - begin)
+        tokens.append(sum(len(s) for s in batch))
+        if time.perf_counter() - started > args.seconds and len(tokens) >= args.min_batches:
+            break
+    row = {"batch_size": batch_size, "batches": len(tokens), "tokens": int(sum(tokens)), "provider": provider}
+    for name, values in times.items():
+        row[name] = {
+            "tokens_per_s": sum(tokens) / sum(values),
+            "latency_ms_p50": 1e3 * statistics.median(values),
+            "latency_ms_max": 1e3 * max(values),
+        }
+    row["speedup_ort"] = row["ort"]["tokens_per_s"] / row["torch eager"]["tokens_per_s"]
+    row["speedup_ort_cache"] = row["ort+cache"]["tokens_per_s"] / row["torch eager"]["tokens_per_s"]
+    return row
+
+
+# -- reporting -----------------------------------------------------------------------------------------------------
+def markdown(results: dict) -> str:
+    env = results["environment"]
+    lines = [
+        f"Threads: {env['threads']} (torch and onnxruntime alike) · CPU cores: {env['cpu_count']} · load average "
+        f"before/after: {env['load_before']} / {env['load_after']} · workload: {results['workload']}",
+        "",
+        "| model | batch | engine | tokens/s | latency p50 (ms) | vs torch eager |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for model in results["models"]:
+        for row in model["rows"]:
+            base = row["torch eager"]["tokens_per_s"]
+            for engine in ENGINES:
+                figures = row[engine]
+                lines.append(
+                    f"| {model['name']} | {row['batch_size']} | {engine} | {figures['tokens_per_s']:,.0f} | "
+                    f"{figures['latency_ms_p50']:,.1f} | {figures['tokens_per_s'] / base:.2f}x |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, action="append", default=None, help="model directory (repeatable)")
+    parser.add_argument(
+        "--shapes",
+        nargs="*",
+        default=["small", "original"],
+        help="random-weight published shapes: small medium original",
+    )
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--threads", type=int, default=2, help="torch and onnxruntime intra-op threads")
+    parser.add_argument("--provider", default="CPUExecutionProvider", help="onnxruntime provider, or 'auto'")
+    parser.add_argument("--seconds", type=float, default=15.0, help="time budget per model and batch size")
+    parser.add_argument("--min-batches", type=int, default=2)
+    parser.add_argument("--cache-warm-batches", type=int, default=4, help="batches that fill the cache first")
+    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--text", type=Path, default=None, help="one sentence per line instead of synthetic text")
+    parser.add_argument("--name", default="cpu", help="results file name under bench/results/")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+
+
+def run(args: argparse.Namespace) -> int:
+    models = list(args.model or ([DEFAULT_MODEL] if (DEFAULT_MODEL / "onnx.json").is_file() else []))
+    models += [random_shape_model(shape) for shape in args.shapes]
+    if args.text:
+        sentences, workload = text_sentences(args.text, args.sentences), f"{args.text.name} (first lines)"
+    else:
+        sentences, workload = synthetic_sentences(args.sentences), "synthetic Zipf text (bench/run.py), seed 0"
+    mean_length = float(np.mean([len(s) for s in sentences]))
+    results = {
+        "workload": f"{workload}, {len(sentences)} sentences, mean {mean_length:.1f} tokens",
+        "environment": {
+            "threads": args.threads,
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_before": [round(v, 1) for v in os.getloadavg()],
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        "models": [],
+    }
+    for model_dir in models:
+        meta = json.loads((model_dir / "onnx.json").read_text())
+        name = "default" if model_dir.resolve() == DEFAULT_MODEL.resolve() else model_dir.name
+        entry = {"name": name, "path": str(model_dir), "dim": meta["dim"], "cell_dim": meta["cell_dim"], "rows": []}
+        for batch_size in args.batch_sizes:
+            row = measure(model_dir, sentences, batch_size, args)
+            entry["rows"].append(row)
+            print(
+                f"{name:10s} batch {batch_size:3d}: "
+                + " · ".join(f"{e} {row[e]['tokens_per_s']:,.0f} tok/s" for e in ENGINES)
+                + f" ({row['batches']} batches)",
+                flush=True,
+            )
+        results["models"].append(entry)
+    results["environment"]["load_after"] = [round(v, 1) for v in os.getloadavg()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(results)
+    (args.out / f"{args.name}.md").write_text(table)
+    print(table)
+    print(f"wrote {args.out / (args.name + '.json')} and {args.out / (args.name + '.md')}")
+    return 0
