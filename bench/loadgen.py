@@ -163,56 +163,57 @@ async def drive(
     errors: dict[str, int] = {}
     counts = {"requests": 0, "sentences": 0, "tokens": 0}
     issued = 0
-    measuring = False
     rss: list[float] = []
+    marks: dict[str, float | None] = {}
 
-    async def client(index: int, stop_at: float) -> None:
+    async def client(index: int, window: tuple[float, float]) -> None:
+        """Send back to back until the window closes; count the requests that complete inside the window."""
         nonlocal issued
         rng = random.Random(index)
-        while time.monotonic() < stop_at and issued < max_requests:
+        while time.monotonic() < window[1] and issued < max_requests:
             issued += 1
             data, n_sentences, n_tokens = requests[rng.randrange(len(requests))]
             started = time.perf_counter()
             try:
-                response = await calls[index](data, timeout=60, metadata=metadata)
+                response = await calls[index](data, timeout=120, metadata=metadata)
                 ok = len(response) > 0
-            except grpc.aio.AioRpcError as exc:
+            except grpc.aio.AioRpcError as exc:  # every error counts, in the warm-up and the tail too
                 errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                 ok = False
-            if measuring and ok:
+            if ok and window[0] <= time.monotonic() <= window[1]:
                 latencies.append(time.perf_counter() - started)
                 counts["requests"] += 1
                 counts["sentences"] += n_sentences
                 counts["tokens"] += n_tokens
 
-    async def sample_rss(stop_at: float) -> None:
-        while server_pid and time.monotonic() < stop_at:
-            value = rss_mib(server_pid)
-            if value is not None:
+    async def sampler(window: tuple[float, float]) -> None:
+        """Server RSS / CPU and client CPU at the window's edges, RSS every second inside it."""
+        await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
+        marks["rss_start"] = rss_mib(server_pid) if server_pid else None
+        marks["cpu_start"] = cpu_seconds(server_pid) if server_pid else None
+        marks["client_cpu_start"] = time.process_time()
+        while time.monotonic() < window[1]:
+            if server_pid and (value := rss_mib(server_pid)) is not None:
                 rss.append(value)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, max(0.0, window[1] - time.monotonic())))
+        marks["rss_end"] = rss_mib(server_pid) if server_pid else None
+        marks["cpu_end"] = cpu_seconds(server_pid) if server_pid else None
+        marks["client_cpu_end"] = time.process_time()
 
     try:
         for channel in channels:
             await asyncio.wait_for(channel.channel_ready(), timeout=30)
-        if warmup_s > 0:  # fill caches and allocator pools before measuring (not counted)
-            stop_at = time.monotonic() + warmup_s
-            await asyncio.gather(*(client(i, stop_at) for i in range(concurrency)))
-            issued = 0
-        measuring = True
-        start_rss = rss_mib(server_pid) if server_pid else None
-        start_cpu = cpu_seconds(server_pid) if server_pid else None
-        start_client_cpu = time.process_time()
-        started = time.monotonic()
-        stop_at = started + duration
-        await asyncio.gather(sample_rss(stop_at), *(client(i, stop_at) for i in range(concurrency)))
-        seconds = time.monotonic() - started
-        end_rss = rss_mib(server_pid) if server_pid else None
-        end_cpu = cpu_seconds(server_pid) if server_pid else None
-        client_cpu = time.process_time() - start_client_cpu
+        # Clients run through warm-up, window and tail without a pause, so the window sees a steady state.
+        window_start = time.monotonic() + warmup_s
+        window = (window_start, window_start + duration)
+        await asyncio.gather(sampler(window), *(client(i, window) for i in range(concurrency)))
     finally:
         for channel in channels:
             await channel.close()
+    cpu = None
+    if marks.get("cpu_start") is not None and marks.get("cpu_end") is not None:
+        cpu = round(marks["cpu_end"] - marks["cpu_start"], 2)
+    seconds = duration
     return LoadResult(
         mode="served",
         concurrency=concurrency,
@@ -222,9 +223,9 @@ async def drive(
         tokens=counts["tokens"],
         errors=errors,
         latency_ms=_percentiles(latencies),
-        rss_mib={"start": start_rss, "end": end_rss, "max": max(rss, default=None)},
-        cpu_s=round(end_cpu - start_cpu, 2) if start_cpu is not None and end_cpu is not None else None,
-        client_cpu_s=round(client_cpu, 2),
+        rss_mib={"start": marks.get("rss_start"), "end": marks.get("rss_end"), "max": max(rss, default=None)},
+        cpu_s=cpu,
+        client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
     )
 
 
@@ -394,14 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                 one["in_process"] = measure_in_process(embedder, texts, baseline_s, args.baseline_batch).to_dict()
             served = asyncio.run(
                 drive(
-                    target,
-                    requests,
-                    args.concurrency,
-                    args.duration,
-                    args.requests,
-                    args.auth_token,
-                    pid,
-                    args.warmup if index == 0 else 0.0,
+                    target, requests, args.concurrency, args.duration, args.requests, args.auth_token, pid, args.warmup
                 )
             )
             one["served"] = served.to_dict()

@@ -179,6 +179,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: ORT's)")
     parser.add_argument(
+        "--token-cache",
+        type=int,
+        default=None,
+        help="runtime LRU of token-encoder vectors, entries (default: the runtime's; 0 = off)",
+    )
+    parser.add_argument(
         "--providers", default=None, help="comma-separated onnxruntime providers (default: CUDA then CPU)"
     )
     parser.add_argument(
@@ -207,8 +213,10 @@ def load_models(args: argparse.Namespace, limits: Limits, metrics: ServiceMetric
     providers = [p.strip() for p in args.providers.split(",")] if args.providers else None
     models = []
     for name, directory in _model_specs(args.model):
+        cache = {} if args.token_cache is None else {"cache_size": args.token_cache}
         runtime = Embedder(
             directory,
+            **cache,
             providers=providers,
             intra_op_threads=args.threads,
             max_batch_tokens=limits.max_batch_tokens,
