@@ -210,11 +210,11 @@ class Embedder:
             "context": self.model_dir / graphs.get("context", CONTEXT_FILE),
         }
         self.encoder = open_session(self._paths["encoder"], requested, *threads)
-        if self.encoder.get_providers()[0] == CPU and CPU in requested:
-            # CUDA did not load for the first graph; asking again would only repeat onnxruntime's complaint.
-            self.context = open_session(self._paths["context"], [CPU], *threads)
-        else:
-            self.context = open_session(self._paths["context"], requested, *threads)
+        first = self.encoder.get_providers()[0]
+        if first not in requested:
+            raise ElmoError(f"execution provider {requested[0]} was demanded but {first} is active")
+        # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
+        self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *threads)
         active = self._active_provider(requested)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# GPU check for the onnxruntime runtime, from a fresh checkout, in under 5 minutes on a GPU machine:
+#   scripts/gpu-check.sh [MODEL_DIR]
+# 1. a venv (.venv-gpu) with onnxruntime-gpu[cuda,cudnn] (CUDA 13 + cuDNN 9 come as pip wheels) and the project;
+# 2. without MODEL_DIR: torch (CPU is enough) + onnx, then a random-weight ELMo-original model is written and
+#    exported (verified against PyTorch) into runs/gpu-check/original; with MODEL_DIR: that exported directory;
+# 3. scripts/gpu_check.py: CUDAExecutionProvider really active, CUDA vs CPU parity, ELMo-original throughput.
+# Environment: PYTHON=/path/to/python uses that interpreter as it is (no venv, no installs: for machines that
+# cannot reach a registry and already hold onnxruntime-gpu); SECONDS_PER=10 per throughput figure;
+# GPU_CHECK_JSON=path writes the report as JSON; GPU_CHECK_TORCH=1 also times PyTorch eager on the GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL_DIR="${1:-}"
+started=$(date +%s)
+
+if [[ -z "${PYTHON:-}" ]]; then
+    python3 -m venv .venv-gpu
+    PYTHON=.venv-gpu/bin/python
+    "$PYTHON" -m pip install -q --upgrade pip
+    # Never the CPU `onnxruntime` package beside onnxruntime-gpu: they share the module and the CPU one wins.
+    "$PYTHON" -m pip install -q 'onnxruntime-gpu[cuda,cudnn]==1.31.1' 'numpy>=1.26' 'tokenizers>=0.20'
+    if [[ -z "$MODEL_DIR" ]]; then
+        "$PYTHON" -m pip install -q 'torch==2.13.0' 'safetensors>=0.4' 'onnx>=1.17'
+    fi
+    "$PYTHON" -m pip install -q --no-deps -e .
+fi
+"$PYTHON" -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+
+if [[ -z "$MODEL_DIR" ]]; then
+    MODEL_DIR=runs/gpu-check/original
+    if ! "$PYTHON" -c "import sys; from elmo.modeldir import read_onnx_metadata; read_onnx_metadata(sys.argv[1])" \
+        "$MODEL_DIR" 2>/dev/null; then
+        echo "exporting a random-weight ELMo-original model into $MODEL_DIR (verified against PyTorch on the CPU)"
+        "$PYTHON" -m export.random_model --preset original --out "$MODEL_DIR" --export
+    fi
+fi
+
+extra=()
+[[ -n "${GPU_CHECK_JSON:-}" ]] && extra+=(--json "$GPU_CHECK_JSON")
+[[ "${GPU_CHECK_TORCH:-0}" == "1" ]] && extra+=(--torch)
+"$PYTHON" scripts/gpu_check.py "$MODEL_DIR" --seconds "${SECONDS_PER:-10}" ${extra[@]+"${extra[@]}"}
+echo "gpu-check took $(( $(date +%s) - started )) s"
