@@ -3,10 +3,11 @@
     python scripts/serve_memory.py --model DIR [--max-batch-tokens 1024 4096 8192] [--providers CPUExecutionProvider]
 
 For each --max-batch-tokens value it starts ``elmo serve`` on free loopback ports, waits for grpc.health SERVING,
-reads the process's resident memory (VmRSS: model loaded and warmed up), sends requests that fill whole batches
-(sentences of --sentence-tokens tokens, all layers, float32, as many as one batch holds), reads VmRSS and the
-peak (VmHWM) again, and stops the server with SIGTERM. Prints one JSON line per run. Torch-free: run it with
-the serving environment (``.venv-serve/bin/python scripts/serve_memory.py ...``) to measure what production runs.
+reads the process's resident memory (VmRSS: model loaded and warmed up), sends --requests requests that each fill
+one batch (sentences of --sentence-tokens tokens, all layers, float32), reads VmRSS and the peak (VmHWM) again,
+and stops the server with SIGTERM. Every token is distinct, so the char-CNN always runs and the token-vector cache
+fills as fast as it can: the worst case for memory. Prints one JSON line per run. Torch-free: run it with the
+serving environment (``.venv-serve/bin/python scripts/serve_memory.py ...``) to measure what production runs.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ def wait_serving(address: str, process: subprocess.Popen, deadline_s: float) -> 
     raise SystemExit(f"not SERVING after {deadline_s} s")
 
 
+def distinct_token_request(index: int, n_sentences: int, sentence_tokens: int) -> pb.EmbedRequest:
+    """Every token new (r{index}s{sentence}t{token}): the token-vector cache never helps, the char-CNN always runs,
+    and the cache fills as fast as it can (the worst case for memory)."""
+    sentences = [[f"r{index}s{s}t{t}" for t in range(sentence_tokens)] for s in range(n_sentences)]
+    return pb.EmbedRequest(inputs=[pb.Input(tokens=pb.Tokens(tokens=words)) for words in sentences])
+
+
 def measure(args: argparse.Namespace, max_batch_tokens: int, work: Path) -> dict:
     port_file = work / f"ports-{max_batch_tokens}"
     sentence_tokens = min(args.sentence_tokens, max_batch_tokens)
@@ -83,15 +91,14 @@ def measure(args: argparse.Namespace, max_batch_tokens: int, work: Path) -> dict
         address = f"127.0.0.1:{port_file.read_text().split()[0]}"
         wait_serving(address, process, deadline_s=600)
         idle = memory_kib(process.pid)
-        words = [f"w{i % 97}x" for i in range(sentence_tokens)]
-        request = pb.EmbedRequest(inputs=[pb.Input(tokens=pb.Tokens(tokens=words))] * (max_batch_tokens // len(words)))
+        n_sentences = max_batch_tokens // sentence_tokens
         inference_ms = []
         options = [("grpc.max_receive_message_length", 1024 * MIB)]
         with grpc.insecure_channel(address, options=options) as channel:
             stub = pb_grpc.EmbedderStub(channel)
             info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
-            for _ in range(args.requests):
-                reply = stub.Embed(request, timeout=600)
+            for r in range(args.requests):
+                reply = stub.Embed(distinct_token_request(r, n_sentences, sentence_tokens), timeout=1800)
                 inference_ms.append(reply.timing.inference_ms)
         loaded = memory_kib(process.pid)
         return {
@@ -99,9 +106,10 @@ def measure(args: argparse.Namespace, max_batch_tokens: int, work: Path) -> dict
             "dim": info.dim,
             "n_layers": info.n_layers,
             "provider": info.execution_provider,
-            "onnx_mib": round((Path(args.model) / "model.onnx").stat().st_size / MIB, 1),
+            "onnx_mib": round(sum(p.stat().st_size for p in Path(args.model).glob("*.onnx*")) / MIB, 1),
             "max_batch_tokens": max_batch_tokens,
-            "batch": f"{len(request.inputs)} x {len(words)} tokens",
+            "batch": f"{n_sentences} x {sentence_tokens} tokens",
+            "distinct_tokens_sent": args.requests * n_sentences * sentence_tokens,
             "rss_idle_mib": round(idle["VmRSS"] / 1024),
             "rss_after_mib": round(loaded["VmRSS"] / 1024),
             "rss_peak_mib": round(loaded["VmHWM"] / 1024),
