@@ -50,11 +50,23 @@ def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
     if args.model:
         return Path(args.model), str(args.model)
     directory = REPO / "runs" / "bench-models" / f"elmo-{args.preset}"
-    if not (directory / "onnx.json").is_file():
+    if not _loads(directory):  # absent, or exported by an older exporter
         from export.random_model import write_random_model
 
+        shutil.rmtree(directory, ignore_errors=True)
         write_random_model(directory, args.preset, seed=0, export=True)
     return directory, f"ELMo-{args.preset} shape, random weights ({directory.relative_to(REPO)})"
+
+
+def _loads(directory: Path) -> bool:
+    from elmo.errors import ElmoError
+    from elmo.modeldir import read_onnx_metadata
+
+    try:
+        read_onnx_metadata(directory)
+    except ElmoError:
+        return False
+    return True
 
 
 def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> tuple[float, int]:

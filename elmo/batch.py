@@ -34,7 +34,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -977,7 +977,6 @@ class JobResult:
     embedded_tokens: int = 0
     seconds: float = 0.0
     already_complete: bool = False
-    extra: dict = field(default_factory=dict)
 
     def summary(self) -> str:
         if self.already_complete:
@@ -1033,9 +1032,10 @@ def run_job(options: JobOptions) -> JobResult:
                 if job.path.exists():  # killed between the final rename and the clean-up
                     shutil.rmtree(job.path)
                 return JobResult(options.output, lines=plan.n_lines, already_complete=True)
-            raise InputError(
-                f"{options.output} already exists and was not made by this job; remove it or pass --overwrite"
+            why = (
+                f"was made with other arguments or input ({_differences(done, fingerprint)})" if done else "is not ours"
             )
+            raise InputError(f"{options.output} already exists and {why}; remove it or pass --overwrite")
         if done is not None:
             shutil.rmtree(options.output) if options.output.is_dir() else options.output.unlink()
         job.open(fingerprint, options.overwrite)

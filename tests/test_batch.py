@@ -348,8 +348,15 @@ def test_resume_refuses_other_arguments_and_existing_outputs(tmp_path, tiny_mode
     capsys.readouterr()
     assert embed_file(source, output, "--model", tiny_model_dir) == 0  # same job again: nothing to do
     assert "already complete" in capsys.readouterr().out
-    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "top") == 2  # someone else's file
-    assert "already exists" in capsys.readouterr().err
+    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "top") == 2  # another job's file
+    assert "already exists and was made with other arguments or input (layers: 'all' -> 'top')" in (
+        capsys.readouterr().err
+    )
+    other = tmp_path / "other.h5"
+    other.write_bytes(b"not hdf5 at all")
+    assert embed_file(source, other, "--model", tiny_model_dir) == 2  # someone else's file: never overwritten
+    assert "already exists and is not ours" in capsys.readouterr().err
+    assert other.read_bytes() == b"not hdf5 at all"
 
 
 def test_progress_bar_and_summary(tmp_path, tiny_model_dir, capsys):
@@ -444,3 +451,13 @@ def test_remote_unknown_task_and_unreachable_server(tmp_path, tiny_model_dir, ca
     assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--server-wait", "0.5") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not serving after 0.5 s" in err[0] and "UNAVAILABLE" in err[0]
+
+
+def test_empty_input_gives_an_empty_but_complete_output(tmp_path, tiny_model_dir):
+    source = tmp_path / "empty.txt"
+    source.write_bytes(b"")
+    assert embed_file(source, tmp_path / "e.h5", "--model", tiny_model_dir) == 0
+    assert read_hdf5(tmp_path / "e.h5") == {"sentence_to_index": np.array([b"{}"], dtype=object)}
+    assert embed_file(source, tmp_path / "e.parquet", "--model", tiny_model_dir) == 0
+    assert json.loads((tmp_path / "e.parquet" / "_manifest.json").read_text())["shards"] == []
+    assert list(iter_parquet(tmp_path / "e.parquet")) == []
