@@ -106,12 +106,13 @@ def measure_batch(context: TorchContext, sessions: dict, batch: int, args: argpa
         row[f"ort {name} max abs diff"] = float(np.abs(session.run(None, feeds)[0] - reference).max())
         runs[f"ort {name}"] = lambda s=session: s.run(None, feeds)
     times: dict[str, list[float]] = {name: [] for name in runs}
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     with torch.inference_mode():
         for _ in range(args.repeats):
             for name, fn in runs.items():
-                start = time.perf_counter()
+                start = clock()
                 fn()
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     per_run = batch * (args.steps - 2)
     for name, values in times.items():
         row[name] = statistics.median(values)
@@ -131,6 +132,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=27, help="S = tokens + 2 (all rows full length)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with this thread's CPU time (with --threads 1 all work runs on the calling thread): steadier "
+        "than wall time on a shared, loaded machine",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -155,7 +162,9 @@ def main() -> None:
         for batch in args.batch_sizes:
             rows.append(measure_batch(context, sessions, batch, args))
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "model": str(args.model), "rows": rows}, indent=2))
+        clock = "thread CPU time" if args.cpu_time else "wall time"
+        summary = {"threads": args.threads, "clock": clock, "model": str(args.model), "rows": rows}
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

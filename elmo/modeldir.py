@@ -1,10 +1,10 @@
 """The model directory format: file names and the export metadata (onnx.json). Torch-free (serving path).
 
 A model directory holds config.json (elmo.config), model.safetensors, vocab.txt, and after ``elmo export``
-model.onnx, encoder.onnx, context.onnx, model.onnx.data (their shared weights) and onnx.json. onnx.json
-describes the graphs (dims, layer count, char scheme, tokenizer, opset,
-the sha256 of the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it
-against config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
+model.onnx, encoder.onnx, context.onnx, context_fused.onnx, model.onnx.data (their shared weights) and
+onnx.json. onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of
+the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it against
+config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ WEIGHTS_FILE = "model.safetensors"
 VOCAB_FILE = "vocab.txt"
 ONNX_FILE = "model.onnx"  # the whole model in one graph: char_ids (B, T, 50) -> layers (B, L+1, T, 2P), mask
 ENCODER_FILE = "encoder.onnx"  # char-CNN: char_ids (N, 50) -> token vectors (N, P)
-CONTEXT_FILE = "context.onnx"  # biLSTM: tokens (B, T+2, P), lengths (B,) -> layers (B, L+1, T, 2P)
+CONTEXT_FILE = "context.onnx"  # biLSTM: tokens (B, T+2, P), lengths (B,) -> layers (B, L+1, T, 2P); for CPU
+CONTEXT_FUSED_FILE = "context_fused.onnx"  # the same, both directions per Scan step; for CUDA
 ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
 ONNX_META_FILE = "onnx.json"
 FORMAT_VERSION = 1

@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from elmo.chars import BOS_IDS, EOS_IDS, MAX_CHARS, word_to_char_ids
 from elmo.errors import ElmoError, InputError, ModelFileError
-from elmo.modeldir import CONTEXT_FILE, ENCODER_FILE, model_directory, read_onnx_metadata
+from elmo.modeldir import CONTEXT_FILE, CONTEXT_FUSED_FILE, ENCODER_FILE, model_directory, read_onnx_metadata
 from elmo.tokenize import Tokenized, tokenize
 
 log = logging.getLogger("elmo.runtime")
@@ -195,6 +195,7 @@ class Embedder:
         cache_size: int = DEFAULT_CACHE_SIZE,
         cuda_options: dict | None = None,
         io_binding: bool | None = None,
+        context_layout: str | None = None,
     ) -> None:
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
@@ -205,14 +206,20 @@ class Embedder:
         graphs = self.meta.get("graphs") or {}
         requested = requested_providers(providers)
         threads = (intra_op_threads, inter_op_threads, cuda_options)
-        self._paths = {
-            "encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE),
-            "context": self.model_dir / graphs.get("context", CONTEXT_FILE),
-        }
+        self._paths = {"encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE)}
         self.encoder = open_session(self._paths["encoder"], requested, *threads)
         first = self.encoder.get_providers()[0]
         if first not in requested:
             raise ElmoError(f"execution provider {requested[0]} was demanded but {first} is active")
+        # The biLSTM layout that suits the provider (docs/runtime.md): one Scan per direction on CPU, both
+        # directions per Scan on CUDA.
+        if context_layout not in (None, "separate", "fused"):
+            raise InputError(f"context_layout must be 'separate' or 'fused', not {context_layout!r}")
+        self.context_layout = context_layout or ("fused" if first == CUDA else "separate")
+        key, default = (
+            ("context_fused", CONTEXT_FUSED_FILE) if self.context_layout == "fused" else ("context", CONTEXT_FILE)
+        )
+        self._paths["context"] = self.model_dir / graphs.get(key, default)
         # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
         self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *threads)
         active = self._active_provider(requested)

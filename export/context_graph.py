@@ -1,16 +1,20 @@
-"""The biLSTM as a hand-built ONNX graph: one ``Scan`` per layer running both directions at once.
+"""The biLSTM as a hand-built ONNX graph: ``Scan`` over the hoisted input projections, any sentence length.
 
-Why by hand: the tracer turns the scripted recurrence into a ``Loop`` that carries a tensor sequence; in
-onnxruntime it runs ~5x slower than PyTorch eager (docs/runtime.md). A ``Scan`` over the hoisted input
-projections with the state as loop-carried tensors runs at unrolled-graph speed, for any length, in one graph.
+Why by hand: the tracer turns the scripted recurrence into a ``Loop`` that carries a tensor sequence, which
+onnxruntime runs 2-4x slower than PyTorch eager; a ``Scan`` with the state as loop-carried tensors runs at
+unrolled-graph speed, for any length, in one graph (figures: docs/runtime.md, bench/recurrence.py).
 
 Graph (S = T + 2 positions, <S> and </S> included; L LSTM layers; P projection, C cell):
   inputs   tokens float32 (B, S, P) (row b: [<S>, n_b token vectors, </S>, anything]), lengths int64 (B,) = n_b
   outputs  layers float32 (B, L+1, T, 2P), zero past each sentence
-The backward direction runs on ``ReverseSequence(x, n_b + 2)`` (only the valid part reversed: exact with padding)
-and the forward and backward stacks are stacked on a leading axis of 2, so every MatMul and every elementwise
-node serves both directions. Same maths as elmo.model (cell/proj clips, residual, masking); the export's
-verification compares the two.
+The backward direction runs on ``ReverseSequence(x, n_b + 2)`` (only the valid part reversed: exact with
+padding). Two layouts of the same maths (the export writes both; the runtime picks per provider):
+  separate  one Scan per direction and layer, 2-D weights: the faster one on CPU (MLAS pre-packs 2-D weights)
+  fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
+            launches, for CUDA, where a step costs launches rather than arithmetic
+Per step: ``z = (x_t W_in + b) + h R`` (input projection and bias hoisted out of the loop), gates reordered to
+(i, f, o, g) so one Sigmoid covers three of them; ``c = clip(i*g + f*c)``, ``h = clip((o*tanh c) W_P)``. Same
+maths as elmo.model (clips, residual, masking); the export's verification compares the two.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from elmo.config import ModelConfig
 
 OPSET = 17
 IR_VERSION = 8  # what torch's exporter writes; onnxruntime 1.31 reads up to 13
+DIRECTIONS = ("forward_layers", "backward_layers")
 
 
 class _Builder:
@@ -56,64 +61,25 @@ class _Builder:
         return names[0] if outputs == 1 else names
 
 
-def _layer_weights(state: dict[str, np.ndarray], layer: int, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Both directions' weights of one layer, stacked on a leading axis of 2 (forward, backward), x @ W layout."""
+def _reorder_gates(w: np.ndarray, cell: int) -> np.ndarray:
+    """Last axis (i, f, g, o) blocks -> (i, f, o, g)."""
+    i, f, g, o = (w[..., k * cell : (k + 1) * cell] for k in range(4))
+    return np.concatenate([i, f, o, g], axis=-1)
 
-    def both(fmt: str, transform) -> np.ndarray:
-        return np.stack([transform(state[fmt.format(d, layer)]) for d in ("forward_layers", "backward_layers")])
 
+def direction_weights(state: dict[str, np.ndarray], direction: str, layer: int, cfg: ModelConfig) -> dict:
+    """One direction's weights of one layer in x @ W layout, gates (i, f, o, g): w_in (in, 4C), b (4C,),
+    w_rec (P, 4C), w_proj (C, P), h0 (1, P), c0 (1, C) (zero unless the model has a warm initial state)."""
+    prefix, cell = f"{direction}.{layer}", cfg.cell_dim
     weights = {
-        "w_in": both("{}.{}.input_linearity.weight", lambda w: w.T),  # (2, in, 4C)
-        "w_rec": both("{}.{}.state_linearity.weight", lambda w: w.T),  # (2, P, 4C)
-        "b_rec": both("{}.{}.state_linearity.bias", lambda b: b[None, :]),  # (2, 1, 4C)
-        "w_proj": both("{}.{}.state_projection.weight", lambda w: w.T),  # (2, C, P)
+        "w_in": _reorder_gates(state[f"{prefix}.input_linearity.weight"].T, cell),
+        "b": _reorder_gates(state[f"{prefix}.state_linearity.bias"], cell),
+        "w_rec": _reorder_gates(state[f"{prefix}.state_linearity.weight"].T, cell),
+        "w_proj": state[f"{prefix}.state_projection.weight"].T,
+        "h0": state.get(f"{prefix}.initial_hidden", np.zeros(cfg.projection_dim)).reshape(1, -1),
+        "c0": state.get(f"{prefix}.initial_cell", np.zeros(cell)).reshape(1, -1),
     }
-    key = "{}.{}.initial_hidden"
-    if key.format("forward_layers", layer) in state:  # the optional fixed warm state (elmo.weights)
-        weights["h0"] = both(key, lambda h: h[None, :])  # (2, 1, P)
-        weights["c0"] = both("{}.{}.initial_cell", lambda c: c[None, :])  # (2, 1, C)
-    else:
-        weights["h0"] = np.zeros((2, 1, cfg.projection_dim), np.float32)
-        weights["c0"] = np.zeros((2, 1, cfg.cell_dim), np.float32)
-    return {k: v.astype(np.float32) for k, v in weights.items()}
-
-
-def _cell_body(weights: dict[str, np.ndarray], cfg: ModelConfig, scope: str) -> onnx.GraphProto:
-    """Scan body: (h (D, B, P), c (D, B, C), gates_x_t (D, B, 4C)) -> (h', c', y_t = h'), D = 2 directions at
-    once, or without the D axis for one direction (weights shaped accordingly)."""
-    g = _Builder(f"context/{scope}/")
-    h_in, c_in, gates_t = (f"context/{scope}/{name}" for name in ("h", "c", "gates_t"))
-    h_next, c_next, y_t = (f"context/{scope}/{name}" for name in ("h_next", "c_next", "y_t"))
-    p, c = cfg.projection_dim, cfg.cell_dim
-    z = g.op("Add", [gates_t, g.op("MatMul", [h_in, g.const(weights["w_rec"], "w_rec")])])
-    z = g.op("Add", [z, g.const(weights["b_rec"], "b_rec")])
-    i, f, gg, o = g.op("Split", [z], "gate", outputs=4, axis=-1)
-    cell = g.op(
-        "Add", [g.op("Mul", [g.op("Sigmoid", [i]), g.op("Tanh", [gg])]), g.op("Mul", [g.op("Sigmoid", [f]), c_in])]
-    )
-    cell = _clip(g, cell, cfg.cell_clip)
-    out = g.op(
-        "MatMul", [g.op("Mul", [g.op("Sigmoid", [o]), g.op("Tanh", [cell])]), g.const(weights["w_proj"], "w_proj")]
-    )
-    hidden = _clip(g, out, cfg.proj_clip)
-    g.nodes += [
-        helper.make_node("Identity", [hidden], [h_next]),
-        helper.make_node("Identity", [cell], [c_next]),
-        helper.make_node("Identity", [hidden], [y_t]),
-    ]
-
-    lead = [2] if weights["w_rec"].ndim == 3 else []
-
-    def value(name: str, width) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [*lead, "batch", width])
-
-    return helper.make_graph(
-        g.nodes,
-        f"{scope}_cell",
-        [value(h_in, p), value(c_in, c), value(gates_t, 4 * c)],
-        [value(h_next, p), value(c_next, c), value(y_t, p)],
-        initializer=g.initializers,
-    )
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
 
 
 def _clip(g: _Builder, x: str, limit: float) -> str:
@@ -122,115 +88,148 @@ def _clip(g: _Builder, x: str, limit: float) -> str:
     return g.op("Clip", [x, g.const(np.array(-limit, np.float32), "lo"), g.const(np.array(limit, np.float32), "hi")])
 
 
-def _positions_below(g: _Builder, count: str, limits: str) -> str:
-    """(B, count) bool: position t < limits[b]."""
-    positions = g.op("Range", [g.i64(0), count, g.i64(1)])
-    return g.op("Less", [g.unsqueeze(positions, 0), g.unsqueeze(limits, 1)])
-
-
-def _layers_value_info(cfg: ModelConfig) -> onnx.ValueInfoProto:
-    shape = ["batch", cfg.n_output_layers, "tokens", cfg.output_dim]
-    return helper.make_tensor_value_info("layers", TensorProto.FLOAT, shape)
-
-
-def _fused_scan(g: _Builder, x: str, weights: dict, cfg: ModelConfig, layer: int, batch_and_steps: str, state) -> str:
-    """Both directions in one Scan: x (2, B, S, in) -> h (2, B, S, P)."""
-    # The input projection of every step, hoisted out of the recurrence: one (2, B*S, in) @ (2, in, 4C) MatMul.
-    flat = g.op("Reshape", [x, g.i64([2, -1, weights["w_in"].shape[1]])])
-    gates_shape = g.op("Concat", [g.i64([2]), batch_and_steps, g.i64([4 * cfg.cell_dim])], axis=0)
-    gates = g.op("Reshape", [g.op("MatMul", [flat, g.const(weights["w_in"], "w_in")]), gates_shape])
-    _, _, h = g.op(
-        "Scan",
-        [state(weights["h0"]), state(weights["c0"]), gates],
-        f"scan{layer}",
-        outputs=3,
-        body=_cell_body(weights, cfg, f"l{layer}"),
-        num_scan_inputs=1,
-        scan_input_axes=[2],
-        scan_output_axes=[2],
+def _cell_body(g: _Builder, w_rec: str, w_proj: str, cfg: ModelConfig, scope: str, lead: list) -> onnx.GraphProto:
+    """Scan body: (h (*lead, B, P), c (*lead, B, C), gates_t (*lead, B, 4C)) -> (h', c', y_t = h'). The weights
+    ``w_rec``, ``w_proj`` are names in the outer graph (initializers or their stack), read from the body."""
+    body = _Builder(f"{g.prefix}{scope}/")
+    h_in, c_in, gates_t, h_next, c_next, y_t = (
+        f"{body.prefix}{name}" for name in ("h", "c", "gates_t", "h_next", "c_next", "y_t")
     )
-    return h
+    cell = cfg.cell_dim
+    z = body.op("Add", [gates_t, body.op("MatMul", [h_in, w_rec])])
+    sigmoid_part, g_part = body.op("Split", [z, body.i64([3 * cell, cell])], outputs=2, axis=-1)
+    i, f, o = body.op("Split", [body.op("Sigmoid", [sigmoid_part])], outputs=3, axis=-1)
+    new_cell = body.op("Add", [body.op("Mul", [i, body.op("Tanh", [g_part])]), body.op("Mul", [f, c_in])])
+    new_cell = _clip(body, new_cell, cfg.cell_clip)
+    projected = body.op("MatMul", [body.op("Mul", [o, body.op("Tanh", [new_cell])]), w_proj])
+    hidden = _clip(body, projected, cfg.proj_clip)
+    body.nodes += [
+        helper.make_node("Identity", [hidden], [h_next]),
+        helper.make_node("Identity", [new_cell], [c_next]),
+        helper.make_node("Identity", [hidden], [y_t]),
+    ]
+
+    def value(name: str, width: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [*lead, "batch", width])
+
+    p = cfg.projection_dim
+    return helper.make_graph(
+        body.nodes,
+        f"{scope}_cell",
+        [value(h_in, p), value(c_in, cell), value(gates_t, 4 * cell)],
+        [value(h_next, p), value(c_next, cell), value(y_t, p)],
+        initializer=body.initializers,
+    )
 
 
-def _separate_scans(g: _Builder, x: str, weights: dict, cfg: ModelConfig, layer: int, batch: str) -> str:
-    """One Scan per direction (2-D weights): x (2, B, S, in) -> h (2, B, S, P). Measured against the fused form
-    in bench/recurrence.py."""
-    outputs = []
-    for d, x_d in enumerate(g.op("Split", [x], outputs=2, axis=0)):
-        one = {k: v[d] for k, v in weights.items()}
-        gates = g.op("MatMul", [g.op("Squeeze", [x_d, g.i64([0])]), g.const(one["w_in"], "w_in")])  # (B, S, 4C)
-        initial = [
-            g.op(
-                "Expand",
-                [g.const(one[k], k), g.op("Concat", [g.unsqueeze(batch, 0), g.i64([one[k].shape[-1]])], axis=0)],
-            )
-            for k in ("h0", "c0")
-        ]
-        _, _, h = g.op(
+class _Graph:
+    """The parts of the context graph shared by both layouts."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        g = self.g = _Builder("context/")
+        self.batch_and_steps = g.op("Slice", [g.op("Shape", ["tokens"]), g.i64([0]), g.i64([2])])  # [B, S]
+        self.batch = g.op("Gather", [self.batch_and_steps, g.i64(0)], axis=0)
+        self.steps = g.op("Gather", [self.batch_and_steps, g.i64(1)], axis=0)
+        self.with_boundaries = g.op("Add", ["lengths", g.i64(2)])  # (B,) = n_b + 2
+        inside = self.positions_below(self.steps, self.with_boundaries)
+        self.mask = g.unsqueeze(g.op("Cast", [inside], to=TensorProto.FLOAT), 2)  # (B, S, 1)
+
+    def positions_below(self, count: str, limits: str) -> str:
+        """(B, count) bool: position t < limits[b]."""
+        positions = self.g.op("Range", [self.g.i64(0), count, self.g.i64(1)])
+        return self.g.op("Less", [self.g.unsqueeze(positions, 0), self.g.unsqueeze(limits, 1)])
+
+    def reverse(self, x: str) -> str:
+        """Reverse each row's first n_b + 2 positions of (B, S, W); padding stays in place."""
+        return self.g.op("ReverseSequence", [x, self.with_boundaries], batch_axis=0, time_axis=1)
+
+    def initial_state(self, initial: str, width: int, lead: list) -> str:
+        """(*lead, 1, W) -> (*lead, B, W)."""
+        shape = self.g.op("Concat", [self.g.i64(lead), self.g.unsqueeze(self.batch, 0), self.g.i64([width])], axis=0)
+        return self.g.op("Expand", [initial, shape])
+
+    def scan(self, gates: str, w: dict, layer: str, lead: list, axis: int) -> str:
+        """Run the recurrence over ``gates`` (*lead, B, S, 4C) -> h (*lead, B, S, P)."""
+        cfg = self.cfg
+        _, _, h = self.g.op(
             "Scan",
-            [*initial, gates],
-            f"scan{layer}_{d}",
+            [
+                self.initial_state(w["h0"], cfg.projection_dim, lead),
+                self.initial_state(w["c0"], cfg.cell_dim, lead),
+                gates,
+            ],
+            f"scan_{layer}",
             outputs=3,
-            body=_cell_body(one, cfg, f"l{layer}d{d}"),
+            body=_cell_body(self.g, w["w_rec"], w["w_proj"], cfg, layer, lead),
             num_scan_inputs=1,
-            scan_input_axes=[1],
-            scan_output_axes=[1],
+            scan_input_axes=[axis],
+            scan_output_axes=[axis],
         )
-        outputs.append(g.unsqueeze(h, 0))
-    return g.op("Concat", outputs, axis=0)
+        return h
+
+
+def _separate_layer(graph: _Graph, xs: list[str], weights: list[dict], layer: int) -> list[str]:
+    """One Scan per direction: xs[d] (B, S, in) -> h[d] (B, S, P)."""
+    g, outputs = graph.g, []
+    for d, (x, w) in enumerate(zip(xs, weights)):
+        names = {k: g.const(v, f"{k}_l{layer}d{d}") for k, v in w.items()}
+        gates = g.op("Add", [g.op("MatMul", [x, names["w_in"]]), names["b"]])  # (B, S, 4C): hoisted
+        outputs.append(graph.scan(gates, names, f"l{layer}d{d}", [], axis=1))
+    return outputs
+
+
+def _fused_layer(graph: _Graph, xs: list[str], weights: list[dict], layer: int) -> list[str]:
+    """Both directions in one Scan. The (2, ...) weight stacks are built in the graph from the same 2-D
+    initializers the separate layout uses (onnxruntime folds them at load), so the weights are stored once."""
+    g = graph.g
+    stacked = {}
+    for key in weights[0]:
+        parts = [g.unsqueeze(g.const(w[key], f"{key}_l{layer}d{d}"), 0) for d, w in enumerate(weights)]
+        stacked[key] = g.op("Concat", parts, axis=0)
+    b = g.unsqueeze(stacked["b"], 1)  # (2, 1, 4C)
+    x = g.op("Concat", [g.unsqueeze(t, 0) for t in xs], axis=0)  # (2, B, S, in)
+    flat = g.op("Reshape", [x, g.i64([2, -1, weights[0]["w_in"].shape[0]])])  # one (2, B*S, in) @ (2, in, 4C)
+    gates = g.op("Add", [g.op("MatMul", [flat, stacked["w_in"]]), b])
+    shape = g.op("Concat", [g.i64([2]), graph.batch_and_steps, g.i64([4 * graph.cfg.cell_dim])], axis=0)
+    h = graph.scan(g.op("Reshape", [gates, shape]), stacked, f"l{layer}", [2], axis=2)  # (2, B, S, P)
+    return [g.op("Squeeze", [part, g.i64([0])]) for part in g.op("Split", [h], outputs=2, axis=0)]
 
 
 def build_context_graph(
-    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = True
+    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = False
 ) -> onnx.ModelProto:
-    """``state``: the BiLM state dict as float32 numpy arrays. Returns the context.onnx model. ``fuse_directions``
-    runs both directions in one Scan per layer (the default: fewer, larger ops); False gives one Scan each."""
-    g = _Builder("context/")
-    batch_and_steps = g.op("Slice", [g.op("Shape", ["tokens"]), g.i64([0]), g.i64([2])])  # [B, S]
-    batch = g.op("Gather", [batch_and_steps, g.i64(0)], axis=0)
-    steps = g.op("Gather", [batch_and_steps, g.i64(1)], axis=0)
-    with_boundaries = g.op("Add", ["lengths", g.i64(2)])  # (B,) = n_b + 2
-    mask = g.unsqueeze(g.op("Cast", [_positions_below(g, steps, with_boundaries)], to=TensorProto.FLOAT), 2)
-    x0 = g.op("Mul", ["tokens", mask])  # (B, S, P); mask (B, S, 1)
-
-    def reverse(x: str) -> str:  # reverse each row's first n_b + 2 positions, padding stays in place
-        return g.op("ReverseSequence", [x, with_boundaries], batch_axis=0, time_axis=1)
-
-    def direction_state(initial: np.ndarray) -> str:  # (2, 1, W) -> (2, B, W)
-        width = g.i64([initial.shape[-1]])
-        return g.op(
-            "Expand", [g.const(initial, "initial"), g.op("Concat", [g.i64([2]), g.unsqueeze(batch, 0), width], axis=0)]
-        )
-
-    x = g.op("Concat", [g.unsqueeze(x0, 0), g.unsqueeze(reverse(x0), 0)], axis=0)  # (2, B, S, P): fwd, reversed
+    """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring)."""
+    graph = _Graph(cfg)
+    g = graph.g
+    x0 = g.op("Mul", ["tokens", graph.mask])  # (B, S, P)
+    xs = [x0, graph.reverse(x0)]  # forward input, backward input (reversed order; stays reversed up the stack)
     layers = [g.op("Concat", [x0, x0], axis=-1)]
     for layer in range(cfg.n_layers):
-        weights = _layer_weights(state, layer, cfg)
-        if fuse_directions:
-            h = _fused_scan(g, x, weights, cfg, layer, batch_and_steps, direction_state)  # (2, B, S, P)
-        else:
-            h = _separate_scans(g, x, weights, cfg, layer, batch)
+        weights = [direction_weights(state, direction, layer, cfg) for direction in DIRECTIONS]
+        run_layer = _fused_layer if fuse_directions else _separate_layer
+        hs = run_layer(graph, xs, weights, layer)
         if layer > 0 and cfg.residual:
-            h = g.op("Add", [h, x])
-        x = g.op("Mul", [h, mask])
-        forward, backward_reversed = (g.op("Squeeze", [t, g.i64([0])]) for t in g.op("Split", [x], outputs=2, axis=0))
-        layers.append(g.op("Concat", [forward, reverse(backward_reversed)], axis=-1))
+            hs = [g.op("Add", [h, x]) for h, x in zip(hs, xs)]
+        xs = [g.op("Mul", [h, graph.mask]) for h in hs]
+        layers.append(g.op("Concat", [xs[0], graph.reverse(xs[1])], axis=-1))
     stacked = g.op("Concat", [g.unsqueeze(t, 1) for t in layers], axis=1)  # (B, L+1, S, 2P)
     stacked = g.op("Slice", [stacked, g.i64([1]), g.i64([-1]), g.i64([2])])  # drop <S> and the last slot
-    real = _positions_below(g, g.op("Sub", [steps, g.i64(2)]), "lengths")  # (B, T)
+    real = graph.positions_below(g.op("Sub", [graph.steps, g.i64(2)]), "lengths")  # (B, T)
     real = g.unsqueeze(g.unsqueeze(g.op("Cast", [real], to=TensorProto.FLOAT), 1), 3)  # (B, 1, T, 1)
     g.nodes.append(helper.make_node("Mul", [stacked, real], ["layers"], name="context/layers"))
-    graph = helper.make_graph(
-        g.nodes,
-        "elmo_context",
-        [
-            helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "steps", cfg.projection_dim]),
-            helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]),
-        ],
-        [_layers_value_info(cfg)],
-        initializer=g.initializers,
+    inputs = [
+        helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "steps", cfg.projection_dim]),
+        helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]),
+    ]
+    output = helper.make_tensor_value_info(
+        "layers", TensorProto.FLOAT, ["batch", cfg.n_output_layers, "tokens", cfg.output_dim]
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="elmo-export")
+    model = helper.make_model(
+        helper.make_graph(g.nodes, "elmo_context", inputs, [output], initializer=g.initializers),
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="elmo-export",
+    )
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model

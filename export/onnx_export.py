@@ -29,6 +29,7 @@ from elmo.config import CONFIG_FILE, ModelConfig
 from elmo.errors import ModelFileError
 from elmo.modeldir import (
     CONTEXT_FILE,
+    CONTEXT_FUSED_FILE,
     ENCODER_FILE,
     FORMAT_VERSION,
     ONNX_DATA_FILE,
@@ -86,6 +87,7 @@ def build_graphs(model: elmo_model.BiLM, scratch: Path) -> dict[str, onnx.ModelP
     char_ids = torch.as_tensor(batch_to_char_ids([["a", "bc", "def"], ["ghij", "k"]])).long()
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     context = build_context_graph(state, model.cfg)
+    context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
     encoder = _trace(
         EncoderGraph(model),
         (char_ids[0],),
@@ -100,12 +102,12 @@ def build_graphs(model: elmo_model.BiLM, scratch: Path) -> dict[str, onnx.ModelP
         {"char_ids": {0: "batch", 1: "tokens"}},
         {"tokens": {0: "batch", 1: "steps"}, "lengths": {0: "batch"}, "mask": {0: "batch", 1: "tokens"}},
     )
-    context.ir_version = prefix.ir_version
+    context.ir_version = context_fused.ir_version = prefix.ir_version
     # Names cannot collide: every name in the hand-built graph starts with "context/".
     full = onnx.compose.merge_models(
         prefix, context, io_map=[("tokens", "tokens"), ("lengths", "lengths")], outputs=["layers", "mask"]
     )
-    graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, CONTEXT_FILE: context}
+    graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
     for graph in graphs.values():
         _declare_output_dims(graph, model.cfg)
         onnx.checker.check_model(graph)
@@ -201,7 +203,12 @@ def build_metadata(cfg: ModelConfig, name: str, checkpoint_sha256: str | None, f
         "format_version": FORMAT_VERSION,
         "name": name,
         "graph": ONNX_FILE,
-        "graphs": {"model": ONNX_FILE, "encoder": ENCODER_FILE, "context": CONTEXT_FILE},
+        "graphs": {
+            "model": ONNX_FILE,
+            "encoder": ENCODER_FILE,
+            "context": CONTEXT_FILE,
+            "context_fused": CONTEXT_FUSED_FILE,
+        },
         "weights_data": {"file": ONNX_DATA_FILE, "bytes": data.stat().st_size, "sha256": sha256_of(data)},
         "dtype": "float16" if fp16 else "float32",
         "opset": OPSET,
@@ -215,7 +222,8 @@ def build_metadata(cfg: ModelConfig, name: str, checkpoint_sha256: str | None, f
         "char_scheme": {"name": "elmo", "max_chars": MAX_CHARS, "n_chars": N_CHAR_IDS, "shift": 1},
         "sentence_boundaries": "added inside the graphs (<S>, </S>) and removed from the output",
         "tokenizer": TOKENIZER_SETTINGS,
-        "recurrence": "onnx-scan, both directions per Scan, input projection hoisted",
+        "recurrence": "ONNX Scan, input projection hoisted; context.onnx one Scan per direction (CPU), "
+        "context_fused.onnx both directions per Scan (CUDA)",
         "checkpoint_sha256": checkpoint_sha256,
         "config": cfg.to_dict(),
         "exporter": {"torch": torch.__version__, "onnx": onnx.__version__},
@@ -254,7 +262,7 @@ def export_model(
         shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
         log.info(
             "exported %d graphs (%.1f MB of weights) in %.1f s; verifying against PyTorch",
-            3,
+            4,
             data_bytes / 1e6,
             time.perf_counter() - started,
         )
@@ -278,7 +286,7 @@ def export_model(
 
 def _move_into_place(staging: Path, out: Path, model_dir: Path) -> None:
     # The metadata last: a reader never sees new metadata beside old graphs.
-    for name in (ONNX_DATA_FILE, ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, ONNX_META_FILE):
+    for name in (ONNX_DATA_FILE, ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_META_FILE):
         os.replace(staging / name, out / name)
     if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
         for name in (CONFIG_FILE, VOCAB_FILE):
@@ -298,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     path = export_model(args.model, args.out, fp16=args.fp16, threads=args.threads)
     meta = json.loads((path.parent / ONNX_META_FILE).read_text())
-    print(f"wrote {path.parent}/{{{ONNX_FILE},{ENCODER_FILE},{CONTEXT_FILE},{ONNX_DATA_FILE},{ONNX_META_FILE}}}")
+    names = ",".join((ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_DATA_FILE, ONNX_META_FILE))
+    print(f"wrote {path.parent}/{{{names}}}")
     print(f"verification: {meta['verification']['summary']}")
     return 0

@@ -142,7 +142,8 @@ def full_graph_embedder(session) -> Callable[[Sentences], list[np.ndarray]]:
 
 def verify_export(model: torch.nn.Module, directory: Path, tolerance: float, dtype: str, threads: int = 1):
     """Verify the graphs written in ``directory`` against ``model``: model.onnx alone, and the runtime's
-    encoder + context path (elmo.runtime.Embedder, exactly what is served), both on the CPU provider."""
+    encoder + context path (elmo.runtime.Embedder, exactly what is served) with each context layout, all on
+    the CPU provider."""
     import onnxruntime as ort
 
     from elmo.modeldir import ONNX_FILE
@@ -153,8 +154,9 @@ def verify_export(model: torch.nn.Module, directory: Path, tolerance: float, dty
     session = ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU])
     cases = verification_cases()
     report = compare(model, full_graph_embedder(session), cases, tolerance, dtype, ONNX_FILE)
-    runtime = Embedder(directory, providers=[CPU], intra_op_threads=threads, cache_size=64)
-    for part in (compare(model, runtime.embed_tokens, cases, tolerance, dtype, "runtime"),):
+    for layout in ("separate", "fused"):
+        runtime = Embedder(directory, providers=[CPU], intra_op_threads=threads, cache_size=64, context_layout=layout)
+        part = compare(model, runtime.embed_tokens, cases, tolerance, dtype, f"runtime ({layout})")
         report.cases += part.cases
         report.failures += part.failures
     return report

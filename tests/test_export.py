@@ -28,7 +28,7 @@ def test_export_writes_a_verified_graph_and_its_metadata(tiny_model_dir):
     assert meta["char_scheme"]["max_chars"] == 50 and meta["opset"] == onnx_export.OPSET
     assert "BertPreTokenizer" in json.dumps(meta["tokenizer"])
     names = {case["name"] for case in meta["verification"]["cases"]}
-    for path in ("model.onnx", "runtime"):  # the single graph and the served encoder + context path
+    for path in ("model.onnx", "runtime (separate)", "runtime (fused)"):  # the single graph, both served paths
         assert {f"{path}: length {n}" for n in (1, 2, 7, 50, 200)} <= names
 
 

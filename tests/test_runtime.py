@@ -269,3 +269,13 @@ def test_cuda_paths_give_the_same_vectors_on_cpu(tiny_model_dir, embedder):
     cuda_like._pad_encoder_batches = True
     for a, b in zip(cuda_like.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_both_context_layouts_give_the_same_vectors(tiny_model_dir, embedder):
+    assert embedder.context_layout == "separate"  # the CPU choice; CUDA gets "fused"
+    fused = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, context_layout="fused")
+    assert fused.context_layout == "fused"
+    for a, b in zip(fused.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    with pytest.raises(InputError, match="context_layout"):
+        Embedder(tiny_model_dir, providers=[CPU], context_layout="sideways")
