@@ -95,7 +95,7 @@ class LoadResult:
     tokens: int
     errors: dict[str, int] = field(default_factory=dict)
     latency_ms: dict[str, float] = field(default_factory=dict)
-    rss_mib: dict[str, float | None] = field(default_factory=dict)
+    rss_mib: dict = field(default_factory=dict)
     cpu_s: float | None = None  # CPU seconds spent by the embedding process (server, or this one in-process)
     client_cpu_s: float | None = None  # CPU seconds of the load generator's clients (served runs)
 
@@ -223,7 +223,12 @@ async def drive(
         tokens=counts["tokens"],
         errors=errors,
         latency_ms=_percentiles(latencies),
-        rss_mib={"start": marks.get("rss_start"), "end": marks.get("rss_end"), "max": max(rss, default=None)},
+        rss_mib={
+            "start": marks.get("rss_start"),
+            "end": marks.get("rss_end"),
+            "max": max(rss, default=None),
+            "every_10s": [round(v, 1) for v in rss[::10]],
+        },
         cpu_s=cpu,
         client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
     )

@@ -25,7 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from elmo.errors import ConfigError
+from elmo.errors import ConfigError, ElmoError
+from service.errors import ServiceError
 from service.interceptors import AuthInterceptor, ObserverInterceptor
 from service.limits import Limits, add_limit_arguments, limits_from_args
 from service.metrics import ServiceMetrics
@@ -104,12 +105,15 @@ class ElmoServer:
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.host}:{self.port}"
-        if self.tls is not None:
-            self.port = self.server.add_secure_port(address, self.tls.credentials())
-        else:
-            self.port = self.server.add_insecure_port(address)
+        try:
+            if self.tls is not None:
+                self.port = self.server.add_secure_port(address, self.tls.credentials())
+            else:
+                self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc raises a bare RuntimeError("Failed to bind ...")
+            raise ConfigError(f"cannot listen on {address}: {exc} (port in use?)") from None
         if self.port == 0:
-            raise ConfigError(f"cannot listen on {address}")
+            raise ConfigError(f"cannot listen on {address} (port in use?)")
         for model in self.registry:
             model.batcher.start()
         await self.server.start()
@@ -257,7 +261,12 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("metrics on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
     if args.port_file is not None:
         args.port_file.write_text(f"{port}\n{metrics_port or ''}\n")
-    await server.warm_up()
+    try:
+        await server.warm_up()
+    except ServiceError as exc:
+        if not server.state.draining:  # a broken model: stop cleanly and say why in one line
+            await server.drain(grace=0)
+            raise ElmoError(f"warm-up failed: {exc.message}") from None
     await server.wait()
     return 0
 

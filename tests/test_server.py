@@ -23,7 +23,7 @@ from elmo.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
 from service.limits import Limits
 from tests.conftest import REPO
-from tests.service_helpers import EDGE_LIMITS, ServerThread, metric_value, scrape, self_signed_cert
+from tests.service_helpers import EDGE_LIMITS, ServerThread, limits_with, metric_value, scrape, self_signed_cert
 
 TEXTS = ["The cat sat on the mat .", "苹果很好吃，苹果公司发布了新手机。", "naïve café 🙂 emoji", "a"]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -282,6 +282,21 @@ def test_overload_is_resource_exhausted_and_the_rest_complete(edges, edge_client
         if code is grpc.StatusCode.OK:
             assert len(f.result().embeddings) == 2
     assert edges.metric("elmo_dropped_sentences_total", model="tiny", reason="overloaded") >= 4
+
+
+def test_concurrent_rpc_limit_is_resource_exhausted(runtime):
+    srv = ServerThread({"tiny": runtime}, limits_with(max_concurrent_rpcs=2))
+    srv.warm_up()
+    try:
+        with EmbedderClient(srv.target) as c:
+            with srv.hold_worker():
+                blocked = [c.stub.Embed.future(_req([_text("held")]), timeout=30) for _ in range(2)]
+                _wait_until(lambda: srv.metric("elmo_requests_in_flight") == 2)
+                error = rpc_error(c.embed, ["one too many"])
+                assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            assert all(len(f.result(timeout=30).embeddings) == 1 for f in blocked)
+    finally:
+        srv.stop()
 
 
 def test_deadline_exceeded_and_expired_work_is_dropped(edges, edge_client, runtime):
