@@ -8,9 +8,10 @@ layers, clips, residual, padding-exact reversal, output (B, L+1, S-2, 2P). Varia
   ort loop         the same traced with the loop in torch.jit.script_if_tracing -> ONNX Loop (any length)
   ort unrolled     the eager loop traced at exactly S steps (one graph per length bucket; best case: no bucket
                    padding; the graph only works for that S)
-  ort scan separate  hand-built Scan, one Scan per direction (2-D weights)
-  ort scan         export/context_graph.py: hand-built Scan, both directions per Scan, input projection hoisted
-                   (any length) -- the one the runtime uses
+  ort scan separate  export/context_graph.py, one Scan per direction and layer (any length): the runtime's
+                   CPU graph (context.onnx)
+  ort scan fused   the same with both directions in one Scan per layer: the runtime's CUDA graph
+                   (context_fused.onnx)
 Each variant's max abs difference from torch eager is printed next to its time.
 """
 
@@ -90,7 +91,7 @@ def export(module: torch.nn.Module, args: tuple, path: Path, dynamic_steps: bool
         )  # fmt: skip
 
 
-VARIANTS = ("loop", "unrolled", "scan separate", "scan")
+VARIANTS = ("loop", "unrolled", "scan separate", "scan fused")
 
 
 def measure_batch(context: TorchContext, sessions: dict, batch: int, args: argparse.Namespace) -> dict:
@@ -152,7 +153,7 @@ def main() -> None:
             export(context, sample, Path(scratch) / "loop.onnx", dynamic_steps=True)
         export(context, sample, Path(scratch) / "unrolled.onnx", dynamic_steps=False)
         state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-        for name, fused in (("scan", True), ("scan separate", False)):
+        for name, fused in (("scan fused", True), ("scan separate", False)):
             graph = build_context_graph(state, model.cfg, fuse_directions=fused)
             (Path(scratch) / f"{name}.onnx").write_bytes(graph.SerializeToString())
         sessions = {

@@ -1,15 +1,17 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 import export.context_graph as context_graph
 import export.onnx_export as onnx_export
+from elmo.checkpoint import save_model
 from elmo.cli import main
 from elmo.errors import ModelFileError
 from elmo.modeldir import sha256_of
 from elmo.runtime import CPU, Embedder
-from export.random_model import write_random_model
+from export.random_model import random_bilm, write_random_model
 from export.verify import verification_cases
 
 
@@ -42,28 +44,26 @@ def test_verification_cases_cover_what_the_export_must_survive():
     assert sorted(mixed) == [1, 2, 7, 50, 200]
 
 
-def test_a_graph_without_clipping_fails_verification_and_replaces_nothing(unexported_model, monkeypatch):
+def test_a_graph_without_clipping_fails_verification_and_replaces_nothing(tiny_model_dir, tmp_path, monkeypatch):
     # A semantic slip (here: the clips dropped from the hand-built recurrence) passes the ONNX checker; the
-    # self-verification must catch it, and an earlier good export must stay in place.
-    onnx_export.export_model(unexported_model)
-    before = {p.name: p.read_bytes() for p in unexported_model.iterdir()}
+    # self-verification must catch it, and the earlier good export must stay in place.
+    exported = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in exported.iterdir()}
     monkeypatch.setattr(context_graph, "_clip", lambda g, x, limit: x)
     with pytest.raises(ModelFileError, match="model.onnx: verification against PyTorch failed"):
-        onnx_export.export_model(unexported_model)
-    assert {p.name: p.read_bytes() for p in unexported_model.iterdir()} == before
+        onnx_export.export_model(exported)
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
 
 
-def test_fp16_export_reports_its_own_error(unexported_model, tmp_path):
+def test_fp16_export_reports_its_own_error(tiny_model_dir, tmp_path):
     out = tmp_path / "fp16"
-    onnx_export.export_model(unexported_model, out, fp16=True)
+    onnx_export.export_model(tiny_model_dir, out, fp16=True)
     meta = json.loads((out / "onnx.json").read_text())
     assert meta["dtype"] == "float16" and meta["verification"]["dtype"] == "float16"
     assert 1e-5 < meta["verification"]["max_abs_error"] <= onnx_export.FP16_TOLERANCE
-    full = tmp_path / "fp32"
-    onnx_export.export_model(unexported_model, full)
     sentences = [["Half", "precision", "."], ["中", "文"]]
     half = Embedder(out, providers=[CPU]).embed_tokens(sentences)
-    single = Embedder(full, providers=[CPU]).embed_tokens(sentences)
+    single = Embedder(tiny_model_dir, providers=[CPU]).embed_tokens(sentences)
     for a, b in zip(half, single):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, atol=onnx_export.FP16_TOLERANCE)
@@ -81,3 +81,16 @@ def test_cli_names_a_missing_model_directory(tmp_path, capsys):
     assert main(["export", "--model", str(tmp_path / "absent")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("elmo export: error:") and "absent" in err
+
+
+def test_a_checkpoint_stored_in_fp16_exports_half_the_bytes_exactly(tmp_path):
+    # Weights that are exact float16 numbers go to model.onnx.data as float16 (widened when the graph loads).
+    model = random_bilm("tiny", seed=2, scale=0.3, cell_clip=0.5, proj_clip=0.5)
+    save_model(model, tmp_path / "half", fp16=True)
+    save_model(model, tmp_path / "full")
+    for name in ("half", "full"):
+        onnx_export.export_model(tmp_path / name)
+    sizes = {name: (tmp_path / name / "model.onnx.data").stat().st_size for name in ("half", "full")}
+    assert sizes["half"] < 0.6 * sizes["full"]
+    meta = json.loads((tmp_path / "half" / "onnx.json").read_text())
+    assert meta["dtype"] == "float32" and meta["verification"]["max_abs_error"] <= 1e-5
