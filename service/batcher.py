@@ -6,10 +6,12 @@ the event loop free means a slow batch never blocks accepting or answering other
 
 Batch formation, when the worker is free:
   * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
-  * the oldest queued sentence always goes in (no starvation), then the queued sentences nearest to it in length
-    while the padded cost ``longest x count`` stays within ``max_batch_tokens`` (padding counts: it costs compute);
+  * sentences join oldest first while the batch's real token count stays within ``max_batch_tokens`` (first fit:
+    the oldest always goes in, so nothing starves). Padding is not counted here on purpose: the runtime sorts every
+    call by length and cuts it into padding-minimal sub-batches itself (elmo.runtime.plan_batches), so one large
+    call per free moment is what it wants;
   * an idle batcher with a partial batch waits at most ``max_delay`` for company;
-  * the batch goes to the runtime sorted by length.
+  * the batch goes to the runtime sorted by length, results go back to each caller in its own order.
 Admission is per request and all-or-nothing: if the queued tokens would exceed ``max_queue_tokens`` the request
 is refused with OVERLOADED before any of it is queued.
 """
@@ -41,7 +43,7 @@ class BatchStats:
     queue_s: float
     inference_s: float
     sentences: int
-    tokens: int  # padded: longest x sentences
+    tokens: int  # real tokens in the runtime call
 
 
 @dataclass
@@ -61,7 +63,7 @@ class BatcherObserver:
 
     def queue_changed(self, sentences: int, tokens: int) -> None: ...
 
-    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None: ...
+    def batch_done(self, sentences: int, tokens: int, seconds: float) -> None: ...
 
     def dropped(self, reason: str, count: int) -> None: ...
 
@@ -168,7 +170,15 @@ class Batcher:
             batch = self._form_batch()
             if not batch:
                 continue
-            await self._run(batch, loop)
+            try:
+                await self._run(batch, loop)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must fail this batch's callers, never stop the loop (or hang them)
+                log.exception("batcher %s: batch handling failed", self.name)
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(ServiceError(Kind.INTERNAL, "internal error while batching"))
 
     async def _wait_for_work(self) -> None:
         """Return when a batch should be formed: full enough, or the oldest item waited ``max_delay``."""
@@ -214,33 +224,32 @@ class Batcher:
                 self.observer.dropped("cancelled", cancelled)
 
     def _form_batch(self) -> list[_Item]:
+        """Oldest first, first fit: every queued sentence that still fits the token budget joins, in arrival order
+        (the oldest always does, so nothing starves; small late sentences may fill the gaps)."""
         self._drop_dead()
         if not self._queue:
             return []
-        oldest = self._queue[0]
-        rest = sorted(range(1, len(self._queue)), key=lambda i: (abs(self._queue[i].n_tokens - oldest.n_tokens), i))
-        chosen = [0]
-        longest = oldest.n_tokens
-        for i in rest:
+        chosen: list[int] = []
+        tokens = 0
+        for i, item in enumerate(self._queue):
             if len(chosen) >= self.max_batch_sentences:
                 break
-            new_longest = max(longest, self._queue[i].n_tokens)
-            if new_longest * (len(chosen) + 1) > self.max_batch_tokens:
+            if chosen and tokens + item.n_tokens > self.max_batch_tokens:
                 continue
             chosen.append(i)
-            longest = new_longest
+            tokens += item.n_tokens
         taken = set(chosen)
-        batch = [self._queue[i] for i in sorted(chosen)]
+        batch = [self._queue[i] for i in chosen]
         self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
-        self._queued_tokens -= sum(item.n_tokens for item in batch)
+        self._queued_tokens -= tokens
         self.observer.queue_changed(len(self._queue), self._queued_tokens)
-        batch.sort(key=lambda item: item.n_tokens)
+        batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
         return batch
 
     async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
         started = time.monotonic()
         sentences = [item.tokens for item in batch]
-        padded = max(item.n_tokens for item in batch) * len(batch)
+        real = sum(item.n_tokens for item in batch)
         self.batches_started += 1
         try:
             outputs = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
@@ -261,13 +270,11 @@ class Batcher:
             return
         seconds = time.monotonic() - started
         self.batches_run += 1
-        self.observer.batch_done(len(batch), sum(item.n_tokens for item in batch), padded, seconds)
-        log.debug(
-            "model %s: batch of %d sentences, %d padded tokens, %.1f ms", self.name, len(batch), padded, 1000 * seconds
-        )
+        self.observer.batch_done(len(batch), real, seconds)
+        log.debug("model %s: batch of %d sentences, %d tokens, %.1f ms", self.name, len(batch), real, 1000 * seconds)
         for item, output in zip(batch, outputs):
             if not item.future.done():
-                stats = BatchStats(started - item.enqueued, seconds, len(batch), padded)
+                stats = BatchStats(started - item.enqueued, seconds, len(batch), real)
                 item.future.set_result((output, stats))
 
     def _take_all(self) -> list[_Item]:

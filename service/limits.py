@@ -24,8 +24,8 @@ class Limits:
     max_response_bytes: int = 64 * MIB  # largest response the server builds (larger: INVALID_ARGUMENT, up front)
     # -- queue and batching --------------------------------------------------------------------------------------
     max_queue_tokens: int = 65536  # tokens waiting across all requests; beyond: RESOURCE_EXHAUSTED "overloaded"
-    max_batch_tokens: int = 4096  # padded tokens (longest sentence x sentences) in one runtime call
-    max_batch_sentences: int = 128
+    max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
+    max_batch_sentences: int = 256
     max_delay_ms: float = 2.0  # how long an idle batcher waits for company before running a partial batch
     # -- server --------------------------------------------------------------------------------------------------
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
@@ -59,7 +59,7 @@ _HELP = {
     "max_message_bytes": "largest request message in bytes",
     "max_response_bytes": "largest response message in bytes",
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
-    "max_batch_tokens": "padded tokens per runtime call",
+    "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",
     "max_delay_ms": "how long an idle batcher waits to fill a batch",
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",

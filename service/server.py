@@ -183,6 +183,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: ORT's)")
     parser.add_argument(
+        "--runtime-batch-tokens",
+        type=int,
+        default=None,
+        help="rows x longest sentence per onnxruntime run inside one call (default: the runtime's)",
+    )
+    parser.add_argument(
         "--token-cache",
         type=int,
         default=None,
@@ -217,13 +223,14 @@ def load_models(args: argparse.Namespace, limits: Limits, metrics: ServiceMetric
     providers = [p.strip() for p in args.providers.split(",")] if args.providers else None
     models = []
     for name, directory in _model_specs(args.model):
-        cache = {} if args.token_cache is None else {"cache_size": args.token_cache}
+        runtime_options = {} if args.token_cache is None else {"cache_size": args.token_cache}
+        if args.runtime_batch_tokens is not None:
+            runtime_options["max_batch_tokens"] = args.runtime_batch_tokens
         runtime = Embedder(
             directory,
-            **cache,
+            **runtime_options,
             providers=providers,
             intra_op_threads=args.threads,
-            max_batch_tokens=limits.max_batch_tokens,
             max_tokens_per_sentence=limits.max_tokens_per_sentence,
         )
         served_name = name or runtime.info.name
