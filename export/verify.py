@@ -94,18 +94,18 @@ def torch_layers(model: torch.nn.Module, sentences: Sentences) -> list[np.ndarra
 
 
 def compare(
-    model: torch.nn.Module,
+    expected_by_case: Sequence[list[np.ndarray]],
     embed: Callable[[Sentences], list[np.ndarray]],
     cases: Sequence[tuple[str, Sentences]],
     tolerance: float,
     dtype: str,
     label: str,
 ) -> VerificationReport:
-    """Run every case through ``embed`` (sentences -> per sentence (L+1, n, 2P)) and through PyTorch."""
+    """Run every case through ``embed`` (sentences -> per sentence (L+1, n, 2P)) and compare with PyTorch's
+    vectors for it (``expected_by_case``, from torch_layers)."""
     report = VerificationReport(tolerance=tolerance, dtype=dtype)
-    for name, sentences in cases:
+    for (name, sentences), expected in zip(cases, expected_by_case):
         name = f"{label}: {name}"
-        expected = torch_layers(model, sentences)
         try:
             got = embed(sentences)
         except Exception as exc:  # an onnxruntime failure is a verification failure, reported as such
@@ -153,10 +153,11 @@ def verify_export(model: torch.nn.Module, directory: Path, tolerance: float, dty
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU])
     cases = verification_cases()
-    report = compare(model, full_graph_embedder(session), cases, tolerance, dtype, ONNX_FILE)
+    expected = [torch_layers(model, sentences) for _, sentences in cases]
+    report = compare(expected, full_graph_embedder(session), cases, tolerance, dtype, ONNX_FILE)
     for layout in ("separate", "fused"):
         runtime = Embedder(directory, providers=[CPU], intra_op_threads=threads, cache_size=64, context_layout=layout)
-        part = compare(model, runtime.embed_tokens, cases, tolerance, dtype, f"runtime ({layout})")
+        part = compare(expected, runtime.embed_tokens, cases, tolerance, dtype, f"runtime ({layout})")
         report.cases += part.cases
         report.failures += part.failures
     return report
