@@ -197,31 +197,18 @@ class Embedder:
         io_binding: bool | None = None,
         context_layout: str | None = None,
     ) -> None:
+        """``providers``: None = CUDA then CPU; a list without the CPU provider is a demand (ElmoError if unmet).
+        ``max_batch_tokens``: rows x (longest + 2) per biLSTM run; ``max_tokens_per_sentence``: longer ->
+        InputError; ``cache_size``: token vectors kept (0 = off); ``cuda_options``: merged over
+        DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused'): None = by provider."""
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         if max_batch_tokens < 1 or max_tokens_per_sentence < 1:
             raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
         self.max_batch_tokens = int(max_batch_tokens)
         self.cache = TokenVectorCache(cache_size)
-        graphs = self.meta.get("graphs") or {}
         requested = requested_providers(providers)
-        threads = (intra_op_threads, inter_op_threads, cuda_options)
-        self._paths = {"encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE)}
-        self.encoder = open_session(self._paths["encoder"], requested, *threads)
-        first = self.encoder.get_providers()[0]
-        if first not in requested:
-            raise ElmoError(f"execution provider {requested[0]} was demanded but {first} is active")
-        # The biLSTM layout that suits the provider (docs/runtime.md): one Scan per direction on CPU, both
-        # directions per Scan on CUDA.
-        if context_layout not in (None, "separate", "fused"):
-            raise InputError(f"context_layout must be 'separate' or 'fused', not {context_layout!r}")
-        self.context_layout = context_layout or ("fused" if first == CUDA else "separate")
-        key, default = (
-            ("context_fused", CONTEXT_FUSED_FILE) if self.context_layout == "fused" else ("context", CONTEXT_FILE)
-        )
-        self._paths["context"] = self.model_dir / graphs.get(key, default)
-        # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
-        self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *threads)
+        self._open_sessions(requested, (intra_op_threads, inter_op_threads, cuda_options), context_layout)
         active = self._active_provider(requested)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
@@ -237,6 +224,25 @@ class Embedder:
         self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
         self._pad_encoder_batches = active == CUDA
         self._boundaries = self._encode(np.stack([BOS_IDS, EOS_IDS]))  # (2, P)
+
+    def _open_sessions(self, requested: list[str], settings: tuple, context_layout: str | None) -> None:
+        """encoder.onnx first; its provider decides the context graph's layout (docs/runtime.md): one Scan per
+        direction on CPU, both directions per Scan on CUDA."""
+        graphs = self.meta.get("graphs") or {}
+        self._paths = {"encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE)}
+        self.encoder = open_session(self._paths["encoder"], requested, *settings)
+        first = self.encoder.get_providers()[0]
+        if first not in requested:
+            raise ElmoError(f"execution provider {requested[0]} was demanded but {first} is active")
+        if context_layout not in (None, "separate", "fused"):
+            raise InputError(f"context_layout must be 'separate' or 'fused', not {context_layout!r}")
+        self.context_layout = context_layout or ("fused" if first == CUDA else "separate")
+        key, default = (
+            ("context_fused", CONTEXT_FUSED_FILE) if self.context_layout == "fused" else ("context", CONTEXT_FILE)
+        )
+        self._paths["context"] = self.model_dir / graphs.get(key, default)
+        # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
+        self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *settings)
 
     def _active_provider(self, requested: list[str]) -> str:
         active = {self.encoder.get_providers()[0], self.context.get_providers()[0]}
