@@ -7,7 +7,8 @@
 runtime sorts and batches them under the same token budget), outputs discarded: the ceiling.
 *embed-file*: the whole job in-process (scan + UTF-8 check + tokenizer + batching + runtime + writing shards +
 commit log + final hdf5 assembly or Parquet manifest), on the raw text. The two alternate ``--repeat`` times and
-the best of each is kept (the machine is shared). ``--memory`` also runs the job as a subprocess on 1x and 4x the
+the best of each is kept (the machine is shared); CPU seconds (process time, all threads) are reported too, since
+they barely depend on what else the machine runs. ``--memory`` also runs the job as a subprocess on 1x and 4x the
 lines and reports each one's peak RSS: bounded memory means the two are close.
 
 Writes JSON to ``--out`` (default runs/bench/batch_throughput.json) and prints a Markdown table.
@@ -18,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,20 +70,20 @@ def _loads(directory: Path) -> bool:
     return True
 
 
-def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> tuple[float, int]:
+def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> tuple[float, float, int]:
     from elmo.runtime import Embedder
     from elmo.tokenize import tokenize
 
     embedder = Embedder(model, intra_op_threads=args.threads, max_batch_tokens=args.batch_tokens)
     sentences = [tokenize(line.strip()).tokens for line in lines]
     embedder.warmup()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for start in range(0, len(sentences), args.shard_lines):
         embedder.embed_tokens(sentences[start : start + args.shard_lines])
-    return time.perf_counter() - began, sum(len(s) for s in sentences)
+    return time.perf_counter() - began, time.process_time() - cpu, sum(len(s) for s in sentences)
 
 
-def time_embed_file(model: Path, source: Path, output: Path, args: argparse.Namespace) -> float:
+def time_embed_file(model: Path, source: Path, output: Path, args: argparse.Namespace) -> tuple[float, float]:
     from elmo.batch import JobOptions, parse_layers, run_job
 
     options = JobOptions(
@@ -102,22 +103,25 @@ def time_embed_file(model: Path, source: Path, output: Path, args: argparse.Name
         overwrite=True,
         progress=False,
     )
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     run_job(options)
-    return time.perf_counter() - began
+    return time.perf_counter() - began, time.process_time() - cpu
 
 
 def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespace) -> float:
-    """Peak resident memory of one `elmo embed-file` process (MB)."""
+    """Peak resident memory of one `elmo embed-file` process (MB), measured by a fresh parent so that earlier
+    children do not count."""
     command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model)]
     command += ["--layers", args.layers, "--format", args.format, "--no-progress", "--overwrite"]
     command += ["--shard-lines", str(args.shard_lines), "--batch-tokens", str(args.batch_tokens)]
     if args.threads:
         command += ["--threads", str(args.threads)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(after, before) / 1024  # ru_maxrss is in KB on Linux; the max over children so far
+    probe = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, cwd=REPO)
+    return int(result.stdout.split()[-1]) / 1024  # ru_maxrss is in KB on Linux
 
 
 def main() -> None:
@@ -141,12 +145,15 @@ def main() -> None:
     try:
         source = work / "in.txt"
         source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        runtime_s, embed_file_s = [], []
+        runtime_s, embed_file_s, runtime_cpu, embed_file_cpu = [], [], [], []
         tokens = 0
         for _ in range(args.repeat):
-            seconds, tokens = time_runtime(model, lines, args)
+            seconds, cpu, tokens = time_runtime(model, lines, args)
             runtime_s.append(seconds)
-            embed_file_s.append(time_embed_file(model, source, work / f"out.{args.format}", args))
+            runtime_cpu.append(cpu)
+            seconds, cpu = time_embed_file(model, source, work / f"out.{args.format}", args)
+            embed_file_s.append(seconds)
+            embed_file_cpu.append(cpu)
         output_bytes = sum(p.stat().st_size for p in work.glob("out*") if p.is_file()) or sum(
             p.stat().st_size for p in (work / f"out.{args.format}").rglob("*") if p.is_file()
         )
@@ -164,10 +171,15 @@ def main() -> None:
             "embed_file_tokens_per_s": tokens / min(embed_file_s),
             "runtime_seconds": runtime_s,
             "embed_file_seconds": embed_file_s,
+            "runtime_cpu_seconds": runtime_cpu,
+            "embed_file_cpu_seconds": embed_file_cpu,
             "output_bytes": output_bytes,
             "machine": f"{platform.machine()}, {platform.python_version()}",
         }
         result["ratio"] = result["embed_file_tokens_per_s"] / result["runtime_tokens_per_s"]
+        result["ratio_of_medians"] = statistics.median(runtime_s) / statistics.median(embed_file_s)
+        # CPU seconds per token do not depend on what else the (shared) machine runs
+        result["cpu_ratio"] = min(runtime_cpu) / min(embed_file_cpu)
         if args.memory:
             big = work / "in4.txt"
             big.write_text("\n".join(lines * 4) + "\n", encoding="utf-8")
@@ -184,6 +196,10 @@ def main() -> None:
     print(f"| in-process runtime (`Embedder.embed_tokens`) | {result['runtime_tokens_per_s']:,.0f} | 100 % |")
     print(
         f"| `elmo embed-file` end to end | {result['embed_file_tokens_per_s']:,.0f} | {100 * result['ratio']:.1f} % |"
+    )
+    print(
+        f"(best of {args.repeat} each; ratio of the medians: {100 * result['ratio_of_medians']:.1f} %; "
+        f"tokens per CPU-second: {100 * result['cpu_ratio']:.1f} % of the runtime's)"
     )
     if "peak_rss_mb" in result:
         print("peak RSS:", ", ".join(f"{k}: {v:.0f} MB" for k, v in result["peak_rss_mb"].items()))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from elmo import errors
 from elmo.batch import (
     Backend,
     InputPlan,
@@ -48,12 +49,19 @@ class ShardEmbedder:
         self.backend: Backend = make_backend(options)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Rows of ShardSpec fields -> rows of manifest entries (one per shard written)."""
+        """Rows of ShardSpec fields -> rows of manifest entries (one per shard written). A user-facing error (a bad
+        line, a server's refusal) comes back as data in ``error``, so that the driver can report it as the one line
+        it is instead of Ray's remote traceback."""
         entries = []
         for row in range(len(batch["number"])):
             shard = ShardSpec(**{name: int(batch[name][row]) for name in _SHARD_FIELDS})
-            entries.append(write_shard(self.plan, shard, self.options, self.backend, self.layout, self.directory))
-        return {name: np.array([entry[name] for entry in entries]) for name in _ENTRY_FIELDS}
+            try:
+                entry = write_shard(self.plan, shard, self.options, self.backend, self.layout, self.directory)
+                entry["error"] = ""
+            except ElmoError as exc:
+                entry = {name: 0 for name in _ENTRY_FIELDS} | {"file": "", "error": f"{type(exc).__name__}\t{exc}"}
+            entries.append(entry)
+        return {name: np.array([entry[name] for entry in entries]) for name in (*_ENTRY_FIELDS, "error")}
 
 
 def _absolute(options: JobOptions) -> JobOptions:
@@ -118,6 +126,9 @@ def embed_shards_on_ray(
             **resources,
         )
         for row in results.iter_rows():
+            if row["error"]:
+                kind, _, message = str(row["error"]).partition("\t")
+                raise getattr(errors, kind, ElmoError)(message)
             entry = {name: (str(row[name]) if name == "file" else int(row[name])) for name in _ENTRY_FIELDS}
             job.commit(entry)
             progress(entry["n_lines"], entry["tokens"])

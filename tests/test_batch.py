@@ -384,15 +384,23 @@ def test_batch_job_imports_no_torch(tmp_path, tiny_model_dir):
 
 
 # -- Ray -----------------------------------------------------------------------------------------------------------
-def test_ray_engine_matches_local(tmp_path, tiny_model_dir):
+def test_ray_engine_matches_local(tmp_path, tiny_model_dir, capsys):
     ray = pytest.importorskip("ray")
     source = write_lines(tmp_path / "in.txt", corpus(90))
+    too_long = write_lines(tmp_path / "long.txt", ["fine", "a " * (batch.LOCAL_MAX_TOKENS_PER_SENTENCE + 1)])
     args = ["--model", tiny_model_dir, "--shard-lines", "20", "--layers", "all"]
     assert embed_file(source, tmp_path / "local.parquet", *args) == 0
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
         assert embed_file(source, tmp_path / "ray.parquet", *args, "--engine", "ray") == 0
         assert embed_file(source, tmp_path / "ray.h5", *args, "--engine", "ray") == 0
+        capsys.readouterr()
+        assert embed_file(too_long, tmp_path / "long.h5", *args, "--engine", "ray") == 2  # raised inside an actor
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (
+            f"elmo embed-file: error: {too_long.resolve()}: line 2 has 100001 tokens; the limit is 100000 "
+            "(split the line, or raise the server's limit)"
+        )
     finally:
         ray.shutdown()
     assert_same_output(tmp_path / "ray.parquet", tmp_path / "local.parquet", "parquet")
@@ -461,3 +469,14 @@ def test_empty_input_gives_an_empty_but_complete_output(tmp_path, tiny_model_dir
     assert embed_file(source, tmp_path / "e.parquet", "--model", tiny_model_dir) == 0
     assert json.loads((tmp_path / "e.parquet" / "_manifest.json").read_text())["shards"] == []
     assert list(iter_parquet(tmp_path / "e.parquet")) == []
+
+
+def test_ray_actors_ask_for_a_gpu_each_when_the_cluster_has_gpus(tmp_path):
+    from elmo.batch_ray import _actor_resources
+
+    options = batch.options_from_args(_parsed(tmp_path / "in.txt", tmp_path / "o.parquet", ["--model", tmp_path]))
+    assert _actor_resources(options, {"CPU": 16.0, "GPU": 2.0}) == (2, {"num_gpus": 1, "num_cpus": 1})
+    options.threads = 2  # without GPUs: CPUs / threads actors of `threads` CPUs each
+    assert _actor_resources(options, {"CPU": 16.0}) == (8, {"num_gpus": 0, "num_cpus": 2})
+    options.workers = 3
+    assert _actor_resources(options, {"CPU": 16.0, "GPU": 8.0})[0] == 3
