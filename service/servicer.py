@@ -110,10 +110,17 @@ def prepare_embed(request: pb.EmbedRequest, models: ModelRegistry, limits: Limit
     size = response_bytes(prepared)
     if size > limits.max_response_bytes:
         raise invalid(
-            f"response would be {size / MIB:.1f} MiB, over the {limits.max_response_bytes / MIB:.1f} MiB "
-            f"limit (--max-response-bytes): ask for fewer inputs or layers, FLOAT16, or use EmbedStream"
+            f"response would be {human_bytes(size)}, over the {human_bytes(limits.max_response_bytes)} limit "
+            "(--max-response-bytes): ask for fewer inputs or layers, FLOAT16, or use EmbedStream"
         )
     return prepared
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("MiB", MIB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def _check_count(n: int, limits: Limits, field: str = "inputs") -> None:
