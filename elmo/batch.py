@@ -373,7 +373,7 @@ class LocalBackend:
         return [reduce_layers(layers, self.spec, self.mix) for layers in self.embedder.embed_tokens(sentences)]
 
     def close(self) -> None:
-        pass
+        self.embedder = None  # frees the session (and its GPU memory) when the Ray actors take over
 
 
 class RemoteBackend:
