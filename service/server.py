@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from elmo.errors import ConfigError, ElmoError
@@ -69,7 +69,7 @@ class ElmoServer:
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
         self.state = ServerState()
-        self.health = HealthServicer()
+        self.health = health_aio.HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = [
             ObserverInterceptor(on_start=metrics.in_flight.inc, on_done=self._rpc_done)
         ]
