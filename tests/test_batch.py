@@ -480,3 +480,22 @@ def test_ray_actors_ask_for_a_gpu_each_when_the_cluster_has_gpus(tmp_path):
     assert _actor_resources(options, {"CPU": 16.0}) == (8, {"num_gpus": 0, "num_cpus": 2})
     options.workers = 3
     assert _actor_resources(options, {"CPU": 16.0, "GPU": 8.0})[0] == 3
+
+
+def test_a_torn_commit_line_is_dropped_before_the_next_append(tmp_path):
+    job = batch.JobDirectory(tmp_path / "out.h5")
+    job.open({"version": 1}, overwrite=False)
+    shard = job.path / "part-000000.h5"
+    shard.write_bytes(b"x" * 10)
+    job.commit({"shard": 0, "file": shard.name, "first_line": 0, "n_lines": 5, "blank": 0, "tokens": 9, "bytes": 10})
+    with open(job.path / "_manifest.jsonl", "ab") as handle:
+        handle.write(b'{"shard": 1, "fi')  # killed mid-append
+    (job.path / "part-000001.h5").write_bytes(b"renamed, never committed")
+
+    again = batch.JobDirectory(tmp_path / "out.h5")
+    again.open({"version": 1}, overwrite=False)
+    assert list(again.committed) == [0]
+    assert sorted(p.name for p in again.path.iterdir()) == ["_job.json", "_manifest.jsonl", "part-000000.h5"]
+    again.commit({"shard": 1, "file": shard.name, "first_line": 5, "n_lines": 5, "blank": 0, "tokens": 9, "bytes": 10})
+    lines = (again.path / "_manifest.jsonl").read_text().splitlines()
+    assert [json.loads(line)["shard"] for line in lines] == [0, 1]  # every line parses: nothing glued to the tear
