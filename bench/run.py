@@ -4,11 +4,13 @@
     elmo bench --model DIR --shapes small --batch-sizes 1 8 64 --threads 2 --seconds 20
 
 For every model and batch size the same sentences (batches of B, in order) go through: ``torch eager``
-(``BiLM(char_ids)`` on the padded batch, the way the training code runs it), ``ort`` (``Embedder.embed_tokens``
-with the token cache off: the distinct-token char-CNN + Scan biLSTM path) and ``ort+cache`` (the same with a warm
-LRU cache of token vectors, as a long-running server has it). The engines take turns batch by batch, so the
-machine's load hits them alike. Random-weight models of the published shapes are written and exported once
-under runs/bench-models/. Results: bench/results/<name>.json and .md (a Markdown table). Benchmarks, not tests.
+(``BiLM(char_ids)`` on the padded batch, the way the training code runs it), ``torch sorted`` (the same model
+on the batch sorted by length and cut by the runtime's own batch planner: PyTorch without the padding waste),
+``ort`` (``Embedder.embed_tokens`` with the token cache off: the distinct-token char-CNN + Scan biLSTM path)
+and ``ort+cache`` (the same with a warm LRU cache of token vectors, as a long-running server has it). The
+engines take turns batch by batch, so the machine's load hits them alike. Random-weight models of the
+published shapes are written and exported once under runs/bench-models/. Results: bench/results/<name>.json
+and .md (a Markdown table). Benchmarks, not tests.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 MODELS_CACHE = REPO / "runs" / "bench-models"
 DEFAULT_MODEL = REPO / "models" / "default"
-ENGINES = ("torch eager", "ort", "ort+cache")
+ENGINES = ("torch eager", "torch sorted", "ort", "ort+cache")
 
 _CJK = (  # 300 frequent Chinese characters, most frequent first
     "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后"
@@ -90,17 +92,30 @@ def random_shape_model(shape: str) -> Path:
 
 # -- measurement ---------------------------------------------------------------------------------------------------
 class TorchEngine:
-    def __init__(self, model_dir: Path) -> None:
+    """The project's PyTorch BiLM on a padded batch. ``sort``: the batch is first sorted by length and cut with
+    the runtime's own planner (elmo.runtime.plan_batches), so that padding is not what the comparison measures."""
+
+    def __init__(self, model_dir: Path, sort: bool = False) -> None:
         import torch
 
         from elmo.checkpoint import load_model
 
         self.torch = torch
         self.model = load_model(model_dir).float().eval()
+        self.sort = sort
 
     def __call__(self, batch: list[list[str]]) -> None:
+        from elmo.runtime import CPU_STEP_COST, DEFAULT_MAX_BATCH_TOKENS, plan_batches
+
+        parts = [batch]
+        if self.sort:
+            ordered = sorted((s for s in batch if s), key=len)
+            sizes = plan_batches([len(s) + 2 for s in ordered], DEFAULT_MAX_BATCH_TOKENS, CPU_STEP_COST)
+            starts = np.cumsum([0, *sizes])
+            parts = [ordered[a:b] for a, b in zip(starts[:-1], starts[1:])]
         with self.torch.inference_mode():
-            self.model(self.torch.as_tensor(batch_to_char_ids(batch)).long())
+            for part in parts:
+                self.model(self.torch.as_tensor(batch_to_char_ids(part)).long())
 
 
 def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: argparse.Namespace) -> dict:
@@ -113,6 +128,7 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
     providers = None if args.provider == "auto" else [args.provider]
     engines = {
         "torch eager": TorchEngine(model_dir),
+        "torch sorted": TorchEngine(model_dir, sort=True),
         "ort": Embedder(model_dir, providers, intra_op_threads=args.threads, cache_size=0).embed_tokens,
         "ort+cache": Embedder(model_dir, providers, intra_op_threads=args.threads).embed_tokens,
     }

@@ -12,10 +12,10 @@ def test_bench_writes_json_and_a_markdown_table(tiny_model_dir, tmp_path, capsys
     (model,) = results["models"]
     assert [row["batch_size"] for row in model["rows"]] == [1, 4]
     for row in model["rows"]:
-        for engine in ("torch eager", "ort", "ort+cache"):
+        for engine in ("torch eager", "torch sorted", "ort", "ort+cache"):
             assert row[engine]["tokens_per_s"] > 0 and row[engine]["latency_ms_p50"] > 0
     table = (tmp_path / "t.md").read_text()
-    assert table.count(f"\n| {model['name']} |") == 6 and "vs torch eager" in table
+    assert table.count(f"\n| {model['name']} |") == 8 and "vs torch eager" in table
     assert "tokens/s" in capsys.readouterr().out
 
 
