@@ -2,7 +2,8 @@
 
     python scripts/serve_memory.py --model DIR [--max-batch-tokens 1024 4096 8192] [--providers CPUExecutionProvider]
 
-For each --max-batch-tokens value it starts ``elmo serve`` on free loopback ports, waits for grpc.health SERVING,
+For each --max-batch-tokens value N it starts ``elmo serve --max-batch-tokens N --runtime-batch-tokens N`` (N tokens
+per call into the runtime, at most N padded tokens per onnxruntime run) on free loopback ports, waits for SERVING,
 reads the process's resident memory (VmRSS: model loaded and warmed up), sends --requests requests that each fill
 one batch (sentences of --sentence-tokens tokens, all layers, float32), reads VmRSS and the peak (VmHWM) again,
 and stops the server with SIGTERM. Every token is distinct, so the char-CNN always runs and the token-vector cache
@@ -73,7 +74,8 @@ def measure(args: argparse.Namespace, max_batch_tokens: int, work: Path) -> dict
     command = [
         sys.executable, "-m", "elmo.cli", "serve", "--log-level", "WARNING", "--model", str(args.model),
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-        "--max-batch-tokens", str(max_batch_tokens), "--max-tokens-per-sentence", str(sentence_tokens),
+        "--max-batch-tokens", str(max_batch_tokens), "--runtime-batch-tokens", str(max_batch_tokens),
+        "--max-tokens-per-sentence", str(sentence_tokens),
         "--max-tokens-per-request", str(max_batch_tokens), "--max-batch-sentences", str(max_batch_tokens),
         "--max-inputs", str(max_batch_tokens), "--max-queue-tokens", str(4 * max_batch_tokens),
         "--max-response-bytes", str(1024 * MIB),
