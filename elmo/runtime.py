@@ -255,7 +255,9 @@ class Embedder:
         if provider not in requested:
             raise ElmoError(f"execution provider {requested[0]} was demanded but {provider} is active")
         reason = provider_reason(requested, provider)
-        log.info("onnxruntime provider: %s active for %s (%s)", provider, self.model_dir, reason)
+        # A fall-back from a requested GPU is a warning, so that it shows under any logging set-up.
+        level = logging.WARNING if CUDA in requested and provider != CUDA else logging.INFO
+        log.log(level, "onnxruntime provider: %s active for %s (%s)", provider, self.model_dir, reason)
         return provider
 
     def _check_graphs(self) -> None:

@@ -114,6 +114,8 @@ def test_one_log_line_names_the_active_provider_and_why(tiny_model_dir, caplog):
     assert embedder.info.provider in lines[0]
     if embedder.info.provider == CPU:
         assert "CUDA" in lines[0]  # the reason: why not the GPU
+        (record,) = [r for r in caplog.records if "onnxruntime provider" in r.getMessage()]
+        assert record.levelno == logging.WARNING  # a fall-back from the GPU shows under any logging set-up
 
 
 def test_demanding_cuda_without_a_gpu_fails_loudly(tiny_model_dir):
