@@ -137,7 +137,7 @@ class TokenVectorCache:
             return
         with self._lock:
             for token, vector in zip(tokens[-self.capacity :], vectors[-self.capacity :]):
-                self._entries[token] = vector
+                self._entries[token] = vector.copy()  # not a view: an evicted row must not pin its whole batch
                 self._entries.move_to_end(token)
             while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)
