@@ -113,7 +113,9 @@ def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespac
     children do not count."""
     command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model)]
     command += ["--layers", args.layers, "--format", args.format, "--no-progress", "--overwrite"]
-    command += ["--shard-lines", str(args.shard_lines), "--batch-tokens", str(args.batch_tokens)]
+    command += ["--shard-lines", str(args.shard_lines)]
+    if args.batch_tokens:
+        command += ["--batch-tokens", str(args.batch_tokens)]
     if args.threads:
         command += ["--threads", str(args.threads)]
     probe = (
@@ -130,7 +132,7 @@ def main() -> None:
     parser.add_argument("--preset", default="small", help="random-weights shape when no --model")
     parser.add_argument("--lines", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--batch-tokens", type=int, default=None, help="default: the runtime's")
     parser.add_argument("--shard-lines", type=int, default=1000)
     parser.add_argument("--layers", default="all")
     parser.add_argument("--format", default="hdf5", choices=["hdf5", "parquet"])

@@ -5,18 +5,19 @@ and of commitment::
 
     scan INPUT once: decode and validate every line, count lines, hash the bytes, note each shard's byte range
     for every shard not committed yet (in order; or spread over Ray actors with --engine ray):
-        read its lines -> tokens -> sort by length -> batches under --batch-tokens -> runtime -> layers
+        read its lines -> tokens -> sort by length -> windows -> runtime (batches under --batch-tokens) -> layers
         -> all / top / average / mix:TASK -> dtype -> shard file (written as *.tmp, fsynced, renamed)
         -> one JSON line appended to the committed-shards manifest        <- the commit point
+    (reading + embedding run in a background thread, a couple of windows ahead of the writing)
     finish: hdf5    -> assemble the shards into one file in AllenNLP's layout, rename it into place
             parquet -> write the final manifest, rename the shard directory into place
 
 Everything lives in ``OUTPUT.partial/`` until that last rename, so OUTPUT never exists half-written. A job killed
 at any point (SIGKILL included) and started again with the same arguments keeps the committed shards, deletes
 everything else in ``OUTPUT.partial/`` and carries on; the finished output holds every input line exactly once.
-Memory is bounded by one batch (hdf5) or one shard (Parquet), whatever the input's size.
+Memory is bounded by a few windows (hdf5) or one shard (Parquet), whatever the input's size.
 
-The embedding itself (:func:`embed_shard`) is the same code for the local engine, the Ray engine
+The embedding itself (:func:`embed_events`, :func:`write_shards`) is the same code for the local engine, the Ray engine
 (:mod:`elmo.batch_ray`) and remote mode (``--server``, through :mod:`elmo.client`). Imports no torch.
 """
 
@@ -29,13 +30,14 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty, Full, Queue
 from typing import Protocol
 
 import numpy as np
@@ -51,12 +53,15 @@ TEXT, JSONL = "text", "jsonl"
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 DTYPES = {"float32": np.float32, "float16": np.float16}
-DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_SHARD_LINES = 1000
 # A batch job embeds documents as they come: the serving limit (elmo.runtime's 1024) would fail a long line, and a
-# line longer than --batch-tokens simply runs as a batch of its own.
+# line longer than a batch simply runs as a batch of its own.
 LOCAL_MAX_TOKENS_PER_SENTENCE = 100_000
-WINDOW_BATCHES = 2  # a runtime call gets ~2 batches' worth of tokens: memory stays ~2 batches of vectors
+# One runtime call gets a length-sorted *window* of a shard: as many tokens as make WINDOW_BYTES of float32
+# vectors (at least one batch). The runtime plans its batches over the whole window (the more it sees, the less
+# padding), and memory holds at most PREFETCH + 2 windows, whatever the input's size.
+WINDOW_BYTES = 128 << 20
+PREFETCH = 2  # windows embedded ahead of the writer, in a background thread
 REMOTE_IN_FLIGHT = 4  # requests in flight to a server: its batcher fills while we write
 REMOTE_ATTEMPTS = 10  # per request, for UNAVAILABLE / RESOURCE_EXHAUSTED (backoff 0.1 s doubling to 10 s: ~50 s)
 
@@ -314,13 +319,13 @@ def plan_windows(lengths: Sequence[int], window_tokens: int) -> list[list[int]]:
 # -- embedding backends --------------------------------------------------------------------------------------------
 class Backend(Protocol):
     """Where vectors come from: the in-process runtime or a remote server. ``embed`` returns per sentence the
-    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim)). ``in_flight`` batches
-    may be embedded concurrently (from threads)."""
+    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim)), for one window of
+    sentences of about ``window_tokens`` tokens."""
 
     n_layers: int
     dim: int
     max_tokens_per_sentence: int
-    in_flight: int
+    window_tokens: int
 
     def identity(self) -> dict: ...
 
@@ -346,7 +351,9 @@ def _model_identity(model_dir: Path) -> dict:
 class LocalBackend:
     """The in-process onnxruntime runtime (elmo.runtime.Embedder), one session."""
 
-    def __init__(self, model_dir: str | Path, spec: LayerSpec, batch_tokens: int, threads: int | None = None) -> None:
+    def __init__(
+        self, model_dir: str | Path, spec: LayerSpec, batch_tokens: int | None, threads: int | None = None
+    ) -> None:
         from elmo.runtime import Embedder
 
         self.model_dir = Path(model_dir)
@@ -358,7 +365,8 @@ class LocalBackend:
         )
         self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
         self.max_tokens_per_sentence = self.embedder.info.max_tokens_per_sentence
-        self.in_flight = 1  # one session, one batch at a time (its intra-op threads share the batch)
+        vector_bytes = self.n_layers * self.dim * 4
+        self.window_tokens = max(self.embedder.max_batch_tokens, WINDOW_BYTES // vector_bytes)
         self.spec = spec
         self.mix = load_task_mix(self.model_dir, spec.task, self.n_layers, self.dim) if spec.kind == "mix" else None
 
@@ -394,7 +402,8 @@ class RemoteBackend:
         self.max_inputs = int(limits.max_inputs) or 256
         self.max_request_tokens = int(limits.max_tokens_per_request) or 8192
         self.max_response_bytes = int(limits.max_response_bytes) or 64 << 20
-        self.in_flight = REMOTE_IN_FLIGHT
+        self.window_tokens = REMOTE_IN_FLIGHT * self.max_request_tokens
+        self.pool = ThreadPoolExecutor(REMOTE_IN_FLIGHT, thread_name_prefix="embed-file-rpc")
         if spec.kind == "mix" and spec.task not in self.info.tasks:
             available = ", ".join(self.info.tasks) or "none"
             raise InputError(
@@ -471,9 +480,11 @@ class RemoteBackend:
         return requests
 
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        """The window cut into requests, REMOTE_IN_FLIGHT of them on the wire at once."""
         out: list[np.ndarray] = [np.empty(0)] * len(sentences)
-        for positions in self.requests(sentences):
-            results = self._call([sentences[p] for p in positions])
+        requests = self.requests(sentences)
+        answers = self.pool.map(self._call, [[sentences[p] for p in positions] for positions in requests])
+        for positions, results in zip(requests, answers):
             for position, result in zip(positions, results):
                 if self.spec.kind == "mix":
                     out[position] = result.mix
@@ -484,6 +495,7 @@ class RemoteBackend:
         return out
 
     def close(self) -> None:
+        self.pool.shutdown()
         self.client.close()
 
 
@@ -510,6 +522,8 @@ class ShardWriter(Protocol):
     def add(self, record: Record, vectors: np.ndarray) -> None: ...
 
     def close(self) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 def _fsync_file(path: Path) -> None:
@@ -552,6 +566,9 @@ class Hdf5ShardWriter:
             h5py.Dataset(dataset).attrs["id"] = record.id
         self.sentences[record.index - self.first_line] = record.sentence
         self.ids[record.index - self.first_line] = record.id
+
+    def abort(self) -> None:
+        self.file.close()
 
     def close(self) -> None:
         import h5py
@@ -611,6 +628,9 @@ class ParquetShardWriter:
     def add(self, record: Record, vectors: np.ndarray) -> None:
         self.rows[record.index - self.first_line] = (record, vectors)
 
+    def abort(self) -> None:
+        self.rows = []
+
     def close(self) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -632,56 +652,152 @@ class ParquetShardWriter:
 WRITERS = {HDF5: (Hdf5ShardWriter, ".h5"), PARQUET: (ParquetShardWriter, ".parquet")}
 
 
-def embed_shard(
-    records: list[Record],
-    backend: Backend,
+@dataclass
+class ShardStart:
+    shard: ShardSpec
+    records: list[Record]
+
+
+@dataclass
+class Window:
+    positions: list[int]  # into the current shard's records
+    outputs: list[np.ndarray]  # float32, layout.spec's shape
+
+
+@dataclass
+class ShardEnd:
+    shard: ShardSpec
+
+
+def embed_events(
+    plan: InputPlan, shards: Sequence[ShardSpec], options: JobOptions, backend: Backend
+) -> Iterator[ShardStart | Window | ShardEnd]:
+    """The embedding itself, the same for every engine: per shard its records (read and tokenized), then per
+    window its vectors. Windows are length-sorted; blank lines get no model call (the writer fills them in)."""
+    for shard in shards:
+        records = read_shard(plan, shard, options.tokenized)
+        for record in records:
+            if len(record.tokens) > backend.max_tokens_per_sentence:
+                raise InputError(
+                    f"{plan.path}: line {record.index + 1} has {len(record.tokens)} tokens; the limit is "
+                    f"{backend.max_tokens_per_sentence} (split the line, or raise the server's limit)"
+                )
+        yield ShardStart(shard, records)
+        for positions in plan_windows([len(r.tokens) for r in records], backend.window_tokens):
+            yield Window(positions, backend.embed([records[p].tokens for p in positions]))
+        yield ShardEnd(shard)
+
+
+def prefetched(items: Iterator, depth: int = PREFETCH) -> Iterator:
+    """``items`` produced by a background thread, up to ``depth`` ahead of the consumer. The runtime (and gRPC)
+    release the GIL, so the next window computes while this thread writes the last one to disk; on a GPU that
+    keeps the device busy. An exception in the producer is raised here; leaving early stops the producer."""
+    queue: Queue = Queue(maxsize=depth)
+    stop = threading.Event()
+    finished = object()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(item, timeout=0.1)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(finished)
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(_Failure(exc))
+
+    thread = threading.Thread(target=produce, name="embed-file-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = queue.get()
+            if item is finished:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish its window
+            try:
+                queue.get(timeout=0.1)
+            except Empty:
+                pass
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+def write_shards(
+    events: Iterator[ShardStart | Window | ShardEnd],
+    options: JobOptions,
     layout: Layout,
-    writer: ShardWriter,
-    batch_tokens: int,
+    directory: Path,
+    with_ids: bool,
     on_batch: Callable[[int, int], None] | None = None,
-) -> ShardStats:
-    """Embed one shard's records into ``writer``: sorted by length, in windows of ~2 batches that the runtime cuts
-    into batches under ``batch_tokens``; blank lines become empty entries without a model call.
+) -> Iterator[dict]:
+    """Consume embed_events: each shard goes to ``directory/part-NNNNNN.(h5|parquet)``, written under a unique
+    temporary name, fsynced, renamed; then its manifest entry is yielded (committing it is the caller's job).
     ``on_batch(sentences, tokens)`` reports progress."""
+    writer_class, suffix = WRITERS[options.output_format]
     dtype = DTYPES[layout.dtype]
-    stats = ShardStats(lines=len(records))
-    for record in records:
-        if not record.tokens:
-            writer.add(record, layout.empty())
-            stats.blank += 1
-    if on_batch and stats.blank:
-        on_batch(stats.blank, 0)
-    windows = plan_windows([len(r.tokens) for r in records], WINDOW_BATCHES * batch_tokens)
-    for positions, outputs in _embedded(backend, records, windows):
-        tokens = 0
-        for position, vectors in zip(positions, outputs):
-            expected = layout.shape(len(records[position].tokens))
-            if tuple(vectors.shape) != expected:
-                raise ElmoError(f"line {records[position].index}: got vectors of shape {vectors.shape}, not {expected}")
-            writer.add(records[position], vectors.astype(dtype, copy=False))
-            tokens += len(records[position].tokens)
-        stats.tokens += tokens
-        if on_batch:
-            on_batch(len(positions), tokens)
-    return stats
-
-
-def _embedded(
-    backend: Backend, records: list[Record], windows: list[list[int]]
-) -> Iterator[tuple[list[int], list[np.ndarray]]]:
-    """(positions, outputs) per window, in order. ``backend.in_flight`` threads embed ahead (one more window
-    queued) while the caller writes the previous results: onnxruntime and gRPC release the GIL, so writing the
-    vectors overlaps computing the next ones (that matters on a GPU; on a busy CPU it is a wash)."""
-    with ThreadPoolExecutor(backend.in_flight, thread_name_prefix="embed-file") as pool:
-        running: deque = deque()
-        for positions in windows:
-            running.append((positions, pool.submit(backend.embed, [records[p].tokens for p in positions])))
-            if len(running) > backend.in_flight:
-                done, future = running.popleft()
-                yield done, future.result()
-        while running:
-            done, future = running.popleft()
-            yield done, future.result()
+    writer = temporary = records = None
+    stats = ShardStats()
+    try:
+        for event in events:
+            if isinstance(event, ShardStart):
+                records = event.records
+                temporary = directory / f".{event.shard.stem}.{uuid.uuid4().hex[:8]}{suffix}.tmp"
+                writer = writer_class(temporary, layout, event.shard, with_ids)
+                stats = ShardStats(lines=len(records))
+                for record in records:
+                    if not record.tokens:
+                        writer.add(record, layout.empty())
+                        stats.blank += 1
+                if on_batch and stats.blank:
+                    on_batch(stats.blank, 0)
+            elif isinstance(event, Window):
+                tokens = 0
+                for position, vectors in zip(event.positions, event.outputs):
+                    record = records[position]
+                    if tuple(vectors.shape) != layout.shape(len(record.tokens)):
+                        raise ElmoError(f"line {record.index + 1}: got vectors of shape {vectors.shape}")
+                    writer.add(record, vectors.astype(dtype, copy=False))
+                    tokens += len(record.tokens)
+                stats.tokens += tokens
+                if on_batch:
+                    on_batch(len(event.positions), tokens)
+            else:
+                writer.close()
+                writer = None
+                final = directory / (event.shard.stem + suffix)
+                _fsync_file(temporary)
+                os.replace(temporary, final)
+                _fsync_dir(directory)
+                yield {
+                    "shard": event.shard.number,
+                    "file": final.name,
+                    "first_line": event.shard.first_line,
+                    "n_lines": event.shard.n_lines,
+                    "blank": stats.blank,
+                    "tokens": stats.tokens,
+                    "bytes": final.stat().st_size,
+                }
+    finally:
+        if writer is not None:
+            writer.abort()
+        if temporary is not None and temporary.exists():
+            temporary.unlink()
 
 
 def write_shard(
@@ -693,37 +809,10 @@ def write_shard(
     directory: Path,
     on_batch: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Read, embed and write one shard as ``directory/part-NNNNNN.(h5|parquet)``: written under a unique temporary
-    name, fsynced, renamed. Returns its manifest entry; committing it is the caller's job."""
-    writer_class, suffix = WRITERS[options.output_format]
-    final = directory / (shard.stem + suffix)
-    temporary = directory / f".{shard.stem}.{uuid.uuid4().hex[:8]}{suffix}.tmp"
-    records = read_shard(plan, shard, options.tokenized)
-    for record in records:
-        if len(record.tokens) > backend.max_tokens_per_sentence:
-            raise InputError(
-                f"{plan.path}: line {record.index + 1} has {len(record.tokens)} tokens; the limit is "
-                f"{backend.max_tokens_per_sentence} (split the line, or raise the server's limit)"
-            )
-    writer = writer_class(temporary, layout, shard, plan.input_format == JSONL)
-    try:
-        stats = embed_shard(records, backend, layout, writer, options.batch_tokens, on_batch)
-        writer.close()
-        _fsync_file(temporary)
-        os.replace(temporary, final)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
-    _fsync_dir(directory)
-    return {
-        "shard": shard.number,
-        "file": final.name,
-        "first_line": shard.first_line,
-        "n_lines": shard.n_lines,
-        "blank": stats.blank,
-        "tokens": stats.tokens,
-        "bytes": final.stat().st_size,
-    }
+    """Read, embed and write one shard (what a Ray actor does per row); returns its manifest entry."""
+    events = prefetched(embed_events(plan, [shard], options, backend))
+    (entry,) = write_shards(events, options, layout, directory, plan.input_format == JSONL, on_batch)
+    return entry
 
 
 # -- the job directory ---------------------------------------------------------------------------------------------
@@ -739,7 +828,7 @@ class JobOptions:
     dtype: str
     tokenized: bool
     input_format: str
-    batch_tokens: int
+    batch_tokens: int | None
     shard_lines: int
     engine: str = "local"
     workers: int | None = None
@@ -1007,7 +1096,7 @@ def check_options(options: JobOptions) -> None:
         raise InputError("give either --model DIR or --server HOST:PORT, not both")
     if options.model is not None and not options.model.is_dir():
         raise ModelFileError(f"{options.model}: model directory not found")
-    if options.batch_tokens < 1:
+    if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InputError(f"--batch-tokens must be >= 1, got {options.batch_tokens}")
     if options.shard_lines < 1:
         raise InputError(f"--shard-lines must be >= 1, got {options.shard_lines}")
@@ -1059,8 +1148,9 @@ def _embed_pending(
 
             embed_shards_on_ray(plan, pending, options, layout, job, progress)
         else:
-            for shard in pending:
-                job.commit(write_shard(plan, shard, options, backend, layout, job.path, progress))
+            events = prefetched(embed_events(plan, pending, options, backend))
+            for entry in write_shards(events, options, layout, job.path, plan.input_format == JSONL, progress):
+                job.commit(entry)
     finally:
         progress.close()
     seconds = progress.elapsed
@@ -1140,7 +1230,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenized", action="store_true", help="lines are whitespace-separated tokens, untouched")
     parser.add_argument("--input-format", choices=["auto", TEXT, JSONL], default="auto", help="auto: .jsonl -> jsonl")
     parser.add_argument(
-        "--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="padded tokens per runtime batch"
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per runtime batch (default: the runtime's, 4096 on CPU, 16384 on CUDA)",
     )
     parser.add_argument(
         "--shard-lines", type=int, default=DEFAULT_SHARD_LINES, help="lines per shard (unit of commit and sorting)"
@@ -1193,7 +1286,7 @@ __all__ = [
     "Record",
     "ShardSpec",
     "add_arguments",
-    "embed_shard",
+    "embed_events",
     "iter_parquet",
     "parse_layers",
     "plan_windows",

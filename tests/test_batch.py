@@ -499,3 +499,29 @@ def test_a_torn_commit_line_is_dropped_before_the_next_append(tmp_path):
     again.commit({"shard": 1, "file": shard.name, "first_line": 5, "n_lines": 5, "blank": 0, "tokens": 9, "bytes": 10})
     lines = (again.path / "_manifest.jsonl").read_text().splitlines()
     assert [json.loads(line)["shard"] for line in lines] == [0, 1]  # every line parses: nothing glued to the tear
+
+
+def test_prefetch_keeps_order_raises_the_producers_error_and_stops_when_left():
+    import threading
+
+    assert list(batch.prefetched(iter(range(50)), depth=2)) == list(range(50))
+
+    def failing():
+        yield 1
+        raise InputError("line 3 is bad")
+
+    with pytest.raises(InputError, match="line 3 is bad"):
+        list(batch.prefetched(failing()))
+
+    produced = []
+
+    def endless():
+        while True:
+            produced.append(len(produced))
+            yield produced[-1]
+
+    items = batch.prefetched(endless(), depth=2)
+    assert [next(items) for _ in range(3)] == [0, 1, 2]
+    items.close()  # the consumer leaves early (an error while writing, Ctrl-C)
+    assert not any(t.name == "embed-file-prefetch" for t in threading.enumerate())
+    assert len(produced) <= 3 + 2 + 1  # the producer never ran more than `depth` items ahead
