@@ -66,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also train the head on each single layer (default for built-in data)",
     )
     compare.add_argument("--no-compare", dest="compare", action="store_false")
-    train.add_argument("--epochs", type=int, default=40, help="at most (early stop on dev after 6 flat epochs)")
+    train.add_argument("--epochs", type=int, default=60, help="at most (early stop on dev after 8 flat epochs)")
     train.add_argument("--batch-size", type=int, default=64, help="sentences per step")
-    train.add_argument("--lr", type=float, default=3e-3, help="head learning rate (Adam)")
+    train.add_argument("--lr", type=float, default=5e-3, help="head learning rate (Adam)")
     train.add_argument("--mix-lr", type=float, default=2e-2, help="mix weights / gamma learning rate (Adam)")
     train.add_argument("--hidden", type=int, default=256, help="head hidden width (0 = linear)")
     train.add_argument("--dropout", type=float, default=0.0, help="dropout on the mix")
