@@ -73,15 +73,22 @@ def score_sentences(
     return LMScore(fwd_total, bwd_total, tokens)
 
 
-def test_report(model: BiLM, vocab: Vocab, corpus: Path, model_dir: Path, tokens_per_batch: int = 4000) -> dict:
+def test_report(
+    model: BiLM,
+    vocab: Vocab,
+    corpus: Path,
+    model_dir: Path,
+    tokens_per_batch: int = 4000,
+    train_dir: Path | None = None,
+) -> dict:
     """Test-split perplexity per language for the biLM and the Kneser-Ney trigram baseline (trained on the
     corpus' train split with the model's own vocabulary), plus the training summary when the directory has one."""
     from elmo.ngram import Directional
 
     baseline = Directional.train(vocab, read_sentences(corpus / "train.txt"), order=3)
     report: dict = {"test": {}, "vocab_size": len(vocab), "oov": "targets outside vocab.txt are scored as <UNK>"}
-    for lang in ("en", "zh", "all"):
-        path = corpus / ("test.txt" if lang == "all" else f"test.{lang}.txt")
+    for lang in ("en", "zh"):
+        path = corpus / f"test.{lang}.txt"
         sentences = read_sentences(path)
         report["test"][lang] = {
             "file": str(path),
@@ -89,7 +96,7 @@ def test_report(model: BiLM, vocab: Vocab, corpus: Path, model_dir: Path, tokens
             "bilm": score_sentences(model, vocab, sentences, tokens_per_batch).report(),
             "kn3_baseline": baseline.score(vocab, sentences),
         }
-    state_file = model_dir / "train_state.json"
+    state_file = Path(train_dir or model_dir) / "train_state.json"
     if state_file.is_file():
         state = json.loads(state_file.read_text())
         train_entries = [h for h in state["history"] if "loss" in h]
@@ -129,7 +136,14 @@ def run(args: argparse.Namespace) -> int:
     model, tokens = load_model_and_vocab(args.model)
     vocab = Vocab(tokens)
     if args.report:
-        report = test_report(model, vocab, Path(args.report), Path(args.model), args.tokens_per_batch)
+        report = test_report(
+            model,
+            vocab,
+            Path(args.report),
+            Path(args.model),
+            args.tokens_per_batch,
+            args.train_dir and Path(args.train_dir),
+        )
         out = Path(args.report_out or Path(args.model) / "metrics.json")
         out.write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps({lang: {k: v["avg_ppl"] for k, v in r.items() if isinstance(v, dict)}

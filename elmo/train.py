@@ -261,7 +261,7 @@ def init_bias_from_unigram(bilm: BiLM, freqs: Tensor) -> None:
 
 @torch.no_grad()
 def calibrate_softmax_bias(
-    bilm: BiLM, vocab: Vocab, sentences: list[list[str]], freqs: Tensor, n_tokens: int, iterations: int = 30
+    bilm: BiLM, vocab: Vocab, sentences: list[list[str]], freqs: Tensor, n_tokens: int, iterations: int = 12
 ) -> dict:
     """Refit only the softmax bias for the full softmax, the other weights frozen.
 
@@ -284,13 +284,13 @@ def calibrate_softmax_bias(
         states += [fwd_h[:, :-1][valid], bwd_h[:, 1:][valid]]
     hidden = torch.cat(states)  # (N, P)
     logits = F.linear(hidden, bilm.softmax.weight)  # (N, V) without bias
-    target = freqs.to(device=device, dtype=torch.float64).clamp_min(1e-12)
-    bias = bilm.softmax.bias.detach().double().clone()
+    log_target = torch.log(freqs.to(device=device, dtype=torch.float32).clamp_min(1e-12))
+    bias = bilm.softmax.bias.detach().clone()
     for _ in range(iterations):
-        mean_prob = torch.softmax(logits.double() + bias, dim=1).mean(0)
-        bias += torch.log(target) - torch.log(mean_prob.clamp_min(1e-30))
+        mean_prob = torch.softmax(logits + bias, dim=1).mean(0)
+        bias += log_target - torch.log(mean_prob.clamp_min(1e-30))
         bias -= bias.max()
-    bilm.softmax.bias.copy_(bias.float())
+    bilm.softmax.bias.copy_(bias)
     bilm.train(was_training)
     return {"calibrated_bias_on_states": int(hidden.shape[0]), "iterations": iterations}
 

@@ -25,3 +25,23 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
     directory = tmp_path_factory.mktemp("tiny_model")
     return write_random_model(directory, "tiny", seed=0, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5)
+
+
+@pytest.fixture(scope="session")
+def brown_corpus(tmp_path_factory) -> Path:
+    """A real Brown-only LM corpus from `elmo data fetch --sources brown` (train/valid/test, vocab, heldout)."""
+    from tests.lm_fixtures import build_brown_corpus
+
+    return build_brown_corpus(tmp_path_factory.mktemp("brown_corpus"))
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_lm(tmp_path_factory, brown_corpus) -> Path:
+    """The CI-sized training run (tiny config, a few hundred steps on a slice of Brown). Read-only: shared."""
+    from elmo.cli import main
+    from tests.lm_fixtures import write_train_config
+
+    work = tmp_path_factory.mktemp("tiny_lm")
+    config = write_train_config(work / "train.json", brown_corpus)
+    assert main(["train", "--config", str(config), "--out", str(work / "model")]) == 0
+    return work / "model"

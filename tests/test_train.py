@@ -1,0 +1,181 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from elmo.checkpoint import load_model_and_vocab, load_state
+from elmo.cli import main
+from elmo.config import tiny
+from elmo.model import BiLM
+from elmo.train import (
+    LMObjective,
+    NegativeSampler,
+    OptimConfig,
+    load_train_config,
+    lr_at,
+    use_distinct_token_encoder,
+)
+from tests.lm_fixtures import REPO, write_train_config
+
+
+def _history(model_dir):
+    return json.loads((model_dir / "train_state.json").read_text())["history"]
+
+
+def test_ci_training_run_learns_and_writes_a_model_directory(trained_tiny_lm):
+    for name in ("config.json", "model.safetensors", "vocab.txt", "optimizer.safetensors", "train_state.json",
+                 "train_config.json", "curve.png"):  # fmt: skip
+        assert (trained_tiny_lm / name).is_file(), name
+    assert (trained_tiny_lm / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    valid = [h for h in _history(trained_tiny_lm) if "valid_avg_ppl" in h]
+    assert [h["step"] for h in valid] == [100, 200]
+    assert valid[-1]["valid_avg_ppl"] < 0.8 * valid[0]["valid_avg_ppl"]
+    model, vocab = load_model_and_vocab(trained_tiny_lm)
+    assert model.cfg.vocab_size == len(vocab) <= 3000
+    assert valid[-1]["valid_avg_ppl"] < len(vocab) / 4  # far better than uniform
+
+
+def test_resume_continues_exactly(tmp_path, brown_corpus):
+    overrides = {"max_steps": 12, "log_every": 1, "valid_every": 6, "checkpoint_every": 6, "warmup_steps": 3}
+    config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "straight")]) == 0
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "split"), "--stop-after", "6"]) == 0
+    first_half = _history(tmp_path / "split")
+    assert first_half[-1]["step"] == 6
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "split"), "--resume"]) == 0
+
+    def losses(h):
+        return [(e["step"], e["loss"]) for e in h if "loss" in e]
+
+    straight, resumed = _history(tmp_path / "straight"), _history(tmp_path / "split")
+    assert losses(resumed) == losses(straight)  # step 7 (the next loss after resuming) included
+    a = load_state(tmp_path / "straight" / "model.safetensors")
+    b = load_state(tmp_path / "split" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_process_data_parallel_with_torchrun(tmp_path, brown_corpus):
+    overrides = {"max_steps": 6, "log_every": 3, "valid_every": 6, "checkpoint_every": 6}
+    config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "elmo.cli", "train", "--config", str(config), "--out", str(tmp_path / "ddp")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    state = json.loads((tmp_path / "ddp" / "train_state.json").read_text())
+    assert state["world_size"] == 2 and state["step"] == 6
+    # each step's token count is the sum over both ranks' different batches
+    single = tmp_path / "single"
+    assert main(["train", "--config", str(config), "--out", str(single)]) == 0
+    assert state["tokens"] > 1.5 * json.loads((single / "train_state.json").read_text())["tokens"]
+    assert np.isfinite([h["valid_avg_ppl"] for h in state["history"] if "valid_avg_ppl" in h]).all()
+
+
+def test_sampled_softmax_with_all_ids_as_negatives_equals_full_softmax():
+    """Corrected sampled softmax over the whole vocabulary (no expected-count correction) is the full softmax."""
+    torch.manual_seed(0)
+    model = BiLM(tiny(vocab_size=12)).eval()
+    objective = LMObjective(model)
+    objective.log_q = torch.zeros(12)
+    char_ids = torch.randint(1, 200, (3, 5, 50))
+    targets = torch.randint(0, 12, (3, 7))
+    full = objective(char_ids, targets, None, None)
+    sampled = objective(char_ids, targets, torch.arange(12), torch.zeros(12))
+    for a, b in zip(full, sampled):
+        torch.testing.assert_close(a, b)
+    reference = model.lm_loss(char_ids, targets)
+    for a, b in zip(full, reference):
+        torch.testing.assert_close(a, b)
+
+
+def test_negative_sampler_prefers_frequent_ids():
+    torch.manual_seed(0)
+    ids, log_q = NegativeSampler(1000, 200, torch.device("cpu")).sample()
+    assert len(ids) == len(torch.unique(ids)) and (ids < 200).float().mean() > 0.5
+    assert torch.all(log_q <= 0)
+
+
+def test_distinct_token_encoder_keeps_outputs_and_keys():
+    torch.manual_seed(0)
+    model = BiLM(tiny(vocab_size=5)).eval()
+    keys = list(model.state_dict())
+    char_ids = torch.randint(1, 100, (2, 4, 50))
+    char_ids[1] = char_ids[0]
+    char_ids[0, 3] = 0
+    before = model(char_ids)[0]
+    use_distinct_token_encoder(model)
+    torch.testing.assert_close(model(char_ids)[0], before)
+    assert list(model.state_dict()) == keys
+
+
+def test_learning_rate_schedule():
+    t = OptimConfig(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert lr_at(0, t) == pytest.approx(0.1)
+    assert lr_at(10, t) == pytest.approx(1.0)
+    assert lr_at(110, t) == pytest.approx(0.1)
+    timed = OptimConfig(lr=1.0, warmup_steps=0, max_steps=1000, max_time_s=100, anneal_by_time=True, min_lr_ratio=0)
+    assert lr_at(5, timed, elapsed_s=100) == pytest.approx(0.0)
+
+
+# -- bad input: one clear line, exit 2, no traceback -------------------------------------------------------------
+def _fails(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_missing_corpus_is_one_clear_error(tmp_path, capsys, brown_corpus):
+    config = write_train_config(tmp_path / "c.json", brown_corpus)
+    cfg = json.loads(config.read_text())
+    cfg["data"]["train"] = str(tmp_path / "nowhere" / "train.txt")
+    config.write_text(json.dumps(cfg))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "nowhere/train.txt", "not found")
+
+
+def test_empty_train_file_is_one_clear_error(tmp_path, capsys, brown_corpus):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    config = write_train_config(tmp_path / "c.json", brown_corpus)
+    cfg = json.loads(config.read_text())
+    cfg["data"]["train"] = str(tmp_path / "empty.txt")
+    config.write_text(json.dumps(cfg))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "empty.txt", "empty")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("projection_dim", 0, "projection_dim"),
+        ("filters", [[1, 8], [60, 4]], "filters"),
+        ("cell_dim", "big", "cell_dim"),
+    ],
+)
+def test_config_with_wrong_dimensions_is_one_clear_error(tmp_path, capsys, brown_corpus, field, value, needle):
+    config = write_train_config(tmp_path / "c.json", brown_corpus)
+    cfg = json.loads(config.read_text())
+    cfg["model"][field] = value
+    config.write_text(json.dumps(cfg))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], needle)
+
+
+def test_unknown_training_field_and_missing_config(tmp_path, capsys, brown_corpus):
+    config = write_train_config(tmp_path / "c.json", brown_corpus, learning_rate=3)
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "learning_rate")
+    _fails(capsys, ["train", "--config", str(tmp_path / "no.json"), "--out", str(tmp_path / "o")], "no.json")
+
+
+def test_resume_without_state_is_one_clear_error(tmp_path, capsys, brown_corpus):
+    config = write_train_config(tmp_path / "c.json", brown_corpus)
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o"), "--resume"], "nothing to resume")
+
+
+def test_shipped_default_config_is_valid():
+    cfg = load_train_config(REPO / "configs" / "default.json")
+    assert cfg.train.max_time_s > 0 and cfg.train.n_negatives > 0
