@@ -123,6 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report-out", default=None, help="where --report writes its JSON (default MODEL/metrics.json)"
     )
+    parser.add_argument("--train-dir", default=None, help="--report: training run folder with train_state.json")
     parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
     parser.add_argument("--tokens-per-batch", type=int, default=4000)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")

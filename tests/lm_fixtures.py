@@ -21,7 +21,7 @@ TINY_TRAIN = {
               "cell_dim": 32, "n_layers": 2, "dropout": 0.1},
     "data": {"max_sentence_tokens": 25, "train_sentences": 4000, "valid_tokens": 3000},
     "train": {"optimizer": "adam", "lr": 0.01, "warmup_steps": 10, "tokens_per_batch": 400, "n_negatives": 200,
-              "max_steps": 200, "log_every": 10, "valid_every": 100, "checkpoint_every": 100, "threads": 1,
+              "max_steps": 200, "log_every": 10, "valid_every": 50, "checkpoint_every": 100, "threads": 1,
               "seed": 7},
 }  # fmt: skip
 

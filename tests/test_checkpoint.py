@@ -97,3 +97,16 @@ def test_vocab_size_mismatch(tmp_path):
 def test_missing_vocab(tmp_path):
     with pytest.raises(ModelFileError, match="vocab.txt"):
         load_vocab(tmp_path)
+
+
+def test_shipped_default_model_loads_and_reports_both_languages():
+    from tests.conftest import REPO
+
+    directory = REPO / "models" / "default"
+    model, vocab = load_model_and_vocab(directory)
+    assert model.cfg.vocab_size == len(vocab) and vocab[:3] == ["<S>", "</S>", "<UNK>"]
+    metrics = json.loads((directory / "metrics.json").read_text())
+    for lang in ("en", "zh"):
+        for system in ("bilm", "kn3_baseline"):
+            assert {"forward_ppl", "backward_ppl", "avg_ppl", "tokens"} <= set(metrics["test"][lang][system])
+    assert sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) < 40 * 2**20

@@ -15,7 +15,7 @@ from elmo.vocab import Vocab
 def _random_sequences(seed: int, vocab_size: int, n: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     # Zipf-ish ids 3.. so that counts of counts are all non-zero; end id 1.
-    return [np.append(np.minimum(rng.zipf(1.6, size=rng.integers(1, 9)) + 2, vocab_size - 1), 1) for _ in range(n)]
+    return [np.append(np.minimum(rng.zipf(1.3, size=rng.integers(1, 9)) + 2, vocab_size - 1), 1) for _ in range(n)]
 
 
 def _keys(context: list[int], vocab_size: int) -> np.ndarray:
@@ -50,6 +50,7 @@ def _reference_trigram(sequences, V, start):
 
     def discounts(counts):
         n = [sum(1 for c in counts.values() if c == k) for k in (1, 2, 3, 4)]
+        assert min(n) > 0, "test data too small for modified discounts"
         y = n[0] / (n[0] + 2 * n[1])
         return [0, 1 - 2 * y * n[1] / n[0], 2 - 3 * y * n[2] / n[1], 3 - 4 * y * n[3] / n[2]]
 
@@ -77,8 +78,8 @@ def _reference_trigram(sequences, V, start):
 
 
 def test_matches_a_plain_dictionary_reference():
-    V = 15
-    train = _random_sequences(1, V, 500)
+    V = 400  # large enough that every level has continuation counts 1, 2, 3 and 4
+    train = _random_sequences(1, V, 3000)
     kn = KneserNey(3, V).fit(train, start_id=0)
     reference = _reference_trigram(train, V, 0)
     rng = np.random.default_rng(2)

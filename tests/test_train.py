@@ -34,11 +34,13 @@ def test_ci_training_run_learns_and_writes_a_model_directory(trained_tiny_lm):
         assert (trained_tiny_lm / name).is_file(), name
     assert (trained_tiny_lm / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     valid = [h for h in _history(trained_tiny_lm) if "valid_avg_ppl" in h]
-    assert [h["step"] for h in valid] == [100, 200]
-    assert valid[-1]["valid_avg_ppl"] < 0.8 * valid[0]["valid_avg_ppl"]
+    assert [h["step"] for h in valid] == [50, 100, 150, 200]
+    assert valid[-1]["valid_avg_ppl"] < valid[0]["valid_avg_ppl"]
+    train = [h["loss"] for h in _history(trained_tiny_lm) if "loss" in h]
+    assert train[-1] < train[0] - 0.1  # (the bias starts at log unigram frequencies: the loss starts low)
     model, vocab = load_model_and_vocab(trained_tiny_lm)
     assert model.cfg.vocab_size == len(vocab) <= 3000
-    assert valid[-1]["valid_avg_ppl"] < len(vocab) / 4  # far better than uniform
+    assert valid[-1]["valid_avg_ppl"] < len(vocab) / 10  # far better than uniform
 
 
 def test_resume_continues_exactly(tmp_path, brown_corpus):
@@ -176,6 +178,12 @@ def test_resume_without_state_is_one_clear_error(tmp_path, capsys, brown_corpus)
     _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o"), "--resume"], "nothing to resume")
 
 
-def test_shipped_default_config_is_valid():
-    cfg = load_train_config(REPO / "configs" / "default.json")
-    assert cfg.train.max_time_s > 0 and cfg.train.n_negatives > 0
+@pytest.mark.parametrize("name", ["default.json", "default-gpu.json", "tiny.json"])
+def test_shipped_configs_are_valid(name):
+    cfg = load_train_config(REPO / "configs" / name)
+    assert cfg.train.n_negatives > 0
+    if name.startswith("default"):  # the same shape as the shipped model, so downstream artifacts stay valid
+        shipped = json.loads((REPO / "models" / "default" / "config.json").read_text())
+        assert {k: v for k, v in cfg.model.to_dict().items() if k not in ("vocab_size", "dropout")} == {
+            k: v for k, v in shipped.items() if k not in ("vocab_size", "dropout")
+        }
