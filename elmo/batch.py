@@ -877,6 +877,7 @@ class JobDirectory:
         self.output = output
         self.path = output.with_name(output.name + PARTIAL_SUFFIX)
         self.committed: dict[int, dict] = {}
+        self.on_commit: Callable[[dict], None] | None = None  # e.g. the hdf5 assembly copying the shard in
 
     def open(self, fingerprint: dict, overwrite: bool) -> None:
         job_file = self.path / JOB_FILE
@@ -928,6 +929,8 @@ class JobDirectory:
             handle.flush()
             os.fsync(handle.fileno())
         self.committed[entry["shard"]] = entry
+        if self.on_commit:
+            self.on_commit(entry)
 
 
 def _read_json(path: Path) -> dict:
@@ -982,31 +985,54 @@ def _ordered_entries(job: JobDirectory, plan: InputPlan) -> list[dict]:
     return entries
 
 
-def assemble_hdf5(job: JobDirectory, plan: InputPlan, fingerprint: dict) -> None:
-    """Copy every shard's datasets into one file in AllenNLP's layout, add ``sentence_to_index`` and rename it to
-    OUTPUT. A crash here leaves only a temporary file in OUTPUT.partial/, rebuilt from the shards on resume.
+class Hdf5Assembly:
+    """The final hdf5 in AllenNLP's layout, built while the job runs: each shard's datasets are copied in as soon as
+    the shard is committed (so the copying overlaps the embedding of the next shards); :meth:`finish` adds
+    ``sentence_to_index`` and renames the file to OUTPUT. The file is only ever a copy of committed shards: a
+    crash leaves it as a temporary in OUTPUT.partial/, deleted on resume and rebuilt from the shards.
 
-    Memory: the sentence -> index map (the size of the input's text), as AllenNLP's own command held it."""
-    import h5py
+    Memory: the sentence -> index map, built at the end (the size of the input's text), as AllenNLP's command."""
 
-    entries = _ordered_entries(job, plan)
-    temporary = job.path / ASSEMBLY_FILE
-    sentence_to_index: dict[str, str] = {}
-    with h5py.File(temporary, "w") as out:
-        out.attrs[JOB_ATTR] = json.dumps(fingerprint, sort_keys=True)
+    def __init__(self, job: JobDirectory, fingerprint: dict) -> None:
+        import h5py
+
+        self.job = job
+        self.path = job.path / ASSEMBLY_FILE
+        self.file = h5py.File(self.path, "w")
+        self.file.attrs[JOB_ATTR] = json.dumps(fingerprint, sort_keys=True)
+        self.copied: set[int] = set()
+
+    def add(self, entry: dict) -> None:
+        import h5py
+
+        with h5py.File(self.job.path / entry["file"], "r") as shard:
+            for index in range(entry["first_line"], entry["first_line"] + entry["n_lines"]):
+                key = str(index).encode()
+                h5py.h5o.copy(shard.id, key, self.file.id, key)
+        self.copied.add(entry["shard"])
+
+    def finish(self, plan: InputPlan) -> None:
+        import h5py
+
+        entries = _ordered_entries(self.job, plan)
+        sentence_to_index: dict[str, str] = {}
         for entry in entries:
-            with h5py.File(job.path / entry["file"], "r") as shard:
-                for index in range(entry["first_line"], entry["first_line"] + entry["n_lines"]):
-                    key = str(index).encode()
-                    h5py.h5o.copy(shard.id, key, out.id, key)
+            if entry["shard"] not in self.copied:  # committed by an earlier run
+                self.add(entry)
+            with h5py.File(self.job.path / entry["file"], "r") as shard:
                 for offset, sentence in enumerate(shard[SHARD_SENTENCES].asstr()[...]):
-                    sentence_to_index[sentence] = str(entry["first_line"] + offset)
-        index_dataset = out.create_dataset(SENTENCE_INDEX, (1,), dtype=h5py.string_dtype())
+                    sentence_to_index[sentence] = str(entry["first_line"] + offset)  # later duplicates win
+        index_dataset = self.file.create_dataset(SENTENCE_INDEX, (1,), dtype=h5py.string_dtype())
         index_dataset[0] = json.dumps(sentence_to_index)
-    _fsync_file(temporary)
-    os.replace(temporary, job.output)
-    _fsync_dir(job.output.parent)
-    shutil.rmtree(job.path)
+        self.file.close()
+        _fsync_file(self.path)
+        os.replace(self.path, self.job.output)
+        _fsync_dir(self.job.output.parent)
+        shutil.rmtree(self.job.path)
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.file.close()
 
 
 def finish_parquet(job: JobDirectory, plan: InputPlan, fingerprint: dict, totals: ShardStats) -> None:
@@ -1143,6 +1169,8 @@ def _embed_pending(
     if resumed:
         log.info("resuming %s: %d of %d lines already committed", job.path, resumed, plan.n_lines)
     progress = Progress(plan.n_lines, resumed, options.progress)
+    assembly = Hdf5Assembly(job, fingerprint) if options.output_format == HDF5 else None
+    job.on_commit = assembly.add if assembly else None
     try:
         if options.engine == "ray" and pending:
             backend.close()  # the actors hold their own sessions
@@ -1153,16 +1181,18 @@ def _embed_pending(
             events = prefetched(embed_events(plan, pending, options, backend))
             for entry in write_shards(events, options, layout, job.path, plan.input_format == JSONL, progress):
                 job.commit(entry)
+        totals = ShardStats()
+        for entry in job.committed.values():
+            totals.add(ShardStats(entry["n_lines"], entry["blank"], entry["tokens"]))
+        if assembly:
+            assembly.finish(plan)
+        else:
+            finish_parquet(job, plan, fingerprint, totals)
+        seconds = progress.elapsed  # start to finished OUTPUT
     finally:
         progress.close()
-    seconds = progress.elapsed
-    totals = ShardStats()
-    for entry in job.committed.values():
-        totals.add(ShardStats(entry["n_lines"], entry["blank"], entry["tokens"]))
-    if options.output_format == HDF5:
-        assemble_hdf5(job, plan, fingerprint)
-    else:
-        finish_parquet(job, plan, fingerprint, totals)
+        if assembly:
+            assembly.close()
     return JobResult(
         options.output,
         lines=totals.lines,
