@@ -271,7 +271,7 @@ class Batcher:
         seconds = time.monotonic() - started
         self.batches_run += 1
         self.observer.batch_done(len(batch), real, seconds)
-        log.debug("model %s: batch of %d sentences, %d tokens, %.1f ms", self.name, len(batch), real, 1000 * seconds)
+        log.info("model %s: batch of %d sentences, %d tokens, %.1f ms", self.name, len(batch), real, 1000 * seconds)
         for item, output in zip(batch, outputs):
             if not item.future.done():
                 stats = BatchStats(started - item.enqueued, seconds, len(batch), real)
