@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 
@@ -26,6 +27,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-allennlp": ("elmo.weights", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
     "bench": ("bench.run", "throughput / latency benchmarks"),
 }
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line (time, level, logger, message, exception) for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler], force=True)
 
 
 def _usage() -> str:
@@ -48,12 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="json: one object per line")
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(str(args.log_level), args.log_format)
     try:
         return int(module.run(args) or 0)
     except ElmoError as exc:
