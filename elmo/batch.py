@@ -519,7 +519,7 @@ class ShardStats:
 
 
 class ShardWriter(Protocol):
-    def add(self, record: Record, vectors: np.ndarray) -> None: ...
+    def add(self, records: list[Record], vectors: list[np.ndarray]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -541,31 +541,47 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
+def _write_dataset(group_id, name: str, array: np.ndarray):
+    """One dataset through h5py's low-level calls: half the cost of create_dataset, which counts when the layout
+    asks for one dataset per sentence."""
+    import h5py
+
+    array = np.ascontiguousarray(array)
+    space = h5py.h5s.create_simple(array.shape)
+    dataset = h5py.h5d.create(group_id, name.encode(), h5py.h5t.py_create(array.dtype), space)
+    if array.size:
+        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
+    return dataset
+
+
 class Hdf5ShardWriter:
-    """One shard as a small hdf5 file: a dataset per line (key = line index), written as each batch finishes
-    (memory: one batch), plus the lines' sentences and ids for the final ``sentence_to_index``."""
+    """One shard as a small hdf5 file holding its windows as they come: per window the vectors of its sentences
+    concatenated along the token axis (``w<k>/vectors``), their line indices and token counts; plus every line's
+    sentence and id. One write per window, not per sentence: the per-sentence datasets of AllenNLP's layout are
+    made once, by :class:`Hdf5Assembly`. Memory: one window."""
 
     def __init__(self, path: Path, layout: Layout, shard: ShardSpec, with_ids: bool) -> None:
         import h5py
 
         self.file = h5py.File(path, "w")
-        self.path, self.with_ids = path, with_ids
+        self.axis = 1 if layout.spec.kind == "all" else 0  # the token axis
+        self.windows = 0
         self.sentences: list[str] = [""] * shard.n_lines
         self.ids: list[str] = [""] * shard.n_lines
         self.first_line = shard.first_line
 
-    def add(self, record: Record, vectors: np.ndarray) -> None:
-        import h5py
-
-        # h5py's low-level calls: half the cost of create_dataset, which counts at one dataset per sentence
-        vectors = np.ascontiguousarray(vectors)
-        space = h5py.h5s.create_simple(vectors.shape)
-        dataset = h5py.h5d.create(self.file.id, str(record.index).encode(), h5py.h5t.py_create(vectors.dtype), space)
-        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, vectors)
-        if self.with_ids:
-            h5py.Dataset(dataset).attrs["id"] = record.id
-        self.sentences[record.index - self.first_line] = record.sentence
-        self.ids[record.index - self.first_line] = record.id
+    def add(self, records: list[Record], vectors: list[np.ndarray]) -> None:
+        for record in records:
+            self.sentences[record.index - self.first_line] = record.sentence
+            self.ids[record.index - self.first_line] = record.id
+        kept = [(r, v) for r, v in zip(records, vectors) if v.shape[self.axis]]  # blank lines: nothing to store
+        if not kept:
+            return
+        group = self.file.create_group(f"w{self.windows}")
+        self.windows += 1
+        _write_dataset(group.id, "vectors", np.concatenate([v for _, v in kept], axis=self.axis))
+        _write_dataset(group.id, "index", np.array([r.index for r, _ in kept], dtype=np.int64))
+        _write_dataset(group.id, "lengths", np.array([v.shape[self.axis] for _, v in kept], dtype=np.int64))
 
     def abort(self) -> None:
         self.file.close()
@@ -574,6 +590,7 @@ class Hdf5ShardWriter:
         import h5py
 
         strings = h5py.string_dtype("utf-8")
+        self.file.attrs["windows"] = self.windows
         self.file.create_dataset(SHARD_SENTENCES, data=np.array(self.sentences, dtype=object), dtype=strings)
         self.file.create_dataset(SHARD_IDS, data=np.array(self.ids, dtype=object), dtype=strings)
         self.file.close()
@@ -625,8 +642,9 @@ class ParquetShardWriter:
         self.rows: list[tuple[Record, np.ndarray] | None] = [None] * shard.n_lines
         self.first_line = shard.first_line
 
-    def add(self, record: Record, vectors: np.ndarray) -> None:
-        self.rows[record.index - self.first_line] = (record, vectors)
+    def add(self, records: list[Record], vectors: list[np.ndarray]) -> None:
+        for record, array in zip(records, vectors):
+            self.rows[record.index - self.first_line] = (record, array)
 
     def abort(self) -> None:
         self.rows = []
@@ -671,19 +689,29 @@ class ShardEnd:
     shard: ShardSpec
 
 
+def _checked_records(plan: InputPlan, shard: ShardSpec, tokenized: bool, limit: int) -> list[Record]:
+    """The shard's records, every one within the backend's sentence limit (else an error naming the line)."""
+    records = read_shard(plan, shard, tokenized)
+    for record in records:
+        if len(record.tokens) > limit:
+            raise InputError(
+                f"{plan.path}: line {record.index + 1} has {len(record.tokens)} tokens; the limit is "
+                f"{limit} (split the line, or raise the server's limit)"
+            )
+    return records
+
+
 def embed_events(
     plan: InputPlan, shards: Sequence[ShardSpec], options: JobOptions, backend: Backend
 ) -> Iterator[ShardStart | Window | ShardEnd]:
-    """The embedding itself, the same for every engine: per shard its records (read and tokenized), then per
-    window its vectors. Windows are length-sorted; blank lines get no model call (the writer fills them in)."""
-    for shard in shards:
-        records = read_shard(plan, shard, options.tokenized)
-        for record in records:
-            if len(record.tokens) > backend.max_tokens_per_sentence:
-                raise InputError(
-                    f"{plan.path}: line {record.index + 1} has {len(record.tokens)} tokens; the limit is "
-                    f"{backend.max_tokens_per_sentence} (split the line, or raise the server's limit)"
-                )
+    """The embedding itself, the same for every engine: per shard its records (read and tokenized one shard
+    ahead, in a thread of their own), then per window its vectors. Windows are length-sorted; blank lines get no
+    model call (the writer fills them in)."""
+    limit = backend.max_tokens_per_sentence
+    read_ahead = prefetched(
+        ((shard, _checked_records(plan, shard, options.tokenized, limit)) for shard in shards), depth=1
+    )
+    for shard, records in read_ahead:
         yield ShardStart(shard, records)
         for positions in plan_windows([len(r.tokens) for r in records], backend.window_tokens):
             yield Window(positions, backend.embed([records[p].tokens for p in positions]))
@@ -761,21 +789,18 @@ def write_shards(
                 records = event.records
                 temporary = directory / f".{event.shard.stem}.{uuid.uuid4().hex[:8]}{suffix}.tmp"
                 writer = writer_class(temporary, layout, event.shard, with_ids)
-                stats = ShardStats(lines=len(records))
-                for record in records:
-                    if not record.tokens:
-                        writer.add(record, layout.empty())
-                        stats.blank += 1
-                if on_batch and stats.blank:
-                    on_batch(stats.blank, 0)
+                blank = [record for record in records if not record.tokens]
+                writer.add(blank, [layout.empty()] * len(blank))
+                stats = ShardStats(lines=len(records), blank=len(blank))
+                if on_batch and blank:
+                    on_batch(len(blank), 0)
             elif isinstance(event, Window):
-                tokens = 0
-                for position, vectors in zip(event.positions, event.outputs):
-                    record = records[position]
+                window = [records[position] for position in event.positions]
+                for record, vectors in zip(window, event.outputs):
                     if tuple(vectors.shape) != layout.shape(len(record.tokens)):
                         raise ElmoError(f"line {record.index + 1}: got vectors of shape {vectors.shape}")
-                    writer.add(record, vectors.astype(dtype, copy=False))
-                    tokens += len(record.tokens)
+                writer.add(window, [vectors.astype(dtype, copy=False) for vectors in event.outputs])
+                tokens = sum(len(record.tokens) for record in window)
                 stats.tokens += tokens
                 if on_batch:
                     on_batch(len(event.positions), tokens)
@@ -986,17 +1011,17 @@ def _ordered_entries(job: JobDirectory, plan: InputPlan) -> list[dict]:
 
 
 class Hdf5Assembly:
-    """The final hdf5 in AllenNLP's layout, built while the job runs: each shard's datasets are copied in as soon as
-    the shard is committed (so the copying overlaps the embedding of the next shards); :meth:`finish` adds
-    ``sentence_to_index`` and renames the file to OUTPUT. The file is only ever a copy of committed shards: a
-    crash leaves it as a temporary in OUTPUT.partial/, deleted on resume and rebuilt from the shards.
+    """The final hdf5 in AllenNLP's layout, built while the job runs: as soon as a shard is committed its windows
+    are cut into one dataset per line (so this overlaps the embedding of the next shards), and the file is
+    fsynced; :meth:`finish` adds ``sentence_to_index`` and renames the file to OUTPUT. The file is only ever a copy
+    of committed shards: a crash leaves it as a temporary in OUTPUT.partial/, deleted on resume and rebuilt.
 
-    Memory: the sentence -> index map, built at the end (the size of the input's text), as AllenNLP's command."""
+    Memory: one window; at the end the sentence -> index map (the size of the input's text), as in AllenNLP."""
 
-    def __init__(self, job: JobDirectory, fingerprint: dict) -> None:
+    def __init__(self, job: JobDirectory, fingerprint: dict, layout: Layout, with_ids: bool) -> None:
         import h5py
 
-        self.job = job
+        self.job, self.layout, self.with_ids = job, layout, with_ids
         self.path = job.path / ASSEMBLY_FILE
         self.file = h5py.File(self.path, "w")
         self.file.attrs[JOB_ATTR] = json.dumps(fingerprint, sort_keys=True)
@@ -1005,11 +1030,31 @@ class Hdf5Assembly:
     def add(self, entry: dict) -> None:
         import h5py
 
+        first, n_lines = entry["first_line"], entry["n_lines"]
+        axis = 1 if self.layout.spec.kind == "all" else 0
+        done = np.zeros(n_lines, dtype=bool)
         with h5py.File(self.job.path / entry["file"], "r") as shard:
-            for index in range(entry["first_line"], entry["first_line"] + entry["n_lines"]):
-                key = str(index).encode()
-                h5py.h5o.copy(shard.id, key, self.file.id, key)
+            ids = shard[SHARD_IDS].asstr()[...] if self.with_ids else None
+            for window in range(int(shard.attrs["windows"])):
+                group = shard[f"w{window}"]
+                vectors, index, lengths = group["vectors"][...], group["index"][...], group["lengths"][...]
+                starts = np.concatenate([[0], np.cumsum(lengths)])
+                for line, start, stop in zip(index.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+                    piece = vectors[:, start:stop] if axis else vectors[start:stop]
+                    self._dataset(line, piece, None if ids is None else ids[line - first])
+                    done[line - first] = True
+            for offset in np.flatnonzero(~done).tolist():  # blank lines
+                self._dataset(first + offset, self.layout.empty(), None if ids is None else ids[offset])
+        self.file.flush()
+        _fsync_file(self.path)  # a little at a time, so that the final fsync has little left to do
         self.copied.add(entry["shard"])
+
+    def _dataset(self, line: int, array: np.ndarray, record_id: str | None) -> None:
+        import h5py
+
+        dataset = _write_dataset(self.file.id, str(line), array)
+        if record_id is not None:  # JSONL input: the line's id rides along as an attribute
+            h5py.Dataset(dataset).attrs["id"] = record_id
 
     def finish(self, plan: InputPlan) -> None:
         import h5py
@@ -1169,7 +1214,8 @@ def _embed_pending(
     if resumed:
         log.info("resuming %s: %d of %d lines already committed", job.path, resumed, plan.n_lines)
     progress = Progress(plan.n_lines, resumed, options.progress)
-    assembly = Hdf5Assembly(job, fingerprint) if options.output_format == HDF5 else None
+    with_ids = plan.input_format == JSONL
+    assembly = Hdf5Assembly(job, fingerprint, layout, with_ids) if options.output_format == HDF5 else None
     job.on_commit = assembly.add if assembly else None
     try:
         if options.engine == "ray" and pending:

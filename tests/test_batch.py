@@ -54,6 +54,12 @@ def embed_file(*args: str) -> int:
     return cli(["embed-file", *map(str, args), "--no-progress", "--threads", "1"])
 
 
+def error_lines(stderr: str) -> list[str]:
+    """The CLI's own error lines (onnxruntime and logging may add lines of theirs); never a traceback."""
+    assert "Traceback" not in stderr
+    return [line for line in stderr.splitlines() if line.startswith("elmo embed-file: error: ")]
+
+
 def read_hdf5(path: Path) -> dict[str, np.ndarray]:
     with h5py.File(path, "r") as handle:
         return {key: handle[key][...] for key in handle.keys()}
@@ -124,8 +130,8 @@ def test_task_mix_and_unknown_task(tmp_path, tiny_model_dir, embedder, capsys):
 
     capsys.readouterr()
     assert embed_file(source, tmp_path / "nope.h5", "--model", model, "--layers", "mix:nope") == 2
-    err = capsys.readouterr().err.strip()
-    assert "unknown task 'nope'" in err and "demo" in err and len(err.splitlines()) == 1
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "unknown task 'nope'" in err and "demo" in err
 
 
 # -- Parquet -------------------------------------------------------------------------------------------------------
@@ -162,6 +168,19 @@ def test_jsonl_tokenized_to_parquet_shards(tmp_path, tiny_model_dir, embedder):
     # any Parquet reader sees the rows in order (files starting with '_' are ignored)
     table = pads.dataset(output, format="parquet").to_table()
     assert table.column("index").to_pylist() == [0, 1, 2, 3, 4]
+
+    # the same input to hdf5: keys are line indices, each line's JSONL id rides along as an attribute
+    assert embed_file(source, tmp_path / "out.h5", "--model", tiny_model_dir, "--tokenized", "--shard-lines", "2") == 0
+    with h5py.File(tmp_path / "out.h5", "r") as handle:
+        assert [handle[str(i)].attrs["id"] for i in range(5)] == ["doc-a", "7", "blank", "3", "4"]
+        assert json.loads(handle["sentence_to_index"][0]) == {
+            "Hello there , world": "0",
+            "pre tokenized input": "1",
+            "": "4",
+            "no id given": "3",
+        }
+        for index, _, _, vectors in rows:
+            np.testing.assert_array_equal(handle[str(index)][...], vectors)
 
 
 def test_parquet_top_matches_hdf5(tmp_path, tiny_model_dir):
@@ -220,9 +239,8 @@ def test_bad_input_is_one_clear_line(tmp_path, tiny_model_dir, capsys, content, 
     if content is not None:
         source.write_bytes(content)
     code = embed_file(source, tmp_path / "out.h5", "--model", tiny_model_dir, *extra)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and err[0].startswith("elmo embed-file: error: ") and message in err[0]
+    (err,) = error_lines(capsys.readouterr().err)
+    assert code == 2 and message in err
     assert not (tmp_path / "out.h5").exists()
 
 
@@ -396,11 +414,10 @@ def test_ray_engine_matches_local(tmp_path, tiny_model_dir, capsys):
         assert embed_file(source, tmp_path / "ray.h5", *args, "--engine", "ray") == 0
         capsys.readouterr()
         assert embed_file(too_long, tmp_path / "long.h5", *args, "--engine", "ray") == 2  # raised inside an actor
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1] == (
+        assert error_lines(capsys.readouterr().err) == [
             f"elmo embed-file: error: {too_long.resolve()}: line 2 has 100001 tokens; the limit is 100000 "
             "(split the line, or raise the server's limit)"
-        )
+        ]
     finally:
         ray.shutdown()
     assert_same_output(tmp_path / "ray.parquet", tmp_path / "local.parquet", "parquet")
@@ -457,8 +474,8 @@ def test_remote_unknown_task_and_unreachable_server(tmp_path, tiny_model_dir, ca
     finally:
         server.stop()
     assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--server-wait", "0.5") == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is not serving after 0.5 s" in err[0] and "UNAVAILABLE" in err[0]
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "is not serving after 0.5 s" in err and "UNAVAILABLE" in err
 
 
 def test_empty_input_gives_an_empty_but_complete_output(tmp_path, tiny_model_dir):
