@@ -94,7 +94,7 @@ def time_embed_file(model: Path, source: Path, output: Path, args: argparse.Name
         server_model="",
         spec=parse_layers(args.layers),
         output_format=args.format,
-        dtype="float32",
+        dtype=args.dtype,
         tokenized=False,
         input_format="text",
         batch_tokens=args.batch_tokens,
@@ -112,7 +112,7 @@ def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespac
     """Peak resident memory of one `elmo embed-file` process (MB), measured by a fresh parent so that earlier
     children do not count."""
     command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model)]
-    command += ["--layers", args.layers, "--format", args.format, "--no-progress", "--overwrite"]
+    command += ["--layers", args.layers, "--format", args.format, "--dtype", args.dtype, "--no-progress", "--overwrite"]
     command += ["--shard-lines", str(args.shard_lines)]
     if args.batch_tokens:
         command += ["--batch-tokens", str(args.batch_tokens)]
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--shard-lines", type=int, default=1000)
     parser.add_argument("--layers", default="all")
     parser.add_argument("--format", default="hdf5", choices=["hdf5", "parquet"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x --lines (subprocesses)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "batch_throughput.json")
@@ -166,6 +167,7 @@ def main() -> None:
             "tokens": tokens,
             "layers": args.layers,
             "format": args.format,
+            "dtype": args.dtype,
             "threads": args.threads,
             "batch_tokens": args.batch_tokens,
             "shard_lines": args.shard_lines,
@@ -193,7 +195,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"model: {result['model']}; corpus: {result['corpus']}; {tokens} tokens; layers {args.layers}, {args.format}")
+    print(
+        f"model: {result['model']}; corpus: {result['corpus']}; {tokens} tokens; "
+        f"layers {args.layers}, {args.dtype}, {args.format}"
+    )
     print("| path | tokens/s | relative |\n|---|---:|---:|")
     print(f"| in-process runtime (`Embedder.embed_tokens`) | {result['runtime_tokens_per_s']:,.0f} | 100 % |")
     print(
