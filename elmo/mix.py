@@ -332,6 +332,7 @@ def save_task(model_dir: str | Path, task: Task, head: Sequence[tuple[np.ndarray
     root = Path(model_dir) / TASKS_DIR
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{task.name}.", dir=root))
+    staging.chmod(0o755)  # mkdtemp makes it 0700: a served model is often read by another (non-root) user
     try:
         if head is not None:
             from safetensors.numpy import save_file
@@ -342,6 +343,8 @@ def save_task(model_dir: str | Path, task: Task, head: Sequence[tuple[np.ndarray
                 tensors[f"head.{i}.bias"] = np.ascontiguousarray(bias, dtype=np.float32)
             save_file(tensors, str(staging / HEAD_FILE))
         (staging / TASK_FILE).write_text(json.dumps(task.to_json(), indent=2, ensure_ascii=False) + "\n", "utf-8")
+        for path in staging.iterdir():
+            path.chmod(0o644)
         target = root / task.name
         old = None
         if target.exists():
