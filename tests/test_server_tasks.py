@@ -13,7 +13,7 @@ from elmo.client import EmbedderClient, RemoteError
 from elmo.features import Features
 from elmo.mix import Task, TaskStore, apply_task, save_task
 from elmo.runtime import Embedder
-from tests.service_helpers import ServerThread
+from tests.service_helpers import ServerThread, limits_with
 
 TEXTS = ["The cat sat on the mat.", "我买了一台苹果电脑。", "苹果很甜", "a"]
 
@@ -82,3 +82,26 @@ def test_feature_api_is_the_same_locally_and_remotely(served):
         remote.sentence_vectors(sentences, task="pos_demo", pooling="mean+max"),
         atol=1e-5,
     )
+
+
+def test_shipped_tasks_are_served_exactly():
+    """models/default as shipped: every stored task, served by name, equals the offline mix of the same model."""
+    from pathlib import Path
+
+    model_dir = Path(__file__).resolve().parents[1] / "models" / "default"
+    if not (model_dir / "onnx.json").is_file() or not TaskStore(model_dir).names():
+        pytest.skip("models/default (with tasks) is not in this checkout")
+    runtime = Embedder(model_dir, intra_op_threads=1)
+    server = ServerThread({"": runtime}, limits=limits_with(max_response_bytes=1 << 20, max_message_bytes=1 << 20))
+    try:
+        server.warm_up()
+        with EmbedderClient(server.target) as client:
+            names = list(client.model_info().tasks)
+            assert names == TaskStore(model_dir).names()
+            for name in names:
+                task = TaskStore(model_dir).get(name)
+                for text, embedding in zip(TEXTS, client.embed(TEXTS[:3], task=name, omit_layers=True)):
+                    offline = apply_task(runtime.embed_texts([text])[0][1], task)
+                    assert float(np.abs(embedding.mix - offline).max()) <= 1e-5
+    finally:
+        server.stop()
