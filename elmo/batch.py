@@ -903,6 +903,7 @@ class JobDirectory:
         self.path = output.with_name(output.name + PARTIAL_SUFFIX)
         self.committed: dict[int, dict] = {}
         self.on_commit: Callable[[dict], None] | None = None  # e.g. the hdf5 assembly copying the shard in
+        self.timeline: list[tuple[float, int]] = []  # (time, tokens) of this run's commits
 
     def open(self, fingerprint: dict, overwrite: bool) -> None:
         job_file = self.path / JOB_FILE
@@ -954,6 +955,7 @@ class JobDirectory:
             handle.flush()
             os.fsync(handle.fileno())
         self.committed[entry["shard"]] = entry
+        self.timeline.append((time.perf_counter(), entry["tokens"]))
         if self.on_commit:
             self.on_commit(entry)
 
@@ -1139,6 +1141,7 @@ class JobResult:
     embedded_tokens: int = 0
     seconds: float = 0.0
     already_complete: bool = False
+    steady_tokens_per_s: float | None = None  # between this run's first and last commit (3+ shards)
 
     def summary(self) -> str:
         if self.already_complete:
@@ -1248,7 +1251,15 @@ def _embed_pending(
         embedded_lines=progress.sentences,
         embedded_tokens=progress.tokens,
         seconds=seconds,
+        steady_tokens_per_s=_steady_rate(job.timeline),
     )
+
+
+def _steady_rate(timeline: list[tuple[float, int]]) -> float | None:
+    """Tokens/s while shards stream, start-up and the final flush left out: what a long input runs at."""
+    if len(timeline) < 3 or timeline[-1][0] <= timeline[0][0]:
+        return None
+    return sum(tokens for _, tokens in timeline[1:]) / (timeline[-1][0] - timeline[0][0])
 
 
 # -- reading the output back ---------------------------------------------------------------------------------------
