@@ -80,6 +80,7 @@ class OptimConfig:
     fp16_weights: bool = False  # store model.safetensors as float16 (the optimizer state stays float32)
     init_bias_unigram: bool = True  # start the softmax bias at log unigram frequencies of the train targets
     calibrate_bias_tokens: int = 0  # > 0: after training, refit the softmax bias on this many train tokens
+    init_from: str = ""  # a model directory (same config and vocab) whose weights start this run; fresh optimizer
 
 
 @dataclass
@@ -453,6 +454,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     freqs = target_frequencies(train_sentences, vocab)
     if resume:
         state = _restore(out, bilm, optimizer, names)
+    elif t.init_from:
+        state["init_from"] = _init_from(Path(t.init_from), bilm, vocab_tokens)
     elif t.init_bias_unigram:
         init_bias_from_unigram(bilm, freqs)
     if d.active:
@@ -572,17 +575,33 @@ def _progress_bar(d: Dist, initial: int, total: int):
     return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=5, dynamic_ncols=True)
 
 
+def _load_weights(path: Path, bilm: BiLM) -> None:
+    try:
+        bilm.load_state_dict({k: v.float() for k, v in load_state(path).items()})
+    except RuntimeError as exc:
+        raise ConfigError(f"{path}: does not match the config ({str(exc).splitlines()[0]})") from None
+
+
+def _init_from(model_dir: Path, bilm: BiLM, vocab_tokens: list[str]) -> dict:
+    """Start from another run's weights (a later stage of a staged recipe); returns what the state records."""
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        raise DataError(f"{weights}: init_from needs a model directory with model.safetensors")
+    if load_vocab(model_dir) != vocab_tokens:
+        raise ConfigError(f"{model_dir}: init_from model has another vocabulary than data.vocab")
+    _load_weights(weights, bilm)
+    previous = model_dir / STATE_FILE
+    prior = json.loads(previous.read_text()) if previous.is_file() else {}
+    log.info("starting from the weights of %s (%s tokens seen there)", model_dir, prior.get("tokens", "?"))
+    return {"dir": str(model_dir), "steps": prior.get("step"), "tokens": prior.get("tokens"),
+            "elapsed_s": prior.get("elapsed_s")}  # fmt: skip
+
+
 def _restore(out: Path, bilm: BiLM, optimizer, names: list[str]) -> dict:
     state_file = out / STATE_FILE
     if not state_file.is_file():
         raise DataError(f"{state_file}: nothing to resume (no train state in {out})")
-    weights = load_state(out / "model.safetensors")
-    try:
-        bilm.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise ConfigError(
-            f"{out / 'model.safetensors'}: does not match the config ({str(exc).splitlines()[0]})"
-        ) from None
+    _load_weights(out / "model.safetensors", bilm)
     load_optimizer_tensors(optimizer, names, load_state(out / OPTIMIZER_FILE))
     state = json.loads(state_file.read_text())
     log.info("resuming from step %d (%d tokens)", state["step"], state["tokens"])

@@ -62,6 +62,31 @@ def test_resume_continues_exactly(tmp_path, brown_corpus):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_init_from_starts_from_another_runs_weights(tmp_path, brown_corpus):
+    first = write_train_config(tmp_path / "a.json", brown_corpus, max_steps=4, valid_every=4, checkpoint_every=4)
+    assert main(["train", "--config", str(first), "--out", str(tmp_path / "a")]) == 0
+    # lr 0: the second stage must end with exactly the weights it started from, and record where they came from
+    second = write_train_config(tmp_path / "b.json", brown_corpus, max_steps=2, valid_every=2, checkpoint_every=2,
+                                lr=0.0, init_from=str(tmp_path / "a"), init_bias_unigram=False)  # fmt: skip
+    assert main(["train", "--config", str(second), "--out", str(tmp_path / "b")]) == 0
+    a = load_state(tmp_path / "a" / "model.safetensors")
+    b = load_state(tmp_path / "b" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    state = json.loads((tmp_path / "b" / "train_state.json").read_text())
+    assert state["step"] == 2 and state["init_from"]["dir"] == str(tmp_path / "a") and state["init_from"]["steps"] == 4
+
+
+def test_init_from_a_missing_or_mismatched_model_is_one_clear_error(tmp_path, capsys, brown_corpus):
+    config = write_train_config(tmp_path / "c.json", brown_corpus, init_from=str(tmp_path / "nowhere"))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "nowhere", "init_from")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"")
+    (other / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nzebra\n")
+    config = write_train_config(tmp_path / "c.json", brown_corpus, init_from=str(other))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "other", "vocabulary")
+
+
 def test_two_process_data_parallel_with_torchrun(tmp_path, brown_corpus):
     overrides = {"max_steps": 6, "log_every": 3, "valid_every": 6, "checkpoint_every": 6}
     config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
@@ -178,7 +203,7 @@ def test_resume_without_state_is_one_clear_error(tmp_path, capsys, brown_corpus)
     _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o"), "--resume"], "nothing to resume")
 
 
-@pytest.mark.parametrize("name", ["default.json", "default-gpu.json", "tiny.json"])
+@pytest.mark.parametrize("name", ["default.json", "default-stage2.json", "default-gpu.json", "tiny.json"])
 def test_shipped_configs_are_valid(name):
     cfg = load_train_config(REPO / "configs" / name)
     assert cfg.train.n_negatives > 0
