@@ -109,6 +109,8 @@ def test_report(
             "last_train_loss": train_entries[-1]["loss"] if train_entries else None,
             "valid": [h for h in state["history"] if "valid_avg_ppl" in h],
         }
+        if "init_from" in state:  # a later stage of a staged recipe: what the starting weights had already seen
+            report["training"]["init_from"] = state["init_from"]
     return report
 
 

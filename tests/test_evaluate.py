@@ -80,3 +80,24 @@ def test_eval_lm_bad_inputs(tmp_path, trained_tiny_lm, capsys):
         assert main(["eval-lm", *argv]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err
+
+
+def test_report_compares_both_languages_with_the_trigram(trained_tiny_lm, brown_corpus, capsys, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text((brown_corpus / "train.txt").read_text())
+    (corpus / "test.en.txt").write_text((brown_corpus / "test.txt").read_text())
+    (corpus / "test.zh.txt").write_text("我 们 的 国 家\n新 华 社 北 京 电\n")
+    out = tmp_path / "metrics.json"
+    argv = ["--model", str(trained_tiny_lm), "--report", str(corpus), "--report-out", str(out)]
+    assert main(["eval-lm", *argv, "--train-dir", str(trained_tiny_lm)]) == 0
+    report = json.loads(out.read_text())
+    en_targets = sum(len(line.split()) + 1 for line in (corpus / "test.en.txt").read_text().splitlines())
+    assert report["test"]["en"]["bilm"]["tokens"] == report["test"]["en"]["kn3_baseline"]["tokens"] == en_targets
+    assert report["test"]["zh"]["bilm"]["tokens"] == 13 and report["test"]["zh"]["oov_rate"] == 1.0
+    for lang in ("en", "zh"):
+        for system in ("bilm", "kn3_baseline"):
+            assert report["test"][lang][system]["avg_ppl"] > 1
+    assert report["training"]["steps"] == 200 and "init_from" not in report["training"]
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["en"]["bilm"] == report["test"]["en"]["bilm"]["avg_ppl"]
