@@ -382,8 +382,22 @@ def write_checkpoint(out: Path, bilm: BiLM, vocab: list[str], optimizer, state: 
     plot_curve(state["history"], out / CURVE_FILE)
 
 
-def plot_curve(history: list[dict], path: Path) -> None:
-    """Training (sampled) and validation (full softmax) perplexity against tokens seen."""
+def plot_stages(run_dirs: list[Path], path: Path) -> None:
+    """One curve for a staged recipe: each run's history shifted by the tokens of the runs before it."""
+    history: list[dict] = []
+    boundaries: list[float] = []
+    offset = 0
+    for run_dir in run_dirs:
+        state = json.loads((Path(run_dir) / STATE_FILE).read_text())
+        history += [{**h, "tokens": h["tokens"] + offset} for h in state["history"]]
+        offset += state["tokens"]
+        boundaries.append(offset / 1e6)
+    plot_curve(history, path, stage_ends=boundaries[:-1])
+
+
+def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) -> None:
+    """Training (sampled) and validation (full softmax) perplexity against tokens seen; ``stage_ends`` (millions
+    of tokens) draws where one stage of a staged recipe handed over to the next."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -399,6 +413,8 @@ def plot_curve(history: list[dict], path: Path) -> None:
     for key, label in curves:
         if valid:
             ax.plot([h["tokens"] / 1e6 for h in valid], [h[key] for h in valid], marker="o", ms=3, label=label)
+    for end in stage_ends:
+        ax.axvline(end, color="grey", linestyle="--", linewidth=1)
     ax.set_yscale("log")
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("perplexity")

@@ -30,8 +30,8 @@ train_stage configs/default-stage2.json "$STAGE2"
 mkdir -p "$MODEL"
 "$PY" -c "from elmo.checkpoint import load_model_and_vocab, save_model
 m, v = load_model_and_vocab('$STAGE2'); save_model(m, '$MODEL', v, fp16=True)"
-cp "$STAGE1/curve.png" "$MODEL/curve-stage1.png"
-cp "$STAGE2/curve.png" "$MODEL/curve.png"
+"$PY" -c "from pathlib import Path; from elmo.train import plot_stages
+plot_stages([Path('$STAGE1'), Path('$STAGE2')], Path('$MODEL/curve.png'))"
 cp configs/default.json "$MODEL/train_config.json"
 cp configs/default-stage2.json "$MODEL/train_config.stage2.json"
 "$ELMO" export --model "$MODEL"

@@ -19,6 +19,7 @@ from elmo.train import (
     OptimConfig,
     load_train_config,
     lr_at,
+    plot_stages,
     use_distinct_token_encoder,
 )
 from tests.lm_fixtures import REPO, write_train_config
@@ -74,6 +75,8 @@ def test_init_from_starts_from_another_runs_weights(tmp_path, brown_corpus):
     assert all(torch.equal(a[k], b[k]) for k in a)
     state = json.loads((tmp_path / "b" / "train_state.json").read_text())
     assert state["step"] == 2 and state["init_from"]["dir"] == str(tmp_path / "a") and state["init_from"]["steps"] == 4
+    plot_stages([tmp_path / "a", tmp_path / "b"], tmp_path / "both.png")
+    assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_init_from_a_missing_or_mismatched_model_is_one_clear_error(tmp_path, capsys, brown_corpus):
