@@ -556,16 +556,23 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     done = state["step"] >= t.max_steps or _out_of_time(state, t, d)
     if done and t.calibrate_bias_tokens > 0 and not state.get("bias_calibrated"):
         before = validate(bilm, vocab, valid_sentences, d)
+        trained_bias = bilm.softmax.bias.detach().clone()
         info = calibrate_softmax_bias(bilm, vocab, train_sentences, freqs, t.calibrate_bias_tokens)
         after = validate(bilm, vocab, valid_sentences, d)
-        state["bias_calibrated"] = {**info, "valid_before": before, "valid_after": after}
+        kept = after["valid_avg_ppl"] <= before["valid_avg_ppl"]
+        if not kept:  # a refit on a small train sample can lose on valid: keep the trained bias then
+            with torch.no_grad():
+                bilm.softmax.bias.copy_(trained_bias)
+        state["bias_calibrated"] = {**info, "kept": kept, "valid_before": before, "valid_after": after}
+        final = after if kept else before
         state["history"].append(
-            {"step": state["step"], "tokens": state["tokens"], "after": "bias calibration", **after}
+            {"step": state["step"], "tokens": state["tokens"], "after": "bias calibration", **final}
         )
         if d.main:
             log.info(
-                "softmax bias calibrated: valid avg ppl %.1f -> %.1f", before["valid_avg_ppl"], after["valid_avg_ppl"]
-            )
+                "softmax bias calibration: valid avg ppl %.1f -> %.1f (%s)", before["valid_avg_ppl"],
+                after["valid_avg_ppl"], "kept" if kept else "worse on valid: trained bias kept",
+            )  # fmt: skip
             write_checkpoint(out, bilm, vocab_tokens, optimizer, state, cfg)
     if d.active:
         dist.barrier()

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from elmo.checkpoint import load_model_and_vocab, load_state
 from elmo.cli import main
 from elmo.config import tiny
+from elmo.evaluate import score_sentences
 from elmo.model import BiLM
 from elmo.train import (
     LMObjective,
@@ -20,8 +22,10 @@ from elmo.train import (
     load_train_config,
     lr_at,
     plot_stages,
+    slice_by_tokens,
     use_distinct_token_encoder,
 )
+from elmo.vocab import Vocab, read_sentences
 from tests.lm_fixtures import REPO, write_train_config
 
 
@@ -88,6 +92,24 @@ def test_init_from_a_missing_or_mismatched_model_is_one_clear_error(tmp_path, ca
     (other / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nzebra\n")
     config = write_train_config(tmp_path / "c.json", brown_corpus, init_from=str(other))
     _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "other", "vocabulary")
+
+
+def test_bias_calibration_is_kept_only_when_it_helps_on_valid(tmp_path, brown_corpus):
+    config = write_train_config(tmp_path / "c.json", brown_corpus, max_steps=6, valid_every=6, checkpoint_every=6,
+                                calibrate_bias_tokens=2000)  # fmt: skip
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "o")]) == 0
+    state = json.loads((tmp_path / "o" / "train_state.json").read_text())
+    calibration = state["bias_calibrated"]
+    before, after = calibration["valid_before"]["valid_avg_ppl"], calibration["valid_after"]["valid_avg_ppl"]
+    assert calibration["kept"] == (after <= before)
+    assert state["history"][-1]["valid_avg_ppl"] == min(before, after)
+    # the saved weights are the ones that score that perplexity
+    model, vocab = load_model_and_vocab(tmp_path / "o")
+    cfg = load_train_config(config)
+    valid = slice_by_tokens(read_sentences(Path(cfg.data.valid)), cfg.data.valid_tokens)
+    assert score_sentences(model, Vocab(vocab), valid).report()["avg_ppl"] == pytest.approx(
+        min(before, after), rel=1e-4
+    )
 
 
 def test_two_process_data_parallel_with_torchrun(tmp_path, brown_corpus):
