@@ -228,7 +228,9 @@ def test_resume_without_state_is_one_clear_error(tmp_path, capsys, brown_corpus)
     _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o"), "--resume"], "nothing to resume")
 
 
-@pytest.mark.parametrize("name", ["default.json", "default-stage2.json", "default-gpu.json", "tiny.json"])
+@pytest.mark.parametrize(
+    "name", ["default.json", "default-stage2.json", "default-stage3.json", "default-gpu.json", "tiny.json"]
+)
 def test_shipped_configs_are_valid(name):
     cfg = load_train_config(REPO / "configs" / name)
     assert cfg.train.n_negatives > 0
