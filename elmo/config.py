@@ -102,13 +102,17 @@ class ModelConfig:
         path = Path(directory_or_file)
         if path.is_dir():
             path = path / CONFIG_FILE
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json_config(path, "config file"), source=str(path))
+
+
+def read_json_config(path: Path, what: str) -> dict:
+    """A JSON config file's contents; a missing file or bad JSON is a ConfigError naming the file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
 
 
 def elmo_small() -> ModelConfig:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from elmo.errors import InputError
-from elmo.model import BiLM
+from elmo.model import BiLM, backward_targets
 from elmo.vocab import Vocab, length_batches, lm_arrays, read_sentences
 
 
@@ -64,10 +64,8 @@ def score_sentences(
     for batch in length_batches([len(s) for s in sentences], tokens_per_batch):
         char_ids, targets = (torch.from_numpy(a).to(device) for a in lm_arrays([sentences[i] for i in batch], vocab))
         fwd_h, bwd_h, lengths = model.lm_hidden(char_ids)
-        steps = torch.arange(1, targets.shape[1], device=device).view(1, -1)
-        bwd_targets = torch.where(steps < lengths.view(-1, 1), targets[:, :-1], -100)
         fwd_total += summed_nll(fwd_h[:, :-1].flatten(0, 1), weight, bias, targets[:, 1:].flatten())
-        bwd_total += summed_nll(bwd_h[:, 1:].flatten(0, 1), weight, bias, bwd_targets.flatten())
+        bwd_total += summed_nll(bwd_h[:, 1:].flatten(0, 1), weight, bias, backward_targets(targets, lengths).flatten())
         tokens += int((lengths - 1).sum())
     model.train(was_training)
     return LMScore(fwd_total, bwd_total, tokens)

@@ -167,6 +167,14 @@ def add_sentence_boundaries(char_ids: Tensor) -> tuple[Tensor, Tensor]:
     return padded, lengths + 2
 
 
+def backward_targets(target_ids: Tensor, lengths: Tensor) -> Tensor:
+    """Targets of backward positions 1..S-1: ``target_ids`` (B, S) of ``[<S>, tokens..., </S>]`` (-100 padding),
+    ``lengths`` (B,) with boundaries -> (B, S-1). Backward position p predicts p - 1; positions at or past a
+    sentence's length are padding even where p - 1 is its </S>."""
+    steps = torch.arange(1, target_ids.shape[1], device=target_ids.device).view(1, -1)
+    return torch.where(steps < lengths.view(-1, 1), target_ids[:, :-1], -100)
+
+
 def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
     """Reverse only the valid part of each row: (B, T, D) -> (B, T, D); position t < len_b takes len_b-1-t.
     Padding stays where it is, so the backward LSTM starts at each sentence's own last token."""
@@ -250,14 +258,12 @@ class BiLM(nn.Module):
         if self.softmax is None:
             raise ValueError("this model has no softmax (vocab_size=0): it embeds but cannot score text")
         forward_h, backward_h, lengths = self.lm_hidden(char_ids)
-        # Backward position p predicts p - 1; positions at or past a sentence's length are padding even where
-        # p - 1 is its </S>.
-        steps = torch.arange(1, target_ids.shape[1], device=target_ids.device).view(1, -1)
-        backward_targets = torch.where(steps < lengths.view(-1, 1), target_ids[:, :-1], -100)
         forward_loss = F.cross_entropy(
             self.softmax(forward_h[:, :-1]).flatten(0, 1), target_ids[:, 1:].flatten(), ignore_index=-100
         )
         backward_loss = F.cross_entropy(
-            self.softmax(backward_h[:, 1:]).flatten(0, 1), backward_targets.flatten(), ignore_index=-100
+            self.softmax(backward_h[:, 1:]).flatten(0, 1),
+            backward_targets(target_ids, lengths).flatten(),
+            ignore_index=-100,
         )
         return forward_loss, backward_loss

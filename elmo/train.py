@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from elmo.checkpoint import load_state, load_vocab, save_model, save_state
-from elmo.config import ModelConfig
+from elmo.config import ModelConfig, read_json_config
 from elmo.errors import ConfigError, DataError
 from elmo.evaluate import score_sentences
-from elmo.model import BiLM, CharEncoder
+from elmo.model import BiLM, CharEncoder, backward_targets
 from elmo.vocab import Vocab, chunk_long, length_batches, lm_arrays, read_sentences
 
 log = logging.getLogger(__name__)
@@ -105,12 +105,7 @@ def _section(cls, values: dict, name: str, source: str):
 
 def load_train_config(path: str | Path) -> TrainConfig:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: training config not found")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    raw = read_json_config(path, "training config")
     unknown = sorted(set(raw) - {"model", "data", "train"})
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {unknown}; expected 'model', 'data', 'train'")
@@ -190,10 +185,9 @@ class LMObjective(nn.Module):
         their log expected counts (K,) for sampled softmax, or None for full softmax.
         Returns (forward_loss, backward_loss, true_log_q unused) mean per predicted token."""
         fwd_h, bwd_h, lengths = self.bilm.lm_hidden(char_ids)
-        steps = torch.arange(1, targets.shape[1], device=targets.device).view(1, -1)
-        bwd_targets = torch.where(steps < lengths.view(-1, 1), targets[:, :-1], -100)
         fwd = self._loss(fwd_h[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), negatives, neg_log_q)
-        bwd = self._loss(bwd_h[:, 1:].flatten(0, 1), bwd_targets.flatten(), negatives, neg_log_q)
+        bwd_targets = backward_targets(targets, lengths).flatten()
+        bwd = self._loss(bwd_h[:, 1:].flatten(0, 1), bwd_targets, negatives, neg_log_q)
         return fwd, bwd
 
     def _loss(self, hidden: Tensor, targets: Tensor, negatives: Tensor | None, neg_log_q: Tensor | None) -> Tensor:
