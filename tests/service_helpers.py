@@ -12,6 +12,7 @@ import contextlib
 import re
 import subprocess
 import threading
+import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +115,17 @@ def limits_with(**changes) -> Limits:
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return response.read().decode()
+
+
+def scrape_until(port: int, name: str, wait_s: float = 10.0, **labels) -> str:
+    """Scrapes until ``name{labels}`` appears: grpc sends an aborted RPC's status to the client *before* the
+    observer's ``finally`` counts it, so a scrape right after the client sees the error can miss it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = scrape(port)
+        if metric_value(text, name, **labels) is not None or time.monotonic() > deadline:
+            return text
+        time.sleep(0.02)
 
 
 def metric_value(text: str, name: str, **labels) -> float | None:

@@ -23,7 +23,7 @@ from elmo.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
 from service.limits import Limits
 from tests.conftest import REPO
-from tests.service_helpers import EDGE_LIMITS, ServerThread, limits_with, metric_value, scrape, self_signed_cert
+from tests.service_helpers import EDGE_LIMITS, ServerThread, limits_with, metric_value, scrape_until, self_signed_cert
 
 TEXTS = ["The cat sat on the mat .", "苹果很好吃，苹果公司发布了新手机。", "naïve café 🙂 emoji", "a"]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -438,7 +438,7 @@ def test_prometheus_metrics_endpoint(server, client):
     client.embed(["count me", "and me"])
     with pytest.raises(RemoteError):
         client.embed([""])
-    text = scrape(server.metrics_port)
+    text = scrape_until(server.metrics_port, "elmo_requests_total", method="Embed", code="INVALID_ARGUMENT")
 
     def value(name, **labels) -> float:
         found = metric_value(text, name, **labels)
