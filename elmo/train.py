@@ -51,7 +51,8 @@ CURVE_FILE = "curve.png"
 # -- configuration ---------------------------------------------------------------------------------------------
 @dataclass
 class DataConfig:
-    train: str = "data/corpus/train.txt"
+    # one file, or a list of files read one after another; a file listed twice is seen twice per epoch
+    train: str | list[str] = "data/corpus/train.txt"
     valid: str = "data/corpus/valid.txt"
     vocab: str = "data/corpus/vocab.txt"
     max_sentence_tokens: int = 50  # longer sentences are cut into pieces for training
@@ -126,7 +127,22 @@ def load_train_config(path: str | Path) -> TrainConfig:
             raise ConfigError(f"{path}: train.{name} must be > 0 (got {getattr(t, name)})")
     if cfg.data.max_sentence_tokens <= 0:
         raise ConfigError(f"{path}: data.max_sentence_tokens must be > 0")
+    if not train_files(cfg.data) or not all(isinstance(f, str) and f for f in train_files(cfg.data)):
+        raise ConfigError(f"{path}: data.train must be a file path or a non-empty list of file paths")
     return cfg
+
+
+def train_files(data: DataConfig) -> list[str]:
+    """The train file(s) as a list; [] when data.train is neither a path nor a list."""
+    if isinstance(data.train, str):
+        return [data.train]
+    return list(data.train) if isinstance(data.train, list) else []
+
+
+def read_train_sentences(data: DataConfig) -> list[list[str]]:
+    """Every train file's sentences in the listed order; Batches shuffles them, so repeating a file oversamples it."""
+    sentences = [s for path in train_files(data) for s in read_sentences(Path(path))]
+    return chunk_long(sentences, data.max_sentence_tokens)
 
 
 # -- distributed -----------------------------------------------------------------------------------------------
@@ -449,7 +465,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     vocab = Vocab(vocab_tokens)
     model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": len(vocab_tokens)}, source="model")
     cfg.model = model_cfg
-    train_sentences = chunk_long(read_sentences(Path(cfg.data.train)), cfg.data.max_sentence_tokens)
+    train_sentences = read_train_sentences(cfg.data)
     train_sentences = evenly_spaced(train_sentences, cfg.data.train_sentences)
     valid_sentences = slice_by_tokens(read_sentences(Path(cfg.data.valid)), cfg.data.valid_tokens)
     batches = Batches(train_sentences, t.tokens_per_batch, t.seed, d)

@@ -16,12 +16,14 @@ from elmo.config import tiny
 from elmo.evaluate import score_sentences
 from elmo.model import BiLM
 from elmo.train import (
+    DataConfig,
     LMObjective,
     NegativeSampler,
     OptimConfig,
     load_train_config,
     lr_at,
     plot_stages,
+    read_train_sentences,
     slice_by_tokens,
     use_distinct_token_encoder,
 )
@@ -199,6 +201,24 @@ def test_empty_train_file_is_one_clear_error(tmp_path, capsys, brown_corpus):
     cfg["data"]["train"] = str(tmp_path / "empty.txt")
     config.write_text(json.dumps(cfg))
     _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "empty.txt", "empty")
+
+
+def test_train_files_are_read_in_order_and_a_repeated_file_is_oversampled(tmp_path):
+    (tmp_path / "en.txt").write_text("the cat sat\nit ran\n")
+    (tmp_path / "zh.txt").write_text("苹 果\n" + " ".join("字" * 7) + "\n")
+    files = [str(tmp_path / "en.txt"), str(tmp_path / "zh.txt"), str(tmp_path / "zh.txt")]
+    sentences = read_train_sentences(DataConfig(train=files, max_sentence_tokens=4))
+    zh = [["苹", "果"], ["字"] * 4, ["字"] * 3]
+    assert sentences == [["the", "cat", "sat"], ["it", "ran"], *zh, *zh]
+
+
+@pytest.mark.parametrize("value", [[], 3, ["ok.txt", ""]])
+def test_bad_train_file_list_is_one_clear_error(tmp_path, capsys, brown_corpus, value):
+    config = write_train_config(tmp_path / "c.json", brown_corpus)
+    cfg = json.loads(config.read_text())
+    cfg["data"]["train"] = value
+    config.write_text(json.dumps(cfg))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "data.train")
 
 
 @pytest.mark.parametrize(
