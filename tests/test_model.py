@@ -108,6 +108,21 @@ def test_backward_direction_sees_the_future_and_forward_does_not():
     assert np.abs(first[0, 1:, 0, half:] - changed[0, 1:, 0, half:]).max() > 1e-4
 
 
+def test_lm_states_never_see_the_token_they_predict():
+    """lm_hidden runs over [<S>, w1..wn, </S>]: forward state t predicts slot t + 1, backward state t slot t - 1.
+    Changing w3 (slot 3) may move forward states from slot 3 on and backward states up to slot 3, nothing else."""
+    model = random_model()
+    model.eval()
+    words = ["a", "b", "c", "d", "e"]
+    ids = torch.as_tensor(batch_to_char_ids([words, words[:2] + ["zz"] + words[3:]]).astype(np.int64))
+    with torch.no_grad():
+        forward, backward, _ = model.lm_hidden(ids)
+    moved_forward = (forward[0] - forward[1]).abs().amax(-1) > 1e-6
+    moved_backward = (backward[0] - backward[1]).abs().amax(-1) > 1e-6
+    assert moved_forward.tolist() == [False, False, False, True, True, True, True]
+    assert moved_backward.tolist() == [True, True, True, True, False, False, False]
+
+
 def test_deterministic_and_stateless_across_calls():
     model = random_model()
     first, _ = embed(model, SENTENCES)
