@@ -249,7 +249,15 @@ def test_resume_without_state_is_one_clear_error(tmp_path, capsys, brown_corpus)
 
 
 @pytest.mark.parametrize(
-    "name", ["default.json", "default-stage2.json", "default-stage3.json", "default-gpu.json", "tiny.json"]
+    "name",
+    [
+        "default.json",
+        "default-stage2.json",
+        "default-stage3.json",
+        "default-stage4.json",
+        "default-gpu.json",
+        "tiny.json",
+    ],
 )
 def test_shipped_configs_are_valid(name):
     cfg = load_train_config(REPO / "configs" / name)
