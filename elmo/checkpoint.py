@@ -7,7 +7,6 @@ are always loaded back as float32. Missing or corrupt files raise :class:`ModelF
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from elmo.config import CONFIG_FILE, ModelConfig
+from elmo.config import CONFIG_FILE, ModelConfig, read_json_config
 from elmo.errors import ConfigError, ModelFileError
 from elmo.model import BiLM
 
@@ -150,13 +149,7 @@ def load_model_and_vocab(directory: str | Path, device: str | torch.device = "cp
 
 
 def read_json(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"{path}: file not found")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelFileError(f"{path}: not valid JSON ({exc})") from None
+    return read_json_config(Path(path), "file", ModelFileError)
 
 
 def _unwrapped(model: torch.nn.Module) -> BiLM:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from elmo.chars import MAX_CHARS, N_CHAR_IDS
-from elmo.errors import ConfigError
+from elmo.errors import ConfigError, ElmoError
 
 CONFIG_FILE = "config.json"
 
@@ -105,14 +105,14 @@ class ModelConfig:
         return cls.from_dict(read_json_config(path, "config file"), source=str(path))
 
 
-def read_json_config(path: Path, what: str) -> dict:
-    """A JSON config file's contents; a missing file or bad JSON is a ConfigError naming the file."""
+def read_json_config(path: Path, what: str, error: type[ElmoError] = ConfigError) -> dict:
+    """A JSON file's contents; a missing file or bad JSON raises ``error`` naming the file."""
     if not path.is_file():
-        raise ConfigError(f"{path}: {what} not found")
+        raise error(f"{path}: {what} not found")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+        raise error(f"{path}: not valid JSON ({exc})") from None
 
 
 def elmo_small() -> ModelConfig:

@@ -127,7 +127,8 @@ def load_train_config(path: str | Path) -> TrainConfig:
             raise ConfigError(f"{path}: train.{name} must be > 0 (got {getattr(t, name)})")
     if cfg.data.max_sentence_tokens <= 0:
         raise ConfigError(f"{path}: data.max_sentence_tokens must be > 0")
-    if not train_files(cfg.data) or not all(isinstance(f, str) and f for f in train_files(cfg.data)):
+    files = train_files(cfg.data)
+    if not files or not all(isinstance(f, str) and f for f in files):
         raise ConfigError(f"{path}: data.train must be a file path or a non-empty list of file paths")
     return cfg
 
@@ -398,7 +399,7 @@ def plot_stages(run_dirs: list[Path], path: Path) -> None:
     boundaries: list[float] = []
     offset = 0
     for run_dir in run_dirs:
-        state = json.loads((Path(run_dir) / STATE_FILE).read_text())
+        state = read_train_state(Path(run_dir))
         history += [{**h, "tokens": h["tokens"] + offset} for h in state["history"]]
         offset += state["tokens"]
         boundaries.append(offset / 1e6)
@@ -623,11 +624,15 @@ def _init_from(model_dir: Path, bilm: BiLM, vocab_tokens: list[str]) -> dict:
     if load_vocab(model_dir) != vocab_tokens:
         raise ConfigError(f"{model_dir}: init_from model has another vocabulary than data.vocab")
     _load_weights(weights, bilm)
-    previous = model_dir / STATE_FILE
-    prior = json.loads(previous.read_text()) if previous.is_file() else {}
+    prior = read_train_state(model_dir) if (model_dir / STATE_FILE).is_file() else {}
     log.info("starting from the weights of %s (%s tokens seen there)", model_dir, prior.get("tokens", "?"))
     return {"dir": str(model_dir), "steps": prior.get("step"), "tokens": prior.get("tokens"),
             "elapsed_s": prior.get("elapsed_s")}  # fmt: skip
+
+
+def read_train_state(run_dir: Path) -> dict:
+    """A run folder's train_state.json; missing or bad JSON is a DataError naming the file."""
+    return read_json_config(run_dir / STATE_FILE, "train state", DataError)
 
 
 def _restore(out: Path, bilm: BiLM, optimizer, names: list[str]) -> dict:
@@ -636,7 +641,7 @@ def _restore(out: Path, bilm: BiLM, optimizer, names: list[str]) -> dict:
         raise DataError(f"{state_file}: nothing to resume (no train state in {out})")
     _load_weights(out / "model.safetensors", bilm)
     load_optimizer_tensors(optimizer, names, load_state(out / OPTIMIZER_FILE))
-    state = json.loads(state_file.read_text())
+    state = read_train_state(out)
     log.info("resuming from step %d (%d tokens)", state["step"], state["tokens"])
     return state
 
