@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from elmo.errors import InputError
 from elmo.model import BiLM, backward_targets
-from elmo.vocab import Vocab, length_batches, lm_arrays, read_sentences
+from elmo.vocab import IGNORE, Vocab, length_batches, lm_arrays, read_sentences
 
 
 @dataclass
@@ -43,7 +43,7 @@ class LMScore:
 
 def summed_nll(logits_source: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor) -> float:
     """Sum of full-softmax NLL over the non-padding targets. ``logits_source`` (N, P), ``targets`` (N,)."""
-    keep = targets != -100
+    keep = targets != IGNORE
     if not bool(keep.any()):
         return 0.0
     logits = F.linear(logits_source[keep], weight, bias)

@@ -38,7 +38,7 @@ from elmo.config import ModelConfig, read_json_config
 from elmo.errors import ConfigError, DataError
 from elmo.evaluate import score_sentences
 from elmo.model import BiLM, CharEncoder, backward_targets
-from elmo.vocab import Vocab, chunk_long, length_batches, lm_arrays, read_sentences
+from elmo.vocab import IGNORE, Vocab, boundary_targets, chunk_long, length_batches, lm_arrays, read_sentences
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ class DataConfig:
     train: str | list[str] = "data/corpus/train.txt"
     valid: str = "data/corpus/valid.txt"
     vocab: str = "data/corpus/vocab.txt"
-    max_sentence_tokens: int = 50  # longer sentences are cut into pieces for training
+    max_sentence_tokens: int = 128  # longer sentences are cut into pieces for training
+    # no <S>/</S> target at a cut (see vocab.chunk_long); the shipped default stages were trained without it
+    mask_cut_boundaries: bool = True
     train_sentences: int = 0  # 0 = all; otherwise an evenly spaced slice (CI-sized runs)
     valid_tokens: int = 20000  # periodic validation on an evenly spaced slice of about this many tokens
 
@@ -125,8 +127,10 @@ def load_train_config(path: str | Path) -> TrainConfig:
     for name in ("tokens_per_batch", "max_steps", "log_every", "valid_every", "checkpoint_every"):
         if getattr(t, name) <= 0:
             raise ConfigError(f"{path}: train.{name} must be > 0 (got {getattr(t, name)})")
-    if cfg.data.max_sentence_tokens <= 0:
-        raise ConfigError(f"{path}: data.max_sentence_tokens must be > 0")
+    if not isinstance(cfg.data.max_sentence_tokens, int) or cfg.data.max_sentence_tokens <= 0:
+        raise ConfigError(f"{path}: data.max_sentence_tokens must be an integer > 0")
+    if not isinstance(cfg.data.mask_cut_boundaries, bool):
+        raise ConfigError(f"{path}: data.mask_cut_boundaries must be true or false")
     files = train_files(cfg.data)
     if not files or not all(isinstance(f, str) and f for f in files):
         raise ConfigError(f"{path}: data.train must be a file path or a non-empty list of file paths")
@@ -143,7 +147,7 @@ def train_files(data: DataConfig) -> list[str]:
 def read_train_sentences(data: DataConfig) -> list[list[str]]:
     """Every train file's sentences in the listed order; Batches shuffles them, so repeating a file oversamples it."""
     sentences = [s for path in train_files(data) for s in read_sentences(Path(path))]
-    return chunk_long(sentences, data.max_sentence_tokens)
+    return chunk_long(sentences, data.max_sentence_tokens, mark_cuts=data.mask_cut_boundaries)
 
 
 # -- distributed -----------------------------------------------------------------------------------------------
@@ -208,7 +212,7 @@ class LMObjective(nn.Module):
         return fwd, bwd
 
     def _loss(self, hidden: Tensor, targets: Tensor, negatives: Tensor | None, neg_log_q: Tensor | None) -> Tensor:
-        keep = targets != -100
+        keep = targets != IGNORE
         hidden, targets = hidden[keep], targets[keep]  # (N, P), (N,)
         softmax = self.bilm.softmax
         if negatives is None:
@@ -255,13 +259,14 @@ def use_distinct_token_encoder(bilm: BiLM) -> None:
 # -- softmax bias ----------------------------------------------------------------------------------------------
 def target_frequencies(sentences: list[list[str]], vocab: Vocab) -> Tensor:
     """Relative frequency of every id as a target of either direction: tokens plus one </S> (forward) and one
-    <S> (backward) per sentence, OOV as <UNK>. (V,) float64, sums to 1."""
+    <S> (backward) per sentence (not at a marked cut), OOV as <UNK>. (V,) float64, sums to 1."""
     counts = np.zeros(len(vocab), dtype=np.float64)
     for sentence in sentences:
         ids = vocab.ids(sentence)
         np.add.at(counts, ids[1:-1], 2.0)
-        counts[ids[0]] += 1
-        counts[ids[-1]] += 1
+        real_start, real_end = boundary_targets(sentence)
+        counts[ids[0]] += real_start
+        counts[ids[-1]] += real_end
     return torch.from_numpy(counts / counts.sum())
 
 
@@ -291,9 +296,9 @@ def calibrate_softmax_bias(
     for batch in length_batches([len(s) for s in sample], 4000):
         char_ids, targets = (torch.from_numpy(a).to(device) for a in lm_arrays([sample[i] for i in batch], vocab))
         fwd_h, bwd_h, lengths = bilm.lm_hidden(char_ids)
-        steps = torch.arange(targets.shape[1] - 1, device=device).view(1, -1)
-        valid = steps < (lengths - 1).view(-1, 1)  # (B, S-1): positions that predict a real target
-        states += [fwd_h[:, :-1][valid], bwd_h[:, 1:][valid]]
+        fwd_valid = targets[:, 1:] != IGNORE  # (B, S-1): positions that predict a real target
+        bwd_valid = backward_targets(targets, lengths) != IGNORE
+        states += [fwd_h[:, :-1][fwd_valid], bwd_h[:, 1:][bwd_valid]]
     hidden = torch.cat(states)  # (N, P)
     logits = F.linear(hidden, bilm.softmax.weight)  # (N, V) without bias
     log_target = torch.log(freqs.to(device=device, dtype=torch.float32).clamp_min(1e-12))
@@ -521,7 +526,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         grad_norm = float(torch.nn.utils.clip_grad_norm_(bilm.parameters(), t.clip))
         optimizer.step()
 
-        n_tokens = int((targets[:, 1:] != -100).sum())
+        n_tokens = int((targets[:, 1:] != IGNORE).sum())
         loss_value, step_tokens = all_reduce_sum([loss.item() * n_tokens, float(n_tokens)], d)
         state["step"] = step + 1
         state["tokens"] += int(step_tokens)

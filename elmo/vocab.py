@@ -18,6 +18,7 @@ from elmo.errors import DataError
 UNK_TOKEN = "<UNK>"
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 BOS_ID, EOS_ID, UNK_ID = 0, 1, 2
+IGNORE = -100  # target id of padding and masked targets (F.cross_entropy's ignore_index)
 
 
 def read_sentences(path: Path, tokenized: bool = True) -> list[list[str]]:
@@ -93,13 +94,34 @@ class Vocab:
 
 
 # -- LM batches (shared by training and evaluation) ---------------------------------------------------------------
-def chunk_long(sentences: Iterable[Sequence[str]], max_tokens: int) -> list[list[str]]:
-    """Split sentences longer than ``max_tokens`` into consecutive pieces (bounds memory and the LSTM loop)."""
-    out: list[list[str]] = []
+class Piece(list):
+    """The tokens of one training piece of a sentence. ``cut_before`` / ``cut_after``: a cut made by
+    ``chunk_long`` bounds the piece there, not the sentence's own start / end, so ``lm_arrays`` does not ask the
+    backward LM to predict ``<S>`` (or the forward LM ``</S>``) at that cut."""
+
+    def __init__(self, tokens: Iterable[str], cut_before: bool = False, cut_after: bool = False) -> None:
+        super().__init__(tokens)
+        self.cut_before, self.cut_after = cut_before, cut_after
+
+
+def chunk_long(sentences: Iterable[Sequence[str]], max_tokens: int, mark_cuts: bool = True) -> list[Piece]:
+    """Split sentences longer than ``max_tokens`` into consecutive pieces (bounds memory and the LSTM loop).
+
+    ``mark_cuts``: flag the cuts so their boundary targets are masked. Unmasked, every long sentence teaches the
+    forward LM that ``</S>`` follows token ``max_tokens``; measured on the default model (cut at 50, unmasked),
+    Chinese test sentences over 50 tokens scored forward perplexity 104 against 64 backward.
+    """
+    out: list[Piece] = []
     for sentence in sentences:
         for start in range(0, len(sentence), max_tokens):
-            out.append(list(sentence[start : start + max_tokens]))
+            end = start + max_tokens
+            out.append(Piece(sentence[start:end], mark_cuts and start > 0, mark_cuts and end < len(sentence)))
     return out
+
+
+def boundary_targets(sentence: Sequence[str]) -> tuple[bool, bool]:
+    """Whether the ``<S>`` and ``</S>`` targets of a sentence (or piece) are real, i.e. not at a marked cut."""
+    return not getattr(sentence, "cut_before", False), not getattr(sentence, "cut_after", False)
 
 
 def length_batches(lengths: Sequence[int], tokens_per_batch: int) -> list[np.ndarray]:
@@ -122,12 +144,19 @@ def length_batches(lengths: Sequence[int], tokens_per_batch: int) -> list[np.nda
 
 
 def lm_arrays(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Sentences -> (char ids (B, T, 50) int64, targets (B, T + 2) int64 of ``[<S>, ..., </S>]``, -100 padding)."""
+    """Sentences -> (char ids (B, T, 50) int64, targets (B, T + 2) int64 of ``[<S>, ..., </S>]``, -100 padding).
+
+    A ``Piece``'s boundary target at a marked cut is -100 too: no direction is trained or scored on it."""
     from elmo.chars import batch_to_char_ids
 
     char_ids = batch_to_char_ids(sentences).astype(np.int64)
-    targets = np.full((len(sentences), char_ids.shape[1] + 2), -100, dtype=np.int64)
+    targets = np.full((len(sentences), char_ids.shape[1] + 2), IGNORE, dtype=np.int64)
     for row, sentence in enumerate(sentences):
         ids = vocab.ids(sentence)
         targets[row, : len(ids)] = ids
+        real_start, real_end = boundary_targets(sentence)
+        if not real_start:
+            targets[row, 0] = IGNORE
+        if not real_end:
+            targets[row, len(ids) - 1] = IGNORE
     return char_ids, targets

@@ -87,6 +87,26 @@ def test_lm_arrays_shapes_and_padding():
     assert chunk_long([["x"] * 5], 2) == [["x", "x"], ["x", "x"], ["x"]]
 
 
+def test_chunk_long_marks_only_the_cuts():
+    pieces = chunk_long([["x"] * 5, ["y"] * 2], 2)
+    flags = [(p.cut_before, p.cut_after) for p in pieces]
+    assert flags == [(False, True), (True, True), (True, False), (False, False)]
+    unmarked = chunk_long([["x"] * 5], 2, mark_cuts=False)
+    assert [(p.cut_before, p.cut_after) for p in unmarked] == [(False, False)] * 3
+
+
+def test_lm_arrays_masks_boundary_targets_at_cuts():
+    vocab = Vocab([*SPECIALS, "x"])
+    _, targets = lm_arrays(chunk_long([["x"] * 5], 2), vocab)
+    assert targets.tolist() == [
+        [0, 3, 3, -100],  # the sentence's real <S>; no </S> after the cut
+        [-100, 3, 3, -100],  # cut on both sides
+        [-100, 3, 1, -100],  # the real </S>; padding after it
+    ]
+    _, unmasked = lm_arrays(chunk_long([["x"] * 5], 2, mark_cuts=False), vocab)
+    assert unmasked[:, 0].tolist() == [0, 0, 0] and unmasked[0, 3] == 1
+
+
 def test_fetch_brown_writes_disjoint_splits_and_heldout(brown_corpus):
     heldout = json.loads((brown_corpus / "heldout.json").read_text())["brown"]
     held = set(heldout["files"])

@@ -25,9 +25,10 @@ from elmo.train import (
     plot_stages,
     read_train_sentences,
     slice_by_tokens,
+    target_frequencies,
     use_distinct_token_encoder,
 )
-from elmo.vocab import Vocab, read_sentences
+from elmo.vocab import BOS_ID, EOS_ID, SPECIALS, Vocab, read_sentences
 from tests.lm_fixtures import REPO, write_train_config
 
 
@@ -212,6 +213,18 @@ def test_train_files_are_read_in_order_and_a_repeated_file_is_oversampled(tmp_pa
     assert sentences == [["the", "cat", "sat"], ["it", "ran"], *zh, *zh]
 
 
+@pytest.mark.parametrize("mask", [True, False])
+def test_cut_boundaries_are_no_training_targets_when_masked(tmp_path, mask):
+    (tmp_path / "t.txt").write_text(" ".join("x" * 5) + "\n")
+    pieces = read_train_sentences(
+        DataConfig(train=str(tmp_path / "t.txt"), max_sentence_tokens=2, mask_cut_boundaries=mask)
+    )
+    vocab = Vocab([*SPECIALS, "x"])
+    freqs = target_frequencies(pieces, vocab).numpy()
+    boundaries = 1 if mask else 3  # <S> and </S> targets each: the sentence's own, or one per piece
+    assert freqs[BOS_ID] == freqs[EOS_ID] == pytest.approx(boundaries / (2 * 5 + 2 * boundaries))
+
+
 @pytest.mark.parametrize("value", [[], 3, ["ok.txt", ""]])
 def test_bad_train_file_list_is_one_clear_error(tmp_path, capsys, brown_corpus, value):
     config = write_train_config(tmp_path / "c.json", brown_corpus)
@@ -219,6 +232,14 @@ def test_bad_train_file_list_is_one_clear_error(tmp_path, capsys, brown_corpus, 
     cfg["data"]["train"] = value
     config.write_text(json.dumps(cfg))
     _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "data.train")
+
+
+def test_non_boolean_mask_cut_boundaries_is_one_clear_error(tmp_path, capsys, brown_corpus):
+    config = write_train_config(tmp_path / "c.json", brown_corpus)
+    cfg = json.loads(config.read_text())
+    cfg["data"]["mask_cut_boundaries"] = "yes"
+    config.write_text(json.dumps(cfg))
+    _fails(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "o")], "mask_cut_boundaries")
 
 
 @pytest.mark.parametrize(
