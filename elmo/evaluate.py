@@ -31,6 +31,11 @@ class LMScore:
     backward_nll: float
     tokens: int
 
+    def __add__(self, other: LMScore) -> LMScore:
+        return LMScore(
+            self.forward_nll + other.forward_nll, self.backward_nll + other.backward_nll, self.tokens + other.tokens
+        )
+
     def report(self) -> dict:
         fwd, bwd = self.forward_nll / self.tokens, self.backward_nll / self.tokens
         return {
@@ -71,6 +76,18 @@ def score_sentences(
     return LMScore(fwd_total, bwd_total, tokens)
 
 
+LONG_SENTENCE = 50  # tokens: the report also scores shorter and longer test sentences apart
+
+
+def split_by_length(sentences: list[list[str]], limit: int = LONG_SENTENCE) -> dict[str, list[list[str]]]:
+    """``{"<= limit tokens": ..., "> limit tokens": ...}``, empty parts left out."""
+    parts = {
+        f"<= {limit} tokens": [s for s in sentences if len(s) <= limit],
+        f"> {limit} tokens": [s for s in sentences if len(s) > limit],
+    }
+    return {name: part for name, part in parts.items() if part}
+
+
 def test_report(
     model: BiLM,
     vocab: Vocab,
@@ -80,7 +97,8 @@ def test_report(
     train_dir: Path | None = None,
 ) -> dict:
     """Test-split perplexity per language for the biLM and the Kneser-Ney trigram baseline (trained on the
-    corpus' train split with the model's own vocabulary), plus the training summary when the directory has one."""
+    corpus' train split with the model's own vocabulary), also split at ``LONG_SENTENCE`` tokens (a model trained
+    on cut sentences can fail past the cut only), plus the training summary when the directory has one."""
     from elmo.ngram import Directional
 
     baseline = Directional.train(vocab, read_sentences(corpus / "train.txt"), order=3)
@@ -88,11 +106,21 @@ def test_report(
     for lang in ("en", "zh"):
         path = corpus / f"test.{lang}.txt"
         sentences = read_sentences(path)
+        parts = split_by_length(sentences)
+        scores = {name: score_sentences(model, vocab, part, tokens_per_batch) for name, part in parts.items()}
         report["test"][lang] = {
             "file": str(path),
             "oov_rate": round(vocab.oov_rate(sentences), 5),
-            "bilm": score_sentences(model, vocab, sentences, tokens_per_batch).report(),
+            "bilm": sum(scores.values(), LMScore(0.0, 0.0, 0)).report(),
             "kn3_baseline": baseline.score(vocab, sentences),
+            "by_length": {
+                name: {
+                    "sentences": len(part),
+                    "bilm": scores[name].report(),
+                    "kn3_baseline": baseline.score(vocab, part),
+                }
+                for name, part in parts.items()
+            },
         }
     state_file = Path(train_dir or model_dir) / "train_state.json"
     if state_file.is_file():
@@ -147,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
         )
         out = Path(args.report_out or Path(args.model) / "metrics.json")
         out.write_text(json.dumps(report, indent=1) + "\n")
-        print(json.dumps({lang: {k: v["avg_ppl"] for k, v in r.items() if isinstance(v, dict)}
-                          for lang, r in report["test"].items()}))  # fmt: skip
+        systems = ("bilm", "kn3_baseline")
+        print(json.dumps({lang: {k: r[k]["avg_ppl"] for k in systems} for lang, r in report["test"].items()}))
         return 0
     if not args.text:
         raise InputError("give --text FILE [FILE ...] or --report CORPUS")

@@ -99,5 +99,10 @@ def test_report_compares_both_languages_with_the_trigram(trained_tiny_lm, brown_
         for system in ("bilm", "kn3_baseline"):
             assert report["test"][lang][system]["avg_ppl"] > 1
     assert report["training"]["steps"] == 200 and "init_from" not in report["training"]
+    en_by_length = report["test"]["en"]["by_length"]
+    assert set(en_by_length) == {"<= 50 tokens", "> 50 tokens"}  # Brown's test split has both
+    for system in ("bilm", "kn3_baseline"):
+        assert sum(part[system]["tokens"] for part in en_by_length.values()) == en_targets
+    assert list(report["test"]["zh"]["by_length"]) == ["<= 50 tokens"]
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["en"]["bilm"] == report["test"]["en"]["bilm"]["avg_ppl"]
