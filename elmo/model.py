@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from elmo.chars import BOS_IDS, EOS_IDS
 from elmo.config import ModelConfig
+from elmo.vocab import IGNORE
 
 
 class Highway(nn.Module):
@@ -172,7 +173,7 @@ def backward_targets(target_ids: Tensor, lengths: Tensor) -> Tensor:
     ``lengths`` (B,) with boundaries -> (B, S-1). Backward position p predicts p - 1; positions at or past a
     sentence's length are padding even where p - 1 is its </S>."""
     steps = torch.arange(1, target_ids.shape[1], device=target_ids.device).view(1, -1)
-    return torch.where(steps < lengths.view(-1, 1), target_ids[:, :-1], -100)
+    return torch.where(steps < lengths.view(-1, 1), target_ids[:, :-1], IGNORE)
 
 
 def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
@@ -259,11 +260,11 @@ class BiLM(nn.Module):
             raise ValueError("this model has no softmax (vocab_size=0): it embeds but cannot score text")
         forward_h, backward_h, lengths = self.lm_hidden(char_ids)
         forward_loss = F.cross_entropy(
-            self.softmax(forward_h[:, :-1]).flatten(0, 1), target_ids[:, 1:].flatten(), ignore_index=-100
+            self.softmax(forward_h[:, :-1]).flatten(0, 1), target_ids[:, 1:].flatten(), ignore_index=IGNORE
         )
         backward_loss = F.cross_entropy(
             self.softmax(backward_h[:, 1:]).flatten(0, 1),
             backward_targets(target_ids, lengths).flatten(),
-            ignore_index=-100,
+            ignore_index=IGNORE,
         )
         return forward_loss, backward_loss
