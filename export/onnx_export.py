@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ import elmo.model as elmo_model
 from elmo.chars import MAX_CHARS, N_CHAR_IDS, batch_to_char_ids
 from elmo.checkpoint import load_model
 from elmo.config import CONFIG_FILE, ModelConfig
-from elmo.errors import ModelFileError
+from elmo.errors import ConfigError, ModelFileError
 from elmo.modeldir import (
     CONTEXT_FILE,
     CONTEXT_FUSED_FILE,
@@ -43,15 +44,20 @@ from elmo.modeldir import (
 from elmo.tokenize import TOKENIZER_SETTINGS
 from export.context_graph import build_context_graph
 from export.graphs import EncoderGraph, PrefixGraph
-from export.verify import verify_export
+from export.verify import ErrorBound, verify_export
 
 log = logging.getLogger("elmo.export")
 
 OPSET = 17
-FP32_TOLERANCE = 1e-5
+# float32: a graph may be as far from float64 as PyTorch float32 itself is on the same case, times a margin for
+# another summation order (onnxruntime measured 1.0-3.1x PyTorch's error on random published-size weights), or
+# 1e-6 of the outputs' scale (float32 keeps ~7 digits; the recurrence loses about one). A dropped clip or two
+# swapped gates miss by 1e-2 and more (tests/test_export.py), so the margin hides no real discrepancy.
+FP32_BOUND = ErrorBound(floor=1e-5, float32_factor=8.0, relative=1e-6)
 # fp16 rounds every intermediate to ~3 significant digits; the clipped LSTM states stay within ±3, so an
 # absolute error of a few 1e-3..1e-2 is what fp16 arithmetic gives. Beyond this bound the graph is broken.
 FP16_TOLERANCE = 0.1
+FP16_BOUND = ErrorBound(floor=FP16_TOLERANCE)
 # Tensors at least this big go to the shared data file; small ones stay inline.
 EXTERNAL_THRESHOLD = 1024
 STAGING = ".export-staging"
@@ -259,9 +265,16 @@ def build_metadata(cfg: ModelConfig, name: str, checkpoint_sha256: str | None, f
 
 # -- the command ---------------------------------------------------------------------------------------------------
 def export_model(
-    model_dir: str | Path, out_dir: str | Path | None = None, fp16: bool = False, threads: int | None = None
+    model_dir: str | Path,
+    out_dir: str | Path | None = None,
+    fp16: bool = False,
+    threads: int | None = None,
+    max_error: float | None = None,
 ) -> Path:
     """Export ``model_dir`` into ``out_dir`` (default: the model directory itself) and verify it.
+
+    ``max_error``: an absolute bound on every verification case in place of the derived one (FP32_BOUND /
+    FP16_BOUND), for a user who has judged the figures in onnx.json himself.
 
     Returns the path of the written model.onnx. Raises ModelFileError when verification fails; nothing in
     ``out_dir`` is replaced then.
@@ -295,7 +308,7 @@ def export_model(
         report = verify_export(
             model,
             staging,
-            tolerance=FP16_TOLERANCE if fp16 else FP32_TOLERANCE,
+            bound=replace(FP16_BOUND if fp16 else FP32_BOUND, override=max_error),
             dtype=meta["dtype"],
             threads=threads or max(1, torch.get_num_threads()),
         )
@@ -325,12 +338,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the model directory)")
     parser.add_argument("--fp16", action="store_true", help="float16 weights and arithmetic (inputs/outputs stay)")
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads for verification")
+    parser.add_argument(
+        "--max-error",
+        type=float,
+        default=None,
+        metavar="ABS",
+        help="accept the export when every verification case is within ABS (max abs error vs PyTorch float64), in "
+        "place of the derived per-case bound; the figures per case are in onnx.json -> verification",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = export_model(args.model, args.out, fp16=args.fp16, threads=args.threads)
+    if args.max_error is not None and not (args.max_error > 0 and np.isfinite(args.max_error)):
+        raise ConfigError(f"--max-error must be a positive number (got {args.max_error})")
+    path = export_model(args.model, args.out, fp16=args.fp16, threads=args.threads, max_error=args.max_error)
     meta = json.loads((path.parent / ONNX_META_FILE).read_text())
     names = ",".join((ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_DATA_FILE, ONNX_META_FILE))
     print(f"wrote {path.parent}/{{{names}}}")

@@ -1,20 +1,23 @@
 """Self-verification of an export: onnxruntime vs the PyTorch model on inputs the tracer never saw.
 
 The ONNX checker proves nothing about semantics (a silently fixed token axis passes it), so every export runs
-these cases: lengths 1, 2, 7, 50, 200 alone, mixed-length batches (padding and the backward direction), an
+these cases: lengths 1, 2, 7, 50, 200, 400 alone, mixed-length batches (padding and the backward direction), an
 empty sentence beside a long one, a word over 50 bytes (char truncation), CJK and emoji (multi-byte UTF-8).
 
-The reference is the PyTorch model run in float64: the exact maths of the same weights. PyTorch's own float32
-result is an approximation too (on a trained model whose token layer reaches |v| ~ 20 it was 1.1e-5 away from
-float64 while onnxruntime was 7.6e-6 away), so the error is measured against float64; PyTorch float32's
-distance from it is reported beside, for scale.
+The reference is the PyTorch model run in float64: the exact maths of the same weights. A float32 graph cannot
+reach it exactly, and how far it stays depends on the weights: a trained model's recurrence forgets rounding, a
+published-size LSTM with large recurrent weights amplifies it over hundreds of steps (ELMo-small shape, 200
+tokens: PyTorch float32 itself is 2.7e-5 away from float64). So each case is judged against what float32 reaches
+on that very case: the bound (see :class:`ErrorBound`) is the largest of an absolute floor, a multiple of PyTorch
+float32's own error and a tiny fraction of the outputs' scale. A broken graph (a clip dropped, two gates swapped)
+is off by 1e-2 or more, far above any of the three; a failure means a real discrepancy, not float32 rounding.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,37 @@ import torch
 from elmo.chars import MAX_CHARS, batch_to_char_ids
 
 Sentences = list[list[str]]
+
+
+@dataclass(frozen=True)
+class ErrorBound:
+    """How far (max abs) an exported graph may be from the float64 reference on one case.
+
+    bound = max(floor, float32_factor × PyTorch float32's error on the case, relative × max |output| of the case),
+    or ``override`` (an absolute bound given by the user, ``elmo export --max-error``) in place of all three."""
+
+    floor: float
+    float32_factor: float = 0.0
+    relative: float = 0.0
+    override: float | None = None
+
+    def for_case(self, float32_error: float, output_scale: float) -> float:
+        if self.override is not None:
+            return self.override
+        return max(self.floor, self.float32_factor * float32_error, self.relative * output_scale)
+
+    def describe(self) -> str:
+        if self.override is not None:
+            return f"max abs error {self.override:.1e} (set by the user)"
+        parts = [f"{self.floor:.0e}"]
+        if self.float32_factor:
+            parts.append(f"{self.float32_factor:g} x PyTorch float32's error")
+        if self.relative:
+            parts.append(f"{self.relative:.0e} x max |output|")
+        return "per case max(" + ", ".join(parts) + ")" if len(parts) > 1 else f"max abs error {self.floor:.0e}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "rule": self.describe()}
 
 
 def _words(rng: np.random.Generator, count: int) -> list[str]:
@@ -34,7 +68,7 @@ def verification_cases(seed: int = 1234) -> list[tuple[str, Sentences]]:
     """(name, sentences) pairs; each entry is one batch."""
     rng = np.random.default_rng(seed)
     special = ["x" * 60, "naïve", "中文", "字", "😀", "👍🏽", "Ünïcödé" * 8, "<S>", "e"]
-    cases: list[tuple[str, Sentences]] = [(f"length {n}", [_words(rng, n)]) for n in (1, 2, 7, 50, 200)]
+    cases: list[tuple[str, Sentences]] = [(f"length {n}", [_words(rng, n)]) for n in (1, 2, 7, 50, 200, 400)]
     cases.append(("mixed lengths 1/2/7/50/200", [_words(rng, n) for n in (7, 200, 1, 50, 2)]))
     cases.append(("long word, CJK, emoji", [special, _words(rng, 3), ["中", "文", "字", "符", "😀", "。"]]))
     cases.append(("empty sentence beside others", [[], _words(rng, 5), ["a"]]))
@@ -43,22 +77,47 @@ def verification_cases(seed: int = 1234) -> list[tuple[str, Sentences]]:
 
 
 @dataclass
+class Reference:
+    """One case's float64 vectors (per sentence (L+1, n, 2P)) and how near PyTorch float32 gets to them."""
+
+    name: str
+    sentences: Sentences
+    expected: list[np.ndarray]
+    float32_error: float
+    output_scale: float  # max |v| over the case's float64 vectors
+
+
+@dataclass
 class CaseResult:
     name: str
     shape: tuple[int, ...]
     max_abs_error: float
+    float32_error: float
+    output_scale: float
+    bound: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.max_abs_error <= self.bound)  # NaN fails
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "char_ids_shape": list(self.shape), "max_abs_error": self.max_abs_error}
+        return {
+            "name": self.name,
+            "char_ids_shape": list(self.shape),
+            "max_abs_error": self.max_abs_error,
+            "pytorch_float32_error": self.float32_error,
+            "output_scale": self.output_scale,
+            "bound": self.bound,
+        }
 
 
 @dataclass
 class VerificationReport:
-    tolerance: float
+    bound: ErrorBound
     dtype: str
     cases: list[CaseResult] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    pytorch_float32_error: float | None = None  # PyTorch float32 vs the float64 reference, for scale
+    pytorch_float32_error: float | None = None  # PyTorch float32 vs the float64 reference, over all cases
 
     @property
     def max_abs_error(self) -> float:
@@ -66,19 +125,24 @@ class VerificationReport:
 
     @property
     def passed(self) -> bool:
-        return not self.failures and bool(self.cases) and self.max_abs_error <= self.tolerance
+        return not self.failures and bool(self.cases) and all(c.passed for c in self.cases)
+
+    def closest_to_bound(self) -> CaseResult | None:
+        """The case whose error used the largest share of its bound."""
+        return max(self.cases, key=lambda c: c.max_abs_error / c.bound if c.passed else np.inf, default=None)
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
-        text = (
-            f"{verdict}: {len(self.cases)} cases, {self.dtype} max abs error {self.max_abs_error:.2e} vs PyTorch "
-            f"float64 (tolerance {self.tolerance:.0e})"
-        )
+        text = f"{verdict}: {len(self.cases)} cases, {self.dtype} max abs error {self.max_abs_error:.2e}"
+        text += " vs PyTorch float64"
         if self.pytorch_float32_error is not None:
-            text += f"; PyTorch float32 itself: {self.pytorch_float32_error:.2e}"
-        worst = [c.name for c in self.cases if c.max_abs_error > self.tolerance]
-        if worst:
-            text += f"; over tolerance: {', '.join(worst)}"
+            text += f" (PyTorch float32 itself: {self.pytorch_float32_error:.2e})"
+        text += f"; bound: {self.bound.describe()}"
+        over = [f"{c.name} ({c.max_abs_error:.2e} > {c.bound:.2e})" for c in self.cases if not c.passed]
+        if over:
+            text += f"; over the bound: {', '.join(over)}"
+        elif (closest := self.closest_to_bound()) is not None:
+            text += f"; closest: {closest.name} ({closest.max_abs_error:.2e} of {closest.bound:.2e})"
         if self.failures:
             text += f"; {'; '.join(self.failures)}"
         return text
@@ -87,7 +151,7 @@ class VerificationReport:
         return {
             "passed": self.passed,
             "dtype": self.dtype,
-            "tolerance": self.tolerance,
+            "bound": self.bound.to_dict(),
             "max_abs_error": self.max_abs_error,
             "reference": "PyTorch float64",
             "pytorch_float32_max_abs_error": self.pytorch_float32_error,
@@ -104,33 +168,51 @@ def torch_layers(model: torch.nn.Module, sentences: Sentences) -> list[np.ndarra
     return [layers[i, :, : len(s)] for i, s in enumerate(sentences)]
 
 
+def max_abs_error(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:
+    return max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected) if e.size), default=0.0)
+
+
+def references(model: torch.nn.Module, cases: Sequence[tuple[str, Sentences]]) -> list[Reference]:
+    """Each case through ``model`` in float64 (the reference) and in float32 (what float32 arithmetic reaches)."""
+    exact = copy.deepcopy(model).double()
+    single = model.float()
+    found = []
+    for name, sentences in cases:
+        expected = torch_layers(exact, sentences)
+        scale = max((float(np.max(np.abs(e))) for e in expected if e.size), default=0.0)
+        float32_error = max_abs_error(torch_layers(single, sentences), expected)
+        found.append(Reference(name, sentences, expected, float32_error, scale))
+    return found
+
+
 def compare(
-    expected_by_case: Sequence[list[np.ndarray]],
+    refs: Sequence[Reference],
     embed: Callable[[Sentences], list[np.ndarray]],
-    cases: Sequence[tuple[str, Sentences]],
-    tolerance: float,
+    bound: ErrorBound,
     dtype: str,
     label: str,
 ) -> VerificationReport:
-    """Run every case through ``embed`` (sentences -> per sentence (L+1, n, 2P)) and compare with PyTorch's
-    vectors for it (``expected_by_case``, from torch_layers)."""
-    report = VerificationReport(tolerance=tolerance, dtype=dtype)
-    for (name, sentences), expected in zip(cases, expected_by_case):
-        name = f"{label}: {name}"
+    """Run every case through ``embed`` (sentences -> per sentence (L+1, n, 2P)) and judge its distance from the
+    float64 reference against the case's bound."""
+    report = VerificationReport(bound=bound, dtype=dtype)
+    for ref in refs:
+        name = f"{label}: {ref.name}"
         try:
-            got = embed(sentences)
+            got = embed(ref.sentences)
         except Exception as exc:  # an onnxruntime failure is a verification failure, reported as such
             report.failures.append(f"{name}: raised {type(exc).__name__}: {exc}")
             continue
         shapes = [g.shape for g in got]
-        if shapes != [e.shape for e in expected]:
-            report.failures.append(f"{name}: output shapes {shapes}, PyTorch gives {[e.shape for e in expected]}")
+        if shapes != [e.shape for e in ref.expected]:
+            report.failures.append(f"{name}: output shapes {shapes}, PyTorch gives {[e.shape for e in ref.expected]}")
             continue
-        error = max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected) if e.size), default=0.0)
+        error = max_abs_error(got, ref.expected)
         if not np.isfinite(error):
             report.failures.append(f"{name}: non-finite output")
-        width = max((len(s) for s in sentences), default=0)
-        report.cases.append(CaseResult(name, (len(sentences), width, MAX_CHARS), error))
+        width = max((len(s) for s in ref.sentences), default=0)
+        case_bound = bound.for_case(ref.float32_error, ref.output_scale)
+        shape = (len(ref.sentences), width, MAX_CHARS)
+        report.cases.append(CaseResult(name, shape, error, ref.float32_error, ref.output_scale, case_bound))
     return report
 
 
@@ -151,7 +233,7 @@ def full_graph_embedder(session) -> Callable[[Sentences], list[np.ndarray]]:
     return embed
 
 
-def verify_export(model: torch.nn.Module, directory: Path, tolerance: float, dtype: str, threads: int = 1):
+def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dtype: str, threads: int = 1):
     """Verify the graphs written in ``directory`` against ``model``: model.onnx alone, and the runtime's
     encoder + context path (elmo.runtime.Embedder, exactly what is served) with each context layout, all on
     the CPU provider."""
@@ -160,20 +242,16 @@ def verify_export(model: torch.nn.Module, directory: Path, tolerance: float, dty
     from elmo.modeldir import ONNX_FILE
     from elmo.runtime import CPU, Embedder
 
+    refs = references(model, verification_cases())
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU])
-    cases = verification_cases()
-    exact = copy.deepcopy(model).double()
-    expected = [torch_layers(exact, sentences) for _, sentences in cases]
-    del exact
-    report = compare(expected, full_graph_embedder(session), cases, tolerance, dtype, ONNX_FILE)
-    report.pytorch_float32_error = compare(
-        expected, lambda s: torch_layers(model.float(), s), cases, tolerance, "float32", "PyTorch"
-    ).max_abs_error
+    report = compare(refs, full_graph_embedder(session), bound, dtype, ONNX_FILE)
+    del session
+    report.pytorch_float32_error = max(ref.float32_error for ref in refs)
     for layout in ("separate", "fused"):
         runtime = Embedder(directory, providers=[CPU], intra_op_threads=threads, cache_size=64, context_layout=layout)
-        part = compare(expected, runtime.embed_tokens, cases, tolerance, dtype, f"runtime ({layout})")
+        part = compare(refs, runtime.embed_tokens, bound, dtype, f"runtime ({layout})")
         report.cases += part.cases
         report.failures += part.failures
     return report

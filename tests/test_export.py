@@ -31,7 +31,7 @@ def test_export_writes_a_verified_graph_and_its_metadata(tiny_model_dir):
     assert "BertPreTokenizer" in json.dumps(meta["tokenizer"])
     names = {case["name"] for case in meta["verification"]["cases"]}
     for path in ("model.onnx", "runtime (separate)", "runtime (fused)"):  # the single graph, both served paths
-        assert {f"{path}: length {n}" for n in (1, 2, 7, 50, 200)} <= names
+        assert {f"{path}: length {n}" for n in (1, 2, 7, 50, 200, 400)} <= names
 
 
 def test_verification_cases_cover_what_the_export_must_survive():
@@ -53,6 +53,46 @@ def test_a_graph_without_clipping_fails_verification_and_replaces_nothing(tiny_m
     with pytest.raises(ModelFileError, match="model.onnx: verification against PyTorch failed"):
         onnx_export.export_model(exported)
     assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
+
+
+def test_a_graph_with_two_gates_swapped_fails_verification(tiny_model_dir, tmp_path, monkeypatch):
+    # Input and forget gates exchanged in the hand-built recurrence: every shape and the checker stay happy.
+    def swapped(w, cell):
+        i, f, g, o = (w[..., k * cell : (k + 1) * cell] for k in range(4))
+        return np.concatenate([f, i, o, g], axis=-1)
+
+    monkeypatch.setattr(context_graph, "_reorder_gates", swapped)
+    with pytest.raises(ModelFileError, match="over the bound: model.onnx: length 1 ") as failure:
+        onnx_export.export_model(tiny_model_dir, tmp_path / "swapped")
+    assert "runtime (separate)" in str(failure.value) and "runtime (fused)" in str(failure.value)
+    assert not (tmp_path / "swapped" / "model.onnx").exists()
+
+
+def test_each_case_is_judged_against_float32s_own_error_and_the_figures_are_recorded(tiny_model_dir):
+    verification = json.loads((tiny_model_dir / "onnx.json").read_text())["verification"]
+    bound = onnx_export.FP32_BOUND
+    assert verification["bound"]["rule"] == bound.describe() and verification["bound"]["override"] is None
+    for case in verification["cases"]:
+        expected = max(bound.floor, bound.float32_factor * case["pytorch_float32_error"])
+        expected = max(expected, bound.relative * case["output_scale"])
+        assert case["bound"] == pytest.approx(expected)
+        assert case["max_abs_error"] <= case["bound"] and case["output_scale"] > 0
+    assert verification["pytorch_float32_max_abs_error"] == max(c["pytorch_float32_error"] for c in verification["cases"])
+
+
+def test_the_user_can_set_the_bound(tiny_model_dir, tmp_path, capsys):
+    # Tighter than float32 can reach: refused, naming the user's bound and the cases over it.
+    out = tmp_path / "strict"
+    args = ["export", "--model", str(tiny_model_dir), "--out", str(out), "--max-error", "1e-12"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "max abs error 1.0e-12 (set by the user)" in err and "over the bound" in err
+    assert not (out / "model.onnx").exists()
+    assert main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--max-error", "1e-3"]) == 0
+    verification = json.loads((out / "onnx.json").read_text())["verification"]
+    assert verification["bound"]["override"] == 1e-3 and {c["bound"] for c in verification["cases"]} == {1e-3}
+    assert main(["export", "--model", str(tiny_model_dir), "--max-error", "-1"]) == 2
+    assert "--max-error must be a positive number" in capsys.readouterr().err
 
 
 def test_fp16_export_reports_its_own_error(tiny_model_dir, tmp_path):
