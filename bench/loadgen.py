@@ -274,7 +274,9 @@ def measure_in_process(embedder, texts: list[str], duration: float, batch: int) 
 
 
 # -- server process --------------------------------------------------------------------------------------------------
-def spawn_server(model_dir: Path, threads: int | None, extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
+def spawn_server(
+    model_dir: Path, threads: int | None, extra: list[str], timeout: float = 120.0
+) -> tuple[subprocess.Popen, str, Path]:
     workdir = Path(tempfile.mkdtemp(prefix="loadgen-"))
     port_file, log_path = workdir / "port", workdir / "server.log"
     command = [
@@ -296,13 +298,13 @@ def spawn_server(model_dir: Path, threads: int | None, extra: list[str]) -> tupl
         command += ["--threads", str(threads)]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while not (port_file.is_file() and port_file.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"server did not start; log: {log_path}\n{log_path.read_text()[-2000:]}")
         time.sleep(0.1)
     target = f"127.0.0.1:{port_file.read_text().split()[0]}"
-    _wait_serving(target)
+    _wait_serving(target, timeout)
     return proc, target, log_path
 
 
