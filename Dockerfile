@@ -5,7 +5,7 @@
 #
 #   docker build -t elmo-service .
 #   docker run --gpus all -p 50051:50051 -p 9090:9090 elmo-service            # GPU host (NVIDIA Container Toolkit)
-#   docker run -p 50051:50051 -p 9090:9090 elmo-service                       # no GPU: onnxruntime falls back to CPU
+#   docker run -p 50051:50051 -p 9090:9090 elmo-service                       # no GPU: CPU, one log line says so
 #   docker run --gpus all -p 50051:50051 -p 9090:9090 -v /srv/models/mine:/models/mine:ro elmo-service \
 #       --model /models/mine --host 0.0.0.0 --port 50051 --metrics-port 9090   # another model directory
 #
@@ -24,9 +24,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
-# The CUDA/cuDNN wheels put their libraries here and onnxruntime's CUDA provider carries no RPATH to them.
-# Harmless without a GPU (the provider fails to load and onnxruntime runs on CPU).
-ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib
+# No LD_LIBRARY_PATH: where a GPU is visible (a /dev/nvidiaN node, i.e. run with --gpus) the runtime loads the
+# CUDA/cuDNN wheels' libraries from the venv's site-packages itself (onnxruntime.preload_dlls), as a pip install does.
 # Ask the NVIDIA Container Toolkit for the compute libraries (libcuda) when run with --gpus.
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
@@ -34,7 +33,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 RUN python -m venv /opt/venv
 
 # The heavy layer first (~1.5 GB of CUDA/cuDNN wheels), so that a code change does not reinstall it.
-# Same pin as the `serve` extra in pyproject.toml (the test checks they agree).
+# The `gpu` extra's requirement, at the `serve` extra's pin (the test checks they agree).
 RUN pip install "onnxruntime-gpu[cuda,cudnn]==1.31.1"
 
 WORKDIR /app
@@ -43,8 +42,9 @@ COPY elmo ./elmo
 COPY service ./service
 COPY export ./export
 COPY bench ./bench
-# The `serve` extra only (torch-free); then prove that the serving path imports without torch.
-RUN pip install ".[serve]" \
+# The `serve` and `gpu` extras (torch-free; `gpu` is already satisfied by the layer above); then prove that the
+# serving path imports without torch.
+RUN pip install ".[serve,gpu]" \
     && python -c "import sys, service.server; assert 'torch' not in sys.modules, 'torch leaked into the image'"
 
 COPY scripts/healthcheck.py /app/scripts/healthcheck.py

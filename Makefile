@@ -1,5 +1,6 @@
 # The two front doors (see README):
-#   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra)
+#   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra, plus the
+#                `gpu` extra where `nvidia-smi -L` lists a GPU)
 #   make test    install everything the tests need into .venv and run them
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,16 +16,27 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch]'
 	touch $@
 
-$(SERVE_VENV)/.installed: pyproject.toml
+# The serving venv in two flavours: `cpu` = the `serve` extra; `gpu` adds the `gpu` extra (CUDA 13 + cuDNN 9 wheels,
+# ~1.3 GB). One stamp per flavour, so a host that gains a GPU later gets the extra on its next `make serve`.
+SERVE_EXTRAS_cpu := serve
+SERVE_EXTRAS_gpu := serve,gpu
+$(SERVE_VENV)/.installed-%: pyproject.toml
+	$(if $(SERVE_EXTRAS_$*),,$(error SERVE_FLAVOUR must be cpu or gpu, not '$*'))
 	$(PYTHON) -m venv $(SERVE_VENV)
-	$(SERVE_VENV)/bin/pip install -q -e '.[serve]'
+	$(SERVE_VENV)/bin/pip install -q -e '.[$(SERVE_EXTRAS_$*)]'
 	touch $@
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
 
-serve: $(SERVE_VENV)/.installed
+# The flavour is decided when `make serve` runs (SERVE_FLAVOUR=cpu|gpu overrides): nvidia-smi ships with the driver.
+serve:
+	@flavour='$(SERVE_FLAVOUR)'; \
+	if [ -z "$$flavour" ]; then \
+		if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then flavour=gpu; else flavour=cpu; fi; \
+	fi; \
+	$(MAKE) --no-print-directory $(SERVE_VENV)/.installed-$$flavour
 	$(SERVE_VENV)/bin/elmo serve --model $(MODEL) --port $(PORT) --metrics-port $(METRICS_PORT)
 
 # regenerate elmo/v1/*_pb2*.py from proto/ (committed; tests/test_proto.py checks they match)

@@ -38,12 +38,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, Full, Queue
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from elmo.errors import ElmoError, InputError, ModelFileError
 from elmo.tokenize import tokenize, whitespace_tokens
+
+if TYPE_CHECKING:  # elmo.client (grpc) is imported only in remote mode
+    from elmo.client import Connection
 
 log = logging.getLogger("elmo.batch")
 
@@ -389,13 +392,30 @@ class RemoteBackend:
     the wire untouched; requests are cut to the server's advertised limits. ``top`` asks for the last layer only,
     ``mix:TASK`` for the server's task mix only; ``average`` is computed here from all layers, as locally."""
 
-    def __init__(self, target: str, spec: LayerSpec, model: str = "", wait_s: float = 30.0) -> None:
-        from elmo.client import EmbedderClient
+    def __init__(
+        self,
+        target: str,
+        spec: LayerSpec,
+        model: str = "",
+        wait_s: float = 30.0,
+        connection: Connection | None = None,
+    ) -> None:
+        from elmo.client import Connection
 
-        self.client = EmbedderClient(target)
+        self.client = (connection or Connection()).client(target)
         self.spec, self.model = spec, model
-        self._wait_until_serving(target, wait_s)
-        self.info = self.client.model_info(model)
+        try:
+            self._wait_until_serving(target, wait_s)
+            self.info = self._model_info(target)
+            if spec.kind == "mix" and spec.task not in self.info.tasks:
+                available = ", ".join(self.info.tasks) or "none"
+                raise InputError(
+                    f"unknown task '{spec.task}' on server {target} (model {self.info.name}); "
+                    f"available tasks: {available}"
+                )
+        except BaseException:
+            self.client.close()  # the job never starts: nothing else will close the channel
+            raise
         self.n_layers, self.dim = int(self.info.n_layers), int(self.info.dim)
         limits = self.info.limits
         self.max_tokens_per_sentence = int(limits.max_tokens_per_sentence or self.info.max_tokens_per_sentence)
@@ -404,11 +424,6 @@ class RemoteBackend:
         self.max_response_bytes = int(limits.max_response_bytes) or 64 << 20
         self.window_tokens = REMOTE_IN_FLIGHT * self.max_request_tokens
         self.pool = ThreadPoolExecutor(REMOTE_IN_FLIGHT, thread_name_prefix="embed-file-rpc")
-        if spec.kind == "mix" and spec.task not in self.info.tasks:
-            available = ", ".join(self.info.tasks) or "none"
-            raise InputError(
-                f"unknown task '{spec.task}' on server {target} (model {self.info.name}); available tasks: {available}"
-            )
 
     def _wait_until_serving(self, target: str, wait_s: float) -> None:
         """A server that is starting (or warming up) gets ``wait_s`` seconds to report SERVING on grpc.health."""
@@ -426,6 +441,21 @@ class RemoteBackend:
             if time.monotonic() >= deadline:
                 raise ElmoError(f"server {target} is not serving after {wait_s:g} s ({problem})")
             time.sleep(0.2)
+
+    def _model_info(self, target: str):
+        """The first RPC that needs the token (health checks do not): a refusal here says which flag fixes it."""
+        import grpc
+
+        from elmo.client import AUTH_TOKEN_ENV, RemoteError
+
+        try:
+            return self.client.model_info(self.model)
+        except RemoteError as exc:
+            if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+                raise ElmoError(
+                    f"server {target} refused the job: {exc} (pass --auth-token TOKEN or set {AUTH_TOKEN_ENV})"
+                ) from None
+            raise
 
     def identity(self) -> dict:
         return {"server_model": self.info.name, "server_model_version": self.info.version}
@@ -501,7 +531,9 @@ class RemoteBackend:
 
 def make_backend(options: JobOptions) -> Backend:
     if options.server:
-        return RemoteBackend(options.server, options.spec, options.server_model, options.server_wait)
+        return RemoteBackend(
+            options.server, options.spec, options.server_model, options.server_wait, options.connection
+        )
     return LocalBackend(options.model, options.spec, options.batch_tokens, options.threads)
 
 
@@ -864,6 +896,9 @@ class JobOptions:
     progress: bool = True
     ray_address: str | None = None
     server_wait: float = 30.0
+    # --server's TLS and token (elmo.client.Connection); None: plaintext, token from env ELMO_AUTH_TOKEN. Not part
+    # of the fingerprint: it changes how vectors travel, not what they are (and the token must not be written).
+    connection: Connection | None = None
 
 
 def job_fingerprint(options: JobOptions, plan: InputPlan, backend_identity: dict, layout: Layout) -> dict:
@@ -1170,6 +1205,8 @@ def check_options(options: JobOptions) -> None:
         raise InputError("give --model DIR (local runtime) or --server HOST:PORT (remote)")
     if options.model is not None and options.server:
         raise InputError("give either --model DIR or --server HOST:PORT, not both")
+    if options.connection is not None and options.connection.flags() and not options.server:
+        raise InputError(f"{', '.join(options.connection.flags())} only apply with --server HOST:PORT")
     if options.model is not None and not options.model.is_dir():
         raise ModelFileError(f"{options.model}: model directory not found")
     if options.batch_tokens is not None and options.batch_tokens < 1:
@@ -1311,6 +1348,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--server-wait", type=float, default=30.0, help="seconds to wait for the server to report SERVING"
     )
+    from elmo.client import add_connection_arguments
+
+    add_connection_arguments(source)  # the same --tls-ca / --tls-server-name / --auth-token as `elmo embed`
     parser.add_argument(
         "--layers", default="all", help="all (n_layers, n, dim) | top | average | mix:TASK -> (n, dim); default all"
     )
@@ -1336,6 +1376,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> JobOptions:
+    from elmo.client import connection_from_args
+
     output_format = args.format or (PARQUET if args.output.suffix.lower() in PARQUET_SUFFIXES else HDF5)
     return JobOptions(
         input=args.input,
@@ -1357,6 +1399,7 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         progress=not args.no_progress,
         ray_address=args.ray_address,
         server_wait=args.server_wait,
+        connection=connection_from_args(args),
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -97,7 +97,11 @@ class EmbedderClient:
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls_ca is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+            try:
+                root = Path(tls_ca).read_bytes()
+            except OSError as exc:
+                raise InputError(f"{tls_ca}: cannot read the TLS root certificate ({exc.strerror})") from None
+            credentials = grpc.ssl_channel_credentials(root_certificates=root)
             self.channel = grpc.secure_channel(target, credentials, options=options)
         else:
             self.channel = grpc.insecure_channel(target, options=options)
@@ -206,6 +210,51 @@ def decode_response(response: pb.EmbedResponse) -> list[Embedding]:
     return out
 
 
+# -- command-line connection options (`elmo embed`, `elmo embed-file --server`) ---------------------------------
+@dataclass(frozen=True)
+class Connection:
+    """How to reach a server besides its address: the TLS root to trust, the name its certificate must carry,
+    the bearer token (None: env ELMO_AUTH_TOKEN, read by EmbedderClient). Every command that talks to a server
+    takes these from :func:`add_connection_arguments`, so that the flags mean the same everywhere."""
+
+    tls_ca: Path | None = None
+    tls_server_name: str | None = None
+    auth_token: str | None = field(default=None, repr=False)  # a secret: kept out of reprs and logs
+
+    def client(self, target: str, **options) -> EmbedderClient:
+        """An EmbedderClient for ``target`` over this connection; ``options`` as EmbedderClient's (timeout...)."""
+        return EmbedderClient(
+            target,
+            auth_token=self.auth_token,
+            tls_ca=self.tls_ca,
+            tls_server_name=self.tls_server_name,
+            **options,
+        )
+
+    def flags(self) -> list[str]:
+        """The connection flags that were given (for commands where they only apply with --server)."""
+        given = {"--tls-ca": self.tls_ca, "--tls-server-name": self.tls_server_name, "--auth-token": self.auth_token}
+        return [flag for flag, value in given.items() if value is not None]
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--tls-ca, --tls-server-name, --auth-token; read them back with :func:`connection_from_args`."""
+    parser.add_argument("--tls-ca", type=Path, default=None, help="PEM root certificate to trust (enables TLS)")
+    parser.add_argument(
+        "--tls-server-name",
+        default=None,
+        help="name the server's certificate must carry, when it is not the HOST of --server (needs --tls-ca)",
+    )
+    parser.add_argument("--auth-token", default=None, help=f"bearer token (default: env {AUTH_TOKEN_ENV})")
+
+
+def connection_from_args(args: argparse.Namespace) -> Connection:
+    if args.tls_server_name and args.tls_ca is None:
+        # A plaintext channel checks no certificate, so the name would be silently ignored.
+        raise InputError("--tls-server-name needs --tls-ca: it names the certificate that TLS checks")
+    return Connection(args.tls_ca, args.tls_server_name or None, args.auth_token)
+
+
 # -- `elmo embed` ------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="+", help="sentences to embed (raw text; with --tokens: whitespace tokens)")
@@ -215,8 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="", help="scalar-mix task name")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--model", default="", help="served model name (default: the server's default)")
-    parser.add_argument("--tls-ca", type=Path, default=None, help="PEM root certificate to trust (enables TLS)")
-    parser.add_argument("--auth-token", default=None, help=f"bearer token (default: env {AUTH_TOKEN_ENV})")
+    add_connection_arguments(parser)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     parser.add_argument("--show", type=int, default=4, help="numbers to print per layer (default 4)")
 
@@ -224,7 +272,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     layers = [int(v) for v in args.layers.split(",") if v.strip()] if args.layers else None
     inputs = [t.split() for t in args.texts] if args.tokens else list(args.texts)
-    with EmbedderClient(args.server, auth_token=args.auth_token, tls_ca=args.tls_ca, timeout=args.timeout) as client:
+    with connection_from_args(args).client(args.server, timeout=args.timeout) as client:
         results = client.embed(inputs, layers=layers, task=args.task, dtype=args.dtype, model=args.model)
     np.set_printoptions(precision=4, suppress=True)
     for text, result in zip(args.texts, results):
@@ -238,4 +286,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["Embedding", "EmbedderClient", "RemoteError", "decode_response", "to_input"]
+__all__ = [
+    "Connection",
+    "Embedding",
+    "EmbedderClient",
+    "RemoteError",
+    "add_connection_arguments",
+    "connection_from_args",
+    "decode_response",
+    "to_input",
+]

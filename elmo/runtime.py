@@ -1,8 +1,8 @@
 """The onnxruntime runtime: a model directory in, per-sentence layer vectors out. Imports no torch.
 
 ``Embedder(model_dir)`` loads the exported graphs (checked against ``onnx.json`` and ``config.json``), picks the
-execution provider (CUDA first, then CPU; one log line says which one is active and why), and embeds tokenized
-or raw sentences into float32 arrays ``(n_layers, n_tokens, dim)``.
+execution provider (CUDA where a GPU is visible and its libraries load, else CPU; one log line says which one
+is active and why), and embeds tokenized or raw sentences into float32 arrays ``(n_layers, n_tokens, dim)``.
 
 How a call runs: the distinct tokens of all sentences go through the char-CNN graph (encoder.onnx) once each,
 skipping those in an LRU cache of token vectors (a token's vector does not depend on its context: AllenNLP's
@@ -13,10 +13,15 @@ through the biLSTM graph (context.onnx). Results come back in input order.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import io
 import logging
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,26 +63,121 @@ class EmbedderInfo:
 
 
 # -- providers -----------------------------------------------------------------------------------------------------
-def requested_providers(providers: Sequence[str] | None) -> list[str]:
+# What makes CUDA usable, for the messages: the `gpu` extra is onnxruntime-gpu[cuda,cudnn] (CUDA 13 + cuDNN 9 wheels).
+CUDA_LIBRARIES_HINT = "install the project's `gpu` extra: pip install '.[serve,gpu]'"
+# The NVIDIA driver's user-space library: mounted by the container toolkit, never a pip wheel.
+DRIVER_LIBRARY = "libcuda.so.1"
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    """What onnxruntime is asked for, and why CUDA is missing from it when the choice was ours."""
+
+    providers: list[str]
+    reason: str = ""  # why CUDA is left out (automatic choice only); empty when CUDA is requested or named
+    gpu_unused: bool = False  # a GPU is visible but CUDA is not requested: the log line is a warning
+
+
+def gpu_visibility(environ: Mapping[str, str], root: Path = Path("/")) -> tuple[bool, str]:
+    """Whether this process can see an NVIDIA GPU, and the evidence; no CUDA call and no library load, so a CPU host
+    never reaches the CUDA provider (which would print onnxruntime's error block).
+
+    CUDA_VISIBLE_DEVICES empty or starting with a negative index hides every GPU (CUDA stops at the first invalid
+    entry). Otherwise a GPU is visible when the driver lists one (``/proc/driver/nvidia/gpus/*``: present before
+    any device node is made), a device node ``/dev/nvidiaN`` exists (what a container started with ``--gpus`` holds)
+    or WSL's driver library is there. NVIDIA_VISIBLE_DEVICES is not read: the container runtime applies it when
+    it creates the container, and its effect is exactly which device nodes exist."""
+    cuda_visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if cuda_visible is not None:
+        first = cuda_visible.split(",")[0].strip()
+        if not first or first.startswith("-"):
+            return False, f"CUDA_VISIBLE_DEVICES={cuda_visible!r} hides every GPU"
+    evidence = [
+        *sorted((root / "proc/driver/nvidia/gpus").glob("*")),
+        *sorted((root / "dev").glob("nvidia[0-9]*")),
+        *[path for path in [root / "usr/lib/wsl/lib" / DRIVER_LIBRARY] if path.exists()],
+    ]
+    if evidence:
+        return True, str(evidence[0])
+    return False, f"no GPU visible: no {root / 'dev'}/nvidia<N> device and no {root / 'proc/driver/nvidia/gpus'}/*"
+
+
+def _probe_library(name: str) -> bool:
+    """Whether the dynamic loader finds ``name`` now (a library already loaded answers by its soname)."""
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
+
+
+_preload_lock = threading.Lock()  # redirect_stdout swaps a process-wide object: one preload at a time
+
+
+def missing_cuda_libraries() -> tuple[str, ...]:
+    """Make the pip-installed CUDA/cuDNN libraries loadable, once per process, and name those still missing.
+
+    onnxruntime's CUDA provider carries no RPATH to the nvidia-* wheels; ``onnxruntime.preload_dlls`` loads them
+    from the site-packages folder that holds onnxruntime (nvidia/cu13/lib, nvidia/cudnn/lib), then tries the
+    default loader paths (a system CUDA, LD_LIBRARY_PATH). A library loaded by path then satisfies the provider's
+    own dependency on its soname."""
+    with _preload_lock:
+        return _preload_cuda_libraries()
+
+
+@functools.cache
+def _preload_cuda_libraries() -> tuple[str, ...]:
+    preload = getattr(ort, "preload_dlls", None)  # onnxruntime >= 1.21
+    if preload is not None:
+        # It prints its complaints to stdout; the caller logs the missing names in one line instead.
+        with contextlib.redirect_stdout(io.StringIO()):
+            preload(cuda=True, cudnn=True, msvc=False)
+    # The list preload_dlls itself walks (the CUDA major of this build); a private helper, pinned with onnxruntime.
+    walked = getattr(ort, "_get_nvidia_dll_paths", None)
+    needed = [path[-1] for path in walked(False, True, True)] if walked is not None else []
+    return tuple(name for name in [*needed, DRIVER_LIBRARY] if not _probe_library(name))
+
+
+def requested_providers(
+    providers: Sequence[str] | None, environ: Mapping[str, str] | None = None, root: Path = Path("/")
+) -> ProviderRequest:
+    """The providers to ask onnxruntime for. Named ``providers`` are a demand, taken as they are (CUDA's libraries
+    are preloaded first when CUDA is among them). None: CUDA then CPU only where this onnxruntime has CUDA, a GPU is
+    visible (``gpu_visibility``) and the CUDA libraries load; CPU alone otherwise, with the reason."""
     if providers is not None:
-        return list(providers)
-    if CUDA in ort.get_available_providers():
-        return [CUDA, CPU]
-    return [CPU]
+        if CUDA in providers:
+            missing_cuda_libraries()
+        return ProviderRequest(list(providers))
+    if CUDA not in ort.get_available_providers():
+        return ProviderRequest([CPU], "this onnxruntime build has no CUDA provider")
+    visible, evidence = gpu_visibility(os.environ if environ is None else environ, root)
+    if not visible:
+        return ProviderRequest([CPU], evidence)
+    missing = missing_cuda_libraries()
+    if missing:
+        reason = f"GPU {evidence} visible but CUDA libraries missing: {', '.join(missing)}; {CUDA_LIBRARIES_HINT}"
+        return ProviderRequest([CPU], reason, gpu_unused=True)
+    return ProviderRequest([CUDA, CPU])
 
 
-def provider_reason(requested: list[str], active: str) -> str:
+def _cuda_hint(requested: Sequence[str]) -> str:
+    """What keeps a demanded CUDA provider from loading, when it is a missing library (for the ElmoError)."""
+    missing = missing_cuda_libraries() if CUDA in requested else ()
+    return f" (not loadable: {', '.join(missing)}; {CUDA_LIBRARIES_HINT})" if missing else ""
+
+
+def provider_reason(request: ProviderRequest, active: str) -> str:
     """Why ``active`` is the provider in use, for the one log line."""
     if active == CUDA:
         return "CUDA provider loaded: the graphs run on the GPU"
-    if CUDA in requested:
+    if request.reason:
+        return request.reason
+    if CUDA in request.providers:
         return (
-            "CUDA provider requested but onnxruntime could not use it (no GPU visible, or the CUDA 13 / cuDNN 9 "
-            "libraries are missing: install onnxruntime-gpu[cuda,cudnn]); onnxruntime's own message above says which"
+            "CUDA provider requested but onnxruntime could not use it (the CUDA 13 / cuDNN 9 libraries or the driver "
+            f"do not load: {CUDA_LIBRARIES_HINT}); onnxruntime's own message above says which"
         )
-    if CUDA not in ort.get_available_providers():
-        return "this onnxruntime build has no CUDA provider"
-    return f"providers={requested} were requested"
+    return f"providers={request.providers} were requested"
 
 
 def open_session(
@@ -184,6 +284,18 @@ def _padded_count(rows: int) -> int:
     return min(ENCODER_CHUNK, max(16, 1 << (rows - 1).bit_length()))
 
 
+@dataclass(frozen=True)
+class EmbedStats:
+    """What one embed call computed: ``tokens`` real tokens, ``padded_tokens`` biLSTM positions actually run
+    (per run rows x (longest + 2): the <S>/</S> boundaries and the padding of shorter rows included, the unit of
+    ``max_batch_tokens``) in ``runs`` onnxruntime runs. Returned per call, so concurrent callers never mix."""
+
+    sentences: int
+    tokens: int
+    padded_tokens: int
+    runs: int
+
+
 # -- the embedder --------------------------------------------------------------------------------------------------
 class Embedder:
     """Embed sentences with an exported biLM. Safe to call from several threads (onnxruntime sessions are; the
@@ -202,7 +314,8 @@ class Embedder:
         io_binding: bool | None = None,
         context_layout: str | None = None,
     ) -> None:
-        """``providers``: None = CUDA then CPU; a list without the CPU provider is a demand (ElmoError if unmet).
+        """``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list
+        without the CPU provider is a demand (ElmoError if unmet).
         ``max_batch_tokens``: rows x (longest + 2) per biLSTM run (None: 4096 on CPU, 16384 on CUDA);
         ``max_tokens_per_sentence``: longer ->
         InputError; ``cache_size``: token vectors kept (0 = off); ``cuda_options``: merged over
@@ -212,9 +325,9 @@ class Embedder:
         if (max_batch_tokens is not None and max_batch_tokens < 1) or max_tokens_per_sentence < 1:
             raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
         self.cache = TokenVectorCache(cache_size)
-        requested = requested_providers(providers)
-        self._open_sessions(requested, (intra_op_threads, inter_op_threads, cuda_options), context_layout)
-        active = self._active_provider(requested)
+        request = requested_providers(providers)
+        self._open_sessions(request.providers, (intra_op_threads, inter_op_threads, cuda_options), context_layout)
+        active = self._active_provider(request)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
             n_layers=int(self.meta["n_layers"]),
@@ -240,7 +353,9 @@ class Embedder:
         self.encoder = open_session(self._paths["encoder"], requested, *settings)
         first = self.encoder.get_providers()[0]
         if first not in requested:
-            raise ElmoError(f"execution provider {requested[0]} was demanded but {first} is active")
+            raise ElmoError(
+                f"execution provider {requested[0]} was demanded but {first} is active{_cuda_hint(requested)}"
+            )
         if context_layout not in (None, "separate", "fused"):
             raise InputError(f"context_layout must be 'separate' or 'fused', not {context_layout!r}")
         self.context_layout = context_layout or ("fused" if first == CUDA else "separate")
@@ -251,16 +366,17 @@ class Embedder:
         # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
         self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *settings)
 
-    def _active_provider(self, requested: list[str]) -> str:
+    def _active_provider(self, request: ProviderRequest) -> str:
         active = {self.encoder.get_providers()[0], self.context.get_providers()[0]}
         if len(active) > 1:
             raise ElmoError(f"encoder and context graphs run on different providers {sorted(active)}")
         (provider,) = active
-        if provider not in requested:
-            raise ElmoError(f"execution provider {requested[0]} was demanded but {provider} is active")
-        reason = provider_reason(requested, provider)
-        # A fall-back from a requested GPU is a warning, so that it shows under any logging set-up.
-        level = logging.WARNING if CUDA in requested and provider != CUDA else logging.INFO
+        if provider not in request.providers:
+            raise ElmoError(f"execution provider {request.providers[0]} was demanded but {provider} is active")
+        reason = provider_reason(request, provider)
+        # A GPU left unused is a warning, so that it shows under any logging set-up; a CPU host is the normal case.
+        fallback = request.gpu_unused or (CUDA in request.providers and provider != CUDA)
+        level = logging.WARNING if fallback else logging.INFO
         log.log(level, "onnxruntime provider: %s active for %s (%s)", provider, self.model_dir, reason)
         return provider
 
@@ -287,15 +403,24 @@ class Embedder:
     # -- public API ------------------------------------------------------------------------------------------------
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Tokenized sentences -> per sentence float32 ``(n_layers, n_tokens, dim)`` (empty -> n_tokens 0)."""
+        return self.embed_tokens_with_stats(sentences)[0]
+
+    def embed_tokens_with_stats(self, sentences: Sequence[Sequence[str]]) -> tuple[list[np.ndarray], EmbedStats]:
+        """:meth:`embed_tokens` plus what the call cost (:class:`EmbedStats`: real vs padded tokens)."""
         sentences = self._validated(sentences)
         table, rows = self._token_table(sentences)
         results: list[np.ndarray | None] = [None] * len(sentences)
-        for indices in self._batches([len(s) for s in sentences]):
+        batches = self._batches([len(s) for s in sentences])
+        padded = 0
+        for indices in batches:
             layers = self._contextualize(table, [rows[i] for i in indices])  # (B, L+1, T, D)
+            # the (rows, longest + 2) positions _contextualize fed the biLSTM, boundaries and padding included
+            padded += len(indices) * (max(len(sentences[i]) for i in indices) + 2)
             for row, index in enumerate(indices):
                 results[index] = np.ascontiguousarray(layers[row, :, : len(sentences[index])])
         empty = np.zeros((self.info.n_layers, 0, self.info.dim), dtype=np.float32)
-        return [empty.copy() if r is None else r for r in results]
+        stats = EmbedStats(len(sentences), sum(len(s) for s in sentences), padded, len(batches))
+        return [empty.copy() if r is None else r for r in results], stats
 
     def embed_texts(self, texts: Sequence[str]) -> list[tuple[Tokenized, np.ndarray]]:
         """Raw texts -> (tokens with offsets, layers) per text, tokenized by elmo.tokenize.tokenize."""

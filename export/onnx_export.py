@@ -50,10 +50,10 @@ log = logging.getLogger("elmo.export")
 
 OPSET = 17
 # float32: a graph may be as far from float64 as PyTorch float32 itself is on the same case, times a margin for
-# another summation order (onnxruntime measured 1.0-3.1x PyTorch's error on random published-size weights), or
+# another summation order (onnxruntime measured 0.3-3.1x PyTorch's error on random published-size weights), or
 # 1e-6 of the outputs' scale (float32 keeps ~7 digits; the recurrence loses about one). A dropped clip or two
 # swapped gates miss by 1e-2 and more (tests/test_export.py), so the margin hides no real discrepancy.
-FP32_BOUND = ErrorBound(floor=1e-5, float32_factor=8.0, relative=1e-6)
+FP32_BOUND = ErrorBound(floor=1e-5, float32_factor=10.0, relative=1e-6)
 # fp16 rounds every intermediate to ~3 significant digits; the clipped LSTM states stay within ±3, so an
 # absolute error of a few 1e-3..1e-2 is what fp16 arithmetic gives. Beyond this bound the graph is broken.
 FP16_TOLERANCE = 0.1

@@ -4,14 +4,28 @@
 # 1. a venv (.venv-gpu) with onnxruntime-gpu[cuda,cudnn] (CUDA 13 + cuDNN 9 come as pip wheels) and the project;
 # 2. without MODEL_DIR: torch (CPU is enough) + onnx, then a random-weight ELMo-original model is written and
 #    exported (verified against PyTorch) into runs/gpu-check/original; with MODEL_DIR: that exported directory;
-# 3. scripts/gpu_check.py: CUDAExecutionProvider really active, CUDA vs CPU parity, ELMo-original throughput.
+# 3. scripts/gpu_check.py: a plain start picks CUDA by itself, CUDA vs CPU parity, ELMo-original tokens/s at batch
+#    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/loadgen.py).
 # Environment: PYTHON=/path/to/python uses that interpreter as it is (no venv, no installs: for machines that
-# cannot reach a registry and already hold onnxruntime-gpu); SECONDS_PER=10 per throughput figure;
-# GPU_CHECK_JSON=path writes the report as JSON; GPU_CHECK_TORCH=1 also times PyTorch eager on the GPU.
+# cannot reach a registry and already hold onnxruntime-gpu); GPU_SITE=DIR (implies PYTHON=python3 unless set):
+# onnxruntime-gpu and the gRPC wheels come from that private folder (scripts/gpu-wheels.sh receive fills it),
+# first on PYTHONPATH for the check so that a CPU `onnxruntime` elsewhere cannot shadow them; the model export
+# runs without it (the machine's torch and onnx). SECONDS_PER=10 per throughput figure; GPU_CHECK_JSON=path writes
+# the report as JSON; GPU_CHECK_TORCH=1 also times PyTorch eager on the GPU.
+# On the borrowed GPU machine (no network): see scripts/gpu-wheels.sh, e.g. the last call
+#   scripts/gpu-wheels.sh receive && GPU_SITE=/tmp/elmo-gpu-site GPU_CHECK_JSON=$OUT/gpu-check.json SECONDS_PER=5 \
+#       scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL_DIR="${1:-}"
 started=$(date +%s)
+if [[ -n "${GPU_SITE:-}" ]]; then
+    [[ -d "$GPU_SITE" ]] || { echo "GPU_SITE=$GPU_SITE is not a folder (run scripts/gpu-wheels.sh receive)" >&2; exit 1; }
+    PYTHON="${PYTHON:-python3}"
+    CHECK_PYTHONPATH="$GPU_SITE${PYTHONPATH:+:$PYTHONPATH}"
+else
+    CHECK_PYTHONPATH="${PYTHONPATH:-}"
+fi
 
 if [[ -z "${PYTHON:-}" ]]; then
     python3 -m venv .venv-gpu
@@ -24,7 +38,8 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
     "$PYTHON" -m pip install -q --no-deps -e .
 fi
-"$PYTHON" -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+PYTHONPATH="$CHECK_PYTHONPATH" "$PYTHON" -c \
+    "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_device(), o.__file__, o.get_available_providers())"
 
 if [[ -z "$MODEL_DIR" ]]; then
     MODEL_DIR=runs/gpu-check/original
@@ -38,5 +53,7 @@ fi
 extra=()
 [[ -n "${GPU_CHECK_JSON:-}" ]] && extra+=(--json "$GPU_CHECK_JSON")
 [[ "${GPU_CHECK_TORCH:-0}" == "1" ]] && extra+=(--torch)
-"$PYTHON" scripts/gpu_check.py "$MODEL_DIR" --seconds "${SECONDS_PER:-10}" ${extra[@]+"${extra[@]}"}
+[[ -n "${GPU_SITE:-}" ]] && extra+=(--onnxruntime-from "$GPU_SITE")
+PYTHONPATH="$CHECK_PYTHONPATH" "$PYTHON" scripts/gpu_check.py "$MODEL_DIR" --seconds "${SECONDS_PER:-10}" \
+    ${extra[@]+"${extra[@]}"}
 echo "gpu-check took $(( $(date +%s) - started )) s"

@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elmo.errors import ElmoError
+from elmo.runtime import EmbedStats
 from service.errors import Kind, ServiceError, from_library_error
 
 log = logging.getLogger(__name__)
 
-# (sentences of tokens) -> per sentence float32 (n_layers, n_tokens, dim)
-EmbedFn = Callable[[list[list[str]]], list[np.ndarray]]
+# (sentences of tokens) -> (per sentence float32 (n_layers, n_tokens, dim), what the call cost):
+# Embedder.embed_tokens_with_stats. The cost is the runtime's own, since only it knows how it padded the call.
+EmbedFn = Callable[[list[list[str]]], tuple[list[np.ndarray], EmbedStats]]
 
 
 @dataclass
@@ -63,7 +65,7 @@ class BatcherObserver:
 
     def queue_changed(self, sentences: int, tokens: int) -> None: ...
 
-    def batch_done(self, sentences: int, tokens: int, seconds: float) -> None: ...
+    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None: ...
 
     def dropped(self, reason: str, count: int) -> None: ...
 
@@ -252,7 +254,7 @@ class Batcher:
         real = sum(item.n_tokens for item in batch)
         self.batches_started += 1
         try:
-            outputs = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
+            outputs, cost = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
             if len(outputs) != len(batch):
                 raise ServiceError(Kind.INTERNAL, f"runtime returned {len(outputs)} results for {len(batch)} sentences")
         except asyncio.CancelledError:
@@ -270,8 +272,16 @@ class Batcher:
             return
         seconds = time.monotonic() - started
         self.batches_run += 1
-        self.observer.batch_done(len(batch), real, seconds)
-        log.info("model %s: batch of %d sentences, %d tokens, %.1f ms", self.name, len(batch), real, 1000 * seconds)
+        self.observer.batch_done(len(batch), real, cost.padded_tokens, seconds)
+        log.info(
+            "model %s: batch of %d sentences, %d tokens (%d padded, %d runs), %.1f ms",
+            self.name,
+            len(batch),
+            real,
+            cost.padded_tokens,
+            cost.runs,
+            1000 * seconds,
+        )
         for item, output in zip(batch, outputs):
             if not item.future.done():
                 stats = BatchStats(started - item.enqueued, seconds, len(batch), real)

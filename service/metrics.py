@@ -39,6 +39,16 @@ class ServiceMetrics:
         self.batch_tokens = Histogram(
             "elmo_batch_tokens", "real tokens per runtime call", ["model"], buckets=TOKEN_BUCKETS, registry=r
         )
+        # The buckets of elmo_batch_tokens, so that the two read side by side; 1 - their _sum ratio is the padding
+        # waste (docs/operations.md).
+        self.batch_padded_tokens = Histogram(
+            "elmo_batch_padded_tokens",
+            "positions the runtime ran per call: per onnxruntime run rows x (longest + 2), padding and <S>/</S> "
+            "included",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self.batch_sentences = Histogram(
             "elmo_batch_sentences", "sentences per runtime call", ["model"], buckets=TOKEN_BUCKETS, registry=r
         )
@@ -103,9 +113,10 @@ class _ModelObserver(BatcherObserver):
         self.m.queue_sentences.labels(self.model).set(sentences)
         self.m.queue_tokens.labels(self.model).set(tokens)
 
-    def batch_done(self, sentences: int, tokens: int, seconds: float) -> None:
+    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None:
         self.m.batch_sentences.labels(self.model).observe(sentences)
         self.m.batch_tokens.labels(self.model).observe(tokens)
+        self.m.batch_padded_tokens.labels(self.model).observe(padded_tokens)
         self.m.inference.labels(self.model).observe(seconds)
         self.m.tokens.labels(self.model).inc(tokens)
         self.m.record_tokens(tokens)

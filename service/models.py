@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class ServedModel:
     name: str
     directory: Path
-    runtime: Any  # elmo.runtime.Embedder (duck-typed: .info, .embed_tokens, .warmup)
+    runtime: Any  # elmo.runtime.Embedder (duck-typed: .info, .embed_tokens_with_stats, .warmup)
     batcher: Batcher
     tasks: ModelTasks
     n_layers: int
@@ -77,7 +77,7 @@ def serve_model(
     n_layers = int(_info_value(info, "n_layers"))
     dim = int(_info_value(info, "dim"))
     batcher = Batcher(
-        runtime.embed_tokens,
+        runtime.embed_tokens_with_stats,
         max_batch_tokens=limits.max_batch_tokens,
         max_batch_sentences=limits.max_batch_sentences,
         max_delay_s=limits.max_delay_ms / 1000.0,

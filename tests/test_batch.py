@@ -478,6 +478,62 @@ def test_remote_unknown_task_and_unreachable_server(tmp_path, tiny_model_dir, ca
     assert "is not serving after 0.5 s" in err and "UNAVAILABLE" in err
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a certificate")
+def test_remote_server_over_tls_with_a_token(tmp_path, tiny_model_dir, embedder, capsys, monkeypatch):
+    from tests.service_helpers import EDGE_LIMITS, ServerThread, self_signed_cert
+
+    monkeypatch.delenv("ELMO_AUTH_TOKEN", raising=False)
+    tls = self_signed_cert(tmp_path)  # names localhost and 127.0.0.1
+    source = write_lines(tmp_path / "in.txt", corpus(30))  # within EDGE_LIMITS' 20 tokens per sentence
+    server = ServerThread({"tiny": embedder}, EDGE_LIMITS, tls=tls, auth_token="s3cret")
+    try:
+        server.warm_up()
+        secure = ["--server", server.target, "--tls-ca", tls.cert]
+        assert embed_file(source, tmp_path / "remote.h5", *secure, "--auth-token", "s3cret") == 0
+        capsys.readouterr()
+        # Without the token: health (exempt) passes, the first real RPC is refused; one line, nothing written.
+        assert embed_file(source, tmp_path / "anonymous.h5", *secure) == 2
+        (err,) = error_lines(capsys.readouterr().err)
+        assert "UNAUTHENTICATED" in err and "--auth-token" in err and server.target in err
+        assert list(tmp_path.glob("anonymous*")) == []
+        # --tls-server-name is the name checked: the certificate's own name passes (token from the environment
+        # this time), another fails the handshake, so the server never reports SERVING to this client.
+        monkeypatch.setenv("ELMO_AUTH_TOKEN", "s3cret")
+        assert embed_file(source, tmp_path / "named.h5", *secure, "--tls-server-name", "localhost") == 0
+        capsys.readouterr()
+        wrong = ["--tls-server-name", "elmo.invalid", "--server-wait", "0.5"]
+        assert embed_file(source, tmp_path / "wrong.h5", *secure, *wrong) == 2
+        (err,) = error_lines(capsys.readouterr().err)
+        assert "is not serving after 0.5 s" in err and "UNAVAILABLE" in err
+    finally:
+        server.stop()
+    assert embed_file(source, tmp_path / "local.h5", "--model", tiny_model_dir) == 0
+    local = read_hdf5(tmp_path / "local.h5")
+    for name in ("remote.h5", "named.h5"):
+        remote = read_hdf5(tmp_path / name)
+        assert local.keys() == remote.keys()
+        for key in local:
+            if key == "sentence_to_index":
+                assert remote[key] == local[key]
+            else:
+                np.testing.assert_allclose(remote[key], local[key], atol=1e-6, rtol=0, err_msg=f"{name} {key}")
+
+
+def test_connection_flags_need_a_server(tmp_path, tiny_model_dir, capsys):
+    source = write_lines(tmp_path / "in.txt", LINES)
+    assert embed_file(source, tmp_path / "o.h5", "--model", tiny_model_dir, "--auth-token", "t") == 2
+    (err,) = error_lines(capsys.readouterr().err)
+    assert err.endswith("--auth-token only apply with --server HOST:PORT")
+    assert embed_file(source, tmp_path / "o.h5", "--server", "127.0.0.1:1", "--tls-server-name", "x") == 2
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "--tls-server-name needs --tls-ca" in err
+    missing = tmp_path / "missing-ca.pem"
+    assert embed_file(source, tmp_path / "o.h5", "--server", "127.0.0.1:1", "--tls-ca", missing) == 2
+    (err,) = error_lines(capsys.readouterr().err)
+    assert f"{missing}: cannot read the TLS root certificate" in err
+    assert list(tmp_path.glob("o.h5*")) == []
+
+
 def test_empty_input_gives_an_empty_but_complete_output(tmp_path, tiny_model_dir):
     source = tmp_path / "empty.txt"
     source.write_bytes(b"")

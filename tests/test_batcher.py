@@ -27,11 +27,15 @@ class Recorder(BatcherObserver):
     def __init__(self, runtime: Embedder):
         self.runtime = runtime
         self.batches: list[list[int]] = []
+        self.done: list[tuple[int, int, int]] = []  # (sentences, tokens, padded tokens) per finished batch
         self.dropped_counts: dict[str, int] = {}
 
     def embed(self, sentences: list[list[str]]):
         self.batches.append([len(s) for s in sentences])
-        return self.runtime.embed_tokens(sentences)
+        return self.runtime.embed_tokens_with_stats(sentences)
+
+    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None:
+        self.done.append((sentences, tokens, padded_tokens))
 
     def dropped(self, reason: str, count: int) -> None:
         self.dropped_counts[reason] = self.dropped_counts.get(reason, 0) + count
@@ -82,6 +86,10 @@ def test_batches_take_the_oldest_first_and_fill_the_token_budget(runtime):
         np.testing.assert_allclose(got, runtime.embed_tokens([tokens])[0], rtol=0, atol=1e-6)
     assert [s.sentences for s in stats] == [4, 4, 2, 4, 2, 4]
     assert [s.tokens for s in stats] == [16, 16, 19, 16, 19, 16]
+    # The observer gets the runtime's padded positions, rows x (longest + 2) per run. Under the default CPU budget
+    # (4096) each call is one run: splitting would cost more (plan_batches: longest x (rows + 8) + 64 per run, e.g.
+    # 12 x 12 + 64 = 208 for [1, 2, 3, 10] together against 5 x 11 + 64 + 12 x 9 + 64 = 291 for [1, 2, 3] + [10]).
+    assert recorder.done == [(4, 16, 4 * (10 + 2)), (2, 19, 2 * (10 + 2))]
 
 
 def test_admission_is_all_or_nothing_and_overload_is_refused_at_once(runtime):

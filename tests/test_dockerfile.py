@@ -3,7 +3,8 @@
 - Docker's own parser reads the Dockerfile (the PyPI ``dockerfile`` package wraps the official Go parser).
 - House rules on the parsed instructions: pinned base, non-root user, gRPC HEALTHCHECK through
   scripts/healthcheck.py, no torch, onnxruntime-gpu with its CUDA/cuDNN extras at the `serve` pin, both ports
-  exposed, the default model copied and served, ``elmo serve`` as the entry point, CUDA libraries on the loader path.
+  exposed, the default model copied and served, ``elmo serve`` as the entry point, the CUDA wheels where the
+  runtime's preload finds them.
 - The .dockerignore lets every COPY source in and keeps the junk out (Docker's matching rules, re-implemented).
 - Every ``pip install`` in the image resolves (``pip install --dry-run``) for the image's Python and platform.
 
@@ -36,7 +37,7 @@ PYPROJECT = REPO / "pyproject.toml"
 GRPC_PORT, METRICS_PORT = "50051", "9090"
 HEALTH_SCRIPT = "scripts/healthcheck.py"
 DEFAULT_MODEL = "models/default"
-ALLOWED_LOCAL_EXTRAS = {"serve"}
+ALLOWED_LOCAL_EXTRAS = {"serve", "gpu"}  # gpu: the CUDA/cuDNN wheels, torch-free
 TORCH_PACKAGES = {"torch", "torchvision", "torchaudio", "triton", "pytorch-lightning", "lightning"}
 ROOT_USERS = {"root", "0"}
 # Debian release named in the base tag -> the glibc minor version of its C library (newest manylinux tag allowed).
@@ -54,6 +55,9 @@ PIP_OPTIONS_WITH_VALUE = {
     "--global-option", "--use-feature", "--proxy", "--cert", "--client-cert", "--exists-action", "--python",
 }  # fmt: skip
 SHELL_SEPARATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")"}
+# pip options that install somewhere else than the environment's site-packages (where onnxruntime.preload_dlls
+# looks for the nvidia-* wheels' libraries, beside onnxruntime itself).
+PIP_RELOCATING_OPTIONS = {"-t", "--target", "--prefix", "--root", "--user"}
 
 
 # ----------------------------------------------------------------------------------------------- the model of a file
@@ -68,6 +72,7 @@ class PipInstall:
     requirements: list[str] = field(default_factory=list)
     local_extras: set[str] | None = None  # extras of a `pip install .[...]`; None when no local project
     problems: list[str] = field(default_factory=list)
+    relocations: list[str] = field(default_factory=list)  # PIP_RELOCATING_OPTIONS it uses
 
 
 @dataclass
@@ -154,6 +159,8 @@ def _pip_install(argv: list[str], line: int, workdir: str, pyproject: dict) -> P
     install = PipInstall(line, workdir)
     words = iter(args)
     for word in words:
+        if word.split("=", 1)[0] in PIP_RELOCATING_OPTIONS:
+            install.relocations.append(word.split("=", 1)[0])
         if word in ("-r", "--requirement"):
             install.problems.append(f"line {line}: `pip install -r` is not supported by this check; list the packages")
             next(words, None)
@@ -316,10 +323,11 @@ def rule_no_torch(image: Image, pyproject: dict) -> list[str]:
 
 
 def rule_serve_extra_only(image: Image, pyproject: dict) -> list[str]:
-    """The project goes in with the `serve` extra and nothing else (dev/train extras do not belong in the image)."""
+    """The project goes in with the `serve` and `gpu` extras and nothing else (dev/train extras do not belong in the
+    image; `gpu` says where the CUDA wheels come from, as `make serve` installs them on a GPU host)."""
     local = [p for p in image.pip_installs if p.local_extras is not None]
     if not local:
-        return ['the project itself is never installed (`pip install ".[serve]"`)']
+        return ['the project itself is never installed (`pip install ".[serve,gpu]"`)']
     return [
         f"line {p.line}: project installed with extras {sorted(p.local_extras)}, want {sorted(ALLOWED_LOCAL_EXTRAS)}"
         for p in local
@@ -336,8 +344,9 @@ def rule_onnxruntime_gpu(image: Image, pyproject: dict) -> list[str]:
     serve_pins = {str(r.specifier) for r in map(Requirement, pyproject["project"]["optional-dependencies"]["serve"])
                   if canonicalize_name(r.name) == "onnxruntime-gpu"}  # fmt: skip
     gpu = names.get("onnxruntime-gpu", [])
-    if not any({"cuda", "cudnn"} <= r.extras for r in gpu):
-        problems.append("onnxruntime-gpu is never installed with its [cuda,cudnn] extras (CUDA 13 + cuDNN 9 wheels)")
+    # The first install of it is the heavy layer (~1.5 GB), before any code: it must bring the CUDA/cuDNN wheels.
+    if not gpu or not {"cuda", "cudnn"} <= gpu[0].extras:
+        problems.append("the first onnxruntime-gpu install lacks its [cuda,cudnn] extras (CUDA 13 + cuDNN 9 wheels)")
     for requirement in gpu:
         if str(requirement.specifier) not in serve_pins:
             problems.append(f"{requirement} disagrees with the serve extra's pin {sorted(serve_pins)}")
@@ -386,13 +395,17 @@ def rule_default_model(image: Image, pyproject: dict) -> list[str]:
 
 
 def rule_cuda_libraries(image: Image, pyproject: dict) -> list[str]:
-    """LD_LIBRARY_PATH reaches the CUDA/cuDNN wheels' libraries (onnxruntime's CUDA provider has no RPATH)."""
-    entries = env_values(image.final).get("LD_LIBRARY_PATH", "").split(":")
-    python, _ = base_image(image)
-    problems = []
-    for directory in nvidia_library_directories():
-        if not any(e.endswith(f"/lib/python{python}/site-packages/{directory}") for e in entries):
-            problems.append(f"LD_LIBRARY_PATH lacks .../lib/python{python}/site-packages/{directory}")
+    """The CUDA/cuDNN wheels land where the runtime's onnxruntime.preload_dlls looks for them (the site-packages that
+    holds onnxruntime: no pip install elsewhere), and the NVIDIA Container Toolkit is not told to leave out the
+    driver's compute library (libcuda) when the container runs with --gpus (unset means compute,utility)."""
+    problems = [
+        f"line {p.line}: `pip install {option}` installs outside the venv, where preload_dlls does not look"
+        for p in image.pip_installs
+        for option in p.relocations
+    ]
+    capabilities = env_values(image.final).get("NVIDIA_DRIVER_CAPABILITIES")
+    if capabilities is not None and not {c.strip() for c in capabilities.split(",")} & {"compute", "all"}:
+        problems.append(f"NVIDIA_DRIVER_CAPABILITIES={capabilities} leaves out compute: no libcuda under --gpus")
     return problems
 
 
@@ -419,14 +432,6 @@ def check_dockerfile(text: str, pyproject: dict) -> dict[str, list[str]]:
     image = parse_image(text, pyproject)
     found = {name: rule(image, pyproject) for name, rule in RULES.items()}
     return {name: problems for name, problems in found.items() if problems}
-
-
-def nvidia_library_directories() -> list[str]:
-    """Where onnxruntime itself looks for the CUDA/cuDNN wheels' libraries, relative to site-packages (Linux)."""
-    import onnxruntime
-
-    paths = onnxruntime._get_nvidia_dll_paths(False, True, True)  # the list preload_dlls() walks
-    return sorted({"/".join(p[:-1]) for p in paths})
 
 
 def project_build_inputs(pyproject: dict) -> list[str]:
@@ -548,7 +553,7 @@ BASE_LINE = "\nFROM python:3.11.13-slim-bookworm\n"
 BREAKAGES = [
     ("unknown-instruction", "STOPSIGNAL SIGTERM", "STOPSIGANL SIGTERM", "instructions"),
     ("copy-without-destination", "COPY bench ./bench", "COPY bench", "instructions"),
-    ("pip-install-r", 'pip install ".[serve]"', 'pip install -r requirements.txt ".[serve]"', "instructions"),
+    ("pip-install-r", 'pip install ".[serve,gpu]"', 'pip install -r requirements.txt ".[serve,gpu]"', "instructions"),
     ("latest-base", BASE_LINE, "\nFROM python:latest\n", "base-pinned"),
     ("untagged-base", BASE_LINE, "\nFROM python\n", "base-pinned"),
     ("floating-base", BASE_LINE, "\nFROM python:3.11-slim-bookworm\n", "base-pinned"),
@@ -563,9 +568,10 @@ BREAKAGES = [
     ("health-script-not-copied", "COPY scripts/healthcheck.py /app/scripts/healthcheck.py", "", "healthcheck"),
     ("healthcheck-wrong-port", '"127.0.0.1:50051"]', '"127.0.0.1:8080"]', "healthcheck"),
     ("torch-direct", 'RUN pip install "onnxruntime-gpu', 'RUN pip install torch==2.13.0 "onnxruntime-gpu', "no-torch"),
-    ("torch-via-extra", 'pip install ".[serve]"', 'pip install ".[serve,train]"', "no-torch"),
-    ("dev-extra", 'pip install ".[serve]"', 'pip install ".[serve,dev]"', "serve-extra-only"),
-    ("project-not-installed", 'RUN pip install ".[serve]"', 'RUN pip install "grpcio==1.85.3"', "serve-extra-only"),
+    ("torch-via-extra", 'pip install ".[serve,gpu]"', 'pip install ".[serve,gpu,train]"', "no-torch"),
+    ("dev-extra", 'pip install ".[serve,gpu]"', 'pip install ".[serve,gpu,dev]"', "serve-extra-only"),
+    ("no-gpu-extra", 'pip install ".[serve,gpu]"', 'pip install ".[serve]"', "serve-extra-only"),
+    ("project-not-installed", 'RUN pip install ".[serve,gpu]"', 'RUN pip install "grpcio==1.85.3"', "serve-extra-only"),
     (
         "onnxruntime-cpu",
         'pip install "onnxruntime-gpu[cuda,cudnn]==1.31.1"',
@@ -583,8 +589,9 @@ BREAKAGES = [
     ("model-not-copied", "COPY --chown=10001:10001 models/default /app/models/default", "", "default-model"),
     ("model-root-owned", "COPY --chown=10001:10001 models/default", "COPY models/default", "default-model"),
     ("serves-other-model", '"--model", "/app/models/default"', '"--model", "/models/x"', "default-model"),
-    ("no-ld-library-path", "ENV LD_LIBRARY_PATH=", "ENV IGNORED=", "cuda-libraries"),
-    ("no-cudnn-path", ":/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib", "", "cuda-libraries"),
+    ("cuda-wheels-elsewhere", 'RUN pip install "onnx', 'RUN pip install --target=/opt/x "onnx', "cuda-libraries"),
+    ("cuda-wheels-user", 'RUN pip install "onnx', 'RUN pip install --user "onnx', "cuda-libraries"),
+    ("no-compute-capability", "CAPABILITIES=compute,utility", "CAPABILITIES=utility", "cuda-libraries"),
     ("readme-not-copied", "COPY pyproject.toml README.md ./", "COPY pyproject.toml ./", "local-install-sources"),
     ("package-not-copied", "COPY service ./service", "", "local-install-sources"),
 ]
@@ -612,11 +619,22 @@ def test_run_commands_are_split_like_a_shell(image: Image) -> None:
 
 
 def test_pip_installs_of_the_image_are_found(image: Image, pyproject: dict) -> None:
-    """The rules see both installs: the heavy onnxruntime layer and the project with its serve extra, expanded."""
+    """The rules see both installs: the heavy onnxruntime layer and the project with its serve and gpu extras."""
     assert len(image.pip_installs) == 2
-    serve = set(pyproject["project"]["dependencies"]) | set(pyproject["project"]["optional-dependencies"]["serve"])
-    assert set(image.pip_installs[1].requirements) == serve
-    assert image.pip_installs[0].requirements == ["onnxruntime-gpu[cuda,cudnn]==1.31.1"]
+    extras = pyproject["project"]["optional-dependencies"]
+    expected = set(pyproject["project"]["dependencies"]) | set(extras["serve"]) | set(extras["gpu"])
+    assert set(image.pip_installs[1].requirements) == expected
+    assert image.pip_installs[0].requirements == extras["gpu"] == ["onnxruntime-gpu[cuda,cudnn]==1.31.1"]
+    assert [p.relocations for p in image.pip_installs] == [[], []]
+
+
+def test_gpu_extra_is_the_serve_extras_onnxruntime_with_cuda_wheels(pyproject: dict) -> None:
+    """`make serve` on a GPU host and the image add the `gpu` extra to `serve`: the same onnxruntime-gpu pin."""
+    extras = pyproject["project"]["optional-dependencies"]
+    serve = [Requirement(r) for r in extras["serve"] if canonicalize_name(Requirement(r).name) == "onnxruntime-gpu"]
+    (gpu,) = map(Requirement, extras["gpu"])
+    assert canonicalize_name(gpu.name) == "onnxruntime-gpu" and gpu.extras == {"cuda", "cudnn"}
+    assert [str(r.specifier) for r in serve] == [str(gpu.specifier)]
 
 
 # ---- .dockerignore

@@ -1,15 +1,28 @@
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from elmo.checkpoint import load_model
 from elmo.errors import ElmoError, InputError, ModelFileError
-from elmo.runtime import CPU, CPU_STEP_COST, CUDA, CUDA_STEP_COST, Embedder, TokenVectorCache, plan_batches
+from elmo.runtime import (
+    CPU,
+    CPU_STEP_COST,
+    CUDA,
+    CUDA_STEP_COST,
+    Embedder,
+    TokenVectorCache,
+    gpu_visibility,
+    missing_cuda_libraries,
+    plan_batches,
+    requested_providers,
+)
 from tests.conftest import REPO
 from tests.numpy_reference import config_dict, elmo_forward, from_torch_state
 
@@ -107,15 +120,89 @@ def test_too_long_sentence_is_refused(tiny_model_dir):
 # -- provider selection --------------------------------------------------------------------------------------------
 def test_one_log_line_names_the_active_provider_and_why(tiny_model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="elmo.runtime"):
-        embedder = Embedder(tiny_model_dir)  # default: CUDA first when the build has it, then CPU
-    lines = [r.getMessage() for r in caplog.records if "onnxruntime provider" in r.getMessage()]
-    assert len(lines) == 1
+        embedder = Embedder(tiny_model_dir)  # default: CUDA where a GPU is visible, else CPU
+    records = [r for r in caplog.records if "onnxruntime provider" in r.getMessage()]
+    assert len(records) == 1
+    (record,) = records
     assert embedder.info.provider == embedder.encoder.get_providers()[0] == embedder.context.get_providers()[0]
-    assert embedder.info.provider in lines[0]
+    assert embedder.info.provider in record.getMessage()
+    request = requested_providers(None)
     if embedder.info.provider == CPU:
-        assert "CUDA" in lines[0]  # the reason: why not the GPU
-        (record,) = [r for r in caplog.records if "onnxruntime provider" in r.getMessage()]
-        assert record.levelno == logging.WARNING  # a fall-back from the GPU shows under any logging set-up
+        assert request.reason and request.reason in record.getMessage()  # why not the GPU
+    visible, _ = gpu_visibility(os.environ)
+    # A visible GPU left unused shows under any logging set-up; a host without one is the normal case.
+    assert record.levelno == (logging.WARNING if visible and embedder.info.provider == CPU else logging.INFO)
+
+
+@pytest.mark.parametrize(
+    ("environ", "paths", "visible"),
+    [
+        ({}, [], False),
+        ({}, ["dev/nvidia0"], True),
+        ({}, ["proc/driver/nvidia/gpus/0000:01:00.0/information"], True),
+        ({}, ["usr/lib/wsl/lib/libcuda.so.1"], True),
+        ({}, ["dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia-caps/x"], False),  # driver nodes, no GPU node
+        ({"CUDA_VISIBLE_DEVICES": "0"}, ["dev/nvidia0"], True),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-5f3c2a"}, ["dev/nvidia0"], True),
+        ({"CUDA_VISIBLE_DEVICES": ""}, ["dev/nvidia0"], False),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, ["dev/nvidia0"], False),
+        ({"CUDA_VISIBLE_DEVICES": "-1,0"}, ["dev/nvidia0"], False),  # CUDA stops at the first invalid entry
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, [], False),  # a container-runtime request, not a GPU
+    ],
+)
+def test_gpu_visibility_reads_devices_and_cuda_visible_devices(tmp_path, environ, paths, visible):
+    for path in paths:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).touch()
+    seen, evidence = gpu_visibility(environ, root=tmp_path)
+    assert seen is visible
+    if visible:
+        assert evidence.startswith(str(tmp_path))  # the path that proves it
+    else:
+        assert "CUDA_VISIBLE_DEVICES" in evidence or "no GPU visible" in evidence
+
+
+def test_without_a_visible_gpu_only_cpu_is_requested(tmp_path):
+    request = requested_providers(None, environ={}, root=tmp_path)
+    assert request.providers == [CPU] and not request.gpu_unused
+    assert "no GPU visible" in request.reason or "no CUDA provider" in request.reason
+    # Named providers are a demand, whatever the host.
+    assert requested_providers([CUDA], environ={}, root=tmp_path).providers == [CUDA]
+    assert requested_providers([CPU], environ={}, root=tmp_path).providers == [CPU]
+
+
+def test_a_visible_gpu_gets_cuda_only_when_its_libraries_load(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    request = requested_providers(None, environ={}, root=tmp_path)
+    if CUDA not in ort.get_available_providers():
+        assert request.providers == [CPU] and "no CUDA provider" in request.reason
+        return
+    missing = missing_cuda_libraries()  # the real preload: this host's libraries, whatever they are
+    if missing:  # e.g. this CPU host: no nvidia wheels, no driver -> CPU, one warning naming them
+        assert request.providers == [CPU] and request.gpu_unused
+        assert all(name in request.reason for name in missing) and "gpu" in request.reason
+    else:
+        assert request.providers == [CUDA, CPU] and not request.gpu_unused
+
+
+def test_a_cpu_host_starts_without_onnxruntime_cuda_errors(tiny_model_dir):
+    # onnxruntime writes its CUDA failures from C++ straight to stderr: only a separate process shows them.
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
+        f"from elmo.runtime import Embedder; Embedder({str(tiny_model_dir)!r}).embed_texts(['a b'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "onnxruntime provider:" in line]
+    assert len(lines) == 1, done.stderr
+    if gpu_visibility(os.environ)[0]:
+        pytest.skip(f"a GPU is visible here: CUDA is requested, so this host is not the CPU-only case ({lines[0]})")
+    assert f"{CPU} active for" in lines[0]
+    assert "no GPU visible" in lines[0] or "no CUDA provider" in lines[0]
+    for text in ("libonnxruntime_providers_cuda", "Require cuDNN", "CUDAExecutionProvider"):
+        assert text not in done.stderr.replace(lines[0], ""), done.stderr
+    assert done.stdout == ""
 
 
 def test_demanding_cuda_without_a_gpu_fails_loudly(tiny_model_dir):
@@ -281,3 +368,30 @@ def test_both_context_layouts_give_the_same_vectors(tiny_model_dir, embedder):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     with pytest.raises(InputError, match="context_layout"):
         Embedder(tiny_model_dir, providers=[CPU], context_layout="sideways")
+
+
+def test_embed_stats_count_the_positions_the_runtime_ran(tiny_model_dir):
+    from elmo.runtime import EmbedStats
+
+    # A budget of 10 positions per run, rows x (longest + 2): 6 and 8 tokens (8 and 10 positions) run alone; 1 and
+    # 2 tokens (3 and 4 positions) share a run, since 4 x (2 + 8) + 64 = 104 beats 3 x 9 + 64 + 4 x 9 + 64 = 191
+    # (plan_batches' cost at CPU_STEP_COST 8); the empty sentence runs nowhere.
+    small = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, max_batch_tokens=10)
+    sentences = [["w"] * 8, ["a"], [], ["b", "c"], ["d"] * 6]
+    vectors, stats = small.embed_tokens_with_stats(sentences)
+    assert stats == EmbedStats(sentences=5, tokens=17, padded_tokens=2 * (2 + 2) + (6 + 2) + (8 + 2), runs=3)
+    assert [v.tobytes() for v in vectors] == [v.tobytes() for v in small.embed_tokens(sentences)]
+    assert small.embed_tokens_with_stats([])[1] == EmbedStats(0, 0, 0, 0)
+
+
+def test_embed_stats_belong_to_their_own_call_under_concurrency(tiny_model_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    # One shared Embedder, several threads: each call must get the cost of its own sentences (one run each under
+    # the default budget, so rows x (longest + 2)), never another thread's.
+    shared = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+    calls = [[["t"] * n for n in range(1, k + 1)] for k in range(1, 9)]
+    with ThreadPoolExecutor(4) as pool:
+        stats = list(pool.map(lambda sentences: shared.embed_tokens_with_stats(sentences)[1], calls * 3))
+    expected = [(k, k * (k + 1) // 2, k * (k + 2)) for k in range(1, 9)] * 3
+    assert [(s.sentences, s.tokens, s.padded_tokens) for s in stats] == expected

@@ -23,7 +23,15 @@ from elmo.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
 from service.limits import Limits
 from tests.conftest import REPO
-from tests.service_helpers import EDGE_LIMITS, ServerThread, limits_with, metric_value, scrape_until, self_signed_cert
+from tests.service_helpers import (
+    EDGE_LIMITS,
+    ServerThread,
+    limits_with,
+    metric_value,
+    scrape,
+    scrape_until,
+    self_signed_cert,
+)
 
 TEXTS = ["The cat sat on the mat .", "苹果很好吃，苹果公司发布了新手机。", "naïve café 🙂 emoji", "a"]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -115,11 +123,13 @@ def test_embed_stream_answers_in_order(client, runtime):
         assert_same_vectors(result.layers, vectors)  # batched with the other stream requests
 
 
-def test_tokenize_model_info_list_models(client):
+def test_tokenize_model_info_list_models(client, runtime):
     assert client.tokenize(TEXTS) == [(t.tokens, t.offsets) for t in map(tokenize, TEXTS)]
     info = client.model_info()
     assert (info.name, info.n_layers, info.dim) == ("tiny", 3, 16)
-    assert info.execution_provider == "CPUExecutionProvider"
+    # The provider the runtime really chose (CPU here, CUDA on a GPU host), not a constant.
+    assert runtime.info.provider in ("CPUExecutionProvider", "CUDAExecutionProvider")
+    assert info.execution_provider == runtime.info.provider
     assert info.version.startswith("sha256:")
     assert info.limits.max_inputs == Limits().max_inputs
     assert client.list_models() == ["tiny"]
@@ -453,6 +463,44 @@ def test_prometheus_metrics_endpoint(server, client):
     assert value("elmo_queue_tokens", model="tiny") == 0
     assert value("elmo_model_ready", model="tiny") == 1
     assert value("elmo_tokens_per_second") > 0
+
+
+def test_padding_metrics_count_what_the_runtime_ran(server, client):
+    def sample(name: str) -> float:
+        found = metric_value(scrape(server.metrics_port), name, model="tiny")
+        return 0.0 if found is None else found
+
+    names = ["elmo_batch_tokens_sum", "elmo_batch_padded_tokens_sum", "elmo_batch_padded_tokens_count"]
+    before = {name: sample(name) for name in names}
+    client.embed([["a"], ["b", "c", "d"], ["e", "f", "g", "h", "i", "j"]])
+    after = {name: sample(name) for name in names}
+    # One request is one batch and, under the default runtime budget, one onnxruntime run: 3 rows x (6 + 2)
+    # positions (splitting would cost more: 8 x (3 + 8) + 64 = 152 against 3 x 9 + 64 + 8 x 10 + 64 = 235 for
+    # [1] + [3, 6], see elmo.runtime.plan_batches). 10 real tokens, so 14 of the 24 positions are overhead.
+    assert after["elmo_batch_padded_tokens_count"] - before["elmo_batch_padded_tokens_count"] == 1
+    assert after["elmo_batch_tokens_sum"] - before["elmo_batch_tokens_sum"] == 1 + 3 + 6
+    assert after["elmo_batch_padded_tokens_sum"] - before["elmo_batch_padded_tokens_sum"] == 3 * (6 + 2)
+    assert after["elmo_batch_padded_tokens_sum"] >= after["elmo_batch_tokens_sum"]
+
+
+def test_operations_doc_lists_exactly_the_metrics_served(server):
+    import re
+
+    from prometheus_client.metrics import MetricWrapperBase
+
+    # docs/operations.md once listed a metric that did not exist: the table must be what the registry holds.
+    table = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(elmo_\w+)` \| (\w+) \| ([\w, ]*?) ?\|", table, flags=re.M)
+    documented = {name: (kind, tuple(x.strip() for x in labels.split(",") if x.strip())) for name, kind, labels in rows}
+    served = {}
+    for collector in vars(server.metrics).values():
+        if isinstance(collector, MetricWrapperBase):
+            family = collector.describe()[0]
+            name = f"{family.name}_total" if family.type == "counter" else family.name
+            served[name] = (family.type, tuple(collector._labelnames))  # no public accessor for label names
+    assert documented == served
+    for name in re.findall(r"rate\((elmo_\w+?)_(?:sum|count|bucket)\b", table):
+        assert name in served, f"docs/operations.md queries {name}, which is not served"
 
 
 # -- process-level -------------------------------------------------------------------------------------------------
