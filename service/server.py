@@ -195,7 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runtime LRU of token-encoder vectors, entries (default: the runtime's; 0 = off)",
     )
     parser.add_argument(
-        "--providers", default=None, help="comma-separated onnxruntime providers (default: CUDA then CPU where a GPU is visible, else CPU)"
+        "--providers",
+        default=None,
+        help="comma-separated onnxruntime providers (default: CUDA then CPU if a GPU is visible, else CPU)",
     )
     parser.add_argument(
         "--port-file",

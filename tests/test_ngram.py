@@ -114,3 +114,12 @@ def test_baseline_cli_on_real_brown(brown_corpus, capsys):
     assert result["tokens"] == sum(len(line.split()) + 1 for line in test_file.read_text().splitlines())
     assert 20 < result["avg_ppl"] < 3000
     assert result["avg_ppl"] == pytest.approx(math.sqrt(result["forward_ppl"] * result["backward_ppl"]), rel=1e-3)
+
+
+def test_baseline_cli_defaults_to_the_corpus_test_splits(brown_corpus, capsys):
+    """README's `elmo baseline --corpus data/corpus`: train.txt, vocab.txt and the test splits of one folder; the
+    Brown-only corpus has no Chinese test text, so only English is scored."""
+    assert main(["baseline", "--corpus", str(brown_corpus)]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    test_file = brown_corpus / "test.en.txt"
+    assert json.loads(line)["tokens"] == sum(len(s.split()) + 1 for s in test_file.read_text().splitlines())

@@ -1,24 +1,36 @@
-"""The README's two set-up commands work verbatim in this checkout (in CI: a fresh clone on a fresh machine).
+"""Every command in README.md's fenced bash blocks runs as written in this checkout (in CI: a fresh clone on a fresh
+machine), or as the substitution listed next to it in README_COMMANDS, the one table of how each command is covered.
+A README command that is neither run nor listed fails test_every_readme_command_is_run_or_listed, so the README
+cannot drift from what is tested. README's Python blocks run against the served default model.
 
-`make test` is what CI runs (.ci/run), so this suite running at all proves it. The serve command is taken from the
-README's set-up block (not hard-coded), started in the background exactly as written, and must reach grpc.health
-SERVING, answer one Embed call through the generated client, expose /metrics, and exit cleanly on SIGTERM.
+- `make test` is what CI runs (.ci/run), so this suite running at all proves it.
+- `make serve` is taken from the README's set-up block (not hard-coded), started in the background exactly as
+  written (the `served` fixture), and must reach grpc.health SERVING; while it is up the tour's commands (client
+  CLI, health probe, curl of /metrics) and the Python snippet run against it; the last test stops it with SIGTERM,
+  which must drain and exit 0.
+- The tour's batch-job and mix lines run in a scratch folder holding the files a user would have (a corpus, a
+  CoNLL file) and a copy of models/default, so the new task is not written into the shipped model.
+- The pipeline block (fetch, train, the whole recipe, eval, baseline, export, serve) runs in
+  tests/test_readme_pipeline.py, in a scratch folder, on a tiny config.
 
 The first run creates .venv-serve (about a minute); later runs reuse it. The shipped default model is part of the
-product: if models/default/model.onnx is missing this test fails, it does not skip.
+product: if models/default/model.onnx is missing these tests fail, they do not skip.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -37,6 +49,145 @@ GRPC_PORT, METRICS_PORT = 50051, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
 EXIT_DEADLINE_S = 60
 SENTENCE = "The cat sat on the mat ."
+
+
+# -- the table: how each README bash command is covered --------------------------------------------------------------
+FIXTURE, CI, SERVED, USER_FILES, PIPELINE, NOT_RUN = "fixture", "ci", "served", "user files", "pipeline", "not run"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How one README command is checked. ``run_as``: the command line actually run, when it is not the README's
+    own (every such substitution is here, in this one table, with its reason in ``why``); ``expect``: a string
+    the command's output must contain."""
+
+    how: str  # FIXTURE | CI | SERVED (repo root, while `make serve` is up) | USER_FILES | PIPELINE | NOT_RUN
+    run_as: str | None = None
+    why: str = ""
+    expect: str = ""
+
+
+README_COMMANDS: dict[str, Coverage] = {
+    # set-up block
+    "make serve": Coverage(FIXTURE, why="the `served` fixture runs it in the background until SERVING"),
+    "make test": Coverage(CI, why=".ci/run runs exactly this (test_ci_runs_the_readme_test_command)"),
+    # tour: against the running server, from the repo root
+    "make serve &": Coverage(FIXTURE, why="the `served` fixture: `make serve` in the background, as here"),
+    '.venv-serve/bin/elmo embed --server 127.0.0.1:50051 "我买了一台苹果电脑。" "The apple fell."': Coverage(
+        SERVED, expect="'The apple fell.': 4 tokens"
+    ),
+    ".venv-serve/bin/python scripts/healthcheck.py 127.0.0.1:50051": Coverage(SERVED, expect="SERVING"),
+    "curl -s localhost:9090/metrics | grep elmo_": Coverage(SERVED, expect="elmo_requests_total{"),
+    # tour: batch job and a new task mix, in a scratch folder with the user's files and a copy of models/default
+    ".venv/bin/elmo embed-file corpus.txt out.hdf5 --model models/default --layers all": Coverage(USER_FILES),
+    ".venv/bin/elmo embed-file corpus.jsonl out/ --model models/default --format parquet --layers mix:pos_brown "
+    "--dtype float16": Coverage(USER_FILES),
+    ".venv/bin/elmo mix train --model models/default --task my_task --kind tagging --data train.conll": Coverage(
+        USER_FILES
+    ),
+    # pipeline block: tests/test_readme_pipeline.py, in a scratch folder, in this order
+    ".venv/bin/elmo data fetch": Coverage(PIPELINE),
+    ".venv/bin/elmo train --config configs/default.json --out runs/default": Coverage(
+        PIPELINE,
+        run_as=".venv/bin/elmo train --config configs/tiny.json --out runs/default",
+        why="configs/default.json trains for 80 minutes; configs/tiny.json is the same pipeline with a tiny model",
+    ),
+    "scripts/build-default-model.sh": Coverage(
+        PIPELINE,
+        run_as="ELMO_BUILD_TINY=1 scripts/build-default-model.sh",
+        why="the real recipe takes 6.5 h; ELMO_BUILD_TINY=1 runs all of it (four stages, export, report, three "
+        "tasks, mix report) with tiny budgets, into runs/tiny-build",
+    ),
+    ".venv/bin/elmo eval-lm --model runs/default --text data/corpus/test.en.txt --tokenized": Coverage(
+        PIPELINE,
+        run_as=".venv/bin/elmo eval-lm --model runs/default --text runs/tiny-build/corpus/test.en.txt --tokenized",
+        why="scoring all 129 K test tokens takes minutes on 2 cores even with a tiny model; the tiny build's slice "
+        "of the same file (every 50th line) is scored instead",
+    ),
+    ".venv/bin/elmo baseline --corpus data/corpus": Coverage(PIPELINE),
+    ".venv/bin/elmo export --model runs/default": Coverage(PIPELINE),
+    ".venv/bin/elmo serve --model runs/default --port 50051": Coverage(
+        PIPELINE,
+        run_as=".venv/bin/elmo serve --model runs/default --port 0 --port-file serve.port",
+        why="port 50051 belongs to `make serve` (the `served` fixture, or whatever else runs on the machine); any "
+        "free port instead, read back from --port-file",
+    ),
+}
+
+
+def strip_comment(line: str) -> str:
+    """``line`` without a trailing shell comment: a ``#`` at the start or after a blank, outside quotes."""
+    quote = ""
+    for index, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line.rstrip()
+
+
+def fenced_blocks(readme: str, language: str) -> list[str]:
+    """The bodies of the README's fenced blocks opened with ```language."""
+    blocks = re.findall(r"^```([\w+-]*)[ \t]*\n(.*?)^```", readme, flags=re.DOTALL | re.MULTILINE)
+    return [body for lang, body in blocks if lang == language]
+
+
+def bash_commands(readme: str) -> list[str]:
+    """Every command line of every ```bash block, in README order: comments stripped, continuation lines joined."""
+    commands = []
+    for block in fenced_blocks(readme, "bash"):
+        for line in re.sub(r"[ \t]*\\\n[ \t]*", " ", block).splitlines():
+            command = strip_comment(line).strip()
+            if command:
+                commands.append(command)
+    return commands
+
+
+def coverage_gaps(readme: str) -> tuple[list[str], list[str]]:
+    """(README commands missing from README_COMMANDS, README_COMMANDS entries no longer in the README)."""
+    commands = bash_commands(readme)
+    return [c for c in commands if c not in README_COMMANDS], [c for c in README_COMMANDS if c not in commands]
+
+
+def commands_covered_by(how: str, readme: str | None = None) -> list[str]:
+    """The README's commands (in README order) that README_COMMANDS says are covered by ``how``."""
+    commands = bash_commands(readme if readme is not None else README.read_text())
+    return [c for c in commands if c in README_COMMANDS and README_COMMANDS[c].how == how]
+
+
+def test_readme_parsing_finds_commands_and_python_blocks() -> None:
+    text = (
+        "# T\n\n```bash\nmake serve &   # wait\n\n.venv/bin/elmo embed 'a # b' \\\n    --x 1   # tail\n```\n\n"
+        "```\nnot -> a command\n```\n\n```python\nprint(1)  # ok\n```\n"
+    )
+    assert bash_commands(text) == ["make serve &", ".venv/bin/elmo embed 'a # b' --x 1"]
+    assert fenced_blocks(text, "python") == ["print(1)  # ok\n"]
+    assert strip_comment('curl -s x | grep "#" # why') == 'curl -s x | grep "#"'
+
+
+def test_every_readme_command_is_run_or_listed() -> None:
+    """The README cannot drift: each bash command is in README_COMMANDS, and each entry is still in the README."""
+    unlisted, stale = coverage_gaps(README.read_text())
+    assert not unlisted, (
+        f"README.md commands that no test runs: {unlisted}. Add each to README_COMMANDS in {Path(__file__).name} "
+        "with how it is run (as written, or the substitution and why), or as NOT_RUN with the reason"
+    )
+    assert not stale, f"README_COMMANDS lists commands that are no longer in README.md: {stale}"
+    for command, coverage in README_COMMANDS.items():
+        assert coverage.how in (FIXTURE, CI, SERVED, USER_FILES, PIPELINE, NOT_RUN), command
+        if coverage.run_as is not None or coverage.how in (FIXTURE, CI, NOT_RUN):
+            assert coverage.why, f"{command!r}: a substituted, fixture-run or unrun command needs its reason"
+
+
+def test_a_new_unlisted_readme_command_is_caught() -> None:
+    readme = README.read_text()
+    unlisted, stale = coverage_gaps(readme + "\n```bash\n.venv/bin/elmo something-new --flag   # new\n```\n")
+    assert unlisted == [".venv/bin/elmo something-new --flag"] and stale == []
+    first = next(iter(README_COMMANDS))
+    _, stale = coverage_gaps(readme.replace(first, "make something-else"))
+    assert first in stale
 
 
 def setup_block(readme: str) -> str:
@@ -70,6 +221,54 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert command in ci_lines, f".ci/run does not run the README's {command!r}"
 
 
+# The files a user brings to the tour's batch-job and mix lines: a few lines of text (both languages), the same as
+# JSONL, and a tagged CoNLL file ("token TAG" lines, a blank line between sentences; elmo/tasks_data.read_conll).
+USER_TEXT = ["The apple fell .", "我买了一台苹果电脑。", "The cat sat on the mat ."]
+USER_TAGGED = [
+    ("The cat sat on the mat .", "DET NOUN VERB ADP DET NOUN ."),
+    ("A dog ran to the park .", "DET NOUN VERB ADP DET NOUN ."),
+    ("She reads a book .", "PRON VERB DET NOUN ."),
+    ("We like green apples .", "PRON VERB ADJ NOUN ."),
+] * 5  # 20 sentences: the mix trainer holds out every 10th for dev
+
+
+def write_user_files(folder: Path) -> None:
+    (folder / "corpus.txt").write_text("".join(f"{line}\n" for line in USER_TEXT), encoding="utf-8")
+    records = [json.dumps({"id": f"s{i}", "text": line}, ensure_ascii=False) for i, line in enumerate(USER_TEXT)]
+    (folder / "corpus.jsonl").write_text("".join(f"{r}\n" for r in records), encoding="utf-8")
+    conll = ["\n".join(f"{w} {t}" for w, t in zip(words.split(), tags.split())) for words, tags in USER_TAGGED]
+    (folder / "train.conll").write_text("\n\n".join(conll) + "\n", encoding="utf-8")
+
+
+def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
+    """The tour's embed-file and mix lines, as written, in a folder with the user's files and models/default.
+
+    models/default is a copy: `mix train` stores the new task inside the model directory, and the shipped model
+    must not gain a test task. .venv is the checkout's (a symlink), as in a user's clone."""
+    import h5py
+    import pyarrow.parquet as pq
+
+    assert (DEFAULT_MODEL / "model.onnx").is_file(), f"{DEFAULT_MODEL}/model.onnx is missing"
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    shutil.copytree(DEFAULT_MODEL, tmp_path / "models" / "default")
+    write_user_files(tmp_path)
+    commands = commands_covered_by(USER_FILES)
+    assert len(commands) == 3, commands
+    for command in commands:
+        run_command(command, tmp_path, timeout=300)
+
+    with h5py.File(tmp_path / "out.hdf5", "r") as hdf5:  # AllenNLP's layout: one [3, n_tokens, dim] per line
+        index = json.loads(hdf5["sentence_to_index"][0])
+        assert sorted(index) == sorted(USER_TEXT)
+        assert hdf5[index["The apple fell ."]].shape[:2] == (3, 4)
+    table = pq.read_table(sorted((tmp_path / "out").glob("*.parquet")))
+    assert sorted(table.column("id").to_pylist()) == [f"s{i}" for i in range(len(USER_TEXT))]
+    task = json.loads((tmp_path / "models" / "default" / "tasks" / "my_task" / "task.json").read_text())
+    assert task["kind"] == "tagging"
+    assert sorted(task["labels"]) == sorted({tag for _, tags in USER_TAGGED for tag in tags.split()})
+    assert not (DEFAULT_MODEL / "tasks" / "my_task").exists()
+
+
 def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -83,8 +282,42 @@ def port_is_free(port: int) -> bool:
 def fresh_shell_environment() -> dict[str, str]:
     """The environment of a person's shell: none of the make/pytest/venv context this test runs in."""
     drop = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "VIRTUAL_ENV", "PYTHONPATH", "PYTEST_CURRENT_TEST"}
-    drop |= {"MODEL", "PORT", "METRICS_PORT", "SERVE_VENV", "VENV"}  # the Makefile's `?=` variables
-    return {key: value for key, value in os.environ.items() if key not in drop}
+    drop |= {"MODEL", "PORT", "METRICS_PORT", "SERVE_VENV", "VENV", "SERVE_FLAVOUR"}  # the Makefile's `?=` variables
+    env = {key: value for key, value in os.environ.items() if key not in drop}
+    # no activated venv either: a README command must name its venv (.venv/bin/elmo), a bare `elmo` must fail here
+    venvs = [str(REPO / name) for name in (".venv", ".venv-serve")]
+    path = [entry for entry in env.get("PATH", "").split(os.pathsep) if not entry.startswith(tuple(venvs))]
+    env["PATH"] = os.pathsep.join(path)
+    return env
+
+
+def run_command(command: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:
+    """``command`` as typed into a shell in ``cwd``; its output (stdout + stderr). The test fails unless it exits 0."""
+    proc = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env or fresh_shell_environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    tail_text = "\n".join(proc.stdout.splitlines()[-40:])
+    assert proc.returncode == 0, f"`{command}` (in {cwd}) exited with {proc.returncode}:\n{tail_text}"
+    return proc.stdout
+
+
+def embed_count(metrics_text: str) -> float:
+    """elmo_requests_total for successful Embed calls (0 before the first)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("elmo_requests_total{") and 'method="Embed"' in line and 'code="OK"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def scrape_metrics() -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
 
 
 def descendants(pid: int) -> list[int]:
@@ -166,9 +399,59 @@ def tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def test_readme_tour_commands_run_against_the_served_model(served) -> None:
+    """The tour's client commands, as written, from the repo root, while `make serve` is up."""
+    _, log_path = served
+    commands = commands_covered_by(SERVED)
+    assert commands, "README_COMMANDS lists no tour command run against the server"
+    for command in commands:
+        output = run_command(command, REPO, timeout=120)
+        assert README_COMMANDS[command].expect in output, f"`{command}` printed:\n{output}"
+    # the tour's first line says to wait for "SERVING" in the log
+    assert "SERVING" in log_path.read_text(errors="replace")
+
+
+def python_block_runner(block: str) -> str:
+    """A script that runs a README Python block, then prints what it left behind (arrays' shapes, results' tokens)."""
+    return (
+        "import json\n"
+        f"namespace = {{}}\nexec(compile({block!r}, 'README.md', 'exec'), namespace)\n"
+        "found = {}\n"
+        "for name, value in namespace.items():\n"
+        "    if hasattr(value, 'shape') and hasattr(value, 'dtype'):\n"
+        "        found[name] = {'shape': list(value.shape), 'dtype': str(value.dtype)}\n"
+        "    elif hasattr(value, 'tokens') and hasattr(value, 'mix'):\n"
+        "        found[name] = {'tokens': list(value.tokens), 'mix': list(value.mix.shape)}\n"
+        "print(json.dumps(found))\n"
+    )
+
+
+def test_readme_python_blocks_run_against_the_served_model(served) -> None:
+    """Each ```python block, as written, in the torch-free serve venv, from the repo root, against `make serve`."""
+    blocks = fenced_blocks(README.read_text(), "python")
+    assert blocks, "README.md has no Python block"
+    python = REPO / ".venv-serve" / "bin" / "python"
+    found: dict = {}
+    for block in blocks:
+        output = run_command(f"{shlex.quote(str(python))} -c {shlex.quote(python_block_runner(block))}", REPO)
+        found.update(json.loads(output.strip().splitlines()[-1]))
+    with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT}") as channel:
+        dim = pb_grpc.EmbedderStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=30).dim
+    # what the snippet promises: a task mix per token; the in-process Embedder's (tokens, layers) per text
+    assert found["result"] == {"tokens": ["The", "cat", "sat", "."], "mix": [4, dim]}, found
+    assert found["layers"] == {"shape": [3, 4, dim], "dtype": "float32"}, found
+    # and the first comment's "float32 (3 layers, 8 tokens, dim)" for 我吃了一个苹果。
+    from elmo.client import EmbedderClient
+
+    with EmbedderClient(f"127.0.0.1:{GRPC_PORT}") as client:
+        layers = client.embed_texts(["我吃了一个苹果。"])[0]
+    assert layers.shape == (3, 8, dim) and layers.dtype == np.float32
+
+
 def test_readme_serve_command_serves_embeds_and_stops_cleanly(served) -> None:
     process, log_path = served
     address = f"127.0.0.1:{GRPC_PORT}"
+    embeds_before = embed_count(scrape_metrics())  # the tour tests above call Embed too
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.EmbedderStub(channel)
         info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
@@ -180,10 +463,8 @@ def test_readme_serve_command_serves_embeds_and_stops_cleanly(served) -> None:
     assert np.isfinite(layers).all() and np.abs(layers).sum() > 0
     assert reply.request_id == "readme-test"
 
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
-    counted = [line for line in metrics.splitlines() if line.startswith("elmo_requests_total{")]
-    embeds = [line for line in counted if 'method="Embed"' in line and 'code="OK"' in line]
-    assert [line.rsplit(" ", 1)[1] for line in embeds] == ["1.0"], f"the Embed call is not counted: {counted}"
+    metrics = scrape_metrics()
+    assert embed_count(metrics) == embeds_before + 1, f"the Embed call is not counted:\n{metrics}"
 
     pid = serve_process(process.pid)
     assert pid is not None, f"no `elmo serve` process under `make serve`:\n{tail(log_path)}"
