@@ -65,7 +65,7 @@ def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
 
 def _loads(directory: Path) -> bool:
     from elmo.errors import ElmoError
-    from elmo.modeldir import read_onnx_metadata
+    from elmo.runtime.modeldir import read_onnx_metadata
 
     try:
         read_onnx_metadata(directory)
@@ -79,7 +79,7 @@ def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dic
     tokenized beforehand (the strict ceiling) and ``embed_texts`` on the raw lines (the same input as the job).
     Returns {path: (wall seconds, CPU seconds)} and the token count."""
     from elmo.runtime import Embedder
-    from elmo.tokenize import tokenize
+    from elmo.text.tokenize import tokenize
 
     embedder = Embedder(model, intra_op_threads=args.threads, max_batch_tokens=args.batch_tokens)
     texts = [line.strip() for line in lines]
@@ -97,7 +97,9 @@ def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dic
 def time_embed_file(
     model: Path, source: Path, output: Path, args: argparse.Namespace
 ) -> tuple[float, float, float | None]:
-    from elmo.batch import JobOptions, parse_layers, run_job
+    from elmo.batch.job import run_job
+    from elmo.batch.layout import parse_layers
+    from elmo.batch.state import JobOptions
 
     options = JobOptions(
         input=source,

@@ -127,7 +127,7 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
 # -- served load ---------------------------------------------------------------------------------------------------
 def build_requests(texts: list[str], per_request: int, layers: list[int], dtype: str) -> list[tuple[bytes, int, int]]:
     """(serialized EmbedRequest, sentences, tokens) for consecutive groups of texts."""
-    from elmo.tokenize import tokenize
+    from elmo.text.tokenize import tokenize
     from elmo.v1 import embedder_pb2 as pb
     from elmo.wire import DTYPE_NAMES
 

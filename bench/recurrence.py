@@ -4,7 +4,7 @@
 
 Every variant computes the same thing from the same token vectors (B, S, P) and lengths: both directions, all
 layers, clips, residual, padding-exact reversal, output (B, L+1, S-2, 2P). Variants:
-  torch eager      elmo.model's ProjectionLSTM stacks (the training code), Python loop over steps
+  torch eager      elmo.model.bilm's ProjectionLSTM stacks (the training code), Python loop over steps
   ort loop         the same traced with the loop in torch.jit.script_if_tracing -> ONNX Loop (any length)
   ort unrolled     the eager loop traced at exactly S steps (one graph per length bucket; best case: no bucket
                    padding; the graph only works for that S)
@@ -29,8 +29,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-import elmo.model as elmo_model
-from elmo.checkpoint import load_model
+import elmo.model.bilm as elmo_model
+from elmo.model.checkpoint import load_model
 from export.context_graph import build_context_graph
 
 

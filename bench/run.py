@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elmo.chars import batch_to_char_ids
+from elmo.text.chars import batch_to_char_ids
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -68,7 +68,7 @@ def synthetic_sentences(n: int, seed: int = 0) -> list[list[str]]:
 
 
 def text_sentences(path: Path, n: int) -> list[list[str]]:
-    from elmo.tokenize import tokenize
+    from elmo.text.tokenize import tokenize
 
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [tokenize(line).tokens for line in lines[:n] if tokenize(line).tokens]
@@ -77,7 +77,7 @@ def text_sentences(path: Path, n: int) -> list[list[str]]:
 def random_shape_model(shape: str) -> Path:
     """runs/bench-models/<shape>: random weights of a published shape, exported (once)."""
     from elmo.errors import ModelFileError
-    from elmo.modeldir import read_onnx_metadata
+    from elmo.runtime.modeldir import read_onnx_metadata
 
     directory = MODELS_CACHE / shape
     try:
@@ -98,7 +98,7 @@ class TorchEngine:
     def __init__(self, model_dir: Path, sort: bool = False) -> None:
         import torch
 
-        from elmo.checkpoint import load_model
+        from elmo.model.checkpoint import load_model
 
         self.torch = torch
         self.model = load_model(model_dir).float().eval()

@@ -15,16 +15,16 @@ from elmo.errors import ElmoError
 
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("elmo.data", "fetch the corpora by package name and write train/valid/test splits"),
-    "train": ("elmo.train", "train the biLM language model"),
-    "eval-lm": ("elmo.evaluate", "forward/backward perplexity of a model on a text file"),
-    "baseline": ("elmo.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary"),
+    "data": ("elmo.train.corpus", "fetch the corpora by package name and write train/valid/test splits"),
+    "train": ("elmo.train.loop", "train the biLM language model"),
+    "eval-lm": ("elmo.train.evaluate", "forward/backward perplexity of a model on a text file"),
+    "baseline": ("elmo.train.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary"),
     "export": ("export.onnx_export", "export a model directory to ONNX and verify it"),
     "serve": ("service.server", "serve a model over gRPC"),
     "embed": ("elmo.client", "embed text through a running server"),
-    "embed-file": ("elmo.batch", "embed a file into hdf5 / Parquet"),
-    "mix": ("elmo.mix_cli", "train / report task scalar mixes"),
-    "import-allennlp": ("elmo.weights", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
+    "embed-file": ("elmo.batch.cli", "embed a file into hdf5 / Parquet"),
+    "mix": ("elmo.mix.cli", "train / report task scalar mixes"),
+    "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
     "bench": ("bench.run", "throughput / latency benchmarks"),
 }
 

@@ -5,7 +5,7 @@ Three ways in, one set of numbers:
 1. **numpy API** — ``Features(model="models/default")`` (local onnxruntime) or ``Features(server="host:50051")``
    (the gRPC service) with the same calls: ``.layers(sentences)`` -> per sentence (L, n, D); ``.mix(sentences,
    task="pos_brown")`` or ``.mix(sentences, weights=[...], gamma=...)`` -> (n, D); ``.sentence_vectors(...)``.
-   Sentences are raw strings (tokenized by :func:`elmo.tokenize.tokenize`) or token lists (used as they are).
+   Sentences are raw strings (tokenized by :func:`elmo.text.tokenize.tokenize`) or token lists (used as they are).
 2. **torch module** — ``from elmo.features import Elmo`` (AllenNLP's ``Elmo(options, weights,
    num_output_representations=k)``): k learned mixes + mask, on our BiLM or on precomputed features.
 3. **scikit-learn transformer** — :class:`ElmoVectorizer` (``fit``/``transform``, sentence pooling), so
@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from elmo.errors import InputError
-from elmo.mix import POOLINGS, Task, TaskStore, mix_layers, pool
-from elmo.tokenize import tokenize
+from elmo.mix.store import POOLINGS, Task, TaskStore, mix_layers, pool
+from elmo.text.tokenize import tokenize
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ def cache_features(
 
 
 def __getattr__(name: str):
-    """``Elmo``/``ScalarMix`` come from elmo.mix_torch on first access, so importing this module needs no torch."""
+    """``Elmo``/``ScalarMix`` come from elmo.mix.modules on first access, so importing this module needs no torch."""
     if name in ("Elmo", "ElmoOutput", "ScalarMix"):
         from elmo import mix_torch
 

@@ -14,7 +14,7 @@ padding). Two layouts of the same maths (the export writes both; the runtime pic
             launches, for CUDA, where a step costs launches rather than arithmetic
 Per step: ``z = (x_t W_in + b) + h R`` (input projection and bias hoisted out of the loop), gates reordered to
 (i, f, o, g) so one Sigmoid covers three of them; ``c = clip(i*g + f*c)``, ``h = clip((o*tanh c) W_P)``. Same
-maths as elmo.model (clips, residual, masking); the export's verification compares the two.
+maths as elmo.model.bilm (clips, residual, masking); the export's verification compares the two.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from elmo.config import ModelConfig
+from elmo.model.config import ModelConfig
 
 OPSET = 17
 IR_VERSION = 8  # what torch's exporter writes; onnxruntime 1.31 reads up to 13
@@ -83,7 +83,7 @@ def direction_weights(state: dict[str, np.ndarray], direction: str, layer: int, 
 
 
 def _clip(g: _Builder, x: str, limit: float) -> str:
-    if not limit:  # 0 = no clipping (elmo.config)
+    if not limit:  # 0 = no clipping (elmo.model.config)
         return x
     return g.op("Clip", [x, g.const(np.array(-limit, np.float32), "lo"), g.const(np.array(limit, np.float32), "hi")])
 

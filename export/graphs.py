@@ -1,4 +1,4 @@
-"""The torch modules traced into the exported graphs (elmo.model's modules, reused unchanged).
+"""The torch modules traced into the exported graphs (elmo.model.bilm's modules, reused unchanged).
 
 Three graphs come out of one BiLM:
   model.onnx    char_ids int64 (B, T, 50) -> layers (B, L+1, T, 2P), mask (B, T): PrefixGraph + context.onnx.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-import elmo.model as elmo_model
+import elmo.model.bilm as elmo_model
 
 
 class EncoderGraph(torch.nn.Module):

@@ -24,12 +24,11 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-import elmo.model as elmo_model
-from elmo.chars import MAX_CHARS, N_CHAR_IDS, batch_to_char_ids
-from elmo.checkpoint import load_model
-from elmo.config import CONFIG_FILE, ModelConfig
+import elmo.model.bilm as elmo_model
 from elmo.errors import ConfigError, ModelFileError
-from elmo.modeldir import (
+from elmo.model.checkpoint import load_model
+from elmo.model.config import CONFIG_FILE, ModelConfig
+from elmo.runtime.modeldir import (
     CONTEXT_FILE,
     CONTEXT_FUSED_FILE,
     ENCODER_FILE,
@@ -41,7 +40,8 @@ from elmo.modeldir import (
     WEIGHTS_FILE,
     sha256_of,
 )
-from elmo.tokenize import TOKENIZER_SETTINGS
+from elmo.text.chars import MAX_CHARS, N_CHAR_IDS, batch_to_char_ids
+from elmo.text.tokenize import TOKENIZER_SETTINGS
 from export.context_graph import build_context_graph
 from export.graphs import EncoderGraph, PrefixGraph
 from export.verify import ErrorBound, verify_export
@@ -52,7 +52,7 @@ OPSET = 17
 # float32: a graph may be as far from float64 as PyTorch float32 itself is on the same case, times a margin for
 # another summation order (onnxruntime measured 0.3-3.1x PyTorch's error on random published-size weights), or
 # 1e-6 of the outputs' scale (float32 keeps ~7 digits; the recurrence loses about one). A dropped clip or two
-# swapped gates miss by 1e-2 and more (tests/test_export.py), so the margin hides no real discrepancy.
+# swapped gates miss by 1e-2 and more (tests/export/test_onnx_export.py), so the margin hides no real discrepancy.
 FP32_BOUND = ErrorBound(floor=1e-5, float32_factor=10.0, relative=1e-6)
 # fp16 rounds every intermediate to ~3 significant digits; the clipped LSTM states stay within ±3, so an
 # absolute error of a few 1e-3..1e-2 is what fp16 arithmetic gives. Beyond this bound the graph is broken.

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmo.checkpoint import save_model
-from elmo.config import PRESETS, ModelConfig
-from elmo.model import BiLM
+from elmo.model.bilm import BiLM
+from elmo.model.checkpoint import save_model
+from elmo.model.config import PRESETS, ModelConfig
 
 OPTIONS_FILE = "options.json"
 HDF5_FILE = "weights.hdf5"

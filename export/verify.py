@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmo.chars import MAX_CHARS, batch_to_char_ids
+from elmo.text.chars import MAX_CHARS, batch_to_char_ids
 
 Sentences = list[list[str]]
 
@@ -239,8 +239,8 @@ def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dt
     the CPU provider."""
     import onnxruntime as ort
 
-    from elmo.modeldir import ONNX_FILE
     from elmo.runtime import CPU, Embedder
+    from elmo.runtime.modeldir import ONNX_FILE
 
     refs = references(model, verification_cases())
     options = ort.SessionOptions()

@@ -92,7 +92,7 @@ for i in 0 1 2 3; do
 done
 
 mkdir -p "$MODEL"
-"$PY" -c "from elmo.checkpoint import load_model_and_vocab, save_model
+"$PY" -c "from elmo.model.checkpoint import load_model_and_vocab, save_model
 m, v = load_model_and_vocab('${STAGES[3]}'); save_model(m, '$MODEL', v, fp16=True)"
 "$PY" -c "from pathlib import Path; from elmo.train import plot_stages
 plot_stages([Path(p) for p in '${STAGES[*]}'.split()], Path('$MODEL/curve.png'))"

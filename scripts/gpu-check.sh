@@ -43,7 +43,7 @@ PYTHONPATH="$CHECK_PYTHONPATH" "$PYTHON" -c \
 
 if [[ -z "$MODEL_DIR" ]]; then
     MODEL_DIR=runs/gpu-check/original
-    if ! "$PYTHON" -c "import sys; from elmo.modeldir import read_onnx_metadata; read_onnx_metadata(sys.argv[1])" \
+    if ! "$PYTHON" -c "import sys; from elmo.runtime.modeldir import read_onnx_metadata; read_onnx_metadata(sys.argv[1])" \
         "$MODEL_DIR" 2>/dev/null; then
         echo "exporting a random-weight ELMo-original model into $MODEL_DIR (verified against PyTorch on the CPU)"
         "$PYTHON" -m export.random_model --preset original --out "$MODEL_DIR" --export

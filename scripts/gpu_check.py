@@ -125,8 +125,8 @@ def batches_of(text: list[list[str]], size: int) -> list[list[list[str]]]:
 def torch_embedder(model_dir: Path):
     import torch
 
-    from elmo.chars import batch_to_char_ids
-    from elmo.checkpoint import load_model
+    from elmo.model.checkpoint import load_model
+    from elmo.text.chars import batch_to_char_ids
 
     model = load_model(model_dir).float().eval().cuda()
 

@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 import numpy as np
 
-from elmo.tokenize import tokenize
+from elmo.text.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import NUMPY_DTYPES, to_tensor
 from service.decode import UndecodableRequest, lenient_parser

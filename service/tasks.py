@@ -1,6 +1,6 @@
 """Scalar-mix tasks of one served model: one lookup call for the servicer.
 
-The tasks live in the model directory and are read by ``elmo.mix.TaskStore`` (issue 6). When that module is not
+The tasks live in the model directory and are read by ``elmo.mix.store.TaskStore`` (issue 6). When that module is not
 there (an older checkout, a trimmed image) the model simply has no tasks. Unknown names are NOT_FOUND.
 """
 
@@ -30,9 +30,9 @@ class ModelTasks:
         self._model_dir = model_dir
         self._store = None
         try:
-            from elmo.mix import TaskStore
+            from elmo.mix.store import TaskStore
         except ImportError:
-            log.info("elmo.mix is not available: model %s serves no tasks", model_dir)
+            log.info("elmo.mix.store is not available: model %s serves no tasks", model_dir)
             return
         self._store = TaskStore(model_dir, n_layers=n_layers, dim=dim)
 
@@ -42,8 +42,8 @@ class ModelTasks:
     def get(self, name: str) -> Task:
         """The task called ``name``; ServiceError NOT_FOUND "unknown task 'x'" when there is none."""
         if self._store is None:
-            raise not_found(f"unknown task '{name}' (this server has no task support: elmo.mix is missing)")
-        from elmo.mix import UnknownTaskError
+            raise not_found(f"unknown task '{name}' (this server has no task support: elmo.mix.store is missing)")
+        from elmo.mix.store import UnknownTaskError
 
         try:
             return self._store.get(name)

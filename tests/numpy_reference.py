@@ -1,5 +1,5 @@
 """An independent float64 NumPy ELMo forward pass, written from the published formulas (ELMO.md), one
-sentence at a time, with plain Python loops. It shares no code with elmo.model: tests compare the two.
+sentence at a time, with plain Python loops. It shares no code with elmo.model.bilm: tests compare the two.
 
 Weights come as a dict of NumPy arrays in a neutral layout (x @ W convention):
   char_embed (262, d) row 0 = padding · conv_{i}: W (width, d, n), b (n,) · highway_{k}: W_nonlin, b_nonlin,
@@ -85,7 +85,7 @@ def elmo_forward(w: dict, sentence: list[str], cfg: dict) -> np.ndarray:
 
 
 def from_torch_state(state: dict, cfg) -> dict:
-    """Translate an elmo.model.BiLM state dict (torch layout) into the neutral layout above."""
+    """Translate an elmo.model.bilm.BiLM state dict (torch layout) into the neutral layout above."""
     a = {k: v.detach().double().numpy() for k, v in state.items()}
     w = {"char_embed": a["encoder.char_embedding.weight"]}
     for i in range(len(cfg.filters)):

@@ -1,5 +1,5 @@
 """Feature extraction: the numpy API (local and remote, same numbers), the scikit-learn transformer, the feature
-cache, and the labelled-data readers of elmo.tasks_data."""
+cache, and the labelled-data readers of elmo.mix.task_data."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from sklearn.pipeline import Pipeline
 
 from elmo.errors import DataError, InputError
 from elmo.features import ElmoVectorizer, Features, cache_features, select_layer
-from elmo.mix import Task, TaskStore, save_task
-from elmo.runtime import Embedder
-from elmo.tasks_data import (
+from elmo.mix.store import Task, TaskStore, save_task
+from elmo.mix.task_data import (
     bmes_entities,
     brown_to_universal,
     entity_f1,
@@ -25,6 +24,7 @@ from elmo.tasks_data import (
     read_user_data,
     sentiment_texts,
 )
+from elmo.runtime import Embedder
 
 SENTENCES = [["The", "cat", "sat", "."], ["苹", "果", "很", "甜"], ["a"]]
 

@@ -1,0 +1,88 @@
+"""``elmo embed-file``: the command line of the batch job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from elmo.batch.job import run_job
+from elmo.batch.layout import DTYPES, HDF5, PARQUET, parse_layers
+from elmo.batch.plan import JSONL, PARQUET_SUFFIXES, TEXT
+from elmo.batch.state import DEFAULT_SHARD_LINES, JobOptions
+
+log = logging.getLogger("elmo.batch")
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", type=Path, help="text file (one sentence per line) or JSONL with 'id' and 'text'")
+    parser.add_argument("output", type=Path, help="output .hdf5 file, or Parquet directory")
+    source = parser.add_argument_group("where vectors come from (one of)")
+    source.add_argument("--model", type=Path, help="model directory (local onnxruntime)")
+    source.add_argument("--server", help="HOST:PORT of a running `elmo serve` (remote mode)")
+    source.add_argument("--server-model", default="", help="model name on the server (default: its default model)")
+    source.add_argument(
+        "--server-wait", type=float, default=30.0, help="seconds to wait for the server to report SERVING"
+    )
+    from elmo.client import add_connection_arguments
+
+    add_connection_arguments(source)  # the same --tls-ca / --tls-server-name / --auth-token as `elmo embed`
+    parser.add_argument(
+        "--layers", default="all", help="all (n_layers, n, dim) | top | average | mix:TASK -> (n, dim); default all"
+    )
+    parser.add_argument("--format", choices=[HDF5, PARQUET], help="default: parquet for a .parquet OUTPUT, else hdf5")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--tokenized", action="store_true", help="lines are whitespace-separated tokens, untouched")
+    parser.add_argument("--input-format", choices=["auto", TEXT, JSONL], default="auto", help="auto: .jsonl -> jsonl")
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per runtime batch (default: the runtime's, 4096 on CPU, 16384 on CUDA)",
+    )
+    parser.add_argument(
+        "--shard-lines", type=int, default=DEFAULT_SHARD_LINES, help="lines per shard (unit of commit and sorting)"
+    )
+    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument("--workers", type=int, help="Ray actors (default: one per GPU, else CPUs / --threads)")
+    parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads per session")
+    parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    parser.add_argument("--overwrite", action="store_true", help="discard an existing OUTPUT or unfinished job")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def options_from_args(args: argparse.Namespace) -> JobOptions:
+    from elmo.client import connection_from_args
+
+    output_format = args.format or (PARQUET if args.output.suffix.lower() in PARQUET_SUFFIXES else HDF5)
+    return JobOptions(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        server=args.server,
+        server_model=args.server_model,
+        spec=parse_layers(args.layers),
+        output_format=output_format,
+        dtype=args.dtype,
+        tokenized=args.tokenized,
+        input_format=args.input_format,
+        batch_tokens=args.batch_tokens,
+        shard_lines=args.shard_lines,
+        engine=args.engine,
+        workers=args.workers,
+        threads=args.threads,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        ray_address=args.ray_address,
+        server_wait=args.server_wait,
+        connection=connection_from_args(args),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    result = run_job(options_from_args(args))
+    print(result.summary(), file=sys.stdout, flush=True)
+    return 0

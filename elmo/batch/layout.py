@@ -1,0 +1,91 @@
+"""What the job writes: which layers (all / top / average / mix:TASK), in which dtype and format.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elmo.errors import InputError
+
+log = logging.getLogger("elmo.batch")
+
+
+HDF5, PARQUET = "hdf5", "parquet"
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+# -- what to write -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerSpec:
+    """``--layers``: ``all`` -> (n_layers, n, dim); ``top`` (last layer), ``average`` (mean of the layers) and
+    ``mix:TASK`` (the task's scalar mix, elmo.mix.store) -> (n, dim)."""
+
+    kind: str
+    task: str | None = None
+
+    @property
+    def text(self) -> str:
+        return f"mix:{self.task}" if self.kind == "mix" else self.kind
+
+
+def parse_layers(value: str) -> LayerSpec:
+    """``all | top | average | mix:TASK`` -> LayerSpec; anything else is an InputError naming the value."""
+    value = (value or "").strip()
+    if value in ("all", "top", "average"):
+        return LayerSpec(value)
+    if value.startswith("mix:") and value[4:].strip():
+        return LayerSpec("mix", value[4:].strip())
+    raise InputError(f"--layers: expected all, top, average or mix:TASK, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shape and element type of one sentence's output array."""
+
+    spec: LayerSpec
+    n_layers: int
+    dim: int
+    dtype: str  # "float32" | "float16"
+
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
+        if self.spec.kind == "all":
+            return (self.n_layers, n_tokens, self.dim)
+        return (n_tokens, self.dim)
+
+    def empty(self) -> np.ndarray:
+        """What a blank line becomes: ``(n_layers, 0, dim)`` or ``(0, dim)``."""
+        return np.zeros(self.shape(0), dtype=DTYPES[self.dtype])
+
+
+TaskMix = Callable[[np.ndarray], np.ndarray]  # one sentence's layers (L, n, dim) -> (n, dim)
+
+
+def load_task_mix(model_dir: Path, task: str, n_layers: int, dim: int) -> TaskMix:
+    """The one hook to elmo.mix.store: the stored task's numpy mix, per sentence (its layer norm is per sentence).
+
+    An unknown task raises elmo.mix.store.UnknownTaskError ("unknown task 'x' for model DIR; available tasks: ...").
+    """
+    from elmo.mix.store import TaskStore, apply_task
+
+    stored = TaskStore(model_dir, n_layers=n_layers, dim=dim).get(task)
+    return lambda layers: apply_task(layers, stored)
+
+
+def reduce_layers(layers: np.ndarray, spec: LayerSpec, mix: TaskMix | None = None) -> np.ndarray:
+    """One sentence's float32 layers (L, n, dim) -> what ``spec`` asks for (float32)."""
+    if spec.kind == "all":
+        return layers
+    if spec.kind == "top":
+        return layers[-1]
+    if spec.kind == "average":
+        return layers.mean(axis=0, dtype=np.float32)
+    if mix is None:
+        raise InputError(f"--layers {spec.text}: no task mix loaded")
+    return mix(layers)
+
+

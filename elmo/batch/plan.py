@@ -1,0 +1,197 @@
+"""The input side of the job: scan and validate the input once, cut it into shards, read a shard's lines
+back as records, and plan length-sorted windows of them for the runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from elmo.errors import InputError
+from elmo.text.tokenize import tokenize, whitespace_tokens
+
+log = logging.getLogger("elmo.batch")
+
+
+TEXT, JSONL = "text", "jsonl"
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+# One runtime call gets a length-sorted *window* of a shard: as many tokens as make WINDOW_BYTES of float32
+# vectors (at least one batch). The runtime plans its batches over the whole window (the more it sees, the less
+# padding), and memory holds at most PREFETCH + 2 windows, whatever the input's size.
+WINDOW_BYTES = 128 << 20
+
+
+# -- input ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Record:
+    """One input line. ``sentence`` is the ``sentence_to_index`` key (the stripped line, or the JSONL text)."""
+    index: int  # 0-based line index in INPUT: the hdf5 key
+    id: str  # JSONL id, or the line index as a string
+    sentence: str
+    tokens: list[str]
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Lines ``[first_line, first_line + n_lines)`` of INPUT, bytes ``[byte_start, byte_end)``."""
+
+    number: int
+    first_line: int
+    n_lines: int
+    byte_start: int
+    byte_end: int
+
+    @property
+    def stem(self) -> str:
+        return f"part-{self.number:06d}"
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    path: Path
+    input_format: str  # text | jsonl
+    n_lines: int
+    sha256: str
+    shards: list[ShardSpec]
+
+
+def detect_input_format(path: Path, requested: str) -> str:
+    if requested in (TEXT, JSONL):
+        return requested
+    return JSONL if path.suffix.lower() in JSONL_SUFFIXES else TEXT
+
+
+def _line_text(raw: bytes, line_index: int, path: Path) -> str:
+    """Bytes of one line (terminator included) -> str without its terminator; bad UTF-8 names the line."""
+    if line_index == 0 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first sentence
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path}: line {line_index + 1} is not valid UTF-8 (byte {exc.start + 1} of the line is "
+            f"{raw[exc.start : exc.start + 1]!r})"
+        ) from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    if text.endswith("\r"):
+        text = text[:-1]
+    return text
+
+
+def _json_fields(text: str, line_index: int, path: Path) -> tuple[str, str | None, list[str] | None]:
+    """A JSONL line -> (id, text, tokens). ``id`` is optional (default: the line index); exactly one of a string
+    ``text`` or a list of string ``tokens``. A blank line is an empty sentence."""
+    where = f"{path}: line {line_index + 1}"
+    if not text.strip():
+        return str(line_index), "", None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object with 'id' and 'text', got {type(obj).__name__}")
+    raw_id = obj.get("id", line_index)
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        raise InputError(f"{where}: 'id' must be a string or an integer, got {raw_id!r}")
+    has_text, has_tokens = "text" in obj, "tokens" in obj
+    if has_text == has_tokens:
+        raise InputError(f"{where}: expected exactly one of 'text' (a string) or 'tokens' (a list of strings)")
+    if has_text:
+        if not isinstance(obj["text"], str):
+            raise InputError(f"{where}: 'text' must be a string, got {type(obj['text']).__name__}")
+        return str(raw_id), obj["text"], None
+    tokens = obj["tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) and t and not t.isspace() for t in tokens):
+        raise InputError(f"{where}: 'tokens' must be a list of non-empty strings")
+    return str(raw_id), None, tokens
+
+
+def make_record(raw: bytes, line_index: int, path: Path, input_format: str, tokenized: bool) -> Record:
+    """One raw line -> Record. Raw text goes through elmo.text.tokenize.tokenize (the one tokenizer); with
+    ``tokenized`` it is split on whitespace and embedded untouched."""
+    text = _line_text(raw, line_index, path)
+    tokens: list[str] | None = None
+    if input_format == JSONL:
+        record_id, text, tokens = _json_fields(text, line_index, path)
+    else:
+        record_id = str(line_index)
+    if tokens is not None:
+        return Record(line_index, record_id, " ".join(tokens), tokens)
+    sentence = text.strip()
+    words = whitespace_tokens(sentence) if tokenized else tokenize(sentence).tokens
+    return Record(line_index, record_id, sentence, words)
+
+
+def scan_input(path: Path, input_format: str, shard_lines: int) -> InputPlan:
+    """Read INPUT once, validating every line (UTF-8; JSON for JSONL) so that a bad line fails the job before any
+    work, and note where each shard starts. Memory: one entry per shard."""
+    if not path.exists():
+        raise InputError(f"{path}: input file not found")
+    if not path.is_file():
+        raise InputError(f"{path}: input is not a regular file")
+    digest = hashlib.sha256()
+    shards: list[ShardSpec] = []
+    line_index = 0
+    offset = shard_start = 0
+    try:
+        with open(path, "rb") as handle:
+            for raw in handle:
+                digest.update(raw)
+                text = _line_text(raw, line_index, path)
+                if input_format == JSONL:
+                    _json_fields(text, line_index, path)
+                line_index += 1
+                offset += len(raw)
+                if line_index % shard_lines == 0:
+                    shards.append(ShardSpec(len(shards), line_index - shard_lines, shard_lines, shard_start, offset))
+                    shard_start = offset
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read input ({exc.strerror})") from None
+    if line_index % shard_lines:
+        first = len(shards) * shard_lines
+        shards.append(ShardSpec(len(shards), first, line_index - first, shard_start, offset))
+    return InputPlan(path, input_format, line_index, digest.hexdigest(), shards)
+
+
+def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool) -> list[Record]:
+    """The shard's lines as Records (seek to its byte range; no re-scan of what came before)."""
+    with open(plan.path, "rb") as handle:
+        handle.seek(shard.byte_start)
+        data = handle.read(shard.byte_end - shard.byte_start)
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    if len(lines) != shard.n_lines:
+        raise InputError(f"{plan.path}: changed while the job was running (lines {shard.first_line}+)")
+    return [
+        make_record(raw, shard.first_line + i, plan.path, plan.input_format, tokenized) for i, raw in enumerate(lines)
+    ]
+
+
+def plan_windows(lengths: Sequence[int], window_tokens: int) -> list[list[int]]:
+    """Positions of the non-empty sentences sorted by length, cut into windows of about ``window_tokens`` real
+    tokens (a window closes once it reaches the budget; a longer sentence is a window alone).
+
+    A window is what one runtime call gets: the runtime cuts it into batches under ``--batch-tokens`` by its own
+    padding rule, and since the window is sorted those batches waste almost no padding."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
+    windows: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for position in order:
+        current.append(position)
+        tokens += lengths[position]
+        if tokens >= window_tokens:
+            windows.append(current)
+            current, tokens = [], 0
+    if current:
+        windows.append(current)
+    return windows
+
+

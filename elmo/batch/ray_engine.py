@@ -1,0 +1,131 @@
+"""``elmo embed-file --engine ray``: the batch job's shards embedded on a Ray cluster with Ray Data.
+
+The driver (:func:`elmo.batch.run_job`) scans the input, resumes the committed-shards log and finishes the output
+exactly as in the local engine; only the loop over pending shards moves here. Each pending shard is one row of a
+Ray dataset; ``map_batches`` hands rows to a pool of actors built from the callable class :class:`ShardEmbedder`,
+which holds one runtime session per actor (created once, in ``__init__``) and runs the same
+:func:`elmo.batch.write_shard` as the local engine: read the shard's lines, embed, write the shard file under a
+temporary name, rename. The driver commits each shard to the log as its result streams back, so a killed Ray job
+resumes like a local one. Actors ask for one GPU each when the cluster has GPUs, else ``--threads`` CPUs.
+
+Paths must be visible to every node (a shared filesystem), as for any Ray Data file source. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from elmo import errors
+from elmo.batch.engines import Backend, make_backend
+from elmo.batch.layout import Layout
+from elmo.batch.pipeline import Progress, write_shard
+from elmo.batch.plan import InputPlan, ShardSpec
+from elmo.batch.state import JobDirectory, JobOptions
+from elmo.errors import ElmoError
+
+log = logging.getLogger("elmo.batch")
+
+_SHARD_FIELDS = [f.name for f in dataclasses.fields(ShardSpec)]
+_ENTRY_FIELDS = ("shard", "file", "first_line", "n_lines", "blank", "tokens", "bytes")
+
+
+class ShardEmbedder:
+    """Ray Data callable class: one actor = one runtime session (local model or remote client)."""
+
+    def __init__(self, plan: InputPlan, options: JobOptions, layout: Layout, directory: str) -> None:
+        self.plan, self.options, self.layout = plan, options, layout
+        self.directory = Path(directory)
+        self.backend: Backend = make_backend(options)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows of ShardSpec fields -> rows of manifest entries (one per shard written). A user-facing error (a bad
+        line, a server's refusal) comes back as data in ``error``, so that the driver can report it as the one line
+        it is instead of Ray's remote traceback."""
+        entries = []
+        for row in range(len(batch["number"])):
+            shard = ShardSpec(**{name: int(batch[name][row]) for name in _SHARD_FIELDS})
+            try:
+                entry = write_shard(self.plan, shard, self.options, self.backend, self.layout, self.directory)
+                entry["error"] = ""
+            except ElmoError as exc:
+                entry = {name: 0 for name in _ENTRY_FIELDS} | {"file": "", "error": f"{type(exc).__name__}\t{exc}"}
+            entries.append(entry)
+        return {name: np.array([entry[name] for entry in entries]) for name in (*_ENTRY_FIELDS, "error")}
+
+
+def _absolute(options: JobOptions) -> JobOptions:
+    """Actors may start in another working directory: give them absolute paths."""
+    return dataclasses.replace(
+        options,
+        input=options.input.resolve(),
+        output=options.output.resolve(),
+        model=options.model.resolve() if options.model is not None else None,
+    )
+
+
+def _actor_resources(options: JobOptions, cluster: dict) -> tuple[int, dict]:
+    """(number of actors, resources per actor): one GPU each when the cluster has GPUs, else ``threads`` CPUs."""
+    gpus = int(cluster.get("GPU", 0))
+    threads = max(1, options.threads or 1)
+    if gpus:
+        return options.workers or gpus, {"num_gpus": 1, "num_cpus": 1}
+    cpus = int(cluster.get("CPU", 1))
+    return options.workers or max(1, cpus // threads), {"num_gpus": 0, "num_cpus": threads}
+
+
+def embed_shards_on_ray(
+    plan: InputPlan,
+    pending: list[ShardSpec],
+    options: JobOptions,
+    layout: Layout,
+    job: JobDirectory,
+    progress: Progress,
+) -> None:
+    """Embed ``pending`` shards on Ray actors, committing each one as its result arrives."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise ElmoError("--engine ray needs Ray Data: pip install 'elmo-service[batch]' (ray[data])") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        began = time.perf_counter()
+        ray.init(address=options.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+        log.info("ray: connected in %.1f s (%s)", time.perf_counter() - began, ray.cluster_resources())
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # ours (tqdm, in the driver) already counts sentences
+        context.print_on_execution_start = False
+        workers, resources = _actor_resources(options, ray.cluster_resources())
+        workers = min(workers, len(pending))
+        log.info("ray: %d shards on %d actors, %s each", len(pending), workers, resources)
+        options = _absolute(options)
+        light_plan = dataclasses.replace(plan, path=plan.path.resolve(), shards=[])
+        rows = [dataclasses.asdict(shard) for shard in pending]
+        results = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+            ShardEmbedder,
+            fn_constructor_kwargs={
+                "plan": light_plan,
+                "options": options,
+                "layout": layout,
+                "directory": str(job.path.resolve()),
+            },
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            **resources,
+        )
+        for row in results.iter_rows():
+            if row["error"]:
+                kind, _, message = str(row["error"]).partition("\t")
+                raise getattr(errors, kind, ElmoError)(message)
+            entry = {name: (str(row[name]) if name == "file" else int(row[name])) for name in _ENTRY_FIELDS}
+            job.commit(entry)
+            progress(entry["n_lines"], entry["tokens"])
+    finally:
+        if started_here:
+            ray.shutdown()

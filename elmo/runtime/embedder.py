@@ -1,0 +1,287 @@
+"""The onnxruntime runtime: a model directory in, per-sentence layer vectors out. Imports no torch.
+
+``Embedder(model_dir)`` loads the exported graphs (checked against ``onnx.json`` and ``config.json``), picks the
+execution provider (CUDA where a GPU is visible and its libraries load, else CPU; one log line says which one
+is active and why), and embeds tokenized or raw sentences into float32 arrays ``(n_layers, n_tokens, dim)``.
+
+How a call runs: the distinct tokens of all sentences go through the char-CNN graph (encoder.onnx) once each,
+skipping those in an LRU cache of token vectors (a token's vector does not depend on its context: AllenNLP's
+``vocab_to_cache`` idea); the sentences are sorted by length and cut into batches under a token budget; each
+batch gets its token vectors gathered into a (B, T+2, P) array with the <S>/</S> vectors in place and runs
+through the biLSTM graph (context.onnx). Results come back in input order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elmo.errors import ElmoError, InputError, ModelFileError
+from elmo.runtime.batching import (
+    CPU_STEP_COST,
+    CUDA_STEP_COST,
+    ENCODER_CHUNK,
+    EmbedStats,
+    TokenVectorCache,
+    padded_count,
+    plan_batches,
+)
+from elmo.runtime.modeldir import CONTEXT_FILE, CONTEXT_FUSED_FILE, ENCODER_FILE, model_directory, read_onnx_metadata
+from elmo.runtime.providers import (
+    CPU,
+    CUDA,
+    ProviderRequest,
+    cuda_hint,
+    open_session,
+    provider_reason,
+    requested_providers,
+)
+from elmo.text.chars import BOS_IDS, EOS_IDS, MAX_CHARS, word_to_char_ids
+from elmo.text.tokenize import Tokenized, tokenize
+
+log = logging.getLogger("elmo.runtime")
+
+DEFAULT_MAX_BATCH_TOKENS = 4096
+DEFAULT_MAX_BATCH_TOKENS_CUDA = 16384  # a GPU step costs about the same for 16 rows or 500: wider batches
+DEFAULT_MAX_TOKENS_PER_SENTENCE = 1024
+DEFAULT_CACHE_SIZE = 50_000
+# Rows of the per-call token table that every batch gathers from.
+_PAD_ROW, _BOS_ROW, _EOS_ROW, _FIRST_TOKEN_ROW = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class EmbedderInfo:
+    """What a caller needs to know about a loaded model."""
+
+    name: str
+    n_layers: int  # output layers, the token layer included
+    dim: int
+    max_tokens_per_sentence: int
+    provider: str  # the execution provider that is really active
+    model_dir: Path
+
+
+# -- the embedder --------------------------------------------------------------------------------------------------
+class Embedder:
+    """Embed sentences with an exported biLM. Safe to call from several threads (onnxruntime sessions are; the
+    cache has a lock), but on CUDA one session is one stream: feed it large batches from one batcher."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        providers: Sequence[str] | None = None,
+        intra_op_threads: int | None = None,
+        inter_op_threads: int | None = None,
+        max_batch_tokens: int | None = None,
+        max_tokens_per_sentence: int = DEFAULT_MAX_TOKENS_PER_SENTENCE,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        cuda_options: dict | None = None,
+        io_binding: bool | None = None,
+        context_layout: str | None = None,
+    ) -> None:
+        """``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list
+        without the CPU provider is a demand (ElmoError if unmet).
+        ``max_batch_tokens``: rows x (longest + 2) per biLSTM run (None: 4096 on CPU, 16384 on CUDA);
+        ``max_tokens_per_sentence``: longer ->
+        InputError; ``cache_size``: token vectors kept (0 = off); ``cuda_options``: merged over
+        DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused'): None = by provider."""
+        self.model_dir = model_directory(model_dir)
+        self.meta = read_onnx_metadata(self.model_dir)
+        if (max_batch_tokens is not None and max_batch_tokens < 1) or max_tokens_per_sentence < 1:
+            raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
+        self.cache = TokenVectorCache(cache_size)
+        request = requested_providers(providers)
+        self._open_sessions(request.providers, (intra_op_threads, inter_op_threads, cuda_options), context_layout)
+        active = self._active_provider(request)
+        self.info = EmbedderInfo(
+            name=str(self.meta.get("name") or self.model_dir.resolve().name),
+            n_layers=int(self.meta["n_layers"]),
+            dim=int(self.meta["dim"]),
+            max_tokens_per_sentence=int(max_tokens_per_sentence),
+            provider=active,
+            model_dir=self.model_dir,
+        )
+        self._check_graphs()
+        self._step_cost = CUDA_STEP_COST if active == CUDA else CPU_STEP_COST
+        default_budget = DEFAULT_MAX_BATCH_TOKENS_CUDA if active == CUDA else DEFAULT_MAX_BATCH_TOKENS
+        self.max_batch_tokens = int(max_batch_tokens or default_budget)
+        # On CUDA the outputs are written straight into host arrays through an IOBinding (None: on CUDA only).
+        self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
+        self._pad_encoder_batches = active == CUDA
+        self._boundaries = self._encode(np.stack([BOS_IDS, EOS_IDS]))  # (2, P)
+
+    def _open_sessions(self, requested: list[str], settings: tuple, context_layout: str | None) -> None:
+        """encoder.onnx first; its provider decides the context graph's layout (docs/runtime.md): one Scan per
+        direction on CPU, both directions per Scan on CUDA."""
+        graphs = self.meta.get("graphs") or {}
+        self._paths = {"encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE)}
+        self.encoder = open_session(self._paths["encoder"], requested, *settings)
+        first = self.encoder.get_providers()[0]
+        if first not in requested:
+            raise ElmoError(
+                f"execution provider {requested[0]} was demanded but {first} is active{cuda_hint(requested)}"
+            )
+        if context_layout not in (None, "separate", "fused"):
+            raise InputError(f"context_layout must be 'separate' or 'fused', not {context_layout!r}")
+        self.context_layout = context_layout or ("fused" if first == CUDA else "separate")
+        key, default = (
+            ("context_fused", CONTEXT_FUSED_FILE) if self.context_layout == "fused" else ("context", CONTEXT_FILE)
+        )
+        self._paths["context"] = self.model_dir / graphs.get(key, default)
+        # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
+        self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *settings)
+
+    def _active_provider(self, request: ProviderRequest) -> str:
+        active = {self.encoder.get_providers()[0], self.context.get_providers()[0]}
+        if len(active) > 1:
+            raise ElmoError(f"encoder and context graphs run on different providers {sorted(active)}")
+        (provider,) = active
+        if provider not in request.providers:
+            raise ElmoError(f"execution provider {request.providers[0]} was demanded but {provider} is active")
+        reason = provider_reason(request, provider)
+        # A GPU left unused is a warning, so that it shows under any logging set-up; a CPU host is the normal case.
+        fallback = request.gpu_unused or (CUDA in request.providers and provider != CUDA)
+        level = logging.WARNING if fallback else logging.INFO
+        log.log(level, "onnxruntime provider: %s active for %s (%s)", provider, self.model_dir, reason)
+        return provider
+
+    def _check_graphs(self) -> None:
+        """The graphs' declared inputs/outputs must agree with onnx.json (catches foreign or stale graphs)."""
+        p, layers, dim = int(self.meta["projection_dim"]), self.info.n_layers, self.info.dim
+        expected = {
+            "encoder": ({"char_ids": [None, MAX_CHARS]}, {"token_vectors": [None, p]}),
+            "context": ({"tokens": [None, None, p], "lengths": [None]}, {"layers": [None, layers, None, dim]}),
+        }
+        for part, (inputs, outputs) in expected.items():
+            session = getattr(self, part)
+            declared = {x.name: x.shape for x in session.get_inputs()}, {x.name: x.shape for x in session.get_outputs()}
+            for want, got in zip((inputs, outputs), declared):
+                ok = set(want) == set(got) and all(
+                    len(got[name]) == len(shape) and all(w is None or w == g for w, g in zip(shape, got[name]))
+                    for name, shape in want.items()
+                )
+                if not ok:
+                    raise ModelFileError(
+                        f"{self._paths[part]}: graph does not match onnx.json: declares {got}, expected {want}"
+                    )
+
+    # -- public API ------------------------------------------------------------------------------------------------
+    def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Tokenized sentences -> per sentence float32 ``(n_layers, n_tokens, dim)`` (empty -> n_tokens 0)."""
+        return self.embed_tokens_with_stats(sentences)[0]
+
+    def embed_tokens_with_stats(self, sentences: Sequence[Sequence[str]]) -> tuple[list[np.ndarray], EmbedStats]:
+        """:meth:`embed_tokens` plus what the call cost (:class:`EmbedStats`: real vs padded tokens)."""
+        sentences = self._validated(sentences)
+        table, rows = self._token_table(sentences)
+        results: list[np.ndarray | None] = [None] * len(sentences)
+        batches = self._batches([len(s) for s in sentences])
+        padded = 0
+        for indices in batches:
+            layers = self._contextualize(table, [rows[i] for i in indices])  # (B, L+1, T, D)
+            # the (rows, longest + 2) positions _contextualize fed the biLSTM, boundaries and padding included
+            padded += len(indices) * (max(len(sentences[i]) for i in indices) + 2)
+            for row, index in enumerate(indices):
+                results[index] = np.ascontiguousarray(layers[row, :, : len(sentences[index])])
+        empty = np.zeros((self.info.n_layers, 0, self.info.dim), dtype=np.float32)
+        stats = EmbedStats(len(sentences), sum(len(s) for s in sentences), padded, len(batches))
+        return [empty.copy() if r is None else r for r in results], stats
+
+    def embed_texts(self, texts: Sequence[str]) -> list[tuple[Tokenized, np.ndarray]]:
+        """Raw texts -> (tokens with offsets, layers) per text, tokenized by elmo.text.tokenize.tokenize."""
+        if isinstance(texts, str):
+            raise InputError("embed_texts takes a list of texts, not one string")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputError(f"text {i} is {type(text).__name__}, not str")
+        tokenized = [tokenize(text) for text in texts]
+        vectors = self.embed_tokens([t.tokens for t in tokenized])
+        return list(zip(tokenized, vectors))
+
+    def warmup(self) -> None:
+        """Real forward passes (allocations, kernel selection) before the first request."""
+        self.embed_tokens([["Warm", "up", "."], ["a"]])
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _validated(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
+        if isinstance(sentences, str):
+            raise InputError("embed_tokens takes a list of tokenized sentences, not one string")
+        out = []
+        limit = self.info.max_tokens_per_sentence
+        for i, sentence in enumerate(sentences):
+            if isinstance(sentence, str):
+                raise InputError(f"sentence {i} is a string; pass a list of tokens (or use embed_texts)")
+            tokens = list(sentence)
+            for j, token in enumerate(tokens):
+                if not isinstance(token, str) or not token:
+                    raise InputError(f"sentence {i} token {j}: tokens must be non-empty strings, got {token!r}")
+            if len(tokens) > limit:
+                raise InputError(f"sentence {i} has {len(tokens)} tokens; the limit is {limit}")
+            out.append(tokens)
+        return out
+
+    def _token_table(self, sentences: list[list[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(table (3 + U, P): pad, <S>, </S>, then the U distinct tokens; per sentence its rows in the table)."""
+        distinct: dict[str, int] = {}
+        rows = [
+            np.array([distinct.setdefault(t, len(distinct) + _FIRST_TOKEN_ROW) for t in s], dtype=np.int64)
+            for s in sentences
+        ]
+        tokens = list(distinct)
+        vectors = self.cache.lookup(tokens)
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        if missing:
+            fresh = self._encode(np.stack([word_to_char_ids(tokens[i]) for i in missing]))
+            self.cache.store([tokens[i] for i in missing], fresh)
+            for i, vector in zip(missing, fresh):
+                vectors[i] = vector
+        table = np.empty((_FIRST_TOKEN_ROW + len(tokens), self._boundaries.shape[1]), dtype=np.float32)
+        table[_PAD_ROW] = 0.0
+        table[_BOS_ROW : _EOS_ROW + 1] = self._boundaries
+        if tokens:
+            table[_FIRST_TOKEN_ROW:] = np.stack(vectors)
+        return table, rows
+
+    def _encode(self, char_ids: np.ndarray) -> np.ndarray:
+        """(N, 50) char ids -> (N, P) token vectors, in chunks that bound the conv activations' memory."""
+        chunks = []
+        for start in range(0, len(char_ids), ENCODER_CHUNK):
+            chunk = char_ids[start : start + ENCODER_CHUNK].astype(np.int64)
+            rows = len(chunk)
+            if self._pad_encoder_batches:  # few distinct shapes: cuDNN plans and allocations get reused
+                chunk = np.concatenate([chunk, np.zeros((padded_count(rows) - rows, MAX_CHARS), np.int64)])
+            chunks.append(self.encoder.run(["token_vectors"], {"char_ids": chunk})[0][:rows])
+        return np.concatenate(chunks).astype(np.float32, copy=False)
+
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        """Indices of the non-empty sentences, sorted by length and cut into batches (each within
+        max_batch_tokens, a longer sentence alone) that minimise the padded work (see plan_batches)."""
+        order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
+        sizes = plan_batches([lengths[i] + 2 for i in order], self.max_batch_tokens, self._step_cost)
+        batches, start = [], 0
+        for size in sizes:
+            batches.append(order[start : start + size])
+            start += size
+        return batches
+
+    def _contextualize(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+        """Gather each sentence's ``[<S>, tokens, </S>]`` vectors and run the biLSTM graph -> (B, L+1, T, D)."""
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        index = np.full((len(rows), int(lengths.max()) + 2), _PAD_ROW, dtype=np.int64)
+        index[:, 0] = _BOS_ROW
+        for b, r in enumerate(rows):
+            index[b, 1 : len(r) + 1] = r
+            index[b, len(r) + 1] = _EOS_ROW
+        feeds = {"tokens": table[index], "lengths": lengths}
+        if not self.io_binding:
+            return self.context.run(["layers"], feeds)[0]
+        binding = self.context.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_output("layers", "cpu")  # onnxruntime copies the result once, into host memory
+        self.context.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()

@@ -1,0 +1,124 @@
+"""The model directory format: file names and the export metadata (onnx.json). Torch-free (serving path).
+
+A model directory holds config.json (elmo.model.config), model.safetensors, vocab.txt, and after ``elmo export``
+model.onnx, encoder.onnx, context.onnx, context_fused.onnx, model.onnx.data (their shared weights) and
+onnx.json. onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of
+the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it against
+config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from elmo.errors import ConfigError, ModelFileError
+from elmo.model.config import CONFIG_FILE, ModelConfig
+from elmo.text.chars import MAX_CHARS, N_CHAR_IDS
+
+WEIGHTS_FILE = "model.safetensors"
+VOCAB_FILE = "vocab.txt"
+ONNX_FILE = "model.onnx"  # the whole model in one graph: char_ids (B, T, 50) -> layers (B, L+1, T, 2P), mask
+ENCODER_FILE = "encoder.onnx"  # char-CNN: char_ids (N, 50) -> token vectors (N, P)
+CONTEXT_FILE = "context.onnx"  # biLSTM: tokens (B, T+2, P), lengths (B,) -> layers (B, L+1, T, 2P); for CPU
+CONTEXT_FUSED_FILE = "context_fused.onnx"  # the same, both directions per Scan step; for CUDA
+ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
+ONNX_META_FILE = "onnx.json"
+FORMAT_VERSION = 1
+
+_REQUIRED_META = ("format_version", "graph", "n_layers", "dim", "projection_dim", "cell_dim", "char_scheme", "dtype")
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_directory(path: str | Path) -> Path:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ModelFileError(f"{directory}: model directory not found")
+    return directory
+
+
+def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> dict:
+    """Read ``onnx.json`` and check it against ``config.json`` (and the checkpoint's sha256 when both exist).
+
+    Raises ModelFileError naming the file for a missing, unreadable or inconsistent file.
+    """
+    directory = model_directory(model_dir)
+    path = directory / ONNX_META_FILE
+    if not path.is_file():
+        raise ModelFileError(f"{path}: export metadata not found (run `elmo export --model {directory}`)")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ModelFileError(f"{path}: expected a JSON object")
+    missing = [key for key in _REQUIRED_META if key not in meta]
+    if missing:
+        raise ModelFileError(f"{path}: missing field(s) {missing}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise ModelFileError(f"{path}: format_version {meta['format_version']!r}, this runtime reads {FORMAT_VERSION}")
+    scheme = meta["char_scheme"]
+    if scheme.get("max_chars") != MAX_CHARS or scheme.get("n_chars") != N_CHAR_IDS:
+        raise ModelFileError(f"{path}: char scheme {scheme} differs from this code's ({MAX_CHARS} x {N_CHAR_IDS})")
+    _check_against_config(directory, path, meta)
+    _check_weights_data(directory, path, meta)
+    if check_checkpoint:
+        _check_against_checkpoint(directory, path, meta)
+    return meta
+
+
+def _check_against_config(directory: Path, meta_path: Path, meta: dict) -> None:
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        return  # an export-only directory: onnx.json carries the dims itself
+    try:
+        cfg = ModelConfig.load(config_path)
+    except ConfigError as exc:
+        raise ModelFileError(str(exc)) from None
+    expected = {
+        "n_layers": cfg.n_output_layers,
+        "dim": cfg.output_dim,
+        "projection_dim": cfg.projection_dim,
+        "cell_dim": cfg.cell_dim,
+    }
+    wrong = {key: (meta[key], value) for key, value in expected.items() if meta[key] != value}
+    if wrong:
+        details = ", ".join(f"{key}: {got} vs {want}" for key, (got, want) in wrong.items())
+        raise ModelFileError(f"{meta_path}: does not match {config_path} ({details}); re-run `elmo export`")
+
+
+def _check_weights_data(directory: Path, meta_path: Path, meta: dict) -> None:
+    """The graphs' weight file must be the one exported with them (a truncated or swapped file would otherwise
+    load and give wrong vectors, or fail with an onnxruntime message that does not name it)."""
+    expected = meta.get("weights_data")
+    if not expected:
+        return
+    if not isinstance(expected, dict) or not {"file", "bytes", "sha256"} <= set(expected):
+        raise ModelFileError(f"{meta_path}: field weights_data must be {{file, bytes, sha256}} (re-run `elmo export`)")
+    data = directory / expected["file"]
+    if not data.is_file():
+        raise ModelFileError(f"{data}: the graphs' weight file is missing (re-run `elmo export`)")
+    size = data.stat().st_size
+    if size != expected["bytes"]:
+        raise ModelFileError(f"{data}: {size} bytes, {meta_path.name} says {expected['bytes']} (truncated or replaced)")
+    if sha256_of(data) != expected["sha256"]:
+        raise ModelFileError(f"{data}: sha256 differs from {meta_path.name} (corrupted or replaced)")
+
+
+def _check_against_checkpoint(directory: Path, meta_path: Path, meta: dict) -> None:
+    weights = directory / WEIGHTS_FILE
+    expected = meta.get("checkpoint_sha256")
+    if not expected or not weights.is_file():
+        return
+    if sha256_of(weights) != expected:
+        raise ModelFileError(
+            f"{meta_path}: exported from a different {WEIGHTS_FILE} (sha256 differs); re-run `elmo export`"
+        )

@@ -1,0 +1,193 @@
+"""``elmo eval-lm``: forward and backward perplexity of a model directory on a text file.
+
+Every sentence is scored stateless as ``[<S>, tokens..., </S>]``: the forward LM predicts ``tokens..., </S>``
+from the left, the backward LM predicts ``tokens..., <S>`` from the right, so both count ``n + 1`` targets per
+sentence of ``n`` tokens. Targets outside the vocabulary are scored as ``<UNK>`` (the usual convention: the
+perplexity then depends on the vocabulary, which is why the n-gram baseline uses the very same one).
+Full softmax, no dropout. ``avg_ppl`` is exp of the mean of the two directions' mean log-losses
+(the geometric mean of the two perplexities, as bilm-tf reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from elmo.errors import InputError
+from elmo.model.bilm import BiLM, backward_targets
+from elmo.train.vocab import IGNORE, Vocab, length_batches, lm_arrays, read_sentences
+
+
+@dataclass
+class LMScore:
+    forward_nll: float
+    backward_nll: float
+    tokens: int
+
+    def __add__(self, other: LMScore) -> LMScore:
+        return LMScore(
+            self.forward_nll + other.forward_nll, self.backward_nll + other.backward_nll, self.tokens + other.tokens
+        )
+
+    def report(self) -> dict:
+        fwd, bwd = self.forward_nll / self.tokens, self.backward_nll / self.tokens
+        return {
+            "forward_ppl": round(math.exp(fwd), 3),
+            "backward_ppl": round(math.exp(bwd), 3),
+            "avg_ppl": round(math.exp((fwd + bwd) / 2), 3),
+            "tokens": self.tokens,
+        }
+
+
+def summed_nll(logits_source: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor) -> float:
+    """Sum of full-softmax NLL over the non-padding targets. ``logits_source`` (N, P), ``targets`` (N,)."""
+    keep = targets != IGNORE
+    if not bool(keep.any()):
+        return 0.0
+    logits = F.linear(logits_source[keep], weight, bias)
+    return float(F.cross_entropy(logits, targets[keep], reduction="sum"))
+
+
+@torch.no_grad()
+def score_sentences(
+    model: BiLM, vocab: Vocab, sentences: Sequence[Sequence[str]], tokens_per_batch: int = 4000
+) -> LMScore:
+    """Full-softmax forward/backward NLL sums over tokenized sentences (model put in eval mode temporarily)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    weight, bias = model.softmax.weight, model.softmax.bias
+    fwd_total = bwd_total = 0.0
+    tokens = 0
+    for batch in length_batches([len(s) for s in sentences], tokens_per_batch):
+        char_ids, targets = (torch.from_numpy(a).to(device) for a in lm_arrays([sentences[i] for i in batch], vocab))
+        fwd_h, bwd_h, lengths = model.lm_hidden(char_ids)
+        fwd_total += summed_nll(fwd_h[:, :-1].flatten(0, 1), weight, bias, targets[:, 1:].flatten())
+        bwd_total += summed_nll(bwd_h[:, 1:].flatten(0, 1), weight, bias, backward_targets(targets, lengths).flatten())
+        tokens += int((lengths - 1).sum())
+    model.train(was_training)
+    return LMScore(fwd_total, bwd_total, tokens)
+
+
+LONG_SENTENCE = 50  # tokens: the report also scores shorter and longer test sentences apart
+
+
+def split_by_length(sentences: list[list[str]], limit: int = LONG_SENTENCE) -> dict[str, list[list[str]]]:
+    """``{"<= limit tokens": ..., "> limit tokens": ...}``, empty parts left out."""
+    parts = {
+        f"<= {limit} tokens": [s for s in sentences if len(s) <= limit],
+        f"> {limit} tokens": [s for s in sentences if len(s) > limit],
+    }
+    return {name: part for name, part in parts.items() if part}
+
+
+def test_report(
+    model: BiLM,
+    vocab: Vocab,
+    corpus: Path,
+    model_dir: Path,
+    tokens_per_batch: int = 4000,
+    train_dir: Path | None = None,
+) -> dict:
+    """Test-split perplexity per language for the biLM and the Kneser-Ney trigram baseline (trained on the
+    corpus' train split with the model's own vocabulary), also split at ``LONG_SENTENCE`` tokens (a model trained
+    on cut sentences can fail past the cut only), plus the training summary when the directory has one."""
+    from elmo.train.ngram import Directional
+
+    baseline = Directional.train(vocab, read_sentences(corpus / "train.txt"), order=3)
+    report: dict = {"test": {}, "vocab_size": len(vocab), "oov": "targets outside vocab.txt are scored as <UNK>"}
+    for lang in ("en", "zh"):
+        path = corpus / f"test.{lang}.txt"
+        sentences = read_sentences(path)
+        parts = split_by_length(sentences)
+        scores = {name: score_sentences(model, vocab, part, tokens_per_batch) for name, part in parts.items()}
+        report["test"][lang] = {
+            "file": str(path),
+            "oov_rate": round(vocab.oov_rate(sentences), 5),
+            "bilm": sum(scores.values(), LMScore(0.0, 0.0, 0)).report(),
+            "kn3_baseline": baseline.score(vocab, sentences),
+            "by_length": {
+                name: {
+                    "sentences": len(part),
+                    "bilm": scores[name].report(),
+                    "kn3_baseline": baseline.score(vocab, part),
+                }
+                for name, part in parts.items()
+            },
+        }
+    state_file = Path(train_dir or model_dir) / "train_state.json"
+    if state_file.is_file():
+        state = json.loads(state_file.read_text())
+        train_entries = [h for h in state["history"] if "loss" in h]
+        report["training"] = {
+            "steps": state["step"],
+            "tokens": state["tokens"],
+            "elapsed_s": round(state["elapsed_s"], 1),
+            "tokens_per_s": round(state["tokens"] / max(state["elapsed_s"], 1e-9), 1),
+            "world_size": state.get("world_size", 1),
+            "last_train_loss": train_entries[-1]["loss"] if train_entries else None,
+            "valid": [h for h in state["history"] if "valid_avg_ppl" in h],
+        }
+        if "init_from" in state:  # a later stage of a staged recipe: what the starting weights had already seen
+            report["training"]["init_from"] = state["init_from"]
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model directory (config.json, model.safetensors, vocab.txt)")
+    parser.add_argument("--text", nargs="+", help="text file(s), one sentence per line")
+    parser.add_argument(
+        "--report",
+        metavar="CORPUS",
+        help="instead of --text: test.{en,zh}.txt of this corpus folder, biLM vs KN trigram, JSON to --report-out",
+    )
+    parser.add_argument(
+        "--report-out", default=None, help="where --report writes its JSON (default MODEL/metrics.json)"
+    )
+    parser.add_argument("--train-dir", default=None, help="--report: training run folder with train_state.json")
+    parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
+    parser.add_argument("--tokens-per-batch", type=int, default=4000)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elmo.model.checkpoint import load_model_and_vocab
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokens = load_model_and_vocab(args.model)
+    vocab = Vocab(tokens)
+    if args.report:
+        report = test_report(
+            model,
+            vocab,
+            Path(args.report),
+            Path(args.model),
+            args.tokens_per_batch,
+            args.train_dir and Path(args.train_dir),
+        )
+        out = Path(args.report_out or Path(args.model) / "metrics.json")
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        systems = ("bilm", "kn3_baseline")
+        print(json.dumps({lang: {k: r[k]["avg_ppl"] for k in systems} for lang, r in report["test"].items()}))
+        return 0
+    if not args.text:
+        raise InputError("give --text FILE [FILE ...] or --report CORPUS")
+    for text in args.text:
+        sentences = read_sentences(Path(text), tokenized=args.tokenized)
+        result = score_sentences(model, vocab, sentences, args.tokens_per_batch).report()
+        if len(args.text) > 1:
+            result["file"] = text
+        result["oov_rate"] = round(vocab.oov_rate(sentences), 5)
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+__all__ = ["LMScore", "score_sentences", "test_report"]

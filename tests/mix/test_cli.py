@@ -1,0 +1,136 @@
+"""``elmo mix train / list / report`` end to end on the tiny exported model, and the CLI's error messages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from elmo.cli import main
+from elmo.mix.store import TaskStore
+from elmo.runtime import Embedder
+
+WORDS = {"DET": ["the", "a", "this"], "NOUN": ["cat", "dog", "house", "tree"], "VERB": ["sees", "likes", "runs"]}
+
+
+def _tagging_files(directory, n: int = 40, seed: int = 0):
+    """A tiny synthetic tagging set (DET NOUN VERB DET NOUN) as tokens + labels files."""
+    rng = np.random.default_rng(seed)
+    pattern = ["DET", "NOUN", "VERB", "DET", "NOUN"]
+    tokens, labels = directory / "train.txt", directory / "train.labels"
+    lines = [" ".join(str(rng.choice(WORDS[t])) for t in pattern) for _ in range(n)]
+    tokens.write_text("\n".join(lines) + "\n")
+    labels.write_text("\n".join(" ".join(pattern) for _ in range(n)) + "\n")
+    return tokens, labels
+
+
+@pytest.fixture()
+def model_dir(tiny_model_dir, tmp_path):
+    directory = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, directory)
+    return directory
+
+
+def _train(model_dir, tmp_path, *extra: str) -> int:
+    return main(["mix", "train", "--model", str(model_dir), "--cache", str(tmp_path / "cache"), "--epochs", "2",
+                 "--threads", "1", *extra])  # fmt: skip
+
+
+def test_train_tagging_stores_a_servable_task(model_dir, tmp_path, capsys):
+    tokens, labels = _tagging_files(tmp_path)
+    assert _train(model_dir, tmp_path, "--task", "toy_pos", "--data", str(tokens), "--labels", str(labels),
+                  "--kind", "tagging", "--compare") == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["task"] == "toy_pos" and summary["metric"] == "accuracy"
+    assert set(summary) >= {"layer0", "layer1", "layer2", "mix", "stored"}
+    task = TaskStore(model_dir).get("toy_pos")
+    assert task.labels == ["DET", "NOUN", "VERB"] and task.kind == "tagging"
+    assert task.metrics["eval_split"] == "dev" and "layer0" in task.metrics and task.metrics["mix_history"]
+    assert (model_dir / "tasks" / "toy_pos" / "head.safetensors").is_file()
+    layers = Embedder(model_dir, intra_op_threads=1).embed_tokens([["the", "cat", "sees", "a", "dog"]])[0]
+    assert task.apply(layers).shape == (5, 16) and len(task.predict(layers)) == 5
+    assert main(["mix", "list", "--model", str(model_dir)]) == 0
+    assert capsys.readouterr().out.startswith("toy_pos\ttagging\tweights [")
+
+
+def test_train_classification_from_tsv_with_test_file(model_dir, tmp_path, capsys):
+    rows = [f"pos\t{w} 很好 {i}" for i, w in enumerate(["真", "非常", "特别"] * 5)]
+    rows += [f"neg\t{w} 很差 {i}" for i, w in enumerate(["真", "非常", "特别"] * 5)]
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(rows) + "\n")
+    test = tmp_path / "test.tsv"
+    test.write_text("pos\t很好\nneg\t很差\n")
+    options = ["--kind", "classification", "--pooling", "mean", "--no-compare", "--layer-norm", "on"]
+    assert _train(model_dir, tmp_path, "--task", "toy_sent", "--data", str(train), "--test", str(test), *options) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(summary) >= {"mix", "stored"} and "layer0" not in summary
+    task = TaskStore(model_dir).get("toy_sent")
+    assert task.kind == "classification" and task.pooling == "mean" and task.metrics["eval_split"] == "test"
+    assert task.layer_norm and task.metrics["mix"]["layer_norm"]
+    layers = Embedder(model_dir, intra_op_threads=1).embed_texts(["很好"])[0][1]
+    assert task.predict(layers)[0] in ("neg", "pos")
+
+
+def test_dry_run_stores_nothing(model_dir, tmp_path):
+    tokens, labels = _tagging_files(tmp_path, n=12)
+    assert _train(model_dir, tmp_path, "--task", "x", "--data", str(tokens), "--labels", str(labels),
+                  "--kind", "tagging", "--dry-run") == 0  # fmt: skip
+    assert TaskStore(model_dir).names() == []
+
+
+def test_labels_that_do_not_match_the_tokens(model_dir, tmp_path, capsys):
+    tokens, labels = _tagging_files(tmp_path, n=5)
+    labels.write_text("DET NOUN VERB DET NOUN\nDET NOUN\n" + "DET NOUN VERB DET NOUN\n" * 3)
+    code = _train(
+        model_dir, tmp_path, "--task", "x", "--data", str(tokens), "--labels", str(labels), "--kind", "tagging"
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "elmo mix: error: labels file" in err and "line 2: 2 labels for 5 tokens" in err
+
+
+def test_empty_training_set(model_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    code = _train(model_dir, tmp_path, "--task", "x", "--data", str(empty), "--kind", "tagging")
+    err = capsys.readouterr().err
+    assert code == 2 and "no labelled sentences (empty training set)" in err
+
+
+def test_a_single_label_is_not_a_task(model_dir, tmp_path, capsys):
+    tokens, labels = tmp_path / "t.txt", tmp_path / "t.labels"
+    tokens.write_text("a b\nc d\ne f\n")
+    labels.write_text("X X\nX X\nX X\n")
+    code = _train(
+        model_dir, tmp_path, "--task", "x", "--data", str(tokens), "--labels", str(labels), "--kind", "tagging"
+    )
+    assert code == 2 and "only 1 distinct label" in capsys.readouterr().err
+
+
+def test_bad_task_name_and_missing_kind(model_dir, tmp_path, capsys):
+    tokens, labels = _tagging_files(tmp_path, n=5)
+    assert _train(model_dir, tmp_path, "--task", "../up", "--data", str(tokens), "--kind", "tagging") == 2
+    assert "task name '../up' is not valid" in capsys.readouterr().err
+    assert _train(model_dir, tmp_path, "--task", "x", "--data", str(tokens)) == 2
+    assert "--kind tagging|classification is needed" in capsys.readouterr().err
+    assert _train(model_dir, tmp_path, "--task", "x", "--data", str(tmp_path / "missing.txt"), "--kind", "tagging") == 2
+    assert "missing.txt: file not found" in capsys.readouterr().err
+
+
+def test_report_writes_table_and_plots(model_dir, tmp_path, capsys):
+    tokens, labels = _tagging_files(tmp_path, n=20)
+    assert _train(model_dir, tmp_path, "--task", "toy_pos", "--data", str(tokens), "--labels", str(labels),
+                  "--kind", "tagging", "--compare") == 0  # fmt: skip
+    out = tmp_path / "report"
+    assert main(["mix", "report", "--model", str(model_dir), "--out", str(out), "--threads", "1"]) == 0
+    for name in ("report.md", "report.json", "mix_weights.png", "apple_similarity.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0
+    md = (out / "report.md").read_text()
+    assert "| toy_pos | accuracy (dev) |" in md and "苹果" in md
+    apple = json.loads((out / "report.json").read_text())["apple"]
+    # Layer 0 is context-free: every 苹果 is the same vector, whatever the sentence.
+    assert apple["layers"][0]["within_sense"] == pytest.approx(1.0, abs=1e-5)
+    assert apple["layers"][0]["across_sense"] == pytest.approx(1.0, abs=1e-5)
+    assert len(apple["layers"]) == 3 and len(apple["sentences"]) == 8
