@@ -290,8 +290,9 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         negatives, neg_log_q = sampler.sample() if sampler else (None, None)
         fwd_loss, bwd_loss = objective(char_ids, targets, negatives, neg_log_q)
         loss = (fwd_loss + bwd_loss) / 2
+        fwd_share, bwd_share = _target_shares(LMObjective.target_counts(char_ids, targets), d)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        ((fwd_loss * fwd_share + bwd_loss * bwd_share) / 2).backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(bilm.parameters(), t.clip))
         optimizer.step()
 
@@ -362,6 +363,16 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     if d.active:
         dist.barrier()
     return state
+
+
+def _target_shares(counts: tuple[int, int], d: Dist) -> tuple[float, float]:
+    """Per direction, this rank's targets x world / all ranks' targets. DDP averages the ranks' gradients and each
+    rank's loss is a mean over its own targets, so without these weights a target on a rank with fewer of them
+    would count for more; with them a step equals one process on the same global batch. 1.0 on one process."""
+    if not d.active:
+        return 1.0, 1.0
+    totals = all_reduce_sum([float(c) for c in counts], d)
+    return tuple(c * d.world / max(total, 1.0) for c, total in zip(counts, totals))
 
 
 def _shared_elapsed(elapsed: float, t: OptimConfig, d: Dist) -> float:

@@ -42,6 +42,13 @@ class LMObjective(nn.Module):
         bwd = self._loss(bwd_h[:, 1:].flatten(0, 1), bwd_targets, negatives, neg_log_q)
         return fwd, bwd
 
+    @staticmethod
+    def target_counts(char_ids: Tensor, targets: Tensor) -> tuple[int, int]:
+        """How many targets the forward and the backward loss average over (they differ at cuts)."""
+        lengths = (char_ids > 0).any(dim=-1).sum(dim=-1) + 2
+        forward = int((targets[:, 1:] != IGNORE).sum())
+        return forward, int((backward_targets(targets, lengths) != IGNORE).sum())
+
     def _loss(self, hidden: Tensor, targets: Tensor, negatives: Tensor | None, neg_log_q: Tensor | None) -> Tensor:
         keep = targets != IGNORE
         hidden, targets = hidden[keep], targets[keep]  # (N, P), (N,)
