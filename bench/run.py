@@ -11,6 +11,12 @@ and ``ort+cache`` (the same with a warm LRU cache of token vectors, as a long-ru
 engines take turns batch by batch, so the machine's load hits them alike. Random-weight models of the
 published shapes are written and exported once under runs/bench-models/. Results: bench/results/<name>.json
 and .md (a Markdown table). Benchmarks, not tests.
+
+Before anything is timed, every engine embeds the first ``--check-sentences`` sentences (in batches of the size
+being measured, after the token cache's warm-up) and each is compared with the same model in PyTorch float64 under
+the export's own bound for the graph's dtype (export/onnx_export.py FP32_BOUND / FP16_BOUND; FP16_BOUND on a GPU
+provider, whose TF32 arithmetic keeps fp16's precision; or ``--max-error``):
+an engine that computes something else is refused (``EnginesDisagree``, exit 2), since its speed would mean nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from elmo.errors import ElmoError
 from elmo.text.chars import batch_to_char_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,9 +98,14 @@ def random_shape_model(shape: str) -> Path:
 
 
 # -- measurement ---------------------------------------------------------------------------------------------------
+class EnginesDisagree(ElmoError):
+    """An engine's vectors are not the model's (beyond the export bound): the benchmark refuses to time it."""
+
+
 class TorchEngine:
     """The project's PyTorch BiLM on a padded batch. ``sort``: the batch is first sorted by length and cut with
-    the runtime's own planner (elmo.runtime.plan_batches), so that padding is not what the comparison measures."""
+    the runtime's own planner (elmo.runtime.plan_batches), so that padding is not what the comparison measures.
+    A call returns the vectors per sentence, float32 (L+1, n, 2P), in the batch's order (as ``embed_tokens``)."""
 
     def __init__(self, model_dir: Path, sort: bool = False) -> None:
         import torch
@@ -104,18 +116,87 @@ class TorchEngine:
         self.model = load_model(model_dir).float().eval()
         self.sort = sort
 
-    def __call__(self, batch: list[list[str]]) -> None:
+    def __call__(self, batch: list[list[str]]) -> list[np.ndarray]:
         from elmo.runtime import CPU_STEP_COST, DEFAULT_MAX_BATCH_TOKENS, plan_batches
 
-        parts = [batch]
+        parts = [list(range(len(batch)))]
         if self.sort:
-            ordered = sorted((s for s in batch if s), key=len)
-            sizes = plan_batches([len(s) + 2 for s in ordered], DEFAULT_MAX_BATCH_TOKENS, CPU_STEP_COST)
+            order = sorted((i for i, s in enumerate(batch) if s), key=lambda i: len(batch[i]))
+            sizes = plan_batches([len(batch[i]) + 2 for i in order], DEFAULT_MAX_BATCH_TOKENS, CPU_STEP_COST)
             starts = np.cumsum([0, *sizes])
-            parts = [ordered[a:b] for a, b in zip(starts[:-1], starts[1:])]
+            parts = [order[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        cfg = self.model.cfg
+        out = [np.zeros((cfg.n_output_layers, 0, cfg.output_dim), np.float32) for _ in batch]  # empty sentences
         with self.torch.inference_mode():
             for part in parts:
-                self.model(self.torch.as_tensor(batch_to_char_ids(part)).long())
+                layers, _ = self.model(self.torch.as_tensor(batch_to_char_ids([batch[i] for i in part])).long())
+                layers = layers.numpy()
+                for row, index in enumerate(part):
+                    out[index] = layers[row, :, : len(batch[index])]
+        return out
+
+
+def export_bound(meta: dict, max_error: float | None = None, provider: str = "CPUExecutionProvider"):
+    """The bound ``elmo export`` derives for a graph of this dtype (an export-time ``--max-error`` is not taken
+    over: the benchmark holds every engine to what the runtime promises), or the absolute ``max_error``.
+
+    The export verifies on the CPU provider. On another (CUDA), cuBLAS/cuDNN may multiply float32 in TF32, which
+    keeps fp16's 11 significant bits, so a float32 graph is held to the fp16 rule there (reasoned, not measured)."""
+    from dataclasses import replace
+
+    from elmo.runtime import CPU
+    from export.onnx_export import FP16_BOUND, FP32_BOUND
+
+    fp16_precision = meta.get("dtype") == "float16" or provider != CPU
+    return replace(FP16_BOUND if fp16_precision else FP32_BOUND, override=max_error)
+
+
+# model directory -> its float64 reference on the check sentences: computed once, not once per batch size (a
+# float64 pass of the ELMo-original shape takes a while on a small machine).
+_REFERENCES: dict[tuple, object] = {}
+
+
+def float64_reference(model_dir: Path, model, sentences: list[list[str]]):
+    """export.verify.Reference of ``sentences`` (``model`` in float64, and float32's error on them), cached by
+    the checkpoint (path and modification time) and the sentences."""
+    from elmo.runtime.modeldir import WEIGHTS_FILE
+    from export.verify import references
+
+    weights = Path(model_dir).resolve() / WEIGHTS_FILE
+    key = (str(weights), weights.stat().st_mtime_ns, tuple(map(tuple, sentences)))
+    if key not in _REFERENCES:
+        (_REFERENCES[key],) = references(model, [(f"first {len(sentences)} sentences", sentences)])
+    return _REFERENCES[key]
+
+
+def check_agreement(engines: dict, reference, batch_size: int, bound, dtype: str, label: str) -> dict:
+    """Every engine's vectors for the ``reference``'s sentences (fed in batches of ``batch_size``) against the
+    model in PyTorch float64, each judged by ``bound`` as the export's verification judges a case. Returns the
+    figures per engine; raises EnginesDisagree naming ``label`` (model, batch size) and the engines off it."""
+    from export.verify import compare
+
+    figures, failed = {}, []
+    for name, engine in engines.items():
+
+        def embed(batch: list[list[str]], engine=engine) -> list[np.ndarray]:
+            return [v for i in range(0, len(batch), batch_size) for v in engine(batch[i : i + batch_size])]
+
+        report = compare([reference], embed, bound, dtype, f"{name} in batches of {batch_size}")
+        figures[name] = report.max_abs_error
+        if not report.passed:
+            failed.append(report.summary())
+    if failed:
+        raise EnginesDisagree(
+            f"{label}: engines disagree with the model (PyTorch float64) beyond the export bound; not timing them: "
+            + " | ".join(failed)
+        )
+    return {
+        "reference": "PyTorch float64",
+        "sentences": len(reference.sentences),
+        "bound": bound.describe(),
+        "case_bound": bound.for_case(reference.float32_error, reference.output_scale),
+        "max_abs_error": figures,
+    }
 
 
 def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: argparse.Namespace) -> dict:
@@ -132,12 +213,18 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
         "ort": Embedder(model_dir, providers, intra_op_threads=args.threads, cache_size=0).embed_tokens,
         "ort+cache": Embedder(model_dir, providers, intra_op_threads=args.threads).embed_tokens,
     }
-    provider = engines["ort"].__self__.info.provider if providers != [CPU] else CPU
+    embedder = engines["ort"].__self__
+    provider = embedder.info.provider if providers != [CPU] else CPU
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences) - batch_size + 1, batch_size)]
     for engine in engines.values():  # warm-up: allocations, kernel choice, a first cache fill
         engine(batches[0][:2])
     for batch in batches[: max(1, args.cache_warm_batches)]:
         engines["ort+cache"](batch)
+    # Same vectors first (the cache engine answering from its warm cache), then the clock.
+    bound = export_bound(embedder.meta, args.max_error, provider)
+    reference = float64_reference(model_dir, engines["torch eager"].model, sentences[: max(1, args.check_sentences)])
+    dtype = str(embedder.meta.get("dtype", "float32"))
+    agreement = check_agreement(engines, reference, batch_size, bound, dtype, f"{model_dir}, batch {batch_size}")
     times: dict[str, list[float]] = {name: [] for name in engines}
     tokens: list[int] = []
     started = time.perf_counter()
@@ -150,6 +237,7 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
         if time.perf_counter() - started > args.seconds and len(tokens) >= args.min_batches:
             break
     row = {"batch_size": batch_size, "batches": len(tokens), "tokens": int(sum(tokens)), "provider": provider}
+    row["agreement"] = agreement
     for name, values in times.items():
         row[name] = {
             "tokens_per_s": sum(tokens) / sum(values),
@@ -180,6 +268,14 @@ def markdown(results: dict) -> str:
                     f"| {model['name']} | {row['batch_size']} | {engine} | {figures['tokens_per_s']:,.0f} | "
                     f"{figures['latency_ms_p50']:,.1f} | {figures['tokens_per_s'] / base:.2f}x |"
                 )
+    lines += ["", "Before timing, every engine's vectors matched PyTorch float64 within the export bound:"]
+    for model in results["models"]:
+        checks = [row["agreement"] for row in model["rows"]]
+        worst = max(max(check["max_abs_error"].values()) for check in checks)
+        lines.append(
+            f"- {model['name']}: first {checks[0]['sentences']} sentences, worst max abs error {worst:.1e} "
+            f"(bound {checks[0]['bound']})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -198,6 +294,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-batches", type=int, default=2)
     parser.add_argument("--cache-warm-batches", type=int, default=4, help="batches that fill the cache first")
     parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument(
+        "--check-sentences",
+        type=int,
+        default=16,
+        help="sentences every engine must embed like PyTorch float64 (export bound) before it is timed",
+    )
+    parser.add_argument(
+        "--max-error",
+        type=float,
+        default=None,
+        metavar="ABS",
+        help="absolute bound for that check in place of the export's rule for the graph's dtype",
+    )
     parser.add_argument("--text", type=Path, default=None, help="one sentence per line instead of synthetic text")
     parser.add_argument("--name", default="cpu", help="results file name under bench/results/")
     parser.add_argument("--out", type=Path, default=RESULTS)
