@@ -41,11 +41,17 @@ class ServedModel:
         if hasattr(self.runtime, "warmup"):
             await loop.run_in_executor(self.batcher.executor, self.runtime.warmup)
         (vectors,), _ = await self.batcher.embed([["warm", "-", "up"]])
-        if vectors.shape != (self.n_layers, 3, self.dim) or not np.isfinite(vectors).all():
+        expected = (self.n_layers, 3, self.dim)
+        if vectors.shape != expected:
+            raise ServiceError(
+                Kind.INTERNAL, f"model {self.name}: warm-up forward gave shape {vectors.shape}, expected {expected}"
+            )
+        finite = int(np.count_nonzero(np.isfinite(vectors)))
+        if finite != vectors.size:
             raise ServiceError(
                 Kind.INTERNAL,
-                f"model {self.name}: warm-up forward gave shape {vectors.shape} "
-                f"(expected {(self.n_layers, 3, self.dim)}) or non-finite values",
+                f"model {self.name}: warm-up forward gave {vectors.size - finite} non-finite values (NaN or inf) "
+                f"of {vectors.size}: the model's weights are broken (check {self.directory})",
             )
         self.ready = True
         log.info("model %s warmed up in %.2f s (provider %s)", self.name, time.monotonic() - started, self.provider)

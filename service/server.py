@@ -146,10 +146,11 @@ class ElmoServer:
         log.info("draining: new RPCs get UNAVAILABLE, in-flight RPCs have %.0f s to finish", grace)
         self.state.draining = True
         await self.health.enter_graceful_shutdown()
-        try:
-            await asyncio.wait_for(self.state.wait_idle(), timeout=grace)
-        except TimeoutError:
-            log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
+        if self.state.active:  # (wait_for with timeout 0 times out even when there is nothing to wait for)
+            try:
+                await asyncio.wait_for(self.state.wait_idle(), timeout=grace)
+            except TimeoutError:
+                log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
         await self.server.stop(1.0)
         for model in self.registry:
             await model.batcher.close()

@@ -227,8 +227,9 @@ class EmbedderServicer:
 
     async def EmbedStream(self, request_iterator, context):  # noqa: N802
         """Requests are embedded concurrently (so they batch together), answered in order; at most
-        ``max_stream_inflight`` in flight, which pushes back on a fast writer. A stream that was open before a
-        drain began is in flight: it keeps being served until it ends or the drain grace period runs out."""
+        ``max_stream_inflight`` in flight (being embedded, or answered and waiting to be sent), which pushes back
+        on a fast writer and on a slow reader. A stream that was open before a drain began is in flight: it keeps
+        being served until it ends or the drain grace period runs out."""
         try:
             with self.state.admit():
                 async for response in self._stream(request_iterator, context):
@@ -237,18 +238,23 @@ class EmbedderServicer:
             await context.abort(grpc_code(exc.kind), exc.message)
 
     async def _stream(self, request_iterator, context):
-        inflight: asyncio.Queue = asyncio.Queue(maxsize=self.limits.max_stream_inflight)
+        # A slot is taken before a request's embedding starts and given back once its response was handed to gRPC
+        # (which takes it only as the client's flow-control window allows): at most max_stream_inflight requests
+        # are queued, computing or answered-but-unsent, whatever the pace of either side.
+        slots = asyncio.Semaphore(self.limits.max_stream_inflight)
+        inflight: asyncio.Queue = asyncio.Queue()  # bounded by the slots (plus one error and the end mark)
         done = object()
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
                     if isinstance(request, UndecodableRequest):
-                        await inflight.put(invalid(request.message))
+                        inflight.put_nowait(invalid(request.message))
                         return
-                    await inflight.put(asyncio.ensure_future(self._embed(request, context)))
+                    await slots.acquire()
+                    inflight.put_nowait(asyncio.ensure_future(self._embed(request, context)))
             finally:
-                await inflight.put(done)
+                inflight.put_nowait(done)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -256,6 +262,7 @@ class EmbedderServicer:
                 if isinstance(item, ServiceError):
                     raise item
                 yield await item
+                slots.release()
         finally:
             reader.cancel()
             while not inflight.empty():
