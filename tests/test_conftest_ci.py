@@ -3,7 +3,7 @@ developer's machine and a failure when the environment variable ``CI`` is set.
 
 Each case runs pytest in a subprocess on a throwaway directory whose conftest imports the suite's own fixture from
 tests/conftest.py and points its ``BILM_TF_FIXTURE`` at a path of the case's choosing; the one test there asks for
-the fixture by name, exactly as tests/test_weights.py does.
+the fixture by name, exactly as tests/importers/test_allennlp.py does.
 """
 
 from __future__ import annotations

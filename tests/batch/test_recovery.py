@@ -35,9 +35,9 @@ import pytest
 from elmo.batch.engines import REMOTE_IN_FLIGHT, RemoteBackend
 from elmo.client import EmbedderClient
 from elmo.runtime import CPU, Embedder
+from tests.batch.test_job import assert_same_output, corpus, embed_file, error_lines, write_lines
 from tests.conftest import REPO
 from tests.service_helpers import ServerThread, limits_with, metric_value, scrape
-from tests.batch.test_job import assert_same_output, corpus, embed_file, error_lines, write_lines
 
 # EDGE_LIMITS (8 sentences, 20 tokens per sentence, 60 per request) with room for 4 full requests in the queue:
 # the job (4 requests in flight) never overloads the server by itself, so every RESOURCE_EXHAUSTED it meets comes

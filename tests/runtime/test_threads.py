@@ -2,7 +2,8 @@
 call for call, bit for bit the vectors the same calls give one after another. On CPU a call's vectors depend only
 on its own sentences (the token cache holds vectors that do not depend on context, and the runtime cuts each call
 into the same sub-batches whatever runs beside it), so anything shared that leaks between concurrent calls shows as
-a changed bit. (tests/test_runtime.py checks that each call's EmbedStats are its own; this checks the vectors.)"""
+a changed bit. (tests/runtime/test_embedder.py checks that each call's EmbedStats are its own; this checks the
+vectors.)"""
 
 from __future__ import annotations
 
