@@ -28,7 +28,12 @@ log = logging.getLogger("elmo.batch")
 # line longer than a batch simply runs as a batch of its own.
 LOCAL_MAX_TOKENS_PER_SENTENCE = 100_000
 REMOTE_IN_FLIGHT = 4  # requests in flight to a server: its batcher fills while we write
-REMOTE_ATTEMPTS = 10  # per request, for UNAVAILABLE / RESOURCE_EXHAUSTED (backoff 0.1 s doubling to 10 s: ~50 s)
+REMOTE_ATTEMPTS = 10  # per request, for UNAVAILABLE / RESOURCE_EXHAUSTED / CANCELLED (0.1 s doubling to 10 s: 32.7 s)
+REMOTE_BACKOFF_FIRST_S = 0.1
+REMOTE_BACKOFF_MAX_S = 10.0
+# A request's own bytes (token strings plus protobuf framing) stay under this share of the server's advertised
+# max_message_bytes: gRPC refuses a larger message with a RESOURCE_EXHAUSTED that no retry can cure.
+REQUEST_BYTES_SHARE = 0.8
 
 
 # -- embedding backends --------------------------------------------------------------------------------------------
@@ -134,6 +139,7 @@ class RemoteBackend:
         self.max_inputs = int(limits.max_inputs) or 256
         self.max_request_tokens = int(limits.max_tokens_per_request) or 8192
         self.max_response_bytes = int(limits.max_response_bytes) or 64 << 20
+        self.max_message_bytes = int(limits.max_message_bytes) or 4 << 20  # gRPC's own default
         self.window_tokens = REMOTE_IN_FLIGHT * self.max_request_tokens
         self.pool = ThreadPoolExecutor(REMOTE_IN_FLIGHT, thread_name_prefix="embed-file-rpc")
 
@@ -174,22 +180,23 @@ class RemoteBackend:
 
     def _call(self, sentences: list[list[str]]) -> list:
         """One Embed request; overload and short outages (a restart, a drain) are retried with backoff, so that
-        a long job rides them out; any other status fails the job with the server's message."""
+        a long job rides them out; any other status fails the job with the server's message. CANCELLED counts as
+        an outage: the job never cancels its own calls, and a server that stops cancels those it is receiving."""
         import grpc
 
         from elmo.client import RemoteError
 
-        delay = 0.1
+        retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED)
+        delay = REMOTE_BACKOFF_FIRST_S
         for attempt in range(REMOTE_ATTEMPTS):
             try:
                 return self.client.embed(sentences, **self._request_options())
             except RemoteError as exc:
-                retryable = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-                if not retryable or attempt == REMOTE_ATTEMPTS - 1:
+                if exc.code not in retryable or attempt == REMOTE_ATTEMPTS - 1:
                     raise
                 log.warning("server: %s; retrying in %.1f s", exc, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, REMOTE_BACKOFF_MAX_S)
         raise AssertionError("unreachable")
 
     def _request_options(self) -> dict:
@@ -204,19 +211,33 @@ class RemoteBackend:
         layers = self.n_layers if self.spec.kind in ("all", "average") else 1
         return len(tokens) * (layers * self.dim * 4 + 16) + sum(len(t) for t in tokens) * 4 + 128
 
+    @staticmethod
+    def _request_bytes(tokens: list[str]) -> int:
+        """An upper bound on one sentence's share of a request: UTF-8 token strings and protobuf framing."""
+        return sum(len(t.encode("utf-8")) for t in tokens) + 6 * len(tokens) + 16
+
     def requests(self, sentences: list[list[str]]) -> list[list[int]]:
-        """Positions cut into requests within max_inputs, max_tokens_per_request and ~80 % of max_response_bytes."""
+        """Positions cut into requests within max_inputs, max_tokens_per_request, ~80 % of max_response_bytes and
+        ~80 % of max_message_bytes (the request itself). A sentence that alone exceeds the request limit is an
+        InputError: no server with these limits can take it."""
+        request_budget = REQUEST_BYTES_SHARE * self.max_message_bytes - 1024
         requests: list[list[int]] = []
         current: list[int] = []
-        tokens = size = 0
+        tokens = size = request_size = 0
         for position, sentence in enumerate(sentences):
-            need = self._response_bytes(sentence)
+            need, own = self._response_bytes(sentence), self._request_bytes(sentence)
+            if own > request_budget:
+                raise InputError(
+                    f"a sentence of {len(sentence)} tokens needs a {own}-byte request, over the server's "
+                    f"max_message_bytes {self.max_message_bytes} (its first token: {sentence[0][:40]!r}...)"
+                )
             full = len(current) >= self.max_inputs or tokens + len(sentence) > self.max_request_tokens
-            if current and (full or size + need > 0.8 * self.max_response_bytes - 1024):
+            over = size + need > 0.8 * self.max_response_bytes - 1024 or request_size + own > request_budget
+            if current and (full or over):
                 requests.append(current)
-                current, tokens, size = [], 0, 0
+                current, tokens, size, request_size = [], 0, 0, 0
             current.append(position)
-            tokens, size = tokens + len(sentence), size + need
+            tokens, size, request_size = tokens + len(sentence), size + need, request_size + own
         if current:
             requests.append(current)
         return requests
