@@ -61,7 +61,7 @@ FP32_BOUND = ErrorBound(floor=1e-5, float32_factor=10.0, relative=1e-6)
 # The bound is 4 units (2^-9 = 1.95e-3) of the larger of 1 and max |output|: 1 because inside the recurrence the
 # gates and tanh live on [-1, 1] whatever the outputs' scale. That is a 3.9x margin over the worst case measured,
 # while clip limits 5 % too wide miss by 5e-3 x max |output| and more, dropped clips by 5e-2 x max |output|
-# (tests/test_export_fp16.py); the flat 0.1 used before let the 5 % slip through. A model whose recurrence amplifies
+# (tests/export/test_fp16.py); the flat 0.1 used before let the 5 % slip through. A model whose recurrence amplifies
 # rounding (float32 itself 1e-5 or more from float64) is refused in fp16 past a few dozen tokens: correctly, its
 # fp16 vectors drift (random ELMo-small weights at bilm-tf scales: 1.7e-2 at 50 tokens, 1.0 at 400).
 FP16_RELATIVE = 2.0**-9
