@@ -94,7 +94,7 @@ done
 mkdir -p "$MODEL"
 "$PY" -c "from elmo.model.checkpoint import load_model_and_vocab, save_model
 m, v = load_model_and_vocab('${STAGES[3]}'); save_model(m, '$MODEL', v, fp16=True)"
-"$PY" -c "from pathlib import Path; from elmo.train import plot_stages
+"$PY" -c "from pathlib import Path; from elmo.train.loop import plot_stages
 plot_stages([Path(p) for p in '${STAGES[*]}'.split()], Path('$MODEL/curve.png'))"
 cp "${CONFIGS[0]}" "$MODEL/train_config.json"
 cp "${CONFIGS[1]}" "$MODEL/train_config.stage2.json"
