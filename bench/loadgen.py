@@ -66,10 +66,11 @@ def check_loopback(target: str) -> None:
         raise SystemExit(f"loadgen drives loopback servers only; {host} resolves to {sorted(addresses)}")
 
 
-def rss_mib(pid: int) -> float | None:
+def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
+    """A process's resident set (``VmRSS``) or its peak (``VmHWM``) in MiB; None once it is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.loadgen import make_texts, spawn_server, stop_server
+from bench.loadgen import make_texts, rss_mib, spawn_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,13 +38,6 @@ def run_step(name: str, argv: list[str], log: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"step {name!r} failed with exit code {proc.returncode}; log: {log}")
     return {"step": name, "seconds": round(time.perf_counter() - started, 1), "peak_rss_mib": usage.ru_maxrss // 1024}
-
-
-def peak_rss_mib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    raise RuntimeError(f"no VmHWM for process {pid}")
 
 
 def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
@@ -77,7 +70,7 @@ def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
                 log,
             )
         )
-        serve["peak_rss_mib"] = peak_rss_mib(server.pid)
+        serve["peak_rss_mib"] = round(rss_mib(server.pid, "VmHWM"))
     finally:
         stop_server(server)
     steps.insert(2, serve)

@@ -136,19 +136,16 @@ class TorchEngine:
         return out
 
 
-def export_bound(meta: dict, max_error: float | None = None, provider: str = "CPUExecutionProvider"):
+def engine_bound(meta: dict, max_error: float | None = None, provider: str = "CPUExecutionProvider"):
     """The bound ``elmo export`` derives for a graph of this dtype (an export-time ``--max-error`` is not taken
     over: the benchmark holds every engine to what the runtime promises), or the absolute ``max_error``.
 
     The export verifies on the CPU provider. On another (CUDA), cuBLAS/cuDNN may multiply float32 in TF32, which
     keeps fp16's 11 significant bits, so a float32 graph is held to the fp16 rule there (reasoned, not measured)."""
-    from dataclasses import replace
-
     from elmo.runtime import CPU
-    from export.onnx_export import FP16_BOUND, FP32_BOUND
+    from export.onnx_export import export_bound
 
-    fp16_precision = meta.get("dtype") == "float16" or provider != CPU
-    return replace(FP16_BOUND if fp16_precision else FP32_BOUND, override=max_error)
+    return export_bound(meta.get("dtype") == "float16" or provider != CPU, max_error)
 
 
 # model directory -> its float64 reference on the check sentences: computed once, not once per batch size (a
@@ -221,7 +218,7 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
     for batch in batches[: max(1, args.cache_warm_batches)]:
         engines["ort+cache"](batch)
     # Same vectors first (the cache engine answering from its warm cache), then the clock.
-    bound = export_bound(embedder.meta, args.max_error, provider)
+    bound = engine_bound(embedder.meta, args.max_error, provider)
     reference = float64_reference(model_dir, engines["torch eager"].model, sentences[: max(1, args.check_sentences)])
     dtype = str(embedder.meta.get("dtype", "float32"))
     agreement = check_agreement(engines, reference, batch_size, bound, dtype, f"{model_dir}, batch {batch_size}")

@@ -66,6 +66,13 @@ FP32_BOUND = ErrorBound(floor=1e-5, float32_factor=10.0, relative=1e-6)
 # fp16 vectors drift (random ELMo-small weights at bilm-tf scales: 1.7e-2 at 50 tokens, 1.0 at 400).
 FP16_RELATIVE = 2.0**-9
 FP16_BOUND = ErrorBound(floor=FP16_RELATIVE, relative=FP16_RELATIVE)
+
+
+def export_bound(fp16: bool, max_error: float | None = None) -> ErrorBound:
+    """The verification bound of a float32 or fp16 graph, or the user's absolute ``max_error`` in its place."""
+    return replace(FP16_BOUND if fp16 else FP32_BOUND, override=max_error)
+
+
 # Tensors at least this big go to the shared data file; small ones stay inline.
 EXTERNAL_THRESHOLD = 1024
 STAGING = ".export-staging"
@@ -316,7 +323,7 @@ def export_model(
         report = verify_export(
             model,
             staging,
-            bound=replace(FP16_BOUND if fp16 else FP32_BOUND, override=max_error),
+            bound=export_bound(fp16, max_error),
             dtype=meta["dtype"],
             threads=threads or max(1, torch.get_num_threads()),
         )
