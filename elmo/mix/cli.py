@@ -25,6 +25,7 @@ import numpy as np
 from elmo.errors import DataError, InputError
 from elmo.mix.store import TaskStore, check_task_name, save_task
 from elmo.mix.task_data import BUILTIN, KINDS, LabelledSet, TaskData, entity_f1, load_builtin, read_user_data
+from elmo.senses.benchmark import markdown_tables, run_benchmark
 
 log = logging.getLogger("elmo.mix")
 
@@ -436,6 +437,8 @@ def write_report(model_dir: Path, out: Path, threads: int = 2) -> list[Path]:
     written = []
     embedder = Embedder(model_dir, intra_op_threads=threads, inter_op_threads=1)
     apple = apple_experiment(embedder)
+    senses = run_benchmark(embedder.embed_tokens, {task.name: task.apply for task in tasks})
+    written.append(plot_senses(senses, out / "senses.png"))
 
     if tasks:
         fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.0), squeeze=False)
@@ -477,12 +480,39 @@ def write_report(model_dir: Path, out: Path, threads: int = 2) -> list[Path]:
     md += ["", "| layer | mean cosine within a sense | mean cosine across senses | gap |", "|---|---|---|---|"]
     md += [f"| {x['layer']} | {x['within_sense']:.3f} | {x['across_sense']:.3f} | "
            f"{x['within_sense'] - x['across_sense']:.3f} |" for x in apple["layers"]]  # fmt: skip
+    md += ["", "## Word-sense benchmark (elmo/senses)", "",
+           "Leave-one-out nearest-neighbour same-sense accuracy of each ambiguous word's vector among its other",
+           "occurrences, per layer and per task mix (chance: what a context-blind vector scores).", ""]  # fmt: skip
+    md += markdown_tables(senses)
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     written.append(out / "report.md")
-    summary = {"tasks": {t.name: t.metrics for t in tasks}, "apple": apple}
+    summary = {"tasks": {t.name: t.metrics for t in tasks}, "apple": apple, "senses": senses}
     (out / "report.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     written.append(out / "report.json")
     return written
+
+
+def plot_senses(senses: dict, path: Path) -> Path:
+    """Bar chart per language: sense accuracy of each layer and each task mix, with the chance level."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(senses), figsize=(5.5 * len(senses), 3.4), squeeze=False)
+    for ax, (language, scores) in zip(axes[0], senses.items()):
+        names = [f"layer {j}" for j in range(len(scores["layers"]))] + list(scores["mixes"])
+        values = [x["accuracy"] for x in scores["layers"]] + [x["accuracy"] for x in scores["mixes"].values()]
+        ax.bar(range(len(values)), values, color=["#999999"] + ["#4477aa"] * (len(scores["layers"]) - 1)
+               + ["#228833"] * len(scores["mixes"]))  # fmt: skip
+        ax.axhline(scores["layers"][0]["chance"], color="#cc6677", linestyle="--", label="chance")
+        ax.set_xticks(range(len(values)), names, rotation=30, ha="right", fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{language}: {scores['words']} words, {scores['sentences']} sentences", fontsize=9)
+        for j, v in enumerate(values):
+            ax.text(j, v + 0.02, f"{v:.2f}", ha="center", fontsize=7)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("same-sense nearest neighbour")
+    fig.suptitle("Word-sense benchmark (leave-one-out nearest neighbour)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 def _data_line(data: dict) -> str:

@@ -27,6 +27,7 @@ class DataConfig:
     mask_cut_boundaries: bool = True
     train_sentences: int = 0  # 0 = all; otherwise an evenly spaced slice (CI-sized runs)
     valid_tokens: int = 20000  # periodic validation on an evenly spaced slice of about this many tokens
+    sense_benchmark: bool = True  # also score the word-sense benchmark (elmo.senses) at every validation
 
 
 @dataclass
@@ -115,5 +116,3 @@ def read_train_sentences(data: DataConfig) -> list[list[str]]:
     """Every train file's sentences in the listed order; Batches shuffles them, so repeating a file oversamples it."""
     sentences = [s for path in train_files(data) for s in read_sentences(Path(path))]
     return chunk_long(sentences, data.max_sentence_tokens, mark_cuts=data.mask_cut_boundaries)
-
-

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from elmo.errors import InputError
 from elmo.model.bilm import BiLM, backward_targets
+from elmo.senses.benchmark import run_benchmark, summary
+from elmo.text.chars import batch_to_char_ids
 from elmo.train.vocab import IGNORE, Vocab, length_batches, lm_arrays, read_sentences
 
 
@@ -74,6 +76,28 @@ def score_sentences(
         tokens += int((lengths - 1).sum())
     model.train(was_training)
     return LMScore(fwd_total, bwd_total, tokens)
+
+
+@torch.no_grad()
+def sense_scores(model: BiLM, sentences_per_batch: int = 64) -> dict:
+    """The word-sense benchmark (:mod:`elmo.senses`) on the model's own layers, as a flat record for the training
+    history: ``{"sense_en_layer0": accuracy, ..., "sense_zh_best": accuracy}``."""
+    device = next(model.parameters()).device
+
+    def embed(sentences: list[list[str]]) -> list:
+        layers_out = []
+        for start in range(0, len(sentences), sentences_per_batch):
+            batch = sentences[start : start + sentences_per_batch]
+            layers, _ = model(torch.from_numpy(batch_to_char_ids(batch)).to(device))  # (B, L+1, T, 2P)
+            layers_out += [layers[i, :, : len(s)].float().cpu().numpy() for i, s in enumerate(batch)]
+        return layers_out
+
+    was_training = model.training
+    model.eval()
+    try:
+        return summary(run_benchmark(embed))
+    finally:
+        model.train(was_training)
 
 
 LONG_SENTENCE = 50  # tokens: the report also scores shorter and longer test sentences apart

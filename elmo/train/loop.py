@@ -37,7 +37,7 @@ from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_state, load_vocab, save_model, save_state
 from elmo.model.config import ModelConfig, read_json_config
 from elmo.train.config import OptimConfig, TrainConfig, load_train_config, read_train_sentences
-from elmo.train.evaluate import score_sentences
+from elmo.train.evaluate import score_sentences, sense_scores
 from elmo.train.objective import (
     LMObjective,
     NegativeSampler,
@@ -190,7 +190,9 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
 
     train = [h for h in history if "loss" in h]
     valid = [h for h in history if "valid_avg_ppl" in h]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    senses = [h for h in valid if "sense_en_best" in h]
+    fig, axes = plt.subplots(1, 2 if senses else 1, figsize=(12 if senses else 7, 4), squeeze=False)
+    ax = axes[0][0]
     if train:
         ax.plot([h["tokens"] / 1e6 for h in train], [math.exp(min(h["loss"], 30)) for h in train],
                 label="train ppl (sampled softmax)" if train[0].get("sampled") else "train ppl", alpha=0.6)  # fmt: skip
@@ -205,10 +207,26 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
     ax.set_ylabel("perplexity")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    if senses:
+        _plot_senses(axes[0][1], senses, stage_ends)
     fig.tight_layout()
     fig.savefig(path.with_suffix(".tmp.png"), dpi=90)
     plt.close(fig)
     os.replace(path.with_suffix(".tmp.png"), path)
+
+
+def _plot_senses(ax, history: list[dict], stage_ends: list[float]) -> None:
+    """Word-sense benchmark accuracy (elmo.senses) of the best layer per language against tokens seen."""
+    for language in ("en", "zh"):
+        ax.plot([h["tokens"] / 1e6 for h in history], [h[f"sense_{language}_best"] for h in history], marker="o",
+                ms=3, label=f"{language}: best layer")  # fmt: skip
+    for end in stage_ends:
+        ax.axvline(end, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("training tokens (millions)")
+    ax.set_ylabel("same-sense nearest neighbour")
+    ax.set_title("word-sense benchmark", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
 
 
 # -- the loop ----------------------------------------------------------------------------------------------------
@@ -328,6 +346,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         finished = state["step"] >= last_step or out_of_time
         if state["step"] % t.valid_every == 0 or (finished and state["step"] >= t.max_steps) or out_of_time:
             scores = {"step": state["step"], "tokens": state["tokens"], **validate(bilm, vocab, valid_sentences, d)}
+            if cfg.data.sense_benchmark and d.main:
+                scores.update(sense_scores(bilm))
             state["history"].append(scores)
             if d.main:
                 log.info("step %d valid %s", state["step"], json.dumps(scores))

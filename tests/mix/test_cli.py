@@ -125,10 +125,13 @@ def test_report_writes_table_and_plots(model_dir, tmp_path, capsys):
                   "--kind", "tagging", "--compare") == 0  # fmt: skip
     out = tmp_path / "report"
     assert main(["mix", "report", "--model", str(model_dir), "--out", str(out), "--threads", "1"]) == 0
-    for name in ("report.md", "report.json", "mix_weights.png", "apple_similarity.png"):
+    for name in ("report.md", "report.json", "mix_weights.png", "apple_similarity.png", "senses.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0
     md = (out / "report.md").read_text()
     assert "| toy_pos | accuracy (dev) |" in md and "苹果" in md
+    assert "## Word-sense benchmark" in md and "mix toy_pos" in md
+    senses = json.loads((out / "report.json").read_text())["senses"]
+    assert set(senses) == {"en", "zh"} and set(senses["zh"]["mixes"]) == {"toy_pos"}
     apple = json.loads((out / "report.json").read_text())["apple"]
     # Layer 0 is context-free: every 苹果 is the same vector, whatever the sentence.
     assert apple["layers"][0]["within_sense"] == pytest.approx(1.0, abs=1e-5)

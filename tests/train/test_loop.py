@@ -33,6 +33,9 @@ def test_ci_training_run_learns_and_writes_a_model_directory(trained_tiny_lm):
     assert (trained_tiny_lm / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     valid = [h for h in _history(trained_tiny_lm) if "valid_avg_ppl" in h]
     assert [h["step"] for h in valid] == [50, 100, 150, 200]
+    # the word-sense benchmark is tracked at every validation; layer 0 (context-blind) scores chance
+    assert all(0 <= h["sense_zh_best"] <= 1 and h["sense_en_best"] >= h["sense_en_layer1"] for h in valid)
+    assert len({h["sense_en_layer0"] for h in valid}) == 1
     assert valid[-1]["valid_avg_ppl"] < valid[0]["valid_avg_ppl"]
     train = [h["loss"] for h in _history(trained_tiny_lm) if "loss" in h]
     assert train[-1] < train[0] - 0.1  # (the bias starts at log unigram frequencies: the loss starts low)

@@ -1,0 +1,2 @@
+"""The word-sense benchmark (benchmark.py) and its hand-written sentence sets (en.tsv, zh.tsv, README.md).
+Torch-free."""
