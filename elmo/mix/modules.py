@@ -96,6 +96,11 @@ class ScalarMix(nn.Module):
         return [float(v) for v in torch.softmax(self.weights.detach().float(), dim=0)]
 
 
+# A warm-started mix gives its single layer exp(2) / (exp(2) + L - 1) of the weight (0.79 for 3 layers): close to
+# the trained single-layer model it starts from, far enough from saturation for the softmax to pass gradient.
+WARM_START_LOGIT = 2.0
+
+
 def one_hot_logits(n_layers: int, layer: int) -> list[float]:
     """Raw weights whose softmax is exactly one-hot in float32 (exp(-1e4) underflows to 0)."""
     if not 0 <= layer < n_layers:
@@ -193,8 +198,8 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if self.pooling not in POOLINGS:
             raise ConfigError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.mix_lr <= 0:
-            raise ConfigError("epochs, batch_size, lr and mix_lr must be positive")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.mix_lr <= 0 or self.patience < 1:
+            raise ConfigError("epochs, batch_size, lr, mix_lr and patience must be positive")
         return self
 
 
@@ -222,6 +227,15 @@ class TaskModel(nn.Module):
         width = dim * (2 if self.pooling == "mean+max" else 1)
         sizes = [width, cfg.hidden, n_labels] if cfg.hidden else [width, n_labels]
         self.head = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+
+    @torch.no_grad()
+    def warm_start_from(self, single: TaskModel, layer: int, logit: float = WARM_START_LOGIT) -> TaskModel:
+        """Start this mix near a trained single-layer model: its head and gamma, the mix weight of ``layer`` at
+        ``logit`` above the others (trainable, so the mix can still move towards the other layers)."""
+        self.head.load_state_dict(single.head.state_dict())
+        self.mix.gamma.copy_(single.mix.gamma)
+        self.mix.weights.copy_(torch.tensor([logit if j == layer else 0.0 for j in range(self.mix.n_layers)]))
+        return self
 
     def forward(self, layers: Tensor, segments: Tensor, n_sentences: int) -> Tensor:
         x = self.mix(layers.unsqueeze(0))[0]  # (n, D)
@@ -354,9 +368,13 @@ def train_task_model(
     cfg: TrainConfig,
     score: Callable[[list[np.ndarray]], float],
     layer: int | None = None,
+    warm_start: tuple[TaskModel, int] | None = None,
 ) -> tuple[TaskModel, dict]:
     """Adam on the head (lr) and the mix (mix_lr); keeps the state with the best dev ``score`` (higher = better);
-    stops after ``patience`` epochs without improvement. Returns (model at its best, history)."""
+    stops after ``patience`` epochs without improvement. Returns (model at its best, history).
+
+    ``warm_start`` = (a trained single-layer model, its layer): the mix starts there (:meth:`TaskModel.warm_start_from`)
+    and its untrained state is epoch 0, so the kept mix scores on dev at least what its starting point does."""
     cfg.validate()
     if train.layer_norm != cfg.layer_norm or dev.layer_norm != cfg.layer_norm:
         raise ConfigError("the features' layer_norm must match the training config's (FeatureData(layer_norm=...))")
@@ -364,6 +382,8 @@ def train_task_model(
     generator = np.random.default_rng(cfg.seed)
     n_layers, dim = train.layers.shape[0], train.layers.shape[2]
     model = TaskModel(kind, n_layers, dim, n_labels, cfg, layer)
+    if warm_start is not None:
+        model.warm_start_from(*warm_start)
     mix_params = [p for p in model.mix.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(
         [
@@ -373,6 +393,10 @@ def train_task_model(
     )
     best_score, best_state, best_epoch, history = -math.inf, None, 0, []
     best_loss_at_best, lowest_loss, lowest_epoch = math.inf, math.inf, 0
+    if warm_start is not None:
+        predicted, best_loss_at_best = evaluate(model, dev)
+        best_score, lowest_loss = score(predicted), best_loss_at_best
+        best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for epoch in range(1, cfg.epochs + 1):
         started = time.perf_counter()
         model.train()

@@ -45,6 +45,10 @@ def test_train_tagging_stores_a_servable_task(model_dir, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["task"] == "toy_pos" and summary["metric"] == "accuracy"
     assert set(summary) >= {"layer0", "layer1", "layer2", "mix", "stored"}
+    task_metrics = json.loads((model_dir / "tasks" / "toy_pos" / "task.json").read_text())["metrics"]
+    # the mix also started from the best single layer; the dev score chose between the starts
+    assert any("from layer" in name for name in task_metrics["mix"]["dev_by_config"])
+    assert task_metrics["mix"]["start"] in ("uniform", "layer0", "layer1", "layer2")
     task = TaskStore(model_dir).get("toy_pos")
     assert task.labels == ["DET", "NOUN", "VERB"] and task.kind == "tagging"
     assert task.metrics["eval_split"] == "dev" and "layer0" in task.metrics and task.metrics["mix_history"]
@@ -121,14 +125,22 @@ def test_bad_task_name_and_missing_kind(model_dir, tmp_path, capsys):
 
 def test_report_writes_table_and_plots(model_dir, tmp_path, capsys):
     tokens, labels = _tagging_files(tmp_path, n=20)
+    (tmp_path / "test").mkdir()
+    test_tokens, test_labels = _tagging_files(tmp_path / "test", n=10, seed=1)
     assert _train(model_dir, tmp_path, "--task", "toy_pos", "--data", str(tokens), "--labels", str(labels),
-                  "--kind", "tagging", "--compare") == 0  # fmt: skip
+                  "--test", str(test_tokens), "--test-labels", str(test_labels), "--kind", "tagging",
+                  "--compare") == 0  # fmt: skip
+    comparison = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mix_vs_best_layer"]
+    assert comparison["layer"] in ("layer0", "layer1", "layer2") and comparison["resamples"] == 1000
+    assert comparison["ci95"][0] <= comparison["difference"] <= comparison["ci95"][1]
+    assert comparison["verdict"] in ("at least as good", "tie", "worse")
     out = tmp_path / "report"
     assert main(["mix", "report", "--model", str(model_dir), "--out", str(out), "--threads", "1"]) == 0
     for name in ("report.md", "report.json", "mix_weights.png", "apple_similarity.png", "senses.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0
     md = (out / "report.md").read_text()
     assert "| toy_pos | accuracy (dev) |" in md and "苹果" in md
+    assert f"vs {comparison['layer']} [" in md  # the test table states the comparison with its interval
     assert "## Word-sense benchmark" in md and "mix toy_pos" in md
     senses = json.loads((out / "report.json").read_text())["senses"]
     assert set(senses) == {"en", "zh"} and set(senses["zh"]["mixes"]) == {"toy_pos"}

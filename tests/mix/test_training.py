@@ -80,3 +80,30 @@ def test_trained_mix_beats_the_majority_baseline_on_held_out_sentences(model_dir
     # The score the task records is the one it reaches (the stored head and mix are the trained ones).
     assert task.metrics["eval_split"] == "test" and summary["metric"] == "accuracy"
     assert summary["mix"]["test"] == pytest.approx(accuracy, abs=1e-4)
+
+
+def test_a_warm_started_mix_starts_at_the_single_layer_and_keeps_its_dev_score():
+    import torch
+
+    from elmo.mix.modules import WARM_START_LOGIT, FeatureData, TaskModel, TrainConfig, predict, train_task_model
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 8, size=60)
+    layers = rng.normal(size=(3, int(lengths.sum()), 8)).astype(np.float32)
+    targets = (layers[2, :, 0] > 0).astype(np.int64)  # only layer 2 carries the label
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    train = FeatureData(layers, offsets, targets, "tagging")
+    cfg = TrainConfig(hidden=8, epochs=3, batch_size=8)
+
+    def score(predicted):
+        return float((np.concatenate(predicted) == targets).mean())
+
+    single, single_hist = train_task_model("tagging", train, train, 2, cfg, score, layer=2)
+    mix = TaskModel("tagging", 3, 8, 2, cfg).warm_start_from(single, 2)
+    assert all(torch.equal(a, b) for a, b in zip(mix.head.state_dict().values(), single.head.state_dict().values()))
+    weights = mix.mix.normalized_weights()
+    assert weights[2] == pytest.approx(np.exp(WARM_START_LOGIT) / (np.exp(WARM_START_LOGIT) + 2), abs=1e-6)
+
+    start_score = score(predict(mix, train))
+    warm, warm_hist = train_task_model("tagging", train, train, 2, cfg, score, warm_start=(single, 2))
+    assert warm_hist["best_dev"] >= start_score  # the untrained start is epoch 0: the kept mix is never worse on dev
