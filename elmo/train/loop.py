@@ -55,6 +55,7 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "train_state.json"
 TRAIN_CONFIG_FILE = "train_config.json"
 CURVE_FILE = "curve.png"
+_warned_no_plot = False  # plot_curve warns once per process when matplotlib is missing
 
 
 # -- distributed -----------------------------------------------------------------------------------------------
@@ -182,8 +183,16 @@ def plot_stages(run_dirs: list[Path], path: Path) -> None:
 
 def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) -> None:
     """Training (sampled) and validation (full softmax) perplexity against tokens seen; ``stage_ends`` (millions
-    of tokens) draws where one stage of a staged recipe handed over to the next."""
-    import matplotlib
+    of tokens) draws where one stage of a staged recipe handed over to the next. Without matplotlib (a borrowed
+    training machine) there is no plot: one warning, and training goes on."""
+    global _warned_no_plot
+    try:
+        import matplotlib
+    except ImportError:
+        if not _warned_no_plot:
+            log.warning("matplotlib is not installed: no %s (training goes on)", path.name)
+            _warned_no_plot = True
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
