@@ -9,6 +9,7 @@ service all call :func:`tokenize`; pre-tokenized input bypasses it untouched.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,6 +55,15 @@ def tokenize(text: str) -> Tokenized:
 
 def tokenize_many(texts: list[str]) -> list[Tokenized]:
     return [tokenize(t) for t in texts]
+
+
+def tokenized_lines(sentences: Iterable[str]) -> Iterator[str]:
+    """Raw sentences -> ``tok tok tok`` lines (the corpus files' format) through the one tokenizer; empty results
+    dropped."""
+    for sentence in sentences:
+        tokens = tokenize(sentence).tokens
+        if tokens:
+            yield " ".join(tokens)
 
 
 def whitespace_tokens(line: str) -> list[str]:

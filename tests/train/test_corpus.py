@@ -123,7 +123,7 @@ def test_fetch_brown_writes_disjoint_splits_and_heldout(brown_corpus):
     # the first held-out file's first sentence is in no LM split
     raw_brown = brown_corpus / "raw" / "brown" / "package"
     first = next(line for line in (raw_brown / sorted(held)[0]).read_text().splitlines() if line.strip())
-    from elmo.train.corpus import tokenized_lines
+    from elmo.text.tokenize import tokenized_lines
 
     probe = next(tokenized_lines([brown_sentence(first)]))
     assert all(probe not in lines[s] for s in lines)
