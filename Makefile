@@ -13,7 +13,7 @@ METRICS_PORT ?= 9090
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch]'
+	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch,manylangs-parity]'
 	touch $@
 
 # The serving venv in two flavours: `cpu` = the `serve` extra; `gpu` adds the `gpu` extra (CUDA 13 + cuDNN 9 wheels,

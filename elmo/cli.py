@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "embed-file": ("elmo.batch.cli", "embed a file into hdf5 / Parquet"),
     "mix": ("elmo.mix.cli", "train / report task scalar mixes"),
     "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
+    "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder"),
     "bench": ("bench.run", "throughput / latency benchmarks"),
 }
 

@@ -1,12 +1,13 @@
 """The torch modules traced into the exported graphs (elmo.model.bilm's modules, reused unchanged).
 
 Three graphs come out of one BiLM:
-  model.onnx    char_ids int64 (B, T, 50) -> layers (B, L+1, T, 2P), mask (B, T): PrefixGraph + context.onnx.
-  encoder.onnx  char_ids int64 (N, 50) -> token vectors (N, P): EncoderGraph, the char-CNN once per distinct token.
+  model.onnx    char_ids int64 (B, T, W) -> layers (B, L+1, T, 2P), mask (B, T): PrefixGraph + context.onnx.
+  encoder.onnx  char_ids int64 (N, W) -> token vectors (N, P): EncoderGraph, the char-CNN once per distinct token.
   context.onnx  tokens float32 (B, T+2, P) with <S>/</S> vectors in place, lengths int64 (B,) -> layers: the biLSTM,
                 built by hand (export/context_graph.py): there is no recurrence to trace here.
 The runtime uses encoder + context (distinct tokens deduplicated and cached, no CNN work on padding); model.onnx
-is the self-contained contract graph.
+is the self-contained contract graph. W = 50 (byte scheme) or the width of the model's char vocabulary scheme
+(elmo.text.chars.VocabScheme: max_chars, plus one word-id column when the model has a word embedding).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class PrefixGraph(torch.nn.Module):
         self.encoder = model.encoder
 
     def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        with_boundaries, lengths = elmo_model.add_sentence_boundaries(char_ids)
+        with_boundaries, lengths = elmo_model.add_sentence_boundaries(char_ids, self.encoder.boundary_ids)
         lengths = lengths - 2
         steps = torch.arange(char_ids.shape[1], device=char_ids.device).view(1, -1)
         return self.encoder(with_boundaries), lengths, steps < lengths.view(-1, 1)

@@ -40,7 +40,7 @@ from elmo.runtime.modeldir import (
     WEIGHTS_FILE,
     sha256_of,
 )
-from elmo.text.chars import MAX_CHARS, N_CHAR_IDS, batch_to_char_ids
+from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
 from export.context_graph import build_context_graph
 from export.graphs import EncoderGraph, PrefixGraph
@@ -103,10 +103,33 @@ def _trace(module: torch.nn.Module, args: tuple, path: Path, inputs: dict, outpu
     return graph
 
 
-def build_graphs(model: elmo_model.BiLM, scratch: Path) -> dict[str, onnx.ModelProto]:
+def model_char_scheme(model_dir: Path, model: elmo_model.BiLM) -> ByteScheme | VocabScheme:
+    """The model directory's char scheme (elmo.text.chars.load_char_scheme), checked against the model: the same
+    scheme and row width, ids inside the embedding tables, the same sentence-boundary rows."""
+    scheme = load_char_scheme(model_dir)
+    cfg = model.cfg
+    where = f"{model_dir / CONFIG_FILE}"
+    if scheme.name != cfg.char_scheme or scheme.width != cfg.token_width:
+        raise ModelFileError(
+            f"{where}: char_scheme '{cfg.char_scheme}' (rows of {cfg.token_width} ids) does not match the model "
+            f"directory's char scheme '{scheme.name}' (rows of {scheme.width}; files {list(scheme.files)})"
+        )
+    if scheme.n_chars > cfg.n_chars or scheme.n_words > cfg.n_words:
+        raise ModelFileError(f"{where}: the char/word vocabulary has ids past the model's tables (n_chars, n_words)")
+    if isinstance(scheme, VocabScheme):
+        rows = np.stack([scheme.bos_ids, scheme.eos_ids]).astype(np.int64)
+        if not np.array_equal(model.encoder.boundary_ids.numpy(), rows):
+            raise ModelFileError(f"{model_dir / WEIGHTS_FILE}: encoder.boundary_ids differ from the char vocabulary's")
+    return scheme
+
+
+def build_graphs(
+    model: elmo_model.BiLM, scratch: Path, scheme: ByteScheme | VocabScheme | None = None
+) -> dict[str, onnx.ModelProto]:
     """The three graphs (file name -> ModelProto, weights inline). The char-CNN parts are traced (sample of
     several lengths; verification uses others), the biLSTM is built by hand (export/context_graph.py)."""
-    char_ids = torch.as_tensor(batch_to_char_ids([["a", "bc", "def"], ["ghij", "k"]])).long()
+    scheme = scheme or BYTES
+    char_ids = torch.as_tensor(scheme.batch([["a", "bc", "def"], ["ghij", "k"]])).long()
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     context = build_context_graph(state, model.cfg)
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
@@ -245,7 +268,18 @@ def save_with_shared_weights(graphs: dict[str, onnx.ModelProto], directory: Path
 
 
 # -- metadata ------------------------------------------------------------------------------------------------------
-def build_metadata(cfg: ModelConfig, name: str, checkpoint_sha256: str | None, fp16: bool, data: Path) -> dict:
+def build_metadata(
+    cfg: ModelConfig,
+    name: str,
+    checkpoint_sha256: str | None,
+    fp16: bool,
+    data: Path,
+    scheme: ByteScheme | VocabScheme | None = None,
+) -> dict:
+    scheme = scheme or BYTES
+    char_scheme = scheme.metadata()
+    if scheme.files:  # the vocabulary files the graphs were exported with (modeldir checks them)
+        char_scheme["sha256"] = {file: sha256_of(data.parent / file) for file in scheme.files}
     return {
         "format_version": FORMAT_VERSION,
         "name": name,
@@ -259,14 +293,14 @@ def build_metadata(cfg: ModelConfig, name: str, checkpoint_sha256: str | None, f
         "weights_data": {"file": ONNX_DATA_FILE, "bytes": data.stat().st_size, "sha256": sha256_of(data)},
         "dtype": "float16" if fp16 else "float32",
         "opset": OPSET,
-        "inputs": {"char_ids": ["batch", "tokens", MAX_CHARS]},
+        "inputs": {"char_ids": ["batch", "tokens", scheme.width]},
         "outputs": {"layers": ["batch", cfg.n_output_layers, "tokens", cfg.output_dim], "mask": ["batch", "tokens"]},
         "n_layers": cfg.n_output_layers,
         "dim": cfg.output_dim,
         "projection_dim": cfg.projection_dim,
         "cell_dim": cfg.cell_dim,
         "n_lstm_layers": cfg.n_layers,
-        "char_scheme": {"name": "elmo", "max_chars": MAX_CHARS, "n_chars": N_CHAR_IDS, "shift": 1},
+        "char_scheme": char_scheme,
         "sentence_boundaries": "added inside the graphs (<S>, </S>) and removed from the output",
         "tokenizer": TOKENIZER_SETTINGS,
         "recurrence": "ONNX Scan, input projection hoisted; context.onnx one Scan per direction (CPU), "
@@ -305,13 +339,16 @@ def export_model(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
+        scheme = model_char_scheme(model_dir, model)
+        for file in scheme.files:  # the runtime in the verification reads the scheme from the folder
+            shutil.copyfile(model_dir / file, staging / file)
         started = time.perf_counter()
-        graphs = build_graphs(model, staging)
+        graphs = build_graphs(model, staging, scheme)
         if fp16:
             graphs = {name: convert_to_fp16(graph) for name, graph in graphs.items()}
         data_bytes = save_with_shared_weights(graphs, staging)
         del graphs
-        meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, fp16, staging / ONNX_DATA_FILE)
+        meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, fp16, staging / ONNX_DATA_FILE, scheme)
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
         log.info(
@@ -332,15 +369,16 @@ def export_model(
             raise ModelFileError(f"{out / ONNX_FILE}: verification against PyTorch failed: {report.summary()}")
         meta["verification"] = report.to_dict()
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        _move_into_place(staging, out, model_dir)
+        _move_into_place(staging, out, model_dir, scheme.files)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out / ONNX_FILE
 
 
-def _move_into_place(staging: Path, out: Path, model_dir: Path) -> None:
+def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tuple[str, ...] = ()) -> None:
     # The metadata last: a reader never sees new metadata beside old graphs.
-    for name in (ONNX_DATA_FILE, ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_META_FILE):
+    names = (*scheme_files, ONNX_DATA_FILE, ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_META_FILE)
+    for name in names:
         os.replace(staging / name, out / name)
     if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
         for name in (CONFIG_FILE, VOCAB_FILE):

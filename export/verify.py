@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmo.text.chars import MAX_CHARS, batch_to_char_ids
+from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 
 Sentences = list[list[str]]
 
@@ -160,10 +160,13 @@ class VerificationReport:
         }
 
 
-def torch_layers(model: torch.nn.Module, sentences: Sentences) -> list[np.ndarray]:
+Scheme = ByteScheme | VocabScheme
+
+
+def torch_layers(model: torch.nn.Module, sentences: Sentences, scheme: Scheme = BYTES) -> list[np.ndarray]:
     """The PyTorch model's vectors, one (L+1, n, 2P) array per sentence, in the model's own precision."""
     with torch.no_grad():
-        layers, _ = model(torch.as_tensor(batch_to_char_ids(sentences)).long())
+        layers, _ = model(torch.as_tensor(scheme.batch(sentences)).long())
     layers = layers.numpy()
     return [layers[i, :, : len(s)] for i, s in enumerate(sentences)]
 
@@ -172,15 +175,17 @@ def max_abs_error(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> 
     return max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected) if e.size), default=0.0)
 
 
-def references(model: torch.nn.Module, cases: Sequence[tuple[str, Sentences]]) -> list[Reference]:
+def references(
+    model: torch.nn.Module, cases: Sequence[tuple[str, Sentences]], scheme: Scheme = BYTES
+) -> list[Reference]:
     """Each case through ``model`` in float64 (the reference) and in float32 (what float32 arithmetic reaches)."""
     exact = copy.deepcopy(model).double()
     single = model.float()
     found = []
     for name, sentences in cases:
-        expected = torch_layers(exact, sentences)
+        expected = torch_layers(exact, sentences, scheme)
         scale = max((float(np.max(np.abs(e))) for e in expected if e.size), default=0.0)
-        float32_error = max_abs_error(torch_layers(single, sentences), expected)
+        float32_error = max_abs_error(torch_layers(single, sentences, scheme), expected)
         found.append(Reference(name, sentences, expected, float32_error, scale))
     return found
 
@@ -191,6 +196,7 @@ def compare(
     bound: ErrorBound,
     dtype: str,
     label: str,
+    width: int = BYTES.width,
 ) -> VerificationReport:
     """Run every case through ``embed`` (sentences -> per sentence (L+1, n, 2P)) and judge its distance from the
     float64 reference against the case's bound."""
@@ -209,18 +215,18 @@ def compare(
         error = max_abs_error(got, ref.expected)
         if not np.isfinite(error):
             report.failures.append(f"{name}: non-finite output")
-        width = max((len(s) for s in ref.sentences), default=0)
+        longest = max((len(s) for s in ref.sentences), default=0)
         case_bound = bound.for_case(ref.float32_error, ref.output_scale)
-        shape = (len(ref.sentences), width, MAX_CHARS)
+        shape = (len(ref.sentences), longest, width)
         report.cases.append(CaseResult(name, shape, error, ref.float32_error, ref.output_scale, case_bound))
     return report
 
 
-def full_graph_embedder(session) -> Callable[[Sentences], list[np.ndarray]]:
+def full_graph_embedder(session, scheme: Scheme = BYTES) -> Callable[[Sentences], list[np.ndarray]]:
     """model.onnx as a per-sentence embedder; its mask output and its zero padding are checked on the way."""
 
     def embed(sentences: Sentences) -> list[np.ndarray]:
-        char_ids = batch_to_char_ids(sentences).astype(np.int64)
+        char_ids = scheme.batch(sentences).astype(np.int64)
         layers, mask = session.run(["layers", "mask"], {"char_ids": char_ids})
         lengths = np.array([len(s) for s in sentences])
         if not np.array_equal(mask, np.arange(char_ids.shape[1])[None, :] < lengths[:, None]):
@@ -242,16 +248,17 @@ def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dt
     from elmo.runtime import CPU, Embedder
     from elmo.runtime.modeldir import ONNX_FILE
 
-    refs = references(model, verification_cases())
+    scheme = load_char_scheme(directory)  # the folder's char scheme (export copies its files in)
+    refs = references(model, verification_cases(), scheme)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU])
-    report = compare(refs, full_graph_embedder(session), bound, dtype, ONNX_FILE)
+    report = compare(refs, full_graph_embedder(session, scheme), bound, dtype, ONNX_FILE, scheme.width)
     del session
     report.pytorch_float32_error = max(ref.float32_error for ref in refs)
     for layout in ("separate", "fused"):
         runtime = Embedder(directory, providers=[CPU], intra_op_threads=threads, cache_size=64, context_layout=layout)
-        part = compare(refs, runtime.embed_tokens, bound, dtype, f"runtime ({layout})")
+        part = compare(refs, runtime.embed_tokens, bound, dtype, f"runtime ({layout})", scheme.width)
         report.cases += part.cases
         report.failures += part.failures
     return report

@@ -43,22 +43,34 @@ class Highway(nn.Module):
 
 class CharEncoder(nn.Module):
     """Token encoder: char embedding -> Conv1d per filter width -> max over positions -> activation
-    -> highway -> linear projection to P."""
+    -> highway -> linear projection to P.
+
+    With a word embedding (``cfg.word_dim > 0``, vocab scheme) the last id column of a token row is its word id
+    and the projection reads ``[word vector; highway output]`` (ELMoForManyLangs' ConvTokenEmbedder). With the
+    vocab scheme the sentence-boundary rows are the buffer ``boundary_ids`` (2, width): <S>, </S>."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.max_chars = cfg.max_chars
         self.char_embedding = nn.Embedding(cfg.n_chars, cfg.char_dim, padding_idx=0)
+        self.word_embedding = nn.Embedding(cfg.n_words, cfg.word_dim, padding_idx=0) if cfg.word_dim > 0 else None
         self.convs = nn.ModuleList(nn.Conv1d(cfg.char_dim, count, width) for width, count in cfg.filters)
         self.activation = torch.relu if cfg.activation == "relu" else torch.tanh
         self.highway = Highway(cfg.n_filters, cfg.n_highway)
-        self.projection = nn.Linear(cfg.n_filters, cfg.projection_dim)
+        self.projection = nn.Linear(cfg.n_filters + cfg.word_dim, cfg.projection_dim)
+        vocab = cfg.char_scheme == "vocab"
+        self.register_buffer("boundary_ids", torch.zeros(2, cfg.token_width, dtype=torch.int64) if vocab else None)
 
     def forward(self, char_ids: Tensor) -> Tensor:
         """``char_ids``: (B, T, W) int -> token embeddings (B, T, P). Padded token slots are not masked here."""
         batch, tokens, width = char_ids.shape
-        chars = self.char_embedding(char_ids.reshape(batch * tokens, width)).transpose(1, 2)  # (B*T, d, W)
+        flat = char_ids.reshape(batch * tokens, width)
+        chars = flat if self.word_embedding is None else flat[:, : self.max_chars]
+        chars = self.char_embedding(chars).transpose(1, 2)  # (B*T, d, W)
         pooled = [self.activation(conv(chars).max(dim=-1).values) for conv in self.convs]  # each (B*T, n_i)
         features = self.highway(torch.cat(pooled, dim=-1))  # (B*T, n_filters)
+        if self.word_embedding is not None:
+            features = torch.cat([self.word_embedding(flat[:, self.max_chars]), features], dim=-1)
         return self.projection(features).reshape(batch, tokens, -1)
 
 
@@ -154,14 +166,18 @@ class ProjectionLSTM(nn.Module):
         return projection_lstm_recurrence(*args, initial_hidden=self.initial_hidden, initial_cell=self.initial_cell)
 
 
-def add_sentence_boundaries(char_ids: Tensor) -> tuple[Tensor, Tensor]:
+def add_sentence_boundaries(char_ids: Tensor, boundary_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(B, T, W) char ids of real tokens -> ((B, T+2, W) with <S> first and </S> after each sentence's last
-    token, (B,) lengths counting both boundaries). Written with tensor ops so it exports to ONNX."""
+    token, (B,) lengths counting both boundaries). Written with tensor ops so it exports to ONNX.
+    ``boundary_ids`` (2, W): the <S> and </S> rows of a vocab scheme (CharEncoder.boundary_ids); None = bytes."""
     lengths = (char_ids > 0).any(dim=-1).sum(dim=-1)  # (B,)
     padded = F.pad(char_ids, (0, 0, 1, 1))  # (B, T+2, W)
     positions = torch.arange(padded.shape[1], device=char_ids.device)
-    bos = torch.as_tensor(BOS_IDS, dtype=char_ids.dtype, device=char_ids.device)
-    eos = torch.as_tensor(EOS_IDS, dtype=char_ids.dtype, device=char_ids.device)
+    if boundary_ids is None:
+        bos = torch.as_tensor(BOS_IDS, dtype=char_ids.dtype, device=char_ids.device)
+        eos = torch.as_tensor(EOS_IDS, dtype=char_ids.dtype, device=char_ids.device)
+    else:
+        bos, eos = boundary_ids.to(char_ids.dtype).unbind(0)
     is_bos = (positions == 0).view(1, -1, 1)
     is_eos = (positions.view(1, -1) == (lengths + 1).view(-1, 1)).unsqueeze(-1)
     padded = torch.where(is_bos, bos, padded)
@@ -226,7 +242,7 @@ class BiLM(nn.Module):
         ``char_ids`` (B, T, W) -> (token_embeddings (B, S, P), forward states [L × (B, S, P)],
         backward states [L × (B, S, P)] in natural order, lengths (B,)) with S = T + 2.
         """
-        with_boundaries, lengths = add_sentence_boundaries(char_ids)
+        with_boundaries, lengths = add_sentence_boundaries(char_ids, self.encoder.boundary_ids)
         steps = torch.arange(with_boundaries.shape[1], device=char_ids.device).view(1, -1)
         mask = (steps < lengths.view(-1, 1)).unsqueeze(-1).to(torch.float32)  # (B, S, 1)
         tokens = self.encoder(with_boundaries) * mask

@@ -19,6 +19,11 @@ class ModelConfig:
     ``filters`` is a list of ``[width, count]`` pairs of the char-CNN; ``vocab_size`` is the size of the
     LM softmax (0 = embedding-only model, e.g. imported weights). ``warm_state``: every LSTM starts from a fixed
     warm state stored with the weights instead of zeros (imported models only, see elmo.importers.allennlp).
+
+    ``char_scheme``: "elmo" (the byte scheme, 262 ids x 50) or "vocab" (a char vocabulary stored in the model
+    directory, elmo.text.chars.VocabScheme; ``n_chars`` and ``max_chars`` are then the vocabulary's). ``word_dim`` /
+    ``n_words``: an optional word embedding (vocab scheme only, elmo.importers.manylangs) whose vector goes beside
+    the highway output into the projection; ``n_words`` counts its table rows, the zero row 0 included.
     """
 
     char_dim: int = 16
@@ -38,10 +43,18 @@ class ModelConfig:
     vocab_size: int = 0
     dropout: float = 0.1
     warm_state: bool = False
+    char_scheme: str = "elmo"
+    word_dim: int = 0
+    n_words: int = 0
 
     @property
     def n_filters(self) -> int:
         return sum(count for _, count in self.filters)
+
+    @property
+    def token_width(self) -> int:
+        """Ids per token row: the chars, plus one word id when the model has a word embedding."""
+        return self.max_chars + (1 if self.word_dim > 0 else 0)
 
     @property
     def output_dim(self) -> int:
@@ -62,8 +75,17 @@ class ModelConfig:
             need(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "must be a positive integer")
         need(isinstance(self.n_highway, int) and self.n_highway >= 0, "n_highway", "must be an integer >= 0")
         need(self.activation in ("relu", "tanh"), "activation", "must be 'relu' or 'tanh'")
-        need(self.n_chars == N_CHAR_IDS, "n_chars", f"must be {N_CHAR_IDS} (the ELMo char scheme)")
-        need(self.max_chars == MAX_CHARS, "max_chars", f"must be {MAX_CHARS} (the ELMo char scheme)")
+        need(self.char_scheme in ("elmo", "vocab"), "char_scheme", "must be 'elmo' (bytes) or 'vocab'")
+        if self.char_scheme == "elmo":
+            need(self.n_chars == N_CHAR_IDS, "n_chars", f"must be {N_CHAR_IDS} (the ELMo char scheme)")
+            need(self.max_chars == MAX_CHARS, "max_chars", f"must be {MAX_CHARS} (the ELMo char scheme)")
+            need(self.word_dim == 0, "word_dim", "a word embedding needs char_scheme 'vocab'")
+        else:
+            need(isinstance(self.n_chars, int) and self.n_chars >= 2, "n_chars", "must be an integer >= 2")
+            need(isinstance(self.max_chars, int) and self.max_chars >= 3, "max_chars", "must be an integer >= 3")
+        need(isinstance(self.word_dim, int) and self.word_dim >= 0, "word_dim", "must be an integer >= 0")
+        need(isinstance(self.n_words, int) and self.n_words >= 0, "n_words", "must be an integer >= 0")
+        need((self.word_dim > 0) == (self.n_words > 0), "n_words", "must be > 0 exactly when word_dim > 0")
         need(isinstance(self.filters, list) and bool(self.filters), "filters", "must be a non-empty list")
         for pair in self.filters:
             need(

@@ -30,7 +30,14 @@ from elmo.runtime.batching import (
     padded_count,
     plan_batches,
 )
-from elmo.runtime.modeldir import CONTEXT_FILE, CONTEXT_FUSED_FILE, ENCODER_FILE, model_directory, read_onnx_metadata
+from elmo.runtime.modeldir import (
+    CONTEXT_FILE,
+    CONTEXT_FUSED_FILE,
+    ENCODER_FILE,
+    char_scheme_of,
+    model_directory,
+    read_onnx_metadata,
+)
 from elmo.runtime.providers import (
     CPU,
     CUDA,
@@ -40,7 +47,6 @@ from elmo.runtime.providers import (
     provider_reason,
     requested_providers,
 )
-from elmo.text.chars import BOS_IDS, EOS_IDS, MAX_CHARS, word_to_char_ids
 from elmo.text.tokenize import Tokenized, tokenize
 
 log = logging.getLogger("elmo.runtime")
@@ -91,6 +97,7 @@ class Embedder:
         DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused'): None = by provider."""
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
+        self.scheme = char_scheme_of(self.model_dir, self.meta)  # token -> char ids (elmo.text.chars)
         if (max_batch_tokens is not None and max_batch_tokens < 1) or max_tokens_per_sentence < 1:
             raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
         self.cache = TokenVectorCache(cache_size)
@@ -112,7 +119,7 @@ class Embedder:
         # On CUDA the outputs are written straight into host arrays through an IOBinding (None: on CUDA only).
         self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
         self._pad_encoder_batches = active == CUDA
-        self._boundaries = self._encode(np.stack([BOS_IDS, EOS_IDS]))  # (2, P)
+        self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
 
     def _open_sessions(self, requested: list[str], settings: tuple, context_layout: str | None) -> None:
         """encoder.onnx first; its provider decides the context graph's layout (docs/runtime.md): one Scan per
@@ -153,7 +160,7 @@ class Embedder:
         """The graphs' declared inputs/outputs must agree with onnx.json (catches foreign or stale graphs)."""
         p, layers, dim = int(self.meta["projection_dim"]), self.info.n_layers, self.info.dim
         expected = {
-            "encoder": ({"char_ids": [None, MAX_CHARS]}, {"token_vectors": [None, p]}),
+            "encoder": ({"char_ids": [None, self.scheme.width]}, {"token_vectors": [None, p]}),
             "context": ({"tokens": [None, None, p], "lengths": [None]}, {"layers": [None, layers, None, dim]}),
         }
         for part, (inputs, outputs) in expected.items():
@@ -235,7 +242,7 @@ class Embedder:
         vectors = self.cache.lookup(tokens)
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing:
-            fresh = self._encode(np.stack([word_to_char_ids(tokens[i]) for i in missing]))
+            fresh = self._encode(np.stack([self.scheme.token_ids(tokens[i]) for i in missing]))
             self.cache.store([tokens[i] for i in missing], fresh)
             for i, vector in zip(missing, fresh):
                 vectors[i] = vector
@@ -253,7 +260,7 @@ class Embedder:
             chunk = char_ids[start : start + ENCODER_CHUNK].astype(np.int64)
             rows = len(chunk)
             if self._pad_encoder_batches:  # few distinct shapes: cuDNN plans and allocations get reused
-                chunk = np.concatenate([chunk, np.zeros((padded_count(rows) - rows, MAX_CHARS), np.int64)])
+                chunk = np.concatenate([chunk, np.zeros((padded_count(rows) - rows, chunk.shape[1]), np.int64)])
             chunks.append(self.encoder.run(["token_vectors"], {"char_ids": chunk})[0][:rows])
         return np.concatenate(chunks).astype(np.float32, copy=False)
 

@@ -1,6 +1,8 @@
 """The model directory format: file names and the export metadata (onnx.json). Torch-free (serving path).
 
-A model directory holds config.json (elmo.model.config), model.safetensors, vocab.txt, and after ``elmo export``
+A model directory holds config.json (elmo.model.config), model.safetensors, vocab.txt, optionally a char vocabulary
+(char_vocab.json, word_vocab.json: elmo.text.chars.VocabScheme, e.g. imported by elmo.importers.manylangs), and after
+``elmo export``
 model.onnx, encoder.onnx, context.onnx, context_fused.onnx, model.onnx.data (their shared weights) and
 onnx.json. onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of
 the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it against
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from elmo.errors import ConfigError, ModelFileError
 from elmo.model.config import CONFIG_FILE, ModelConfig
-from elmo.text.chars import MAX_CHARS, N_CHAR_IDS
+from elmo.text.chars import MAX_CHARS, N_CHAR_IDS, ByteScheme, VocabScheme, load_char_scheme
 
 WEIGHTS_FILE = "model.safetensors"
 VOCAB_FILE = "vocab.txt"
@@ -66,8 +68,13 @@ def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> 
     if meta["format_version"] != FORMAT_VERSION:
         raise ModelFileError(f"{path}: format_version {meta['format_version']!r}, this runtime reads {FORMAT_VERSION}")
     scheme = meta["char_scheme"]
-    if scheme.get("max_chars") != MAX_CHARS or scheme.get("n_chars") != N_CHAR_IDS:
-        raise ModelFileError(f"{path}: char scheme {scheme} differs from this code's ({MAX_CHARS} x {N_CHAR_IDS})")
+    if not isinstance(scheme, dict):
+        raise ModelFileError(f"{path}: field char_scheme must be an object")
+    if scheme.get("name", "elmo") == "elmo":
+        if scheme.get("max_chars") != MAX_CHARS or scheme.get("n_chars") != N_CHAR_IDS:
+            raise ModelFileError(f"{path}: char scheme {scheme} differs from this code's ({MAX_CHARS} x {N_CHAR_IDS})")
+    elif scheme.get("name") != "vocab":
+        raise ModelFileError(f"{path}: unknown char scheme {scheme.get('name')!r} (this runtime reads 'elmo', 'vocab')")
     _check_against_config(directory, path, meta)
     _check_weights_data(directory, path, meta)
     if check_checkpoint:
@@ -122,3 +129,26 @@ def _check_against_checkpoint(directory: Path, meta_path: Path, meta: dict) -> N
         raise ModelFileError(
             f"{meta_path}: exported from a different {WEIGHTS_FILE} (sha256 differs); re-run `elmo export`"
         )
+
+
+def char_scheme_of(model_dir: str | Path, meta: dict) -> ByteScheme | VocabScheme:
+    """The model directory's char scheme (elmo.text.chars.load_char_scheme), checked against onnx.json: the same
+    scheme, row width and table sizes, and for a char vocabulary the very files the graphs were exported with."""
+    directory = model_directory(model_dir)
+    meta_path = directory / ONNX_META_FILE
+    scheme = load_char_scheme(directory)
+    declared = meta["char_scheme"]
+    fields = {"name": scheme.name, "max_chars": scheme.max_chars, "n_chars": scheme.n_chars}
+    if scheme.name == "vocab":
+        fields |= {"width": scheme.width, "n_words": scheme.n_words}
+    wrong = {key: (declared.get(key, "elmo" if key == "name" else None), want) for key, want in fields.items()}
+    wrong = {key: pair for key, pair in wrong.items() if pair[0] != pair[1]}
+    if wrong:
+        details = ", ".join(
+            f"{key}: {got!r} in onnx.json vs {want!r} in the folder" for key, (got, want) in wrong.items()
+        )
+        raise ModelFileError(f"{meta_path}: char scheme does not match the model directory's ({details})")
+    for file, digest in (declared.get("sha256") or {}).items():
+        if not (directory / file).is_file() or sha256_of(directory / file) != digest:
+            raise ModelFileError(f"{directory / file}: missing or not the file the graphs were exported with")
+    return scheme
