@@ -17,6 +17,7 @@ from elmo.errors import ElmoError
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("elmo.train.corpus", "fetch the corpora by package name and write train/valid/test splits"),
     "train": ("elmo.train.loop", "train the biLM language model"),
+    "adapt": ("elmo.train.adapt", "continue training a model on your own text (before/after perplexity)"),
     "eval-lm": ("elmo.train.evaluate", "forward/backward perplexity of a model on a text file"),
     "baseline": ("elmo.train.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary"),
     "export": ("export.onnx_export", "export a model directory to ONNX and verify it"),

@@ -296,6 +296,7 @@ class EmbedderServicer:
             dim=model.dim,
             max_tokens_per_sentence=min(lim.max_tokens_per_sentence, model.max_tokens_per_sentence),
             tasks=model.tasks.names(),
+            stale_tasks=model.tasks.stale_names(),
             execution_provider=model.provider,
             limits=pb.Limits(
                 max_inputs=lim.max_inputs,

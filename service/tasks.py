@@ -39,6 +39,10 @@ class ModelTasks:
     def names(self) -> list[str]:
         return list(self._store.names()) if self._store is not None else []
 
+    def stale_names(self) -> list[str]:
+        """Tasks carried over from earlier weights by ``elmo adapt`` (still served; retrain them)."""
+        return list(self._store.stale_names()) if self._store is not None else []
+
     def get(self, name: str) -> Task:
         """The task called ``name``; ServiceError NOT_FOUND "unknown task 'x'" when there is none."""
         if self._store is None:

@@ -85,6 +85,15 @@ README_COMMANDS: dict[str, Coverage] = {
     ".venv/bin/elmo mix train --model models/default --task my_task --kind tagging --data train.conll": Coverage(
         USER_FILES
     ),
+    # tour: bring your own quality, in the same scratch folder (the user's text: this repository's docs)
+    ".venv/bin/elmo adapt --model models/default --text my_domain.txt --out models/my-domain": Coverage(
+        USER_FILES,
+        run_as=".venv/bin/elmo adapt --model models/default --text my_domain.txt --out models/my-domain "
+        "--minutes 3 --epochs 0.5 --calibrate-tokens 0",
+        why="the default budget is 30 minutes; half an epoch (a few steps) takes the same path: split, before, "
+        "training, after, stale tasks, export (tests/train/test_adapt.py checks that perplexity falls)",
+    ),
+    ".venv/bin/elmo import-manylangs --model zhs.model --out models/zhs": Coverage(USER_FILES),
     # pipeline block: tests/test_readme_pipeline.py, in a scratch folder, in this order
     ".venv/bin/elmo data fetch": Coverage(PIPELINE),
     ".venv/bin/elmo train --config configs/default.json --out runs/default": Coverage(
@@ -238,6 +247,11 @@ def write_user_files(folder: Path) -> None:
     (folder / "corpus.jsonl").write_text("".join(f"{r}\n" for r in records), encoding="utf-8")
     conll = ["\n".join(f"{w} {t}" for w, t in zip(words.split(), tags.split())) for words, tags in USER_TAGGED]
     (folder / "train.conll").write_text("\n\n".join(conll) + "\n", encoding="utf-8")
+    docs = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
+    (folder / "my_domain.txt").write_text("".join(f"{line}\n" for line in docs if line), encoding="utf-8")
+    from tests.importers.test_manylangs import write_synthetic_folder  # a tiny model in ELMoForManyLangs' format
+
+    write_synthetic_folder(folder / "zhs.model")
 
 
 def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
@@ -253,9 +267,9 @@ def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
     shutil.copytree(DEFAULT_MODEL, tmp_path / "models" / "default")
     write_user_files(tmp_path)
     commands = commands_covered_by(USER_FILES)
-    assert len(commands) == 3, commands
-    for command in commands:
-        run_command(command, tmp_path, timeout=300)
+    assert len(commands) == 5, commands
+    outputs = {command: run_command(README_COMMANDS[command].run_as or command, tmp_path, timeout=600)
+               for command in commands}  # fmt: skip
 
     with h5py.File(tmp_path / "out.hdf5", "r") as hdf5:  # AllenNLP's layout: one [3, n_tokens, dim] per line
         index = json.loads(hdf5["sentence_to_index"][0])
@@ -267,6 +281,13 @@ def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
     assert task["kind"] == "tagging"
     assert sorted(task["labels"]) == sorted({tag for _, tags in USER_TAGGED for tag in tags.split()})
     assert not (DEFAULT_MODEL / "tasks" / "my_task").exists()
+
+    adapted = tmp_path / "models" / "my-domain"
+    result = json.loads(outputs[commands[3]].strip().splitlines()[-1])
+    assert {"before_ppl", "after_ppl", "tokens"} <= set(result) and result["tokens"] > 0
+    assert {"my_task", "pos_brown"} <= set(result["stale_tasks"])  # carried over, marked stale
+    assert json.loads((adapted / "onnx.json").read_text())["verification"]["passed"] is True
+    assert json.loads((tmp_path / "models" / "zhs" / "config.json").read_text())["char_scheme"] == "vocab"
 
 
 def port_is_free(port: int) -> bool:

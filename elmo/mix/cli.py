@@ -451,7 +451,8 @@ def results_table(tasks, split: str | None = None) -> str:
         mix = m.get("mix", {}).get(split_here, float("nan"))
         mix_cell = f"**{mix:.4f}**" if mix >= best_single else f"{mix:.4f}"
         weights = " / ".join(f"{w:.2f}" for w in task.normalized_weights)
-        line = f"| {task.name} | {m.get('metric', '?')} ({split_here}) | " + " | ".join(cells) + f" | {mix_cell} | "
+        name = f"{task.name} (stale)" if task.stale else task.name
+        line = f"| {name} | {m.get('metric', '?')} ({split_here}) | " + " | ".join(cells) + f" | {mix_cell} | "
         line += f"{weights} ({task.gamma:.2f}) |"
         if comparing:
             c = m.get("mix_vs_best_layer")
@@ -509,6 +510,10 @@ def write_report(model_dir: Path, out: Path, threads: int = 2) -> list[Path]:
     written.append(_save(fig, out / "apple_similarity.png"))
 
     md = ["# Scalar-mix tasks of " + str(model_dir), "", results_table(tasks), ""]
+    stale = {t.name: t.stale for t in tasks if t.stale}
+    if stale:
+        md += [f"**Stale** ({', '.join(stale)}): {next(iter(stale.values()))}. Their scores above are those of the",
+               "earlier weights; the mixes still answer, but retrain them on this model.", ""]  # fmt: skip
     md += ["Bold: the mix is at least as good as the best single layer. The same on the dev sets (which chose the",
            "epoch and the layer-norm setting of every variant):", "", results_table(tasks, "dev"), ""]  # fmt: skip
     for task in tasks:
@@ -524,7 +529,7 @@ def write_report(model_dir: Path, out: Path, threads: int = 2) -> list[Path]:
     md += markdown_tables(senses)
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     written.append(out / "report.md")
-    summary = {"tasks": {t.name: t.metrics for t in tasks}, "apple": apple, "senses": senses}
+    summary = {"tasks": {t.name: t.metrics for t in tasks}, "stale_tasks": stale, "apple": apple, "senses": senses}
     (out / "report.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     written.append(out / "report.json")
     return written

@@ -126,6 +126,7 @@ class Task:
     metrics: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
+    stale: str = ""  # why the mix no longer matches the model's weights (set by `elmo adapt`); "" = current
     directory: Path | None = None
     _head: list[tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
@@ -190,6 +191,7 @@ class Task:
             "metrics": self.metrics,
             "data": self.data,
             "model": self.model,
+            **({"stale": self.stale} if self.stale else {}),
         }
 
     @classmethod
@@ -217,6 +219,7 @@ class Task:
                 metrics=dict(data.get("metrics", {})),
                 data=dict(data.get("data", {})),
                 model=dict(data.get("model", {})),
+                stale=str(data.get("stale") or ""),
                 directory=directory,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -318,6 +321,18 @@ class TaskStore:
     def all(self) -> list[Task]:
         return [self.get(name) for name in self.names()]
 
+    def stale_names(self) -> list[str]:
+        """Tasks whose mix was trained on other weights (``elmo adapt`` carried them over); unreadable ones are
+        left to :meth:`get` to report."""
+        stale = []
+        for name in self.names():
+            try:
+                if self.get(name).stale:
+                    stale.append(name)
+            except ModelFileError:
+                continue
+        return stale
+
     def save(self, task: Task, head: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
         """Write ``tasks/<name>/`` atomically (a temp folder renamed into place); replaces an existing task."""
         return save_task(self.model_dir, task, head)
@@ -359,6 +374,22 @@ def save_task(model_dir: str | Path, task: Task, head: Sequence[tuple[np.ndarray
     task.directory = target
     task._head = None
     return target
+
+
+def mark_tasks_stale(model_dir: str | Path, reason: str) -> list[str]:
+    """Mark every task of ``model_dir`` stale (its mix and head were trained on other weights); a task retrained by
+    ``elmo mix train`` is current again. Returns the names marked."""
+    store = TaskStore(model_dir)
+    names = store.names()
+    for name in names:
+        path = store.root / name / TASK_FILE
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("stale") != reason:
+            data["stale"] = reason
+            tmp = path.with_name(TASK_FILE + ".tmp")
+            tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", "utf-8")
+            os.replace(tmp, path)
+    return names
 
 
 def apply_task(layers: np.ndarray, task: Task) -> np.ndarray:

@@ -52,6 +52,7 @@ class OptimConfig:
     init_bias_unigram: bool = True  # start the softmax bias at log unigram frequencies of the train targets
     calibrate_bias_tokens: int = 0  # > 0: after training, refit the softmax bias on this many train tokens
     init_from: str = ""  # a model directory (same config and vocab) whose weights start this run; fresh optimizer
+    softmax_only: bool = False  # train the softmax alone, the biLM frozen (fitting a softmax to an imported model)
 
 
 @dataclass

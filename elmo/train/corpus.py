@@ -385,6 +385,22 @@ def write_corpus(plan: SplitPlan, out: Path) -> dict:
     return stats
 
 
+def fetch_handbook(out: Path) -> dict:
+    """``apt-get download debian-handbook`` into ``<out>/raw`` (skipped when there), unpack, write the text."""
+    from elmo.train.handbook import HTML_ROOT, write_handbook
+
+    raw = out.resolve() / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    if _one(raw, "debian-handbook_*.deb") is None:
+        log.info("apt-get download debian-handbook")
+        _run(["apt-get", "download", "debian-handbook"], raw)
+    deb = _one(raw, "debian-handbook_*.deb")
+    unpacked = raw / deb.stem
+    if not (unpacked / HTML_ROOT).is_dir():
+        _run(["dpkg-deb", "-x", str(deb), str(unpacked)], raw)
+    return {"package": deb.name, **write_handbook(unpacked / HTML_ROOT, out)}
+
+
 # -- CLI -------------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
@@ -394,6 +410,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fetch.add_argument("--min-count", type=int, default=3, help="vocab: keep tokens seen at least this often")
     fetch.add_argument("--max-vocab", type=int, default=30000, help="vocab: at most this many tokens")
     fetch.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES), help="corpora (default all)")
+    handbook = sub.add_parser("handbook", help="a held-out domain for `elmo adapt`: the Debian Administrator's "
+                              "Handbook (apt package debian-handbook), English and Chinese")  # fmt: skip
+    handbook.add_argument("--out", default="data/handbook", help="output folder (default data/handbook)")
     vocab = sub.add_parser("vocab", help="rebuild vocab.txt from a train file")
     vocab.add_argument("--train", default="data/corpus/train.txt")
     vocab.add_argument("--out", default="data/corpus/vocab.txt")
@@ -404,6 +423,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from elmo.train.vocab import build_vocab, write_vocab_file
 
+    if args.action == "handbook":
+        stats = fetch_handbook(Path(args.out))
+        print(json.dumps({"out": args.out, **stats}, ensure_ascii=False))
+        return 0
     if args.action == "vocab":
         vocab = build_vocab(Path(args.train), args.min_count, args.max_vocab)
         write_vocab_file(vocab, Path(args.out))

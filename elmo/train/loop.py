@@ -275,6 +275,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     torch.manual_seed(t.seed)
     bilm = BiLM(model_cfg).to(d.device)
     use_distinct_token_encoder(bilm)
+    if t.softmax_only:
+        freeze_all_but_softmax(bilm)
     objective: nn.Module = LMObjective(bilm)
     optimizer = make_optimizer(bilm, t)
     names = [n for n, _ in bilm.named_parameters()]
@@ -392,6 +394,15 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     if d.active:
         dist.barrier()
     return state
+
+
+def freeze_all_but_softmax(bilm: BiLM) -> None:
+    """The biLM's weights stop learning; the backward pass then ends at the softmax, so a step costs about one
+    forward pass of the biLM."""
+    if bilm.softmax is None:
+        raise ConfigError("train.softmax_only needs a model with a softmax (vocab_size > 0)")
+    for name, parameter in bilm.named_parameters():
+        parameter.requires_grad_(name.startswith("softmax."))
 
 
 def _target_shares(counts: tuple[int, int], d: Dist) -> tuple[float, float]:

@@ -147,7 +147,7 @@ class Limits(_message.Message):
     def __init__(self, max_inputs: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "n_layers", "dim", "max_tokens_per_sentence", "tasks", "execution_provider", "limits")
+    __slots__ = ("name", "version", "n_layers", "dim", "max_tokens_per_sentence", "tasks", "execution_provider", "limits", "stale_tasks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     N_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class ModelInfo(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    STALE_TASKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     n_layers: int
@@ -164,7 +165,8 @@ class ModelInfo(_message.Message):
     tasks: _containers.RepeatedScalarFieldContainer[str]
     execution_provider: str
     limits: Limits
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., dim: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+    stale_tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., dim: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., stale_tasks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

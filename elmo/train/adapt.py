@@ -1,0 +1,362 @@
+"""``elmo adapt --model DIR --text FILE --out DIR``: continue training a model's biLM on a user's own text.
+
+The idea of bilm-tf's ``restart.py`` as one command. The text is split once: its last ``heldout_share`` (at most
+``heldout_tokens`` tokens) is held out, a contiguous slice so that no held-out sentence has its neighbours in
+training; the rest is the training text. Then, each step recorded in ``<out>/adapt.json`` so that ``--resume``
+after a kill picks up where it stopped:
+
+1. **before**: the model's held-out perplexity and word-sense benchmark (elmo.senses).
+2. **softmax fit**, only for a model without a softmax (imported AllenNLP / bilm-tf weights are embedding models):
+   a vocabulary is built from the training text, a fresh softmax is trained with the biLM frozen
+   (``softmax_share`` of the time), and its held-out perplexity is the "before" figure: the imported biLM as it is,
+   scored with the best softmax this text allows.
+3. **adapt**: both LM directions train from those weights (elmo.train.loop: sampled softmax, cosine schedule that
+   follows the time budget, checkpoints; the training state lives in ``<out>``, so ``<out>`` is a run folder too).
+4. **after**: held-out perplexity and senses again; task mixes of the source model are copied, marked stale.
+5. **export**: ONNX export verified against PyTorch, like ``elmo export``.
+
+Words outside the vocabulary: the model's vocabulary is kept (the softmax rows are tied to it), so an unknown word
+is predicted, and scored, as ``<UNK>`` both before and after, which keeps the two perplexities comparable; its
+*input* vector still comes from its characters, so its embeddings do adapt. ``oov_rate`` in the result says how
+much of the held-out text that concerns.
+
+The last line on stdout is one JSON object: ``{"before_ppl", "after_ppl", "tokens", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from elmo.errors import ConfigError, DataError
+from elmo.mix.store import TASKS_DIR, mark_tasks_stale
+from elmo.model.bilm import BiLM
+from elmo.model.checkpoint import load_config, load_model, load_state, load_vocab, save_model
+from elmo.model.config import ModelConfig
+from elmo.train.config import DataConfig, OptimConfig, TrainConfig
+from elmo.train.evaluate import score_sentences, sense_scores
+from elmo.train.loop import OPTIMIZER_FILE, STATE_FILE, train
+from elmo.train.objective import init_bias_from_unigram, target_frequencies
+from elmo.train.vocab import Vocab, build_vocab, chunk_long, length_batches, read_sentences, write_vocab_file
+
+log = logging.getLogger(__name__)
+
+ADAPT_FILE = "adapt.json"
+WORK_DIR = "adapt"  # inside --out: the text split, the vocabulary, the softmax-fit run
+EXPORT_RESERVE_S = 120  # of the time budget, kept for the final scoring and the ONNX export
+MIN_TOKENS = 2000  # less text than this cannot both adapt a model and measure it
+
+
+@dataclass
+class AdaptSettings:
+    minutes: float = 30.0  # the whole command: split, training, scoring, export
+    epochs: float = 4.0  # passes over the training text at most (small texts would be overfit otherwise)
+    lr: float = 4e-4
+    heldout_share: float = 0.1
+    heldout_tokens: int = 20000
+    softmax_share: float = 0.25  # of the training time, spent fitting a softmax to a model that has none
+    softmax_lr: float = 3e-3
+    max_vocab: int = 30000  # vocabulary of a new softmax
+    min_count: int = 2
+    tokens_per_batch: int = 4096
+    n_negatives: int = 2048
+    calibrate_tokens: int = 20000  # refit the softmax bias on this many training tokens at the end (0 = no)
+    threads: int = 0
+    seed: int = 0
+
+
+# -- the text --------------------------------------------------------------------------------------------------
+def split_heldout(sentences: list[list[str]], share: float, max_tokens: int) -> tuple[list, list]:
+    """The contiguous tail of the text (``share`` of its tokens, at most ``max_tokens``) is held out."""
+    total = sum(len(s) for s in sentences)
+    if total < MIN_TOKENS:
+        raise DataError(f"the text has {total} tokens; adapting needs at least {MIN_TOKENS}")
+    wanted = min(max_tokens, share * total)
+    cut, held = len(sentences), 0
+    while cut > 1 and held < wanted:
+        cut -= 1
+        held += len(sentences[cut])
+    return sentences[:cut], sentences[cut:]
+
+
+def _write_lines(path: Path, sentences: list[list[str]]) -> None:
+    path.write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- the source model ------------------------------------------------------------------------------------------
+def check_source(model_dir: Path) -> ModelConfig:
+    cfg = load_config(model_dir)
+    if cfg.char_scheme != "elmo" or cfg.word_dim:
+        raise ConfigError(
+            f"{model_dir}: adapt trains models with the byte char scheme; this one has char_scheme "
+            f"{cfg.char_scheme!r} and word_dim {cfg.word_dim} (an ELMoForManyLangs import), which it cannot train yet"
+        )
+    return cfg
+
+
+def write_start_with_new_softmax(source: Path, start: Path, vocab: list[str], train: list[list[str]]) -> None:
+    """A model directory with the source's biLM and a fresh softmax over ``vocab``, its bias at the log unigram
+    frequencies of the training targets."""
+    cfg = ModelConfig.from_dict({**load_config(source).to_dict(), "vocab_size": len(vocab)}, source=str(source))
+    bilm = BiLM(cfg)
+    weights = {k: v.float() for k, v in load_state(source / "model.safetensors").items()}
+    missing, unexpected = bilm.load_state_dict(weights, strict=False)
+    if unexpected or any(not name.startswith("softmax.") for name in missing):
+        raise ConfigError(f"{source}: weights do not match its config (missing {missing[:4]}, extra {unexpected[:4]})")
+    with torch.no_grad():
+        init_bias_from_unigram(bilm, target_frequencies(train, Vocab(vocab)))
+    save_model(bilm, start, vocab)
+
+
+# -- scoring ---------------------------------------------------------------------------------------------------
+def measure(model_dir: Path, vocab: list[str], heldout: list[list[str]]) -> dict:
+    """Held-out perplexity (full softmax) and the word-sense benchmark's best layer per language."""
+    bilm = load_model(model_dir)
+    scores = score_sentences(bilm, Vocab(vocab), heldout).report()
+    senses = sense_scores(bilm)
+    return {**scores, "senses": {lang: senses[f"sense_{lang}_best"] for lang in ("en", "zh")}}
+
+
+def oov_rate(sentences: list[list[str]], vocab: list[str]) -> float:
+    known = set(vocab)
+    tokens = [t for s in sentences for t in s]
+    return round(sum(t not in known for t in tokens) / max(1, len(tokens)), 4)
+
+
+# -- the steps -------------------------------------------------------------------------------------------------
+class Adaptation:
+    """One adaptation in ``out``; every finished step is recorded in adapt.json before the next one starts."""
+
+    def __init__(self, model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSettings) -> None:
+        self.model, self.text, self.out, self.tokenized, self.s = model, text, out, tokenized, settings
+        self.work = out / WORK_DIR
+        self.record: dict = {}
+
+    # -- the record ----------------------------------------------------------------------------------------
+    def open(self, resume: bool) -> None:
+        path = self.out / ADAPT_FILE
+        if not self.text.is_file():
+            raise DataError(f"{self.text}: text file not found")
+        if resume:
+            if not path.is_file():
+                raise DataError(f"{path}: nothing to resume (no adaptation in {self.out})")
+            self.record = json.loads(path.read_text())
+            if self.record["text_sha256"] != _sha256(self.text) or self.record["model"] != str(self.model.resolve()):
+                raise ConfigError(f"{path}: --resume needs the same --model and --text as the run it continues")
+            self.s = AdaptSettings(**self.record["settings"])  # the schedule the run started with
+            return
+        if path.is_file():
+            raise ConfigError(f"{path}: {self.out} already holds an adaptation: --resume continues it, or choose "
+                              "another --out")  # fmt: skip
+        if self.out.exists() and any(p.name != WORK_DIR for p in self.out.iterdir()):
+            raise ConfigError(f"{self.out}: not empty; adapt writes a new model directory")
+        shutil.rmtree(self.work, ignore_errors=True)  # a split cut short before the record was written
+        self.record = {"model": str(self.model.resolve()), "text": str(self.text), "text_sha256": _sha256(self.text),
+                       "tokenized": self.tokenized, "settings": asdict(self.s), "started": time.time()}  # fmt: skip
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / (ADAPT_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.record, indent=1, ensure_ascii=False) + "\n")
+        os.replace(tmp, self.out / ADAPT_FILE)
+
+    # -- steps ---------------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Split the text, choose the vocabulary and the starting weights."""
+        if "split" in self.record:
+            return
+        cfg = check_source(self.model)
+        sentences = read_sentences(self.text, tokenized=self.tokenized)
+        train_part, heldout = split_heldout(sentences, self.s.heldout_share, self.s.heldout_tokens)
+        self.work.mkdir(parents=True, exist_ok=True)
+        _write_lines(self.work / "train.txt", train_part)
+        _write_lines(self.work / "heldout.txt", heldout)
+        has_softmax = cfg.vocab_size > 0
+        if has_softmax:
+            vocab = load_vocab(self.model)
+        else:
+            vocab = build_vocab(self.work / "train.txt", self.s.min_count, self.s.max_vocab)
+            write_start_with_new_softmax(self.model, self.work / "start", vocab, train_part)
+        write_vocab_file(vocab, self.work / "vocab.txt")
+        pieces = chunk_long(train_part, DataConfig.max_sentence_tokens)
+        self.record["split"] = {
+            "train_sentences": len(train_part), "train_tokens": sum(map(len, train_part)),
+            "heldout_sentences": len(heldout), "heldout_tokens": sum(map(len, heldout)),
+            "batches_per_epoch": len(length_batches([len(p) for p in pieces], self.s.tokens_per_batch)),
+            "vocab": len(vocab), "new_softmax": not has_softmax, "oov_rate": oov_rate(heldout, vocab),
+        }  # fmt: skip
+        self.save()
+
+    def measure_before(self) -> None:
+        if "before" in self.record or self.record["split"]["new_softmax"]:
+            return
+        self.record["before"] = measure(self.model, self._vocab(), self._heldout())
+        self.save()
+
+    def fit_softmax(self) -> None:
+        if not self.record["split"]["new_softmax"] or "before" in self.record:
+            return
+        run = self.work / "softmax-fit"
+        budget = self.s.softmax_share * self._training_budget_s()
+        cfg = self._train_config(self.work / "start", lr=self.s.softmax_lr, epochs=min(self.s.epochs, 2.0),
+                                 max_time_s=budget, softmax_only=True)  # fmt: skip
+        state = train(cfg, run, resume=(run / STATE_FILE).is_file())
+        self.record["softmax_fit"] = {"steps": state["step"], "tokens": state["tokens"],
+                                      "elapsed_s": round(state["elapsed_s"], 1)}  # fmt: skip
+        self.record["before"] = measure(run, self._vocab(), self._heldout())
+        self.save()
+
+    def adapt(self, stop_after: int | None = None) -> bool:
+        """Train; False when ``stop_after`` ended the run early (it is then resumable, like a killed one)."""
+        if "adapt" in self.record:
+            return True
+        start = self.work / "softmax-fit" if self.record["split"]["new_softmax"] else self.model
+        spent = self.record.get("softmax_fit", {}).get("elapsed_s", 0.0)
+        max_time_s = max(60.0, self._training_budget_s() - spent)
+        cfg = self._train_config(start, lr=self.s.lr, epochs=self.s.epochs, max_time_s=max_time_s)
+        state = train(cfg, self.out, resume=(self.out / STATE_FILE).is_file(), stop_after=stop_after)
+        if stop_after is not None and state["step"] < cfg.train.max_steps and state["elapsed_s"] < max_time_s:
+            return False
+        self.record["adapt"] = {"steps": state["step"], "tokens": state["tokens"],
+                                "elapsed_s": round(state["elapsed_s"], 1)}  # fmt: skip
+        self.save()
+        return True
+
+    def finish(self, export: bool = True) -> dict:
+        if "after" not in self.record:
+            self.record["after"] = measure(self.out, self._vocab(), self._heldout())
+            self.save()
+        carried = self._carry_tasks()
+        if export and "export" not in self.record:
+            from export.onnx_export import export_model  # the last step of the pipeline; torch-side like this one
+
+            export_model(self.out, threads=self.s.threads or None)
+            meta = json.loads((self.out / "onnx.json").read_text())
+            self.record["export"] = meta["verification"]["summary"]
+        (self.out / OPTIMIZER_FILE).unlink(missing_ok=True)  # a finished adaptation is not resumed
+        self.record["finished"] = time.time()
+        self.save()
+        before, after = self.record["before"], self.record["after"]
+        return {
+            "before_ppl": before["avg_ppl"], "after_ppl": after["avg_ppl"],
+            "change": round(after["avg_ppl"] / before["avg_ppl"] - 1, 4),
+            "tokens": self.record["adapt"]["tokens"] + self.record.get("softmax_fit", {}).get("tokens", 0),
+            "heldout_tokens": self.record["split"]["heldout_tokens"], "oov_rate": self.record["split"]["oov_rate"],
+            "senses_before": before["senses"], "senses_after": after["senses"],
+            "softmax_fitted": self.record["split"]["new_softmax"], "stale_tasks": carried,
+            "minutes": round((self.record["finished"] - self.record["started"]) / 60, 1), "out": str(self.out),
+        }  # fmt: skip
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _vocab(self) -> list[str]:
+        return load_vocab(self.work / "vocab.txt")
+
+    def _heldout(self) -> list[list[str]]:
+        return read_sentences(self.work / "heldout.txt")
+
+    def _training_budget_s(self) -> float:
+        return max(60.0, self.s.minutes * 60 - EXPORT_RESERVE_S)
+
+    def _train_config(self, start: Path, lr: float, epochs: float, max_time_s: float, softmax_only: bool = False):
+        split = self.record["split"]
+        steps = max(1, math.ceil(epochs * split["batches_per_epoch"]))
+        data = DataConfig(train=str(self.work / "train.txt"), valid=str(self.work / "heldout.txt"),
+                          vocab=str(self.work / "vocab.txt"), valid_tokens=split["heldout_tokens"])  # fmt: skip
+        optim = OptimConfig(
+            lr=lr, warmup_steps=min(30, max(1, steps // 10)), min_lr_ratio=0.05, clip=5.0,
+            tokens_per_batch=self.s.tokens_per_batch, n_negatives=self.s.n_negatives, max_steps=steps,
+            max_time_s=max_time_s, anneal_by_time=True, seed=self.s.seed, valid_every=max(1, min(100, steps // 4)),
+            checkpoint_every=max(1, min(50, steps // 4)), threads=self.s.threads, init_bias_unigram=False,
+            calibrate_bias_tokens=self.s.calibrate_tokens, init_from=str(start), softmax_only=softmax_only,
+        )  # fmt: skip
+        return TrainConfig(model=load_config(start), data=data, train=optim)
+
+    def _carry_tasks(self) -> list[str]:
+        """The source's task mixes, copied and marked stale: trained on the old weights, until retrained."""
+        source, target = self.model / TASKS_DIR, self.out / TASKS_DIR
+        if not source.is_dir():
+            return []
+        if not target.is_dir():
+            shutil.copytree(source, target)
+        reason = f"trained on the weights of {self.model.resolve().name} before `elmo adapt`; retrain: elmo mix train"
+        return mark_tasks_stale(self.out, reason)
+
+
+def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSettings, resume: bool,
+          export: bool = True, stop_after: int | None = None) -> dict:  # fmt: skip
+    """Run (or continue) every step; returns the result line's content (``{"stopped_at": step}`` when
+    ``stop_after`` ended the training early)."""
+    job = Adaptation(model, text, out, tokenized, settings)
+    job.open(resume)
+    if job.s.threads:
+        torch.set_num_threads(job.s.threads)
+    job.prepare()
+    job.measure_before()
+    job.fit_softmax()
+    if not job.adapt(stop_after):
+        return {"stopped_at": stop_after, "out": str(out), "resume": "elmo adapt ... --resume"}
+    return job.finish(export)
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = AdaptSettings()
+    parser.add_argument("--model", required=True, type=Path, help="model directory to start from")
+    parser.add_argument("--text", required=True, type=Path, help="the domain's text, one sentence or paragraph a line")
+    parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
+    parser.add_argument("--out", required=True, type=Path, help="the adapted model directory (new, or --resume)")
+    parser.add_argument("--resume", action="store_true", help="continue the adaptation recorded in --out")
+    parser.add_argument("--minutes", type=float, default=d.minutes, help=f"time budget, all steps ({d.minutes})")
+    parser.add_argument("--epochs", type=float, default=d.epochs, help=f"at most this many passes (default {d.epochs})")
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    parser.add_argument("--heldout-share", type=float, default=d.heldout_share,
+                        help=f"share of the text held out to measure (default {d.heldout_share})")  # fmt: skip
+    parser.add_argument("--heldout-tokens", type=int, default=d.heldout_tokens,
+                        help=f"held-out tokens at most (default {d.heldout_tokens})")  # fmt: skip
+    parser.add_argument("--tokens-per-batch", type=int, default=d.tokens_per_batch,
+                        help=f"padded tokens per training batch (default {d.tokens_per_batch})")  # fmt: skip
+    parser.add_argument("--calibrate-tokens", type=int, default=d.calibrate_tokens,
+                        help=f"softmax bias refit tokens, 0 = none (default {d.calibrate_tokens})")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = torch default)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--no-export", action="store_true", help="skip the ONNX export (PyTorch weights only)")
+    parser.add_argument("--stop-after", type=int, default=None, help="end the training after this step (resumable)")
+
+
+def settings_from(args: argparse.Namespace) -> AdaptSettings:
+    s = AdaptSettings(minutes=args.minutes, epochs=args.epochs, lr=args.lr, heldout_share=args.heldout_share,
+                      heldout_tokens=args.heldout_tokens, tokens_per_batch=args.tokens_per_batch,
+                      calibrate_tokens=args.calibrate_tokens, threads=args.threads, seed=args.seed)  # fmt: skip
+    if not (s.minutes > 0 and s.epochs > 0 and s.lr > 0 and s.tokens_per_batch > 0 and s.calibrate_tokens >= 0):
+        raise ConfigError("--minutes, --epochs, --lr and --tokens-per-batch must be > 0, --calibrate-tokens >= 0")
+    if not (0 < s.heldout_share < 0.5 and s.heldout_tokens > 0):
+        raise ConfigError("--heldout-share must be in (0, 0.5) and --heldout-tokens > 0")
+    return s
+
+
+def run(args: argparse.Namespace) -> int:
+    result = adapt(args.model, args.text, args.out, args.tokenized, settings_from(args), args.resume,
+                   export=not args.no_export, stop_after=args.stop_after)  # fmt: skip
+    print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+__all__ = ["ADAPT_FILE", "AdaptSettings", "adapt", "split_heldout"]

@@ -1,0 +1,158 @@
+"""``elmo adapt``: a model trained on Brown adapted to this project's own documentation (technical English it never
+saw), an imported AllenNLP-format model adapted after a softmax fit, resume after a stop, and the clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo.cli import main
+from elmo.mix.cli import results_table
+from elmo.mix.store import Task, TaskStore, save_task
+from elmo.model.checkpoint import load_state
+from elmo.model.config import tiny
+from elmo.runtime import Embedder
+from elmo.train.adapt import split_heldout
+from tests.lm_fixtures import REPO
+
+FAST = ["--minutes", "5", "--epochs", "1", "--lr", "0.01", "--tokens-per-batch", "400", "--threads", "1",
+        "--calibrate-tokens", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def domain_text(tmp_path_factory) -> Path:
+    """The docs of this repository: real technical English, far from Brown's 1961 prose."""
+    lines = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
+    path = tmp_path_factory.mktemp("domain") / "docs.txt"
+    path.write_text("\n".join(line for line in lines if line) + "\n")
+    return path
+
+
+def _run(capsys, *args: str) -> dict:
+    assert main(["adapt", *args]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _eval_lm(capsys, model: Path, text: Path) -> dict:
+    assert main(["eval-lm", "--model", str(model), "--text", str(text)]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _model_copy(source: Path, target: Path) -> Path:
+    target.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "vocab.txt"):
+        if (source / name).is_file():
+            shutil.copy(source / name, target / name)
+    return target
+
+
+def test_split_holds_out_a_contiguous_tail():
+    sentences = [["w"] * 10 for _ in range(300)]  # 3,000 tokens
+    train, heldout = split_heldout(sentences, share=0.1, max_tokens=20000)
+    assert (len(train), len(heldout)) == (270, 30)
+    train, heldout = split_heldout(sentences, share=0.4, max_tokens=105)
+    assert (len(train), len(heldout)) == (289, 11)  # the cap wins: 11 sentences reach 105 tokens
+    with pytest.raises(Exception, match="at least 2000"):
+        split_heldout(sentences[:100], share=0.1, max_tokens=20000)
+
+
+def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(trained_tiny_lm, domain_text, tmp_path,
+                                                                         capsys):  # fmt: skip
+    source = _model_copy(trained_tiny_lm, tmp_path / "source")
+    save_task(source, Task("pos_demo", "tagging", 3, 32, [0.4, -0.9, 1.7], 0.8))
+    out = tmp_path / "adapted"
+    result = _run(capsys, "--model", str(source), "--text", str(domain_text), "--out", str(out), *FAST)
+
+    assert result["after_ppl"] < result["before_ppl"]
+    heldout = out / "adapt" / "heldout.txt"
+    # the figures are those of `elmo eval-lm` on the held-out slice, before (source) and after (out)
+    assert _eval_lm(capsys, source, heldout)["avg_ppl"] == result["before_ppl"]
+    assert _eval_lm(capsys, out, heldout)["avg_ppl"] == result["after_ppl"]
+    record = json.loads((out / "adapt.json").read_text())
+    assert result["tokens"] == record["adapt"]["tokens"] == json.loads((out / "train_state.json").read_text())["tokens"]
+    assert not record["split"]["new_softmax"] and result["softmax_fitted"] is False
+    assert (out / "vocab.txt").read_text() == (source / "vocab.txt").read_text()
+    assert set(result["senses_after"]) == {"en", "zh"}
+
+    # exported and verified; the runtime embeds with it; no optimizer state is left behind
+    assert json.loads((out / "onnx.json").read_text())["verification"]["passed"] is True
+    (tokens, layers), = Embedder(out, intra_op_threads=1).embed_texts(["The package manager installs it."])
+    assert layers.shape == (3, len(tokens.tokens), 32) and np.isfinite(layers).all()
+    assert not (out / "optimizer.safetensors").exists()
+
+    # the source's task came along, marked stale; the source's own copy is not
+    assert result["stale_tasks"] == ["pos_demo"]
+    assert TaskStore(out).stale_names() == ["pos_demo"] and TaskStore(source).stale_names() == []
+    assert "pos_demo (stale)" in results_table(TaskStore(out).all())
+    save_task(out, replace(TaskStore(out).get("pos_demo"), stale=""))  # what `elmo mix train` writing it does
+    assert TaskStore(out).stale_names() == []
+
+
+def test_a_stopped_adaptation_resumes(trained_tiny_lm, domain_text, tmp_path, capsys):
+    out = tmp_path / "adapted"
+    args = ["--model", str(trained_tiny_lm), "--text", str(domain_text), "--out", str(out), *FAST, "--no-export"]
+    assert _run(capsys, *args, "--stop-after", "5")["stopped_at"] == 5
+    assert json.loads((out / "train_state.json").read_text())["step"] == 5
+
+    assert main(["adapt", *args]) == 2
+    assert "already holds an adaptation" in capsys.readouterr().err
+    other = tmp_path / "other.txt"
+    other.write_text(domain_text.read_text() + "one more line\n")
+    assert main(["adapt", *args[:2], "--text", str(other), *args[4:], "--resume"]) == 2
+    assert "same --model and --text" in capsys.readouterr().err
+
+    result = _run(capsys, *args, "--resume")
+    record = json.loads((out / "adapt.json").read_text())
+    assert record["adapt"]["steps"] == record["split"]["batches_per_epoch"]  # one epoch, as asked
+    assert result["after_ppl"] < result["before_ppl"]
+    assert not (out / "model.onnx").exists()  # --no-export
+
+
+def test_an_imported_allennlp_model_gets_a_softmax_fitted_first(bilm_tf_fixture, domain_text, tmp_path, capsys):
+    imported = tmp_path / "imported"
+    assert main(["import-allennlp", "--options", str(bilm_tf_fixture / "options.json"),
+                 "--weights", str(bilm_tf_fixture / "lm_weights.hdf5"), "--out", str(imported)]) == 0  # fmt: skip
+    capsys.readouterr()
+    out = tmp_path / "adapted"
+    result = _run(capsys, "--model", str(imported), "--text", str(domain_text), "--out", str(out), *FAST)
+    assert result["softmax_fitted"] is True
+    assert result["after_ppl"] < result["before_ppl"]
+
+    original = load_state(imported / "model.safetensors")
+    fitted = load_state(out / "adapt" / "softmax-fit" / "model.safetensors")
+    adapted = load_state(out / "model.safetensors")
+    assert "softmax.weight" not in original and "softmax.weight" in fitted
+    for name, tensor in original.items():  # the biLM stayed frozen while the softmax was fitted, then learned
+        assert np.array_equal(fitted[name].float().numpy(), tensor.float().numpy()), name
+    assert any(not np.array_equal(adapted[n].float().numpy(), t.float().numpy()) for n, t in original.items())
+    # "before" is the frozen imported biLM with the fitted softmax
+    heldout = out / "adapt" / "heldout.txt"
+    assert _eval_lm(capsys, out / "adapt" / "softmax-fit", heldout)["avg_ppl"] == result["before_ppl"]
+    assert json.loads((out / "onnx.json").read_text())["verification"]["passed"] is True
+
+
+def test_clear_errors(trained_tiny_lm, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("Too little text to adapt anything.\n" * 20)
+    assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(short), "--out", str(tmp_path / "a")]) == 2
+    assert "adapting needs at least 2000" in capsys.readouterr().err
+
+    vocab_scheme = tmp_path / "manylangs"
+    vocab_scheme.mkdir()
+    replace(tiny(), char_scheme="vocab", n_chars=40, max_chars=20).validate().save(vocab_scheme)
+    long_text = tmp_path / "long.txt"
+    long_text.write_text("Enough words here to pass the size check of the text .\n" * 300)
+    assert main(["adapt", "--model", str(vocab_scheme), "--text", str(long_text), "--out", str(tmp_path / "b")]) == 2
+    assert "char_scheme 'vocab'" in capsys.readouterr().err
+
+    assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(tmp_path / "missing.txt"),
+                 "--out", str(tmp_path / "c")]) == 2  # fmt: skip
+    assert "missing.txt: text file not found" in capsys.readouterr().err
+    assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(long_text), "--out", str(tmp_path / "d"),
+                 "--resume"]) == 2  # fmt: skip
+    assert "nothing to resume" in capsys.readouterr().err
