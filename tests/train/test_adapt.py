@@ -93,9 +93,11 @@ def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(trained
     assert TaskStore(out).stale_names() == []
 
 
-def test_a_stopped_adaptation_resumes(trained_tiny_lm, domain_text, tmp_path, capsys):
+def test_a_stopped_adaptation_resumes_with_replayed_general_text(trained_tiny_lm, brown_corpus, domain_text,
+                                                                 tmp_path, capsys):  # fmt: skip
     out = tmp_path / "adapted"
-    args = ["--model", str(trained_tiny_lm), "--text", str(domain_text), "--out", str(out), *FAST, "--no-export"]
+    args = ["--model", str(trained_tiny_lm), "--text", str(domain_text), "--out", str(out), *FAST, "--no-export",
+            "--replay", str(brown_corpus / "train.txt")]  # fmt: skip
     assert _run(capsys, *args, "--stop-after", "5")["stopped_at"] == 5
     assert json.loads((out / "train_state.json").read_text())["step"] == 5
 
@@ -108,6 +110,10 @@ def test_a_stopped_adaptation_resumes(trained_tiny_lm, domain_text, tmp_path, ca
 
     result = _run(capsys, *args, "--resume")
     record = json.loads((out / "adapt.json").read_text())
+    split = record["split"]  # a quarter of the training tokens are Brown sentences, taken as they are
+    assert abs(split["replay_tokens"] / (split["replay_tokens"] + split["train_tokens"]) - 0.25) < 0.02
+    brown = set((brown_corpus / "train.txt").read_text().splitlines())
+    assert set((out / "adapt" / "replay.txt").read_text().splitlines()) <= brown
     assert record["adapt"]["steps"] == record["split"]["batches_per_epoch"]  # one epoch, as asked
     assert result["after_ppl"] < result["before_ppl"]
     assert not (out / "model.onnx").exists()  # --no-export
