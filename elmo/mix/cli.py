@@ -26,7 +26,7 @@ from elmo.errors import DataError, InputError
 from elmo.mix.significance import paired_bootstrap, score_counts, sentence_counts, verdict
 from elmo.mix.store import TaskStore, check_task_name, save_task
 from elmo.mix.task_data import BUILTIN, KINDS, LabelledSet, TaskData, entity_f1, load_builtin, read_user_data
-from elmo.senses.benchmark import markdown_tables, run_benchmark
+from elmo.senses.benchmark import markdown_tables, occurrence_layers, parse_line, run_benchmark, word_vector
 
 log = logging.getLogger("elmo.mix")
 
@@ -110,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         for task in TaskStore(args.model).all():
             weights = ", ".join(f"{w:.3f}" for w in task.normalized_weights)
-            print(f"{task.name}\t{task.kind}\tweights [{weights}] gamma {task.gamma:.3f}\t{_headline(task.metrics)}")
+            stale = f"\tSTALE: {task.stale}" if task.stale else ""
+            headline = _headline(task.metrics)
+            print(f"{task.name}\t{task.kind}\tweights [{weights}] gamma {task.gamma:.3f}\t{headline}{stale}")
         return 0
     if args.action == "report":
         paths = write_report(Path(args.model), Path(args.out), threads=args.threads)
@@ -397,19 +399,12 @@ APPLE_SENTENCES = {
 
 
 def apple_vectors(embedder, sentences: list[str]) -> np.ndarray:
-    """(n_sentences, L, D): per layer the mean of the token vectors that spell 苹果 (CJK is split per character)."""
-    from elmo.text.tokenize import tokenize
-
-    tokens = [tokenize(s).tokens for s in sentences]
-    out = []
-    for sentence, toks, layers in zip(sentences, tokens, embedder.embed_tokens(tokens)):
-        for i in range(len(toks)):
-            if "".join(toks[i : i + len(APPLE)]) == APPLE:
-                out.append(layers[:, i : i + len(APPLE)].mean(axis=1))
-                break
-        else:
-            raise InputError(f"'{APPLE}' is not a token sequence of {sentence!r} ({toks})")
-    return np.stack(out)
+    """(n_sentences, L, D): per layer the mean of the token vectors that spell the first 苹果 of each sentence (the
+    word-sense benchmark's own parsing and pooling, elmo.senses)."""
+    marked = [f"{APPLE}\t-\t{s.replace(APPLE, f'[[{APPLE}]]', 1)}" for s in sentences]
+    examples = [parse_line(line, f"{APPLE} sentence {n}") for n, line in enumerate(marked, start=1)]
+    layers = occurrence_layers(examples, embedder.embed_tokens)
+    return np.stack([word_vector(example, sentence) for example, sentence in zip(examples, layers)])
 
 
 def cosine_matrix(x: np.ndarray) -> np.ndarray:

@@ -89,6 +89,8 @@ def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(trained
     assert result["stale_tasks"] == ["pos_demo"]
     assert TaskStore(out).stale_names() == ["pos_demo"] and TaskStore(source).stale_names() == []
     assert "pos_demo (stale)" in results_table(TaskStore(out).all())
+    assert main(["mix", "list", "--model", str(out)]) == 0
+    assert "STALE: trained on the weights of source before `elmo adapt`" in capsys.readouterr().out
     save_task(out, replace(TaskStore(out).get("pos_demo"), stale=""))  # what `elmo mix train` writing it does
     assert TaskStore(out).stale_names() == []
 
