@@ -87,12 +87,13 @@ def nearest_neighbour_accuracy(vectors: np.ndarray, words: Sequence[str], senses
     """Leave-one-out nearest neighbour among the other occurrences of the same word.
 
     ``vectors`` (N, D). Returns {"accuracy": micro average, "chance": the same for a context-blind vector,
-    "words": {word: {"accuracy", "chance", "n"}}}.
+    "words": {word: {"accuracy", "chance", "n"}}, "hits": per occurrence, in input order, its share of same-sense
+    nearest neighbours (for paired comparisons of two models)}.
     """
     vectors = np.asarray(vectors, dtype=np.float64)
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     words_arr, senses_arr = np.asarray(words), np.asarray(senses)
-    per_word, hits, chances = {}, [], []
+    per_word, hits, chances = {}, np.zeros(len(words)), []
     for word in dict.fromkeys(words):
         rows = np.flatnonzero(words_arr == word)
         sims = unit[rows] @ unit[rows].T
@@ -104,9 +105,10 @@ def nearest_neighbour_accuracy(vectors: np.ndarray, words: Sequence[str], senses
         word_hits = (tied & same).sum(axis=1) / tied.sum(axis=1)
         word_chance = same.sum(axis=1) / (len(rows) - 1)
         per_word[word] = {"accuracy": float(word_hits.mean()), "chance": float(word_chance.mean()), "n": len(rows)}
-        hits.extend(word_hits)
+        hits[rows] = word_hits
         chances.extend(word_chance)
-    return {"accuracy": float(np.mean(hits)), "chance": float(np.mean(chances)), "words": per_word}
+    return {"accuracy": float(np.mean(hits)), "chance": float(np.mean(chances)), "words": per_word,
+            "hits": [round(float(h), 4) for h in hits]}  # fmt: skip
 
 
 def score_language(examples: Sequence[SenseExample], layers: Sequence[np.ndarray], mixes: dict | None = None) -> dict:
@@ -124,7 +126,8 @@ def score_language(examples: Sequence[SenseExample], layers: Sequence[np.ndarray
         vectors = np.stack([word_vector(e, mix(x)) for e, x in zip(examples, layers)])
         result["mixes"][name] = nearest_neighbour_accuracy(vectors, words, senses)
     best = max(range(n_layers), key=lambda j: result["layers"][j]["accuracy"])
-    result["best_layer"] = {"layer": best, "accuracy": result["layers"][best]["accuracy"]}
+    result["best_layer"] = {"layer": best, "accuracy": result["layers"][best]["accuracy"],
+                            "hits": result["layers"][best]["hits"]}  # fmt: skip
     return result
 
 

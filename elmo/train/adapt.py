@@ -36,15 +36,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from elmo.errors import ConfigError, DataError
+from elmo.mix.significance import paired_bootstrap, verdict
 from elmo.mix.store import TASKS_DIR, mark_tasks_stale
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_config, load_model, load_state, load_vocab, save_model
 from elmo.model.config import ModelConfig
 from elmo.train.config import DataConfig, OptimConfig, TrainConfig
-from elmo.train.evaluate import score_sentences, sense_scores
+from elmo.train.evaluate import score_sentences, sense_results
 from elmo.train.loop import OPTIMIZER_FILE, STATE_FILE, train
 from elmo.train.objective import init_bias_from_unigram, target_frequencies
 from elmo.train.vocab import Vocab, build_vocab, chunk_long, length_batches, read_sentences, write_vocab_file
@@ -70,7 +72,7 @@ class AdaptSettings:
     min_count: int = 2
     tokens_per_batch: int = 4096
     n_negatives: int = 2048
-    calibrate_tokens: int = 20000  # refit the softmax bias on this many training tokens at the end (0 = no)
+    calibrate_tokens: int = 0  # > 0: refit the softmax bias on this many training tokens at the end (slow, rarely wins)
     replay: str = ""  # general text (tokenized lines) mixed into training, so the model keeps what it knew
     replay_share: float = 0.25  # of the training tokens, when replay is given
     threads: int = 0
@@ -130,11 +132,26 @@ def write_start_with_new_softmax(source: Path, start: Path, vocab: list[str], tr
 
 # -- scoring ---------------------------------------------------------------------------------------------------
 def measure(model_dir: Path, vocab: list[str], heldout: list[list[str]]) -> dict:
-    """Held-out perplexity (full softmax) and the word-sense benchmark's best layer per language."""
+    """Held-out perplexity (full softmax) and the word-sense benchmark's best layer per language (its accuracy, and
+    per sentence its share of same-sense neighbours for the paired comparison)."""
     bilm = load_model(model_dir)
     scores = score_sentences(bilm, Vocab(vocab), heldout).report()
-    senses = sense_scores(bilm)
-    return {**scores, "senses": {lang: senses[f"sense_{lang}_best"] for lang in ("en", "zh")}}
+    senses = sense_results(bilm)
+    return {**scores, "senses": {lang: round(r["best_layer"]["accuracy"], 4) for lang, r in senses.items()},
+            "sense_hits": {lang: r["best_layer"]["hits"] for lang, r in senses.items()}}  # fmt: skip
+
+
+def senses_change(before: dict, after: dict) -> dict:
+    """Per language: best-layer accuracy after minus before, with a paired bootstrap 95 % interval over the
+    benchmark's sentences and its verdict ('at least as good', 'tie' when the interval holds 0, or 'worse')."""
+    out = {}
+    for language, hits_before in before["sense_hits"].items():
+        counts = [np.stack([np.asarray(h, dtype=np.float64), np.ones(len(h)), np.ones(len(h))], axis=1)
+                  for h in (after["sense_hits"][language], hits_before)]  # fmt: skip
+        comparison = paired_bootstrap("accuracy", *counts)
+        out[language] = {"difference": round(comparison["difference"], 4),
+                         "ci95": [round(v, 4) for v in comparison["ci95"]], "verdict": verdict(comparison)}  # fmt: skip
+    return out
 
 
 def oov_rate(sentences: list[list[str]], vocab: list[str]) -> float:
@@ -265,6 +282,7 @@ class Adaptation:
             "tokens": self.record["adapt"]["tokens"] + self.record.get("softmax_fit", {}).get("tokens", 0),
             "heldout_tokens": self.record["split"]["heldout_tokens"], "oov_rate": self.record["split"]["oov_rate"],
             "senses_before": before["senses"], "senses_after": after["senses"],
+            "senses_change": senses_change(before, after),
             "softmax_fitted": self.record["split"]["new_softmax"], "stale_tasks": carried,
             "minutes": round((self.record["finished"] - self.record["started"]) / 60, 1), "out": str(self.out),
         }  # fmt: skip

@@ -82,6 +82,11 @@ def score_sentences(
 def sense_scores(model: BiLM, sentences_per_batch: int = 64) -> dict:
     """The word-sense benchmark (:mod:`elmo.senses`) on the model's own layers, as a flat record for the training
     history: ``{"sense_en_layer0": accuracy, ..., "sense_zh_best": accuracy}``."""
+    return summary(sense_results(model, sentences_per_batch))
+
+
+def sense_results(model: BiLM, sentences_per_batch: int = 64) -> dict:
+    """The word-sense benchmark's full result (elmo.senses.benchmark.run_benchmark) on the model's own layers."""
     device = next(model.parameters()).device
 
     def embed(sentences: list[list[str]]) -> list:
@@ -95,7 +100,7 @@ def sense_scores(model: BiLM, sentences_per_batch: int = 64) -> dict:
     was_training = model.training
     model.eval()
     try:
-        return summary(run_benchmark(embed))
+        return run_benchmark(embed)
     finally:
         model.train(was_training)
 

@@ -73,6 +73,14 @@ def test_words_are_scored_only_against_their_own_occurrences():
     assert result["words"]["x"]["chance"] == 1.0
 
 
+def test_hits_are_per_occurrence_in_input_order():
+    # words interleaved; each word's third occurrence finds the other sense (grouped by word it would read 1,1,0,1,1,0)
+    vectors = np.array([[1, 0], [0, 1], [1, 0.1], [0, 1], [0, 1], [1, 0.3]], float)
+    result = nearest_neighbour_accuracy(vectors, ["x", "y", "x", "y", "x", "y"], ["a", "b", "a", "b", "c", "c"])
+    assert result["hits"] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert np.mean(result["hits"]) == pytest.approx(result["accuracy"])
+
+
 def test_runtime_benchmark_layer_zero_is_context_blind(tiny_model_dir):
     embedder = Embedder(tiny_model_dir, intra_op_threads=1, inter_op_threads=1)
     result = run_benchmark(embedder.embed_tokens, {"top": lambda layers: layers[-1]})
