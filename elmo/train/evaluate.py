@@ -78,13 +78,13 @@ def score_sentences(
     return LMScore(fwd_total, bwd_total, tokens)
 
 
-@torch.no_grad()
 def sense_scores(model: BiLM, sentences_per_batch: int = 64) -> dict:
     """The word-sense benchmark (:mod:`elmo.senses`) on the model's own layers, as a flat record for the training
     history: ``{"sense_en_layer0": accuracy, ..., "sense_zh_best": accuracy}``."""
     return summary(sense_results(model, sentences_per_batch))
 
 
+@torch.no_grad()
 def sense_results(model: BiLM, sentences_per_batch: int = 64) -> dict:
     """The word-sense benchmark's full result (elmo.senses.benchmark.run_benchmark) on the model's own layers."""
     device = next(model.parameters()).device
