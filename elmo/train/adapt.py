@@ -33,7 +33,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -180,7 +180,8 @@ class Adaptation:
             self.record = json.loads(path.read_text())
             if self.record["text_sha256"] != _sha256(self.text) or self.record["model"] != str(self.model.resolve()):
                 raise ConfigError(f"{path}: --resume needs the same --model and --text as the run it continues")
-            self.s = AdaptSettings(**self.record["settings"])  # the schedule the run started with
+            # the schedule the run started with; only the thread count (which changes no result) may differ
+            self.s = replace(AdaptSettings(**self.record["settings"]), threads=self.s.threads)
             return
         if path.is_file():
             raise ConfigError(f"{path}: {self.out} already holds an adaptation: --resume continues it, or choose "

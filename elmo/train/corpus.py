@@ -395,6 +395,8 @@ def fetch_handbook(out: Path) -> dict:
         log.info("apt-get download debian-handbook")
         _run(["apt-get", "download", "debian-handbook"], raw)
     deb = _one(raw, "debian-handbook_*.deb")
+    if deb is None:
+        raise DataError(f"`apt-get download debian-handbook` left no debian-handbook_*.deb in {raw}")
     unpacked = raw / deb.stem
     if not (unpacked / HTML_ROOT).is_dir():
         _run(["dpkg-deb", "-x", str(deb), str(unpacked)], raw)
