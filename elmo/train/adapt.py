@@ -45,6 +45,7 @@ from elmo.mix.store import TASKS_DIR, mark_tasks_stale
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_config, load_model, load_state, load_vocab, save_model
 from elmo.model.config import ModelConfig
+from elmo.text.chars import load_char_scheme
 from elmo.train.config import DataConfig, OptimConfig, TrainConfig
 from elmo.train.evaluate import score_sentences, sense_results
 from elmo.train.loop import OPTIMIZER_FILE, STATE_FILE, train
@@ -107,12 +108,10 @@ def _sha256(path: Path) -> str:
 
 # -- the source model ------------------------------------------------------------------------------------------
 def check_source(model_dir: Path) -> ModelConfig:
+    """The source's config, its char scheme checked readable (a bad char vocabulary fails here, not mid-run)."""
     cfg = load_config(model_dir)
-    if cfg.char_scheme != "elmo" or cfg.word_dim:
-        raise ConfigError(
-            f"{model_dir}: adapt trains models with the byte char scheme; this one has char_scheme "
-            f"{cfg.char_scheme!r} and word_dim {cfg.word_dim} (an ELMoForManyLangs import), which it cannot train yet"
-        )
+    if load_char_scheme(model_dir).name != cfg.char_scheme:
+        raise ConfigError(f"{model_dir}: config.json says char_scheme {cfg.char_scheme!r}, the folder holds another")
     return cfg
 
 
@@ -128,6 +127,8 @@ def write_start_with_new_softmax(source: Path, start: Path, vocab: list[str], tr
     with torch.no_grad():
         init_bias_from_unigram(bilm, target_frequencies(train, Vocab(vocab)))
     save_model(bilm, start, vocab)
+    for name in load_char_scheme(source).files:
+        shutil.copyfile(source / name, start / name)
 
 
 # -- scoring ---------------------------------------------------------------------------------------------------
@@ -135,8 +136,9 @@ def measure(model_dir: Path, vocab: list[str], heldout: list[list[str]]) -> dict
     """Held-out perplexity (full softmax) and the word-sense benchmark's best layer per language (its accuracy, and
     per sentence its share of same-sense neighbours for the paired comparison)."""
     bilm = load_model(model_dir)
-    scores = score_sentences(bilm, Vocab(vocab), heldout).report()
-    senses = sense_results(bilm)
+    char_scheme = load_char_scheme(model_dir)
+    scores = score_sentences(bilm, Vocab(vocab, char_scheme), heldout).report()
+    senses = sense_results(bilm, char_scheme)
     return {**scores, "senses": {lang: round(r["best_layer"]["accuracy"], 4) for lang, r in senses.items()},
             "sense_hits": {lang: r["best_layer"]["hits"] for lang, r in senses.items()}}  # fmt: skip
 

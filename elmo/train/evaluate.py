@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from elmo.errors import InputError
 from elmo.model.bilm import BiLM, backward_targets
 from elmo.senses.benchmark import run_benchmark, summary
-from elmo.text.chars import batch_to_char_ids
+from elmo.text.chars import BYTES, load_char_scheme
 from elmo.train.vocab import IGNORE, Vocab, length_batches, lm_arrays, read_sentences
 
 
@@ -78,14 +78,14 @@ def score_sentences(
     return LMScore(fwd_total, bwd_total, tokens)
 
 
-def sense_scores(model: BiLM, sentences_per_batch: int = 64) -> dict:
+def sense_scores(model: BiLM, char_scheme=BYTES, sentences_per_batch: int = 64) -> dict:
     """The word-sense benchmark (:mod:`elmo.senses`) on the model's own layers, as a flat record for the training
     history: ``{"sense_en_layer0": accuracy, ..., "sense_zh_best": accuracy}``."""
-    return summary(sense_results(model, sentences_per_batch))
+    return summary(sense_results(model, char_scheme, sentences_per_batch))
 
 
 @torch.no_grad()
-def sense_results(model: BiLM, sentences_per_batch: int = 64) -> dict:
+def sense_results(model: BiLM, char_scheme=BYTES, sentences_per_batch: int = 64) -> dict:
     """The word-sense benchmark's full result (elmo.senses.benchmark.run_benchmark) on the model's own layers."""
     device = next(model.parameters()).device
 
@@ -93,7 +93,7 @@ def sense_results(model: BiLM, sentences_per_batch: int = 64) -> dict:
         layers_out = []
         for start in range(0, len(sentences), sentences_per_batch):
             batch = sentences[start : start + sentences_per_batch]
-            layers, _ = model(torch.from_numpy(batch_to_char_ids(batch)).to(device))  # (B, L+1, T, 2P)
+            layers, _ = model(torch.from_numpy(char_scheme.batch(batch)).long().to(device))  # (B, L+1, T, 2P)
             layers_out += [layers[i, :, : len(s)].float().cpu().numpy() for i, s in enumerate(batch)]
         return layers_out
 
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokens = load_model_and_vocab(args.model)
-    vocab = Vocab(tokens)
+    vocab = Vocab(tokens, load_char_scheme(args.model))
     if args.report:
         report = test_report(
             model,

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from elmo.errors import ConfigError, DataError
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_state, load_vocab, save_model, save_state
 from elmo.model.config import ModelConfig, read_json_config
+from elmo.text.chars import BYTES, load_char_scheme
 from elmo.train.config import OptimConfig, TrainConfig, load_train_config, read_train_sentences
 from elmo.train.evaluate import score_sentences, sense_scores
 from elmo.train.objective import (
@@ -264,7 +266,9 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     if t.threads:
         torch.set_num_threads(t.threads)
     vocab_tokens = load_vocab(cfg.data.vocab)
-    vocab = Vocab(vocab_tokens)
+    # a later stage or an adaptation reads tokens as the model it starts from does (its char vocabulary, if any)
+    char_scheme = load_char_scheme(t.init_from) if t.init_from else BYTES
+    vocab = Vocab(vocab_tokens, char_scheme)
     model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": len(vocab_tokens)}, source="model")
     cfg.model = model_cfg
     train_sentences = read_train_sentences(cfg.data)
@@ -296,6 +300,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         (objective.module if d.active else objective).log_q = sampler.log_q
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
+        for name in char_scheme.files:  # the model directory carries its char vocabulary
+            shutil.copyfile(Path(t.init_from) / name, out / name)
         log.info(
             "model %.2f M parameters (+%.2f M softmax), vocab %d, %d train sentences in %d batches/rank/epoch, "
             "world %d, %s softmax",
@@ -358,7 +364,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         if state["step"] % t.valid_every == 0 or (finished and state["step"] >= t.max_steps) or out_of_time:
             scores = {"step": state["step"], "tokens": state["tokens"], **validate(bilm, vocab, valid_sentences, d)}
             if cfg.data.sense_benchmark and d.main:
-                scores.update(sense_scores(bilm))
+                scores.update(sense_scores(bilm, char_scheme))
             state["history"].append(scores)
             if d.main:
                 log.info("step %d valid %s", state["step"], json.dumps(scores))

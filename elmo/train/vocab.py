@@ -69,13 +69,20 @@ def write_vocab_file(vocab: Sequence[str], path: Path) -> Path:
 
 
 class Vocab:
-    """Token <-> id with ``<UNK>`` for everything unknown."""
+    """Token <-> id with ``<UNK>`` for everything unknown, for the softmax (targets); ``char_scheme`` is how the same
+    model reads a token (inputs): the ELMo byte scheme, or the model directory's char vocabulary
+    (elmo.text.chars.load_char_scheme)."""
 
-    def __init__(self, tokens: Sequence[str]) -> None:
+    def __init__(self, tokens: Sequence[str], char_scheme=None) -> None:
         if list(tokens[: len(SPECIALS)]) != list(SPECIALS):
             raise DataError(f"vocabulary must start with {list(SPECIALS)} (got {list(tokens[:3])})")
         self.tokens = list(tokens)
         self.index = {t: i for i, t in enumerate(self.tokens)}
+        if char_scheme is None:
+            from elmo.text.chars import BYTES
+
+            char_scheme = BYTES
+        self.char_scheme = char_scheme
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -147,9 +154,7 @@ def lm_arrays(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[np.ndar
     """Sentences -> (char ids (B, T, 50) int64, targets (B, T + 2) int64 of ``[<S>, ..., </S>]``, -100 padding).
 
     A ``Piece``'s boundary target at a marked cut is -100 too: no direction is trained or scored on it."""
-    from elmo.text.chars import batch_to_char_ids
-
-    char_ids = batch_to_char_ids(sentences).astype(np.int64)
+    char_ids = vocab.char_scheme.batch(sentences).astype(np.int64)
     targets = np.full((len(sentences), char_ids.shape[1] + 2), IGNORE, dtype=np.int64)
     for row, sentence in enumerate(sentences):
         ids = vocab.ids(sentence)

@@ -150,19 +150,37 @@ def test_an_imported_allennlp_model_gets_a_softmax_fitted_first(bilm_tf_fixture,
     assert json.loads((out / "onnx.json").read_text())["verification"]["passed"] is True
 
 
+def test_an_imported_manylangs_model_keeps_its_char_vocabulary(domain_text, tmp_path, capsys):
+    """ELMoForManyLangs imports read tokens through their own char (and word) vocabulary: training, scoring, the
+    sense benchmark and the export all use it, and the adapted directory carries it."""
+    from tests.importers.test_manylangs import write_synthetic_folder
+
+    imported = tmp_path / "imported"
+    folder = write_synthetic_folder(tmp_path / "zhs.model", word_dim=6)
+    assert main(["import-manylangs", "--model", str(folder), "--out", str(imported)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "adapted"
+    result = _run(capsys, "--model", str(imported), "--text", str(domain_text), "--out", str(out), *FAST)
+    assert result["softmax_fitted"] is True and result["after_ppl"] < result["before_ppl"]
+    for name in ("char_vocab.json", "word_vocab.json"):
+        assert (out / name).read_bytes() == (imported / name).read_bytes()
+    assert json.loads((out / "config.json").read_text())["char_scheme"] == "vocab"
+    assert json.loads((out / "onnx.json").read_text())["verification"]["passed"] is True
+
+
 def test_clear_errors(trained_tiny_lm, tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("Too little text to adapt anything.\n" * 20)
     assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(short), "--out", str(tmp_path / "a")]) == 2
     assert "adapting needs at least 2000" in capsys.readouterr().err
 
-    vocab_scheme = tmp_path / "manylangs"
-    vocab_scheme.mkdir()
-    replace(tiny(), char_scheme="vocab", n_chars=40, max_chars=20).validate().save(vocab_scheme)
+    no_vocab_file = tmp_path / "manylangs"  # config.json says char vocabulary, the folder has none
+    no_vocab_file.mkdir()
+    replace(tiny(), char_scheme="vocab", n_chars=40, max_chars=20).validate().save(no_vocab_file)
     long_text = tmp_path / "long.txt"
     long_text.write_text("Enough words here to pass the size check of the text .\n" * 300)
-    assert main(["adapt", "--model", str(vocab_scheme), "--text", str(long_text), "--out", str(tmp_path / "b")]) == 2
-    assert "char_scheme 'vocab'" in capsys.readouterr().err
+    assert main(["adapt", "--model", str(no_vocab_file), "--text", str(long_text), "--out", str(tmp_path / "b")]) == 2
+    assert "config.json says char_scheme 'vocab'" in capsys.readouterr().err
 
     assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(tmp_path / "missing.txt"),
                  "--out", str(tmp_path / "c")]) == 2  # fmt: skip
