@@ -6,7 +6,8 @@ training; the rest is the training text. Then, each step recorded in ``<out>/ada
 after a kill picks up where it stopped:
 
 1. **before**: the model's held-out perplexity and word-sense benchmark (elmo.senses).
-2. **softmax fit**, only for a model without a softmax (imported AllenNLP / bilm-tf weights are embedding models):
+2. **softmax fit**, only for a model without a softmax (imported AllenNLP / bilm-tf and ELMoForManyLangs weights are
+   embedding models; the latter keep their char and word vocabulary, elmo.text.chars.load_char_scheme):
    a vocabulary is built from the training text, a fresh softmax is trained with the biLM frozen
    (``softmax_share`` of the time), and its held-out perplexity is the "before" figure: the imported biLM as it is,
    scored with the best softmax this text allows.
@@ -19,6 +20,9 @@ Words outside the vocabulary: the model's vocabulary is kept (the softmax rows a
 is predicted, and scored, as ``<UNK>`` both before and after, which keeps the two perplexities comparable; its
 *input* vector still comes from its characters, so its embeddings do adapt. ``oov_rate`` in the result says how
 much of the held-out text that concerns.
+
+``--replay FILE`` mixes general text into training (``replay_share`` of the tokens) so the model keeps what it knew;
+the result's ``senses_change`` says, with a paired bootstrap over the benchmark's sentences, whether it did.
 
 The last line on stdout is one JSON object: ``{"before_ppl", "after_ppl", "tokens", ...}``.
 """
