@@ -30,7 +30,6 @@ The last line on stdout is one JSON object: ``{"before_ppl", "after_ppl", "token
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -49,6 +48,7 @@ from elmo.mix.store import TASKS_DIR, mark_tasks_stale
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_config, load_model, load_state, load_vocab, save_model
 from elmo.model.config import ModelConfig
+from elmo.runtime.modeldir import sha256_of
 from elmo.text.chars import load_char_scheme
 from elmo.train.config import DataConfig, OptimConfig, TrainConfig
 from elmo.train.evaluate import score_sentences, sense_results
@@ -102,14 +102,6 @@ def _write_lines(path: Path, sentences: list[list[str]]) -> None:
     path.write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # -- the source model ------------------------------------------------------------------------------------------
 def check_source(model_dir: Path) -> ModelConfig:
     """The source's config, its char scheme checked readable (a bad char vocabulary fails here, not mid-run)."""
@@ -160,12 +152,6 @@ def senses_change(before: dict, after: dict) -> dict:
     return out
 
 
-def oov_rate(sentences: list[list[str]], vocab: list[str]) -> float:
-    known = set(vocab)
-    tokens = [t for s in sentences for t in s]
-    return round(sum(t not in known for t in tokens) / max(1, len(tokens)), 4)
-
-
 # -- the steps -------------------------------------------------------------------------------------------------
 class Adaptation:
     """One adaptation in ``out``; every finished step is recorded in adapt.json before the next one starts."""
@@ -184,7 +170,7 @@ class Adaptation:
             if not path.is_file():
                 raise DataError(f"{path}: nothing to resume (no adaptation in {self.out})")
             self.record = json.loads(path.read_text())
-            if self.record["text_sha256"] != _sha256(self.text) or self.record["model"] != str(self.model.resolve()):
+            if self.record["text_sha256"] != sha256_of(self.text) or self.record["model"] != str(self.model.resolve()):
                 raise ConfigError(f"{path}: --resume needs the same --model and --text as the run it continues")
             # the schedule the run started with; only the thread count (which changes no result) may differ
             self.s = replace(AdaptSettings(**self.record["settings"]), threads=self.s.threads)
@@ -195,7 +181,7 @@ class Adaptation:
         if self.out.exists() and any(p.name != WORK_DIR for p in self.out.iterdir()):
             raise ConfigError(f"{self.out}: not empty; adapt writes a new model directory")
         shutil.rmtree(self.work, ignore_errors=True)  # a split cut short before the record was written
-        self.record = {"model": str(self.model.resolve()), "text": str(self.text), "text_sha256": _sha256(self.text),
+        self.record = {"model": str(self.model.resolve()), "text": str(self.text), "text_sha256": sha256_of(self.text),
                        "tokenized": self.tokenized, "settings": asdict(self.s), "started": time.time()}  # fmt: skip
 
     def save(self) -> None:
@@ -229,7 +215,7 @@ class Adaptation:
             "heldout_sentences": len(heldout), "heldout_tokens": sum(map(len, heldout)),
             "batches_per_epoch": len(length_batches([len(p) for p in pieces], self.s.tokens_per_batch)),
             "replay_tokens": sum(map(len, replayed)), "vocab": len(vocab), "new_softmax": not has_softmax,
-            "oov_rate": oov_rate(heldout, vocab),
+            "oov_rate": round(Vocab(vocab).oov_rate(heldout), 4),
         }  # fmt: skip
         self.save()
 
