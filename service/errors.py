@@ -1,8 +1,8 @@
-"""The service's one error type and its one mapping to gRPC status codes.
+"""The service's one error type and its one mapping to gRPC status codes (and to HTTP statuses).
 
 The queue, the limits and the servicer raise :class:`ServiceError` with a :class:`Kind` and a message that names
-the problem; only :func:`grpc_code` knows about gRPC. Library errors (``elmo.errors``) are translated once by
-:func:`from_library_error`.
+the problem; only :func:`grpc_code` knows about gRPC, only :func:`http_status` about HTTP. Library errors
+(``elmo.errors``) are translated once by :func:`from_library_error`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from elmo.errors import ConfigError, ElmoError, InputError, ModelFileError
 
 class Kind(enum.Enum):
     INVALID_INPUT = "invalid input"  # the request itself is wrong; retrying it cannot help
+    TOO_LARGE = "too large"  # over a size limit (inputs, tokens, bytes); split the request
     NOT_FOUND = "not found"  # unknown model or task
     OVERLOADED = "overloaded"  # queue full; retry later with backoff
     DEADLINE = "deadline exceeded"  # the caller's deadline passed before the work was done
@@ -26,12 +27,26 @@ class Kind(enum.Enum):
 
 _GRPC_CODES: dict[Kind, grpc.StatusCode] = {
     Kind.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    Kind.TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,  # the request is wrong as sent, not the server out of room
     Kind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Kind.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+# The same kinds as HTTP statuses (the HTTP API, service.http); OpenAI-style clients read 400/401/404/413/429/503.
+_HTTP_STATUSES: dict[Kind, int] = {
+    Kind.INVALID_INPUT: 400,
+    Kind.TOO_LARGE: 413,
+    Kind.NOT_FOUND: 404,
+    Kind.OVERLOADED: 429,
+    Kind.DEADLINE: 504,
+    Kind.UNAVAILABLE: 503,
+    Kind.UNAUTHENTICATED: 401,
+    Kind.INTERNAL: 500,
 }
 
 
@@ -51,6 +66,10 @@ def grpc_code(kind: Kind) -> grpc.StatusCode:
     return _GRPC_CODES[kind]
 
 
+def http_status(kind: Kind) -> int:
+    return _HTTP_STATUSES[kind]
+
+
 def from_library_error(exc: ElmoError) -> ServiceError:
     """Translate an ``elmo.errors`` exception raised by the runtime or a task store."""
     if isinstance(exc, InputError):
@@ -64,8 +83,12 @@ def invalid(message: str) -> ServiceError:
     return ServiceError(Kind.INVALID_INPUT, message)
 
 
+def too_large(message: str) -> ServiceError:
+    return ServiceError(Kind.TOO_LARGE, message)
+
+
 def not_found(message: str) -> ServiceError:
     return ServiceError(Kind.NOT_FOUND, message)
 
 
-__all__ = ["Kind", "ServiceError", "from_library_error", "grpc_code", "invalid", "not_found"]
+__all__ = ["Kind", "ServiceError", "from_library_error", "grpc_code", "http_status", "invalid", "not_found", "too_large"]

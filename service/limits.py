@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from elmo.errors import ConfigError
+from elmo.errors import ConfigError, InputError
+from elmo.runtime.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
 
@@ -31,18 +32,25 @@ class Limits:
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
+    # -- long sentences (elmo.runtime.overflow) ----------------------------------------------------------------
+    overflow: str = Overflow.REJECT.value  # requests that name no policy get this one
+    window_overlap: int = DEFAULT_WINDOW_OVERLAP  # tokens shared by neighbouring windows under 'window'
 
     def validate(self) -> Limits:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "max_delay_ms":
-                ok = value >= 0
-            elif f.name == "drain_seconds":
+            if f.name == "overflow":
+                ok = True  # checked below, with its own message
+            elif f.name in ("max_delay_ms", "drain_seconds", "window_overlap"):
                 ok = value >= 0
             else:
                 ok = isinstance(value, int) and value > 0
             if not ok:
                 raise ConfigError(f"limit --{f.name.replace('_', '-')} must be positive (got {value!r})")
+        try:
+            Overflow.parse(self.overflow)
+        except InputError as exc:
+            raise ConfigError(f"--overflow: {exc}") from None
         if self.max_tokens_per_sentence > self.max_tokens_per_request:
             raise ConfigError("--max-tokens-per-sentence must not exceed --max-tokens-per-request")
         if self.max_tokens_per_sentence > self.max_batch_tokens:
@@ -65,6 +73,9 @@ _HELP = {
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
+    "overflow": "sentences over --max-tokens-per-sentence when the request names no policy: reject, truncate, or "
+    "window (overlapping windows stitched back)",
+    "window_overlap": "tokens shared by neighbouring windows under --overflow window (capped at half the window)",
 }
 
 
@@ -79,6 +90,7 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
             type=type(default),
             default=default,
             help=f"{_HELP[f.name]} (default {default})",
+            **({"choices": [o.value for o in Overflow]} if f.name == "overflow" else {}),
         )
 
 

@@ -1,7 +1,10 @@
 """``elmo serve``: the gRPC embedding server.
 
-    elmo serve --model DIR [--model NAME=DIR ...] --port 50051 [--metrics-port 9090]
+    elmo serve --model DIR [--model NAME=DIR ...] --port 50051 [--http-port 8080] [--metrics-port 9090]
                [--tls-cert FILE --tls-key FILE] [--auth-token TOKEN | env ELMO_AUTH_TOKEN] [limits flags]
+
+``--http-port`` adds the HTTP/JSON API and the web page (service.http) on the same event loop, sharing models,
+batchers, limits, token, TLS, metrics and drain.
 
 Lifecycle: models load -> the port opens with grpc.health.v1 NOT_SERVING (reflection and GetModelInfo answer,
 Embed answers UNAVAILABLE "warming up") -> each model runs a real warm-up forward pass through its batcher ->
@@ -16,6 +19,7 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +54,12 @@ class TlsFiles:
                 raise ConfigError(f"{path}: TLS file not found")
         return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same certificate for the HTTP port."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
 
 class ElmoServer:
     """The gRPC server around a set of served models. ``start`` -> ``warm_up`` -> ``wait`` / ``drain``."""
@@ -63,6 +73,7 @@ class ElmoServer:
         port: int = 50051,
         tls: TlsFiles | None = None,
         auth_token: str | None = None,
+        http_port: int | None = None,
     ):
         self.registry = ModelRegistry(models)
         self.limits = limits
@@ -86,6 +97,12 @@ class ElmoServer:
         )
         self.servicer = EmbedderServicer(self.registry, limits, self.state)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
+        self.http_port = http_port
+        self.http = None
+        if http_port is not None:
+            from service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
+
+            self.http = HttpFrontend(self.servicer, self.state, limits, metrics, auth_token, self._serving)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -93,6 +110,9 @@ class ElmoServer:
         )
         self._stopped = asyncio.Event()
         self._draining_task: asyncio.Task | None = None
+
+    def _serving(self) -> bool:
+        return all(model.ready for model in self.registry)
 
     def _rpc_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         self.metrics.in_flight.dec()
@@ -124,6 +144,16 @@ class ElmoServer:
             "TLS" if self.tls else "plaintext",
             ", ".join(m.name for m in self.registry),
         )
+        if self.http is not None:
+            try:
+                self.http_port = await self.http.start(
+                    self.host, self.http_port, self.tls.ssl_context() if self.tls else None
+                )
+            except ConfigError:
+                await self.server.stop(0)
+                raise
+            scheme = "https" if self.tls else "http"
+            log.info("HTTP API and page on %s://%s:%d/", scheme, self.host, self.http_port)
         return self.port
 
     async def warm_up(self) -> None:
@@ -152,6 +182,8 @@ class ElmoServer:
             except TimeoutError:
                 log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
         await self.server.stop(1.0)
+        if self.http is not None:
+            await self.http.stop()
         for model in self.registry:
             await model.batcher.close()
         self.metrics.close()
@@ -173,6 +205,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free port)")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="also serve the HTTP/JSON API (OpenAI /v1/embeddings, /v1/embed, ...) and the web page on this port "
+        "(default off; 0 = any free port)",
+    )
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default off)")
     parser.add_argument("--metrics-host", default=None, help="address for /metrics (default: --host)")
     parser.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain (with --tls-key)")
@@ -204,7 +243,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port-file",
         type=Path,
         default=None,
-        help="write the bound gRPC port (and metrics port) here once listening (for --port 0)",
+        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once listening (for port 0)",
     )
     add_limit_arguments(parser)
 
@@ -260,6 +299,7 @@ async def serve(args: argparse.Namespace) -> int:
         port=args.port,
         tls=tls,
         auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV) or None,
+        http_port=args.http_port,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -270,7 +310,7 @@ async def serve(args: argparse.Namespace) -> int:
         metrics_port = metrics.serve_http(args.metrics_port, args.metrics_host or args.host)
         log.info("metrics on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
     if args.port_file is not None:
-        args.port_file.write_text(f"{port}\n{metrics_port or ''}\n")
+        args.port_file.write_text(f"{port}\n{metrics_port or ''}\n{server.http_port or ''}\n")
     try:
         await server.warm_up()
     except ServiceError as exc:

@@ -16,16 +16,22 @@ import grpc
 import grpc.aio
 import numpy as np
 
+from elmo.runtime.overflow import Overflow, over_limit_message, windowed
 from elmo.text.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import NUMPY_DTYPES, to_tensor
 from service.decode import UndecodableRequest, lenient_parser
-from service.errors import Kind, ServiceError, grpc_code, invalid
+from service.errors import Kind, ServiceError, grpc_code, invalid, too_large
 from service.limits import MIB, Limits
 from service.models import ModelRegistry, ServedModel
 from service.tasks import Task
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "elmo.v1.Embedder"
+OVERFLOW_POLICIES = {
+    pb.OVERFLOW_REJECT: Overflow.REJECT,
+    pb.OVERFLOW_TRUNCATE: Overflow.TRUNCATE,
+    pb.OVERFLOW_WINDOW: Overflow.WINDOW,
+}
 
 
 class ServerState:
@@ -70,6 +76,8 @@ class PreparedEmbed:
     task: Task | None
     omit_layers: bool
     dtype: int
+    truncated: list[int]  # per sentence, tokens cut off under TRUNCATE
+    window_size: int  # the per-sentence limit: longer sentences (WINDOW) run as windows of this size
 
     @property
     def n_tokens(self) -> int:
@@ -92,28 +100,52 @@ def prepare_embed(request: pb.EmbedRequest, models: ModelRegistry, limits: Limit
     if request.omit_layers and task is None:
         raise invalid("omit_layers needs a task: without one the response would hold no vectors")
     max_per_sentence = min(limits.max_tokens_per_sentence, model.max_tokens_per_sentence)
-    sentences, offsets = [], []
+    policy = overflow_policy(request.overflow, limits)
+    sentences, offsets, truncated = [], [], []
     for i, item in enumerate(request.inputs):
         tokens, spans = _input_tokens(item, i)
+        cut = 0
         if len(tokens) > max_per_sentence:
-            raise invalid(f"inputs[{i}] has {len(tokens)} tokens, over the limit of {max_per_sentence} per sentence")
+            if policy is Overflow.REJECT:
+                raise too_large(over_limit_message(f"inputs[{i}]", len(tokens), max_per_sentence))
+            if policy is Overflow.TRUNCATE:
+                cut = len(tokens) - max_per_sentence
+                tokens, spans = tokens[:max_per_sentence], spans and spans[:max_per_sentence]
         sentences.append(tokens)
         offsets.append(spans)
+        truncated.append(cut)
     prepared = PreparedEmbed(
-        model, sentences, offsets, list(request.layers) or None, task, request.omit_layers, request.dtype
+        model,
+        sentences,
+        offsets,
+        list(request.layers) or None,
+        task,
+        request.omit_layers,
+        request.dtype,
+        truncated,
+        max_per_sentence,
     )
     if prepared.n_tokens > limits.max_tokens_per_request:
-        raise invalid(
+        raise too_large(
             f"request has {prepared.n_tokens} tokens, over the limit of {limits.max_tokens_per_request} "
             f"(--max-tokens-per-request); split it"
         )
     size = response_bytes(prepared)
     if size > limits.max_response_bytes:
-        raise invalid(
+        raise too_large(
             f"response would be {human_bytes(size)}, over the {human_bytes(limits.max_response_bytes)} limit "
             "(--max-response-bytes): ask for fewer inputs or layers, FLOAT16, or use EmbedStream"
         )
     return prepared
+
+
+def overflow_policy(value: int, limits: Limits) -> Overflow:
+    """The request's policy, or the server's default (``--overflow``) when it names none."""
+    if value == pb.OVERFLOW_DEFAULT:
+        return Overflow.parse(limits.overflow)
+    if value not in OVERFLOW_POLICIES:
+        raise invalid(f"overflow {value} is not OVERFLOW_REJECT (1), OVERFLOW_TRUNCATE (2) or OVERFLOW_WINDOW (3)")
+    return OVERFLOW_POLICIES[value]
 
 
 def human_bytes(n: int) -> str:
@@ -127,7 +159,7 @@ def _check_count(n: int, limits: Limits, field: str = "inputs") -> None:
     if n == 0:
         raise invalid(f"{field} is empty: send at least one sentence")
     if n > limits.max_inputs:
-        raise invalid(f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request")
+        raise too_large(f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request")
 
 
 def _input_tokens(item: pb.Input, i: int) -> tuple[list[str], list[tuple[int, int]] | None]:
@@ -159,9 +191,10 @@ def response_bytes(prepared: PreparedEmbed) -> int:
 def build_response(prepared: PreparedEmbed, vectors: list[np.ndarray]) -> pb.EmbedResponse:
     response = pb.EmbedResponse(model=prepared.model.name)
     response.layers.extend(prepared.layers or range(prepared.model.n_layers))
-    for tokens, spans, layers in zip(prepared.sentences, prepared.offsets, vectors):
+    for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, vectors):
         embedding = response.embeddings.add()
         embedding.tokens.extend(tokens)
+        embedding.truncated_tokens = cut
         if spans is not None:
             embedding.offsets.extend(pb.Span(start=s, end=e) for s, e in spans)
         if not prepared.omit_layers:
@@ -203,12 +236,15 @@ class EmbedderServicer:
         if not model.ready:
             raise ServiceError(Kind.UNAVAILABLE, f"model '{model.name}' is warming up; retry shortly")
 
-    async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+    async def embed_request(self, request: pb.EmbedRequest, deadline: float | None = None) -> pb.EmbedResponse:
+        """The one embedding path of gRPC and HTTP: check, queue (windows of long sentences included), answer.
+        ``deadline`` is a time.monotonic() instant."""
         started = time.monotonic()
         prepared = prepare_embed(request, self.models, self.limits)
         self._check_ready(prepared.model)
-        vectors, stats = await prepared.model.batcher.embed(prepared.sentences, _deadline(context))
-        response = build_response(prepared, vectors)
+        batch = windowed(prepared.sentences, prepared.window_size, self.limits.window_overlap)
+        pieces, stats = await prepared.model.batcher.embed(batch.pieces, deadline)
+        response = build_response(prepared, batch.stitch(pieces))
         response.request_id = request.request_id
         slowest = max(stats, key=lambda s: s.queue_s + s.inference_s)
         largest = max(stats, key=lambda s: s.tokens)
@@ -223,7 +259,7 @@ class EmbedderServicer:
     @_answer
     async def Embed(self, request, context):  # noqa: N802 - gRPC method names
         with self.state.admit():
-            return await self._embed(request, context)
+            return await self.embed_request(request, _deadline(context))
 
     async def EmbedStream(self, request_iterator, context):  # noqa: N802
         """Requests are embedded concurrently (so they batch together), answered in order; at most
@@ -252,7 +288,7 @@ class EmbedderServicer:
                         inflight.put_nowait(invalid(request.message))
                         return
                     await slots.acquire()
-                    inflight.put_nowait(asyncio.ensure_future(self._embed(request, context)))
+                    inflight.put_nowait(asyncio.ensure_future(self.embed_request(request, _deadline(context))))
             finally:
                 inflight.put_nowait(done)
 
@@ -274,6 +310,9 @@ class EmbedderServicer:
 
     @_answer
     async def Tokenize(self, request, context):  # noqa: N802
+        return self.tokenize_request(request)
+
+    def tokenize_request(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
         self.models.get(request.model)
         self.state.check_open()
         _check_count(len(request.texts), self.limits, "texts")
@@ -287,7 +326,10 @@ class EmbedderServicer:
 
     @_answer
     async def GetModelInfo(self, request, context):  # noqa: N802
-        model = self.models.get(request.model)
+        return self.model_info(request.model)
+
+    def model_info(self, name: str) -> pb.ModelInfo:
+        model = self.models.get(name)
         lim = self.limits
         return pb.ModelInfo(
             name=model.name,

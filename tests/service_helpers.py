@@ -45,24 +45,36 @@ class ServerThread:
         tls: TlsFiles | None = None,
         auth_token: str | None = None,
         metrics_port: int | None = None,
+        http: bool = False,
     ):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-grpc-server", daemon=True)
         self.thread.start()
         self.metrics = ServiceMetrics()
-        self.server: ElmoServer = self.call(self._create(runtimes, limits, tls, auth_token))
+        self.server: ElmoServer = self.call(self._create(runtimes, limits, tls, auth_token, 0 if http else None))
         self.port = self.call(self.server.start())
+        scheme = "https" if tls else "http"
+        self.http_url = f"{scheme}://127.0.0.1:{self.server.http_port}" if http else None
         self.metrics_port = (
             self.metrics.serve_http(metrics_port or 0, "127.0.0.1") if metrics_port is not None else None
         )
         self.target = f"127.0.0.1:{self.port}"
 
-    async def _create(self, runtimes, limits, tls, auth_token) -> ElmoServer:
+    async def _create(self, runtimes, limits, tls, auth_token, http_port) -> ElmoServer:
         models = [
             serve_model(runtime, Path(runtime.info.model_dir), limits, self.metrics.observer(name), name=name)
             for name, runtime in runtimes.items()
         ]
-        return ElmoServer(models, limits, self.metrics, host="127.0.0.1", port=0, tls=tls, auth_token=auth_token)
+        return ElmoServer(
+            models,
+            limits,
+            self.metrics,
+            host="127.0.0.1",
+            port=0,
+            tls=tls,
+            auth_token=auth_token,
+            http_port=http_port,
+        )
 
     def call(self, coro, timeout: float = 60.0):
         """Run a coroutine on the server's loop and wait for its result."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65lmo/v1/embedder.proto\x12\x07\x65lmo.v1\"\x18\n\x06Tokens\x12\x0e\n\x06tokens\x18\x01 \x03(\t\"B\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12!\n\x06tokens\x18\x02 \x01(\x0b\x32\x0f.elmo.v1.TokensH\x00\x42\x06\n\x04kind\"\xa3\x01\n\x0c\x45mbedRequest\x12\x1e\n\x06inputs\x18\x01 \x03(\x0b\x32\x0e.elmo.v1.Input\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x13\n\x0bomit_layers\x18\x04 \x01(\x08\x12\x1d\n\x05\x64type\x18\x05 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"D\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\"\n\x04Span\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"z\n\tEmbedding\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\x12\x1f\n\x06layers\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x1c\n\x03mix\x18\x04 \x01(\x0b\x32\x0f.elmo.v1.Tensor\"q\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x17\n\x0f\x62\x61tch_sentences\x18\x04 \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\x05\"\x8b\x01\n\rEmbedResponse\x12&\n\nembeddings\x18\x01 \x03(\x0b\x32\x12.elmo.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1f\n\x06timing\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Timing\x12\x0e\n\x06layers\x18\x04 \x03(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"/\n\x0fTokenizeRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"?\n\rTokenizedText\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\"9\n\x10TokenizeResponse\x12%\n\x05texts\x18\x01 \x03(\x0b\x32\x16.elmo.v1.TokenizedText\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x94\x01\n\x06Limits\x12\x12\n\nmax_inputs\x18\x01 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x02 \x01(\x05\x12\x1e\n\x16max_tokens_per_request\x18\x03 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x05 \x01(\x03\"\xcb\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\x05\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x05 \x01(\x05\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x1a\n\x12\x65xecution_provider\x18\x07 \x01(\t\x12\x1f\n\x06limits\x18\x08 \x01(\x0b\x32\x0f.elmo.v1.Limits\x12\x13\n\x0bstale_tasks\x18\t \x03(\t\"\x13\n\x11ListModelsRequest\"$\n\x12ListModelsResponse\x12\x0e\n\x06models\x18\x01 \x03(\t*!\n\x05\x44Type\x12\x0b\n\x07\x46LOAT32\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01\x32\xce\x02\n\x08\x45mbedder\x12\x36\n\x05\x45mbed\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse\x12@\n\x0b\x45mbedStream\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse(\x01\x30\x01\x12?\n\x08Tokenize\x12\x18.elmo.v1.TokenizeRequest\x1a\x19.elmo.v1.TokenizeResponse\x12@\n\x0cGetModelInfo\x12\x1c.elmo.v1.GetModelInfoRequest\x1a\x12.elmo.v1.ModelInfo\x12\x45\n\nListModels\x12\x1a.elmo.v1.ListModelsRequest\x1a\x1b.elmo.v1.ListModelsResponseB\x1e\n\nio.elmo.v1P\x01Z\x0e\x65lmo/v1;elmov1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65lmo/v1/embedder.proto\x12\x07\x65lmo.v1\"\x18\n\x06Tokens\x12\x0e\n\x06tokens\x18\x01 \x03(\t\"B\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12!\n\x06tokens\x18\x02 \x01(\x0b\x32\x0f.elmo.v1.TokensH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0c\x45mbedRequest\x12\x1e\n\x06inputs\x18\x01 \x03(\x0b\x32\x0e.elmo.v1.Input\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x13\n\x0bomit_layers\x18\x04 \x01(\x08\x12\x1d\n\x05\x64type\x18\x05 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12#\n\x08overflow\x18\x08 \x01(\x0e\x32\x11.elmo.v1.Overflow\"D\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\"\n\x04Span\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"\x94\x01\n\tEmbedding\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\x12\x1f\n\x06layers\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x1c\n\x03mix\x18\x04 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x18\n\x10truncated_tokens\x18\x05 \x01(\x05\"q\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x17\n\x0f\x62\x61tch_sentences\x18\x04 \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\x05\"\x8b\x01\n\rEmbedResponse\x12&\n\nembeddings\x18\x01 \x03(\x0b\x32\x12.elmo.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1f\n\x06timing\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Timing\x12\x0e\n\x06layers\x18\x04 \x03(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"/\n\x0fTokenizeRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"?\n\rTokenizedText\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\"9\n\x10TokenizeResponse\x12%\n\x05texts\x18\x01 \x03(\x0b\x32\x16.elmo.v1.TokenizedText\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x94\x01\n\x06Limits\x12\x12\n\nmax_inputs\x18\x01 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x02 \x01(\x05\x12\x1e\n\x16max_tokens_per_request\x18\x03 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x05 \x01(\x03\"\xcb\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\x05\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x05 \x01(\x05\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x1a\n\x12\x65xecution_provider\x18\x07 \x01(\t\x12\x1f\n\x06limits\x18\x08 \x01(\x0b\x32\x0f.elmo.v1.Limits\x12\x13\n\x0bstale_tasks\x18\t \x03(\t\"\x13\n\x11ListModelsRequest\"$\n\x12ListModelsResponse\x12\x0e\n\x06models\x18\x01 \x03(\t*!\n\x05\x44Type\x12\x0b\n\x07\x46LOAT32\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01*a\n\x08Overflow\x12\x14\n\x10OVERFLOW_DEFAULT\x10\x00\x12\x13\n\x0fOVERFLOW_REJECT\x10\x01\x12\x15\n\x11OVERFLOW_TRUNCATE\x10\x02\x12\x13\n\x0fOVERFLOW_WINDOW\x10\x03\x32\xce\x02\n\x08\x45mbedder\x12\x36\n\x05\x45mbed\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse\x12@\n\x0b\x45mbedStream\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse(\x01\x30\x01\x12?\n\x08Tokenize\x12\x18.elmo.v1.TokenizeRequest\x1a\x19.elmo.v1.TokenizeResponse\x12@\n\x0cGetModelInfo\x12\x1c.elmo.v1.GetModelInfoRequest\x1a\x12.elmo.v1.ModelInfo\x12\x45\n\nListModels\x12\x1a.elmo.v1.ListModelsRequest\x1a\x1b.elmo.v1.ListModelsResponseB\x1e\n\nio.elmo.v1P\x01Z\x0e\x65lmo/v1;elmov1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,40 +32,42 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elmo.v1.embedder_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\nio.elmo.v1P\001Z\016elmo/v1;elmov1'
-  _globals['_DTYPE']._serialized_start=1409
-  _globals['_DTYPE']._serialized_end=1442
+  _globals['_DTYPE']._serialized_start=1473
+  _globals['_DTYPE']._serialized_end=1506
+  _globals['_OVERFLOW']._serialized_start=1508
+  _globals['_OVERFLOW']._serialized_end=1605
   _globals['_TOKENS']._serialized_start=35
   _globals['_TOKENS']._serialized_end=59
   _globals['_INPUT']._serialized_start=61
   _globals['_INPUT']._serialized_end=127
   _globals['_EMBEDREQUEST']._serialized_start=130
-  _globals['_EMBEDREQUEST']._serialized_end=293
-  _globals['_TENSOR']._serialized_start=295
-  _globals['_TENSOR']._serialized_end=363
-  _globals['_SPAN']._serialized_start=365
-  _globals['_SPAN']._serialized_end=399
-  _globals['_EMBEDDING']._serialized_start=401
-  _globals['_EMBEDDING']._serialized_end=523
-  _globals['_TIMING']._serialized_start=525
-  _globals['_TIMING']._serialized_end=638
-  _globals['_EMBEDRESPONSE']._serialized_start=641
-  _globals['_EMBEDRESPONSE']._serialized_end=780
-  _globals['_TOKENIZEREQUEST']._serialized_start=782
-  _globals['_TOKENIZEREQUEST']._serialized_end=829
-  _globals['_TOKENIZEDTEXT']._serialized_start=831
-  _globals['_TOKENIZEDTEXT']._serialized_end=894
-  _globals['_TOKENIZERESPONSE']._serialized_start=896
-  _globals['_TOKENIZERESPONSE']._serialized_end=953
-  _globals['_GETMODELINFOREQUEST']._serialized_start=955
-  _globals['_GETMODELINFOREQUEST']._serialized_end=991
-  _globals['_LIMITS']._serialized_start=994
-  _globals['_LIMITS']._serialized_end=1142
-  _globals['_MODELINFO']._serialized_start=1145
-  _globals['_MODELINFO']._serialized_end=1348
-  _globals['_LISTMODELSREQUEST']._serialized_start=1350
-  _globals['_LISTMODELSREQUEST']._serialized_end=1369
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1371
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1407
-  _globals['_EMBEDDER']._serialized_start=1445
-  _globals['_EMBEDDER']._serialized_end=1779
+  _globals['_EMBEDREQUEST']._serialized_end=330
+  _globals['_TENSOR']._serialized_start=332
+  _globals['_TENSOR']._serialized_end=400
+  _globals['_SPAN']._serialized_start=402
+  _globals['_SPAN']._serialized_end=436
+  _globals['_EMBEDDING']._serialized_start=439
+  _globals['_EMBEDDING']._serialized_end=587
+  _globals['_TIMING']._serialized_start=589
+  _globals['_TIMING']._serialized_end=702
+  _globals['_EMBEDRESPONSE']._serialized_start=705
+  _globals['_EMBEDRESPONSE']._serialized_end=844
+  _globals['_TOKENIZEREQUEST']._serialized_start=846
+  _globals['_TOKENIZEREQUEST']._serialized_end=893
+  _globals['_TOKENIZEDTEXT']._serialized_start=895
+  _globals['_TOKENIZEDTEXT']._serialized_end=958
+  _globals['_TOKENIZERESPONSE']._serialized_start=960
+  _globals['_TOKENIZERESPONSE']._serialized_end=1017
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1019
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1055
+  _globals['_LIMITS']._serialized_start=1058
+  _globals['_LIMITS']._serialized_end=1206
+  _globals['_MODELINFO']._serialized_start=1209
+  _globals['_MODELINFO']._serialized_end=1412
+  _globals['_LISTMODELSREQUEST']._serialized_start=1414
+  _globals['_LISTMODELSREQUEST']._serialized_end=1433
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1435
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1471
+  _globals['_EMBEDDER']._serialized_start=1608
+  _globals['_EMBEDDER']._serialized_end=1942
 # @@protoc_insertion_point(module_scope)

@@ -11,8 +11,19 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FLOAT32: _ClassVar[DType]
     FLOAT16: _ClassVar[DType]
+
+class Overflow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OVERFLOW_DEFAULT: _ClassVar[Overflow]
+    OVERFLOW_REJECT: _ClassVar[Overflow]
+    OVERFLOW_TRUNCATE: _ClassVar[Overflow]
+    OVERFLOW_WINDOW: _ClassVar[Overflow]
 FLOAT32: DType
 FLOAT16: DType
+OVERFLOW_DEFAULT: Overflow
+OVERFLOW_REJECT: Overflow
+OVERFLOW_TRUNCATE: Overflow
+OVERFLOW_WINDOW: Overflow
 
 class Tokens(_message.Message):
     __slots__ = ("tokens",)
@@ -29,7 +40,7 @@ class Input(_message.Message):
     def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "layers", "task", "omit_layers", "dtype", "model", "request_id")
+    __slots__ = ("inputs", "layers", "task", "omit_layers", "dtype", "model", "request_id", "overflow")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +48,7 @@ class EmbedRequest(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     layers: _containers.RepeatedScalarFieldContainer[int]
     task: str
@@ -44,7 +56,8 @@ class EmbedRequest(_message.Message):
     dtype: DType
     model: str
     request_id: str
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., layers: _Optional[_Iterable[int]] = ..., task: _Optional[str] = ..., omit_layers: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    overflow: Overflow
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., layers: _Optional[_Iterable[int]] = ..., task: _Optional[str] = ..., omit_layers: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., overflow: _Optional[_Union[Overflow, str]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("shape", "dtype", "data")
@@ -65,16 +78,18 @@ class Span(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("tokens", "offsets", "layers", "mix")
+    __slots__ = ("tokens", "offsets", "layers", "mix", "truncated_tokens")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     MIX_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[str]
     offsets: _containers.RepeatedCompositeFieldContainer[Span]
     layers: Tensor
     mix: Tensor
-    def __init__(self, tokens: _Optional[_Iterable[str]] = ..., offsets: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., layers: _Optional[_Union[Tensor, _Mapping]] = ..., mix: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    truncated_tokens: int
+    def __init__(self, tokens: _Optional[_Iterable[str]] = ..., offsets: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., layers: _Optional[_Union[Tensor, _Mapping]] = ..., mix: _Optional[_Union[Tensor, _Mapping]] = ..., truncated_tokens: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("queue_ms", "inference_ms", "total_ms", "batch_sentences", "batch_tokens")

@@ -1,0 +1,307 @@
+"""JSON <-> the gRPC contract's messages, for the HTTP API. No I/O, no event loop: pure functions over dicts.
+
+Every request is turned into the same ``elmo.v1`` message the gRPC API takes (so limits, tokenization, task mixes and
+the overflow policy are applied by one code path), and every answer is read back from the same response message.
+Wrong shapes and types raise :class:`ServiceError` INVALID_INPUT naming the field: ``'input[2]' must be a string``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from elmo.runtime.overflow import Overflow
+from elmo.v1 import embedder_pb2 as pb
+from elmo.wire import DTYPE_NAMES, from_tensor
+from service.errors import invalid
+
+ENCODINGS = ("float", "base64")
+OVERFLOW_FIELDS = {
+    Overflow.REJECT.value: pb.OVERFLOW_REJECT,
+    Overflow.TRUNCATE.value: pb.OVERFLOW_TRUNCATE,
+    Overflow.WINDOW.value: pb.OVERFLOW_WINDOW,
+}
+_TYPE_NAMES = {str: "a string", bool: "true or false", int: "an integer", list: "a list", dict: "an object"}
+
+
+def parse_json(body: bytes) -> dict:
+    """The request body as a JSON object (else INVALID_INPUT saying what is wrong with it)."""
+    if not body:
+        raise invalid("the request body is empty: send a JSON object")
+    try:
+        value = json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise invalid(f"the request body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(value, dict):
+        raise invalid(f"the request body must be a JSON object, not {_json_type(value)}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _typed(value: Any, kind: type, name: str) -> Any:
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        raise invalid(f"'{name}' must be {_TYPE_NAMES[kind]}, not {_json_type(value)}")
+    return value
+
+
+def _get(body: dict, name: str, kind: type, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else _typed(value, kind, name)
+
+
+def _choice(body: dict, name: str, choices: tuple[str, ...] | list[str], default: str) -> str:
+    value = _get(body, name, str, default).strip().lower()
+    if value not in choices:
+        raise invalid(f"'{name}' must be one of {', '.join(choices)}, not '{value}'")
+    return value
+
+
+def _no_unknown_fields(body: dict, known: set[str]) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise invalid(f"unknown field '{unknown[0]}' (this endpoint takes: {', '.join(sorted(known))})")
+
+
+def _overflow(body: dict) -> int:
+    if body.get("overflow") is None:
+        return pb.OVERFLOW_DEFAULT
+    return OVERFLOW_FIELDS[_choice(body, "overflow", list(OVERFLOW_FIELDS), "")]
+
+
+def split_model(value: str) -> tuple[str, str]:
+    """OpenAI's ``model`` -> (served model, task): ``default``, ``default:pos_brown``, or ``:pos_brown`` for the task
+    of the default model. An empty model means the default one."""
+    model, sep, task = value.rpartition(":")
+    return (model, task) if sep else (value, "")
+
+
+# -- POST /v1/embeddings (OpenAI) ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpenAIRequest:
+    embed: pb.EmbedRequest
+    encoding: str
+    dimensions: int | None
+
+
+def parse_openai(body: dict, request_id: str = "") -> OpenAIRequest:
+    """OpenAI's embeddings request. Unknown fields (``user``...) are ignored, as OpenAI-compatible servers do."""
+    texts = _openai_inputs(body.get("input"))
+    model, task = split_model(_get(body, "model", str, ""))
+    dimensions = _get(body, "dimensions", int, None)
+    request = pb.EmbedRequest(
+        inputs=[pb.Input(text=t) for t in texts],
+        model=model,
+        task=task,
+        omit_layers=bool(task),
+        overflow=_overflow(body),
+        request_id=request_id,
+    )
+    return OpenAIRequest(request, _choice(body, "encoding_format", ENCODINGS, "float"), dimensions)
+
+
+def _openai_inputs(value: Any) -> list[str]:
+    if value is None:
+        raise invalid("'input' is missing: send a string or a list of strings")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise invalid(f"'input' must be a string or a list of strings, not {_json_type(value)}")
+    if not value:
+        raise invalid("'input' is an empty list: send at least one string")
+    for i, item in enumerate(value):
+        if isinstance(item, (int, list)) and not isinstance(item, bool):
+            raise invalid(
+                f"'input[{i}]' is a token id or a list of token ids: this service tokenizes text itself; send strings"
+            )
+        _typed(item, str, f"input[{i}]")
+    return value
+
+
+def pooled(embedding: pb.Embedding, use_mix: bool) -> np.ndarray:
+    """One vector per input: the mean over its tokens of the mean of its layers, or of the task's mix (float32)."""
+    if use_mix:
+        return from_tensor(embedding.mix).astype(np.float64).mean(axis=0).astype(np.float32)
+    return from_tensor(embedding.layers).astype(np.float64).mean(axis=(0, 1)).astype(np.float32)
+
+
+def openai_answer(parsed: OpenAIRequest, response: pb.EmbedResponse, model_id: str) -> dict:
+    data = []
+    for index, embedding in enumerate(response.embeddings):
+        vector = pooled(embedding, use_mix=bool(parsed.embed.task))
+        encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if parsed.encoding == "base64" else None
+        data.append({"object": "embedding", "index": index, "embedding": encoded or vector.tolist()})
+    n_tokens = sum(len(e.tokens) for e in response.embeddings)
+    return {
+        "object": "list",
+        "data": data,
+        "model": model_id,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }
+
+
+# -- POST /v1/embed (the gRPC contract's content) -----------------------------------------------------------------
+EMBED_FIELDS = {"inputs", "layers", "task", "omit_layers", "dtype", "encoding", "model", "request_id", "overflow"}
+
+
+@dataclass(frozen=True)
+class EmbedCall:
+    embed: pb.EmbedRequest
+    encoding: str
+
+
+def parse_embed(body: dict, request_id: str = "") -> EmbedCall:
+    """``inputs``: strings (tokenized by the service) or lists of tokens (``{"text": ...}`` and ``{"tokens": [...]}``
+    are accepted too); the other fields are the gRPC EmbedRequest's, plus ``encoding`` (float | base64)."""
+    _no_unknown_fields(body, EMBED_FIELDS)
+    inputs = _get(body, "inputs", list, None)
+    if inputs is None:
+        raise invalid("'inputs' is missing: send a list of texts or of token lists")
+    layers = _get(body, "layers", list, [])
+    request = pb.EmbedRequest(
+        inputs=[_embed_input(item, i) for i, item in enumerate(inputs)],
+        layers=[_typed(layer, int, f"layers[{i}]") for i, layer in enumerate(layers)],
+        task=_get(body, "task", str, ""),
+        omit_layers=_get(body, "omit_layers", bool, False),
+        dtype=DTYPE_NAMES[_choice(body, "dtype", list(DTYPE_NAMES), "float32")],
+        model=_get(body, "model", str, ""),
+        request_id=_get(body, "request_id", str, "") or request_id,
+        overflow=_overflow(body),
+    )
+    return EmbedCall(request, _choice(body, "encoding", ENCODINGS, "float"))
+
+
+def _embed_input(item: Any, i: int) -> pb.Input:
+    name = f"inputs[{i}]"
+    if isinstance(item, dict):
+        _no_unknown_fields(item, {"text", "tokens"})
+        if ("text" in item) == ("tokens" in item):
+            raise invalid(f"'{name}' must have exactly one of 'text' and 'tokens'")
+        item = item.get("text", item.get("tokens"))
+    if isinstance(item, str):
+        return pb.Input(text=item)
+    if isinstance(item, list):
+        return pb.Input(tokens=pb.Tokens(tokens=[_typed(t, str, f"{name}[{j}]") for j, t in enumerate(item)]))
+    raise invalid(f"'{name}' must be a string, a list of tokens, or an object with 'text' or 'tokens'")
+
+
+def tensor_json(tensor: pb.Tensor, encoding: str) -> Any:
+    """Nested lists of numbers, or {dtype, shape, data: base64 of the little-endian bytes} (as on the wire)."""
+    if encoding == "base64":
+        dtype = "float16" if tensor.dtype == pb.FLOAT16 else "float32"
+        return {"dtype": dtype, "shape": list(tensor.shape), "data": base64.b64encode(tensor.data).decode()}
+    return from_tensor(tensor).tolist()
+
+
+def embed_answer(response: pb.EmbedResponse, encoding: str) -> dict:
+    embeddings = []
+    for index, embedding in enumerate(response.embeddings):
+        item: dict[str, Any] = {"index": index, "tokens": list(embedding.tokens)}
+        if embedding.offsets:
+            item["offsets"] = [[span.start, span.end] for span in embedding.offsets]
+        if embedding.truncated_tokens:
+            item["truncated_tokens"] = embedding.truncated_tokens
+        if embedding.HasField("layers"):
+            item["layers"] = tensor_json(embedding.layers, encoding)
+        if embedding.HasField("mix"):
+            item["mix"] = tensor_json(embedding.mix, encoding)
+        embeddings.append(item)
+    timing = response.timing
+    n_tokens = sum(len(e.tokens) for e in response.embeddings)
+    return {
+        "object": "embed",
+        "model": response.model,
+        "layers": list(response.layers),
+        "request_id": response.request_id,
+        "embeddings": embeddings,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        "timing": {
+            "queue_ms": timing.queue_ms,
+            "inference_ms": timing.inference_ms,
+            "total_ms": timing.total_ms,
+            "batch_sentences": timing.batch_sentences,
+            "batch_tokens": timing.batch_tokens,
+        },
+    }
+
+
+# -- POST /v1/tokenize ---------------------------------------------------------------------------------------------
+def parse_tokenize(body: dict) -> pb.TokenizeRequest:
+    _no_unknown_fields(body, {"texts", "text", "model"})
+    if ("texts" in body) == ("text" in body):
+        raise invalid("send exactly one of 'text' (a string) and 'texts' (a list of strings)")
+    texts = [_get(body, "text", str, "")] if "text" in body else _get(body, "texts", list, [])
+    return pb.TokenizeRequest(
+        texts=[_typed(t, str, f"texts[{i}]") for i, t in enumerate(texts)], model=_get(body, "model", str, "")
+    )
+
+
+def tokenize_answer(response: pb.TokenizeResponse) -> dict:
+    return {
+        "texts": [
+            {"tokens": list(t.tokens), "offsets": [[s.start, s.end] for s in t.offsets]} for t in response.texts
+        ]
+    }
+
+
+# -- GET /v1/models ------------------------------------------------------------------------------------------------
+def model_entries(info: pb.ModelInfo) -> list[dict]:
+    """OpenAI's model objects for one served model: the model itself, then one ``model:task`` per task mix."""
+    limits = info.limits
+    details = {
+        "n_layers": info.n_layers,
+        "dim": info.dim,
+        "version": info.version,
+        "execution_provider": info.execution_provider,
+        "max_tokens_per_sentence": info.max_tokens_per_sentence,
+        "tasks": list(info.tasks),
+        "stale_tasks": list(info.stale_tasks),
+        "limits": {
+            "max_inputs": limits.max_inputs,
+            "max_tokens_per_sentence": limits.max_tokens_per_sentence,
+            "max_tokens_per_request": limits.max_tokens_per_request,
+            "max_message_bytes": limits.max_message_bytes,
+            "max_response_bytes": limits.max_response_bytes,
+        },
+    }
+    base = {"object": "model", "created": 0, "owned_by": "elmo"}
+    entries = [{"id": info.name, **base, **details}]
+    for task in info.tasks:
+        entries.append(
+            {"id": f"{info.name}:{task}", **base, "parent": info.name, "task": task, "stale": task in info.stale_tasks}
+        )
+    return entries
+
+
+__all__ = [
+    "EmbedCall",
+    "OpenAIRequest",
+    "embed_answer",
+    "model_entries",
+    "openai_answer",
+    "parse_embed",
+    "parse_json",
+    "parse_openai",
+    "parse_tokenize",
+    "pooled",
+    "split_model",
+    "tensor_json",
+    "tokenize_answer",
+]
