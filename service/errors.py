@@ -91,4 +91,13 @@ def not_found(message: str) -> ServiceError:
     return ServiceError(Kind.NOT_FOUND, message)
 
 
-__all__ = ["Kind", "ServiceError", "from_library_error", "grpc_code", "http_status", "invalid", "not_found", "too_large"]
+__all__ = [
+    "Kind",
+    "ServiceError",
+    "from_library_error",
+    "grpc_code",
+    "http_status",
+    "invalid",
+    "not_found",
+    "too_large",
+]

@@ -159,7 +159,9 @@ def _check_count(n: int, limits: Limits, field: str = "inputs") -> None:
     if n == 0:
         raise invalid(f"{field} is empty: send at least one sentence")
     if n > limits.max_inputs:
-        raise too_large(f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request")
+        raise too_large(
+            f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request"
+        )
 
 
 def _input_tokens(item: pb.Input, i: int) -> tuple[list[str], list[tuple[int, int]] | None]:

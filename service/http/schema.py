@@ -37,7 +37,8 @@ def parse_json(body: bytes) -> dict:
     except UnicodeDecodeError as exc:
         raise invalid(f"the request body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise invalid(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise invalid(f"the request body is not valid JSON: {exc.msg} at {where}") from None
     if not isinstance(value, dict):
         raise invalid(f"the request body must be a JSON object, not {_json_type(value)}")
     return value

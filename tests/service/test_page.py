@@ -2,7 +2,8 @@
 nearest tokens back out of the page, and check them against cosines computed here from the HTTP API's vectors.
 
 Regenerate the screenshot in docs with the shipped model:
-    ELMO_PAGE_MODEL=models/default ELMO_PAGE_SCREENSHOT=docs/page.png .venv/bin/python -m pytest tests/service/test_page.py
+    ELMO_PAGE_MODEL=models/default ELMO_PAGE_SCREENSHOT=docs/page.png \
+        .venv/bin/python -m pytest tests/service/test_page.py
 """
 
 from __future__ import annotations
