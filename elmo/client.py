@@ -21,9 +21,10 @@ import grpc
 import numpy as np
 
 from elmo.errors import ElmoError, InputError
+from elmo.text.overflow import Overflow
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
-from elmo.wire import DTYPE_NAMES, from_tensor
+from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
 
 AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -46,6 +47,7 @@ class Embedding:
     offsets: list[tuple[int, int]] | None  # None for pre-tokenized input
     layers: np.ndarray | None  # (n_selected_layers, n_tokens, dim), None with omit_layers
     mix: np.ndarray | None  # (n_tokens, dim), None without a task
+    truncated_tokens: int = 0  # cut off the end under overflow 'truncate'
 
 
 def to_input(item: InputLike, index: int = 0) -> pb.Input:
@@ -139,12 +141,14 @@ class EmbedderClient:
         omit_layers: bool = False,
         dtype: str = "float32",
         model: str = "",
+        overflow: str = "",
     ) -> pb.EmbedRequest:
         """The EmbedRequest :meth:`embed` would send (public: the load generator and the tests reuse it)."""
         if isinstance(inputs, (str, bytes)):
             raise InputError("inputs must be a list of sentences, not one string")
         if dtype not in DTYPE_NAMES:
             raise InputError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
+        policy = pb.OVERFLOW_DEFAULT if not overflow else OVERFLOW_VALUES[Overflow.parse(overflow).value]
         return pb.EmbedRequest(
             inputs=[to_input(item, i) for i, item in enumerate(inputs)],
             layers=list(layers or []),
@@ -152,10 +156,12 @@ class EmbedderClient:
             omit_layers=omit_layers,
             dtype=DTYPE_NAMES[dtype],
             model=model,
+            overflow=policy,
         )
 
     def embed(self, inputs: Sequence[InputLike], timeout: float | None = None, **options) -> list[Embedding]:
-        """Embed sentences. Options: layers, task, omit_layers, dtype ('float32'|'float16'), model."""
+        """Embed sentences. Options: layers, task, omit_layers, dtype ('float32'|'float16'), model, overflow
+        ('reject'|'truncate'|'window'; empty = the server's --overflow)."""
         response = self._call(self.stub.Embed, self.request(inputs, **options), timeout)
         return decode_response(response)
 
@@ -205,6 +211,7 @@ def decode_response(response: pb.EmbedResponse) -> list[Embedding]:
                 offsets=[(s.start, s.end) for s in e.offsets] if e.offsets else None,
                 layers=from_tensor(e.layers) if e.HasField("layers") else None,
                 mix=from_tensor(e.mix) if e.HasField("mix") else None,
+                truncated_tokens=e.truncated_tokens,
             )
         )
     return out

@@ -8,11 +8,18 @@ from __future__ import annotations
 import numpy as np
 
 from elmo.errors import InputError
+from elmo.text.overflow import Overflow
 from elmo.v1 import embedder_pb2 as pb
 
 # Wire dtype -> numpy dtype with the byte order spelled out (the wire is little-endian whatever the host is).
 NUMPY_DTYPES: dict[int, np.dtype] = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
 DTYPE_NAMES: dict[str, int] = {"float32": pb.FLOAT32, "float16": pb.FLOAT16}
+# A policy's name -> its wire value (OVERFLOW_DEFAULT, 0, is "the server's --overflow").
+OVERFLOW_VALUES: dict[str, int] = {
+    Overflow.REJECT.value: pb.OVERFLOW_REJECT,
+    Overflow.TRUNCATE.value: pb.OVERFLOW_TRUNCATE,
+    Overflow.WINDOW.value: pb.OVERFLOW_WINDOW,
+}
 
 
 def itemsize(dtype: int) -> int:
@@ -43,4 +50,4 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     return np.frombuffer(tensor.data, dtype=wire_dtype).reshape(shape).astype(wire_dtype.newbyteorder("="))
 
 
-__all__ = ["DTYPE_NAMES", "NUMPY_DTYPES", "from_tensor", "itemsize", "to_tensor"]
+__all__ = ["DTYPE_NAMES", "NUMPY_DTYPES", "OVERFLOW_VALUES", "from_tensor", "itemsize", "to_tensor"]

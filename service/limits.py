@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from elmo.errors import ConfigError, InputError
-from elmo.runtime.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
+from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
 
@@ -32,7 +32,7 @@ class Limits:
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
-    # -- long sentences (elmo.runtime.overflow) ----------------------------------------------------------------
+    # -- long sentences (elmo.text.overflow) ----------------------------------------------------------------
     overflow: str = Overflow.REJECT.value  # requests that name no policy get this one
     window_overlap: int = DEFAULT_WINDOW_OVERLAP  # tokens shared by neighbouring windows under 'window'
 

@@ -16,10 +16,10 @@ import grpc
 import grpc.aio
 import numpy as np
 
-from elmo.runtime.overflow import Overflow, over_limit_message, windowed
+from elmo.text.overflow import Overflow, over_limit_message, windowed
 from elmo.text.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import NUMPY_DTYPES, to_tensor
+from elmo.wire import NUMPY_DTYPES, OVERFLOW_VALUES, to_tensor
 from service.decode import UndecodableRequest, lenient_parser
 from service.errors import Kind, ServiceError, grpc_code, invalid, too_large
 from service.limits import MIB, Limits
@@ -27,11 +27,7 @@ from service.models import ModelRegistry, ServedModel
 from service.tasks import Task
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "elmo.v1.Embedder"
-OVERFLOW_POLICIES = {
-    pb.OVERFLOW_REJECT: Overflow.REJECT,
-    pb.OVERFLOW_TRUNCATE: Overflow.TRUNCATE,
-    pb.OVERFLOW_WINDOW: Overflow.WINDOW,
-}
+OVERFLOW_POLICIES = {value: Overflow(name) for name, value in OVERFLOW_VALUES.items()}
 
 
 class ServerState:

@@ -14,17 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from elmo.runtime.overflow import Overflow
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import DTYPE_NAMES, from_tensor
+from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
 from service.errors import invalid
 
 ENCODINGS = ("float", "base64")
-OVERFLOW_FIELDS = {
-    Overflow.REJECT.value: pb.OVERFLOW_REJECT,
-    Overflow.TRUNCATE.value: pb.OVERFLOW_TRUNCATE,
-    Overflow.WINDOW.value: pb.OVERFLOW_WINDOW,
-}
 _TYPE_NAMES = {str: "a string", bool: "true or false", int: "an integer", list: "a list", dict: "an object"}
 
 
@@ -84,7 +78,7 @@ def _no_unknown_fields(body: dict, known: set[str]) -> None:
 def _overflow(body: dict) -> int:
     if body.get("overflow") is None:
         return pb.OVERFLOW_DEFAULT
-    return OVERFLOW_FIELDS[_choice(body, "overflow", list(OVERFLOW_FIELDS), "")]
+    return OVERFLOW_VALUES[_choice(body, "overflow", list(OVERFLOW_VALUES), "")]
 
 
 def split_model(value: str) -> tuple[str, str]:
