@@ -27,7 +27,7 @@ def parse_json(body: bytes) -> dict:
     if not body:
         raise invalid("the request body is empty: send a JSON object")
     try:
-        value = json.loads(body)
+        value = json.loads(body.decode("utf-8"))  # JSON on the wire is UTF-8 (RFC 8259); no guessing
     except UnicodeDecodeError as exc:
         raise invalid(f"the request body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
