@@ -12,6 +12,7 @@ from elmo.batch.job import run_job
 from elmo.batch.layout import DTYPES, HDF5, PARQUET, parse_layers
 from elmo.batch.plan import JSONL, PARQUET_SUFFIXES, TEXT
 from elmo.batch.state import DEFAULT_SHARD_LINES, JobOptions
+from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 log = logging.getLogger("elmo.batch")
 
@@ -52,6 +53,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     parser.add_argument("--overwrite", action="store_true", help="discard an existing OUTPUT or unfinished job")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    long_lines = parser.add_argument_group("long lines")
+    long_lines.add_argument(
+        "--overflow",
+        choices=[o.value for o in Overflow],
+        default=Overflow.REJECT.value,
+        help="lines over --max-sentence-tokens: stop the job naming the line (reject, default), keep the first "
+        "tokens (truncate), or embed overlapping windows stitched back (window)",
+    )
+    long_lines.add_argument(
+        "--max-sentence-tokens",
+        type=int,
+        default=None,
+        help="tokens the model runs at once per line (default: the server's limit, or 100,000 locally)",
+    )
+    long_lines.add_argument(
+        "--window-overlap",
+        type=int,
+        default=DEFAULT_WINDOW_OVERLAP,
+        help=f"tokens shared by neighbouring windows (default {DEFAULT_WINDOW_OVERLAP}, capped at half a window)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> JobOptions:
@@ -79,6 +100,9 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         ray_address=args.ray_address,
         server_wait=args.server_wait,
         connection=connection_from_args(args),
+        overflow=args.overflow,
+        max_sentence_tokens=args.max_sentence_tokens,
+        window_overlap=args.window_overlap,
     )
 
 

@@ -22,6 +22,7 @@ from elmo.batch.plan import JSONL, InputPlan, Record, ShardSpec, plan_windows, r
 from elmo.batch.state import JobOptions, _fsync_dir, _fsync_file
 from elmo.batch.writers import WRITERS, ShardStats
 from elmo.errors import ElmoError, InputError
+from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
 
 log = logging.getLogger("elmo.batch")
 
@@ -44,15 +45,27 @@ class ShardEnd:
     shard: ShardSpec
 
 
-def _checked_records(plan: InputPlan, shard: ShardSpec, tokenized: bool, limit: int) -> list[Record]:
-    """The shard's records, every one within the backend's sentence limit (else an error naming the line)."""
-    records = read_shard(plan, shard, tokenized)
+def sentence_limit(options: JobOptions, backend: Backend) -> int:
+    """Tokens per sentence the model runs at once: --max-sentence-tokens, within the backend's own limit."""
+    return min(options.max_sentence_tokens or backend.max_tokens_per_sentence, backend.max_tokens_per_sentence)
+
+
+def _checked_records(plan: InputPlan, shard: ShardSpec, options: JobOptions, limit: int) -> list[Record]:
+    """The shard's records, each within the sentence limit under the job's overflow policy: over it, ``reject``
+    stops the job naming the line, ``truncate`` keeps the first ``limit`` tokens, ``window`` keeps them all."""
+    records = read_shard(plan, shard, options.tokenized)
+    policy = Overflow.parse(options.overflow)
+    truncated = 0
     for record in records:
-        if len(record.tokens) > limit:
-            raise InputError(
-                f"{plan.path}: line {record.index + 1} has {len(record.tokens)} tokens; the limit is "
-                f"{limit} (split the line, or raise the server's limit)"
-            )
+        if len(record.tokens) <= limit or policy is Overflow.WINDOW:
+            continue
+        if policy is Overflow.REJECT:
+            line = f"line {record.index + 1}"
+            raise InputError(f"{plan.path}: {over_limit_message(line, len(record.tokens), limit)}")
+        record.tokens = record.tokens[:limit]
+        truncated += 1
+    if truncated:
+        log.warning("%s: %d lines of shard %d truncated to %d tokens", plan.path, truncated, shard.number, limit)
     return records
 
 
@@ -62,14 +75,13 @@ def embed_events(
     """The embedding itself, the same for every engine: per shard its records (read and tokenized one shard
     ahead, in a thread of their own), then per window its vectors. Windows are length-sorted; blank lines get no
     model call (the writer fills them in)."""
-    limit = backend.max_tokens_per_sentence
-    read_ahead = prefetched(
-        ((shard, _checked_records(plan, shard, options.tokenized, limit)) for shard in shards), depth=1
-    )
+    limit = sentence_limit(options, backend)
+    read_ahead = prefetched(((shard, _checked_records(plan, shard, options, limit)) for shard in shards), depth=1)
     for shard, records in read_ahead:
         yield ShardStart(shard, records)
         for positions in plan_windows([len(r.tokens) for r in records], backend.window_tokens):
-            yield Window(positions, backend.embed([records[p].tokens for p in positions]))
+            sentences = [records[p].tokens for p in positions]
+            yield Window(positions, embed_windowed(backend.embed, sentences, limit, options.window_overlap))
         yield ShardEnd(shard)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from elmo.batch.layout import LayerSpec, Layout
 from elmo.batch.plan import InputPlan
 from elmo.errors import InputError
+from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP
 
 if TYPE_CHECKING:  # elmo.client (grpc) is imported only in remote mode
     from elmo.client import Connection
@@ -67,6 +68,10 @@ class JobOptions:
     progress: bool = True
     ray_address: str | None = None
     server_wait: float = 30.0
+    # lines over the sentence limit (elmo.text.overflow): reject the job, truncate them, or embed them in windows
+    overflow: str = "reject"
+    max_sentence_tokens: int | None = None  # None: the backend's own limit (the server's, or 100,000 locally)
+    window_overlap: int = DEFAULT_WINDOW_OVERLAP
     # --server's TLS and token (elmo.client.Connection); None: plaintext, token from env ELMO_AUTH_TOKEN. Not part
     # of the fingerprint: it changes how vectors travel, not what they are (and the token must not be written).
     connection: Connection | None = None
@@ -88,6 +93,7 @@ def job_fingerprint(options: JobOptions, plan: InputPlan, backend_identity: dict
         "shard_lines": options.shard_lines,
         "n_layers": layout.n_layers,
         "dim": layout.dim,
+        "overflow": [options.overflow, options.max_sentence_tokens, options.window_overlap],
         "source": backend_identity,
     }
 

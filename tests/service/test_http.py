@@ -80,7 +80,8 @@ def test_embed_json_is_the_grpc_answer(server, grpc_client):
 
 
 def test_embed_base64_float16_decodes_to_the_grpc_vectors(server, grpc_client):
-    body = {"inputs": [["pre", "tokenized"], {"text": "苹果"}], "layers": [2, 0], "dtype": "float16", "encoding": "base64"}
+    inputs = [["pre", "tokenized"], {"text": "苹果"}]
+    body = {"inputs": inputs, "layers": [2, 0], "dtype": "float16", "encoding": "base64"}
     status, answer = call(server.http_url, "/v1/embed", body)
     assert status == 200 and answer["layers"] == [2, 0]
     expected = grpc_client.embed([["pre", "tokenized"], "苹果"], layers=[2, 0], dtype="float16")
