@@ -1,7 +1,7 @@
 # The two front doors (see README):
 #   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra, plus the
 #                `gpu` extra where `nvidia-smi -L` lists a GPU)
-#   make test    install everything the tests need into .venv and run them
+#   make test    install everything the tests need into .venv (and Debian's chromium for the browser test), run them
 PYTHON ?= python3
 VENV ?= .venv
 SERVE_VENV ?= .venv-serve
@@ -9,7 +9,7 @@ MODEL ?= models/default
 PORT ?= 50051
 METRICS_PORT ?= 9090
 
-.PHONY: test serve lint clean proto
+.PHONY: test serve lint clean proto browser
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,16 @@ $(SERVE_VENV)/.installed-%: pyproject.toml
 	$(SERVE_VENV)/bin/pip install -q -e '.[$(SERVE_EXTRAS_$*)]'
 	touch $@
 
-test: $(VENV)/.installed
+# The web page's browser test drives Debian's Chromium (tests/browser.py): installed here when it is missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the browser test (tests/service/test_page.py)"; \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { echo "chromium could not be installed"; exit 1; }
+
+test: $(VENV)/.installed browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
 
