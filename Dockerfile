@@ -57,7 +57,7 @@ COPY --chown=10001:10001 models/default /app/models/default
 
 USER 10001:10001
 
-EXPOSE 50051 9090
+EXPOSE 50051 8080 9090
 
 # grpc.health.v1 reports SERVING only once the model is loaded and has answered a warm-up forward pass.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
@@ -68,4 +68,4 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 # --drain-seconds); in Kubernetes keep terminationGracePeriodSeconds above --drain-seconds.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["elmo", "serve"]
-CMD ["--model", "/app/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9090"]
+CMD ["--model", "/app/models/default", "--host", "0.0.0.0", "--port", "50051", "--http-port", "8080", "--metrics-port", "9090"]

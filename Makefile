@@ -7,6 +7,7 @@ VENV ?= .venv
 SERVE_VENV ?= .venv-serve
 MODEL ?= models/default
 PORT ?= 50051
+HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
 .PHONY: test serve lint clean proto browser
@@ -46,7 +47,7 @@ serve:
 		if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then flavour=gpu; else flavour=cpu; fi; \
 	fi; \
 	$(MAKE) --no-print-directory $(SERVE_VENV)/.installed-$$flavour
-	$(SERVE_VENV)/bin/elmo serve --model $(MODEL) --port $(PORT) --metrics-port $(METRICS_PORT)
+	$(SERVE_VENV)/bin/elmo serve --model $(MODEL) --port $(PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT)
 
 # regenerate elmo/v1/*_pb2*.py from proto/ (committed; tests/test_proto.py checks they match)
 proto: $(VENV)/.installed

@@ -147,7 +147,10 @@ class Browser:
             await asyncio.sleep(0.05)
 
     async def screenshot(self) -> bytes:
-        result = await self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        """The whole page, not only the window."""
+        size = (await self.send("Page.getLayoutMetrics"))["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        result = await self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip)
         return base64.b64decode(result["data"])
 
 

@@ -34,7 +34,7 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 PYPROJECT = REPO / "pyproject.toml"
 
-GRPC_PORT, METRICS_PORT = "50051", "9090"
+GRPC_PORT, HTTP_PORT, METRICS_PORT = "50051", "8080", "9090"
 HEALTH_SCRIPT = "scripts/healthcheck.py"
 DEFAULT_MODEL = "models/default"
 ALLOWED_LOCAL_EXTRAS = {"serve", "gpu"}  # gpu: the CUDA/cuDNN wheels, torch-free
@@ -354,13 +354,14 @@ def rule_onnxruntime_gpu(image: Image, pyproject: dict) -> list[str]:
 
 
 def rule_expose(image: Image, pyproject: dict) -> list[str]:
-    """EXPOSE names the gRPC and the metrics port."""
+    """EXPOSE names the gRPC, the HTTP and the metrics port."""
     ports = {v.split("/")[0] for ins in image.final if ins.cmd == "EXPOSE" for v in ins.value}
-    return [f"port {port} is not EXPOSEd" for port in (GRPC_PORT, METRICS_PORT) if port not in ports]
+    return [f"port {port} is not EXPOSEd" for port in (GRPC_PORT, HTTP_PORT, METRICS_PORT) if port not in ports]
 
 
 def rule_entrypoint(image: Image, pyproject: dict) -> list[str]:
-    """ENTRYPOINT is `elmo serve` (exec form, so SIGTERM reaches it); CMD serves on both ports from all interfaces."""
+    """ENTRYPOINT is `elmo serve` (exec form, so SIGTERM reaches it); CMD serves on all three ports from all
+    interfaces."""
     entry, cmd = last(image.final, "ENTRYPOINT"), last(image.final, "CMD")
     problems = []
     if entry is None or not entry.json or list(entry.value[:2]) != ["elmo", "serve"]:
@@ -368,7 +369,8 @@ def rule_entrypoint(image: Image, pyproject: dict) -> list[str]:
     if cmd is None or not cmd.json:
         return problems + ["CMD must give the default flags in exec form"]
     flags = list(entry.value[2:] if entry else ()) + list(cmd.value)
-    for flag, expected in (("--port", GRPC_PORT), ("--metrics-port", METRICS_PORT), ("--host", "0.0.0.0")):
+    expected_flags = (("--port", GRPC_PORT), ("--http-port", HTTP_PORT), ("--metrics-port", METRICS_PORT))
+    for flag, expected in (*expected_flags, ("--host", "0.0.0.0")):
         if option_value(flags, flag) != expected:
             problems.append(f"CMD must pass {flag} {expected}, got {option_value(flags, flag)!r}")
     return problems
@@ -580,8 +582,9 @@ BREAKAGES = [
     ),
     ("no-cuda-extras", '"onnxruntime-gpu[cuda,cudnn]==1.31.1"', '"onnxruntime-gpu==1.31.1"', "onnxruntime-gpu"),
     ("pin-drift", '"onnxruntime-gpu[cuda,cudnn]==1.31.1"', '"onnxruntime-gpu[cuda,cudnn]==1.30.0"', "onnxruntime-gpu"),
-    ("no-metrics-port", "EXPOSE 50051 9090", "EXPOSE 50051", "expose"),
-    ("no-grpc-port", "EXPOSE 50051 9090", "EXPOSE 9090", "expose"),
+    ("no-metrics-port", "EXPOSE 50051 8080 9090", "EXPOSE 50051 8080", "expose"),
+    ("no-http-port", "EXPOSE 50051 8080 9090", "EXPOSE 50051 9090", "expose"),
+    ("no-grpc-port", "EXPOSE 50051 8080 9090", "EXPOSE 8080 9090", "expose"),
     ("python-entrypoint", 'ENTRYPOINT ["elmo", "serve"]', 'ENTRYPOINT ["python"]', "entrypoint"),
     ("shell-entrypoint", 'ENTRYPOINT ["elmo", "serve"]', "ENTRYPOINT elmo serve", "entrypoint"),
     ("loopback-only", '"--host", "0.0.0.0"', '"--host", "127.0.0.1"', "entrypoint"),

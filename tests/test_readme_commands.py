@@ -45,7 +45,7 @@ from elmo.wire import from_tensor
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DEFAULT_MODEL = REPO / "models" / "default"
-GRPC_PORT, METRICS_PORT = 50051, 9090
+GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
 EXIT_DEADLINE_S = 60
 SENTENCE = "The cat sat on the mat ."
@@ -303,7 +303,7 @@ def port_is_free(port: int) -> bool:
 def fresh_shell_environment() -> dict[str, str]:
     """The environment of a person's shell: none of the make/pytest/venv context this test runs in."""
     drop = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "VIRTUAL_ENV", "PYTHONPATH", "PYTEST_CURRENT_TEST"}
-    drop |= {"MODEL", "PORT", "METRICS_PORT", "SERVE_VENV", "VENV", "SERVE_FLAVOUR"}  # the Makefile's `?=` variables
+    drop |= {"MODEL", "PORT", "HTTP_PORT", "METRICS_PORT", "SERVE_VENV", "VENV", "SERVE_FLAVOUR"}  # the Makefile's `?=` variables
     env = {key: value for key, value in os.environ.items() if key not in drop}
     # no activated venv either: a README command must name its venv (.venv/bin/elmo), a bare `elmo` must fail here
     venvs = [str(REPO / name) for name in (".venv", ".venv-serve")]
@@ -387,7 +387,7 @@ def served(tmp_path_factory) -> Iterator[tuple[subprocess.Popen, Path]]:
     assert (DEFAULT_MODEL / "model.onnx").is_file(), (
         f"{DEFAULT_MODEL}/model.onnx is missing: `make serve` serves the shipped default model"
     )
-    for port in (GRPC_PORT, METRICS_PORT):
+    for port in (GRPC_PORT, HTTP_PORT, METRICS_PORT):
         assert port_is_free(port), f"port {port} is taken: stop whatever listens there before running this test"
     command = readme_command(README.read_text(), "make serve")
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
