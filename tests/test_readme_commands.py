@@ -78,6 +78,14 @@ README_COMMANDS: dict[str, Coverage] = {
     ),
     ".venv-serve/bin/python scripts/healthcheck.py 127.0.0.1:50051": Coverage(SERVED, expect="SERVING"),
     "curl -s localhost:9090/metrics | grep elmo_": Coverage(SERVED, expect="elmo_requests_total{"),
+    "curl -s localhost:8080/v1/embeddings -H 'Content-Type: application/json' -d '{\"model\": \"default\", "
+    '"input": ["我买了一台苹果电脑。", "The apple fell."]}\'': Coverage(
+        SERVED, expect='"usage":{"prompt_tokens":14,"total_tokens":14}'
+    ),
+    "curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{\"inputs\": [\"苹果很好吃\"], "
+    '"layers": [2], "task": "pos_brown", "omit_layers": true}\'': Coverage(
+        SERVED, expect='"tokens":["苹","果","很","好","吃"]'
+    ),
     # tour: batch job and a new task mix, in a scratch folder with the user's files and a copy of models/default
     ".venv/bin/elmo embed-file corpus.txt out.hdf5 --model models/default --layers all": Coverage(USER_FILES),
     ".venv/bin/elmo embed-file corpus.jsonl out/ --model models/default --format parquet --layers mix:pos_brown "
@@ -303,7 +311,8 @@ def port_is_free(port: int) -> bool:
 def fresh_shell_environment() -> dict[str, str]:
     """The environment of a person's shell: none of the make/pytest/venv context this test runs in."""
     drop = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "VIRTUAL_ENV", "PYTHONPATH", "PYTEST_CURRENT_TEST"}
-    drop |= {"MODEL", "PORT", "HTTP_PORT", "METRICS_PORT", "SERVE_VENV", "VENV", "SERVE_FLAVOUR"}  # the Makefile's `?=` variables
+    # the Makefile's `?=` variables
+    drop |= {"MODEL", "PORT", "HTTP_PORT", "METRICS_PORT", "SERVE_VENV", "VENV", "SERVE_FLAVOUR"}
     env = {key: value for key, value in os.environ.items() if key not in drop}
     # no activated venv either: a README command must name its venv (.venv/bin/elmo), a bare `elmo` must fail here
     venvs = [str(REPO / name) for name in (".venv", ".venv-serve")]
@@ -443,17 +452,22 @@ def python_block_runner(block: str) -> str:
         "        found[name] = {'shape': list(value.shape), 'dtype': str(value.dtype)}\n"
         "    elif hasattr(value, 'tokens') and hasattr(value, 'mix'):\n"
         "        found[name] = {'tokens': list(value.tokens), 'mix': list(value.mix.shape)}\n"
+        "    elif hasattr(value, 'usage') and hasattr(value, 'data'):\n"  # an OpenAI embeddings reply
+        "        found[name] = {'vectors': len(value.data), 'dim': len(value.data[0].embedding),\n"
+        "                       'prompt_tokens': value.usage.prompt_tokens}\n"
         "print(json.dumps(found))\n"
     )
 
 
 def test_readme_python_blocks_run_against_the_served_model(served) -> None:
-    """Each ```python block, as written, in the torch-free serve venv, from the repo root, against `make serve`."""
+    """Each ```python block, as written, from the repo root, against `make serve`: in the torch-free serve venv, or,
+    for the OpenAI client's block, in .venv (the `openai` package is the user's, not the service's: the dev extra)."""
     blocks = fenced_blocks(README.read_text(), "python")
     assert blocks, "README.md has no Python block"
-    python = REPO / ".venv-serve" / "bin" / "python"
     found: dict = {}
     for block in blocks:
+        venv = ".venv" if "from openai import" in block else ".venv-serve"
+        python = REPO / venv / "bin" / "python"
         output = run_command(f"{shlex.quote(str(python))} -c {shlex.quote(python_block_runner(block))}", REPO)
         found.update(json.loads(output.strip().splitlines()[-1]))
     with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT}") as channel:
@@ -461,6 +475,8 @@ def test_readme_python_blocks_run_against_the_served_model(served) -> None:
     # what the snippet promises: a task mix per token; the in-process Embedder's (tokens, layers) per text
     assert found["result"] == {"tokens": ["The", "cat", "sat", "."], "mix": [4, dim]}, found
     assert found["layers"] == {"shape": [3, 4, dim], "dtype": "float32"}, found
+    # the OpenAI block: 苹 果 很 好 吃 and Apple shares rose . are 9 tokens
+    assert found["reply"] == {"vectors": 2, "dim": dim, "prompt_tokens": 9}, found
     # and the first comment's "float32 (3 layers, 8 tokens, dim)" for 我吃了一个苹果。
     from elmo.client import EmbedderClient
 
