@@ -271,6 +271,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="", help="scalar-mix task name")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--model", default="", help="served model name (default: the server's default)")
+    parser.add_argument(
+        "--overflow",
+        default="",
+        choices=["", *OVERFLOW_VALUES],
+        help="sentences over the server's limit: reject, truncate or window (default: the server's --overflow)",
+    )
     add_connection_arguments(parser)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     parser.add_argument("--show", type=int, default=4, help="numbers to print per layer (default 4)")
@@ -280,10 +286,13 @@ def run(args: argparse.Namespace) -> int:
     layers = [int(v) for v in args.layers.split(",") if v.strip()] if args.layers else None
     inputs = [t.split() for t in args.texts] if args.tokens else list(args.texts)
     with connection_from_args(args).client(args.server, timeout=args.timeout) as client:
-        results = client.embed(inputs, layers=layers, task=args.task, dtype=args.dtype, model=args.model)
+        results = client.embed(
+            inputs, layers=layers, task=args.task, dtype=args.dtype, model=args.model, overflow=args.overflow
+        )
     np.set_printoptions(precision=4, suppress=True)
     for text, result in zip(args.texts, results):
-        print(f"{text!r}: {len(result.tokens)} tokens {result.tokens}")
+        cut = f" ({result.truncated_tokens} more cut off)" if result.truncated_tokens else ""
+        print(f"{text!r}: {len(result.tokens)} tokens{cut} {result.tokens if len(result.tokens) <= 64 else '...'}")
         if result.layers is not None:
             print(f"  layers {result.layers.dtype} {tuple(result.layers.shape)}")
             for index, layer in zip(layers or range(result.layers.shape[0]), result.layers):

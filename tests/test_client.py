@@ -94,6 +94,17 @@ def test_elmo_embed_command(server, runtime, capsys):
     assert "elmo embed: error: INVALID_ARGUMENT: inputs[0] is empty" in capsys.readouterr().err
 
 
+def test_elmo_embed_overflow(server, capsys):
+    """EDGE_LIMITS: 20 tokens per sentence. 25 tokens: refused by default, cut or windowed on request."""
+    long = " ".join(f"w{i}" for i in range(25))
+    assert elmo_main(["embed", "--server", server.target, long]) == 2
+    assert "25 tokens, over the limit of 20 per sentence" in capsys.readouterr().err
+    assert elmo_main(["embed", "--server", server.target, "--overflow", "truncate", long]) == 0
+    assert ": 20 tokens (5 more cut off)" in capsys.readouterr().out
+    assert elmo_main(["embed", "--server", server.target, "--overflow", "window", long]) == 0
+    assert "layers float32 (3, 25, 16)" in capsys.readouterr().out
+
+
 def _node_ready() -> bool:
     if (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
         return True

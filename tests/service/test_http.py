@@ -4,6 +4,7 @@ warm-up, long inputs under each overflow policy, and HTTP and gRPC clients mixed
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import shutil
@@ -271,3 +272,25 @@ def test_http_and_grpc_clients_mixed_under_load_see_no_errors(server):
 
     report = run_mixed_load(server.target, server.http_url, clients=16, seconds=4.0, texts=TEXTS)
     assert report.errors == [] and report.requests["http"] > 0 and report.requests["grpc"] > 0
+
+
+def test_a_drain_finishes_http_requests_in_flight_and_refuses_new_ones(runtime):
+    srv = ServerThread({"tiny": runtime}, Limits(drain_seconds=30.0), http=True)
+    srv.warm_up()
+    with ThreadPoolExecutor(2) as pool:
+        with srv.hold_worker():
+            in_flight = pool.submit(call, srv.http_url, "/v1/embed", {"inputs": ["still answered"]})
+            deadline = time.monotonic() + 20
+            while srv.server.state.active == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            drained = asyncio.run_coroutine_threadsafe(srv.server.drain(), srv.loop)
+            while not srv.server.state.draining:
+                time.sleep(0.01)
+            status, answer = call(srv.http_url, "/v1/embeddings", {"input": "too late"})
+            assert status == 503 and "shutting down" in answer["error"]["message"]
+            assert call(srv.http_url, "/health") == (503, {"status": "NOT_SERVING"})
+        status, answer = in_flight.result(30)
+    assert status == 200 and answer["embeddings"][0]["tokens"] == ["still", "answered"]
+    drained.result(30)
+    srv.loop.call_soon_threadsafe(srv.loop.stop)
+    srv.thread.join(10)
