@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from elmo.errors import ConfigError
 from elmo.v1 import embedder_pb2 as pb
 from service.errors import Kind, ServiceError, http_status, invalid
 from service.http import schema
@@ -92,8 +93,6 @@ class HttpFrontend:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
-            from elmo.errors import ConfigError
-
             raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror} (port in use?)") from None
         self.port = int(self._runner.addresses[0][1])
         return self.port
