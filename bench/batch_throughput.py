@@ -2,6 +2,11 @@
 
     python -m bench.batch_throughput --model models/default [--lines 9000] [--threads 2] [--repeat 3]
     python -m bench.batch_throughput --preset small          # ELMo-small shape, random weights (exported once)
+    python -m bench.batch_throughput --preset small --before 5ad4e74 --text data/handbook/handbook.en.txt
+
+``--before REV``: the same measurement of an older revision, side by side in one run: REV is checked out in a
+temporary git worktree, exports its own random model (same preset and seed: the same weights) and reads the same
+text; the two trees alternate ``--repeat`` times, one subprocess each, and the best of each is compared.
 
 *runtime*: ``Embedder.embed_tokens`` on the sentences tokenized beforehand, ``--shard-lines`` sentences per call
 (the runtime sorts and batches them), outputs discarded: the ceiling. Also ``Embedder.embed_texts`` on the raw
@@ -35,14 +40,16 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "corpus" / "test.txt"
 
 
-def corpus_lines(n: int) -> tuple[list[str], str]:
-    """Real held-out text when `elmo data` has run (data/corpus/test.txt, English + Chinese), else a synthetic one."""
-    if CORPUS.is_file():
-        with open(CORPUS, encoding="utf-8") as handle:
-            lines = [line.rstrip("\n") for _, line in zip(range(n), handle)]
+def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
+    """The first ``n`` non-blank lines of ``text``, else real held-out text when `elmo data` has run
+    (data/corpus/test.txt, English + Chinese), else a synthetic text."""
+    source = text or CORPUS
+    if source.is_file():
+        with open(source, encoding="utf-8") as handle:
+            lines = [line.rstrip("\n") for line in handle if line.strip()][:n]
         while len(lines) < n:
             lines += lines[: n - len(lines)]
-        return lines, f"{CORPUS.relative_to(REPO)} (first {n} lines)"
+        return lines, f"{source.name} (first {n} non-blank lines)"
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -155,10 +162,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x --lines (subprocesses)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "batch_throughput.json")
+    parser.add_argument("--text", type=Path, help="input text (default: data/corpus/test.txt, else synthetic)")
+    parser.add_argument("--before", metavar="REV", help="compare with git revision REV, side by side (see above)")
     args = parser.parse_args()
+    if args.before:
+        compare_revisions(args)
+        return
 
     model, model_name = prepare_model(args)
-    lines, corpus_name = corpus_lines(args.lines)
+    lines, corpus_name = corpus_lines(args.lines, args.text)
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
     try:
         source = work / "in.txt"
@@ -244,6 +256,61 @@ def main() -> None:
     )
     if "peak_rss_mb" in result:
         print("peak RSS:", ", ".join(f"{k}: {v:.0f} MB" for k, v in result["peak_rss_mb"].items()))
+
+
+def compare_revisions(args: argparse.Namespace) -> None:
+    """``--before REV``: this tree and REV's, alternating, each a subprocess of its own bench (``--repeat 1``)."""
+    lines, corpus_name = corpus_lines(args.lines, args.text)
+    work = Path(tempfile.mkdtemp(prefix="batch-bench-before-"))
+    old = work / "tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), args.before], check=True)
+    try:
+        for tree in (old, REPO):  # older benches read data/corpus/test.txt only: both trees get the same lines
+            text = tree / "runs" / "bench" / "compare-input.txt"
+            text.parent.mkdir(parents=True, exist_ok=True)
+            text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (old / "data" / "corpus").mkdir(parents=True, exist_ok=True)
+        shutil.copy(old / "runs" / "bench" / "compare-input.txt", old / "data" / "corpus" / "test.txt")
+        runs: dict[str, list[dict]] = {"before": [], "after": []}
+        for _ in range(args.repeat):
+            for name, tree in (("before", old), ("after", REPO)):
+                out = work / f"{name}.json"
+                command = [sys.executable, "-m", "bench.batch_throughput", "--preset", args.preset, "--repeat", "1"]
+                command += ["--lines", str(args.lines), "--threads", str(args.threads), "--out", str(out)]
+                command += ["--shard-lines", str(args.shard_lines), "--layers", args.layers, "--format", args.format]
+                if tree == REPO:
+                    command += ["--text", str(tree / "runs" / "bench" / "compare-input.txt")]
+                subprocess.run(command, check=True, cwd=tree, stdout=subprocess.DEVNULL)
+                runs[name].append(json.loads(out.read_text()))
+                print(f"{name}: {runs[name][-1]['embed_file_tokens_per_s']:,.0f} tokens/s (embed-file)", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    best = {
+        name: {key: max(r[key] for r in results) for key in ("embed_file_tokens_per_s", "runtime_tokens_per_s")}
+        for name, results in runs.items()
+    }
+    result = {
+        "before": args.before,
+        "model": f"ELMo-{args.preset} shape, random weights (seed 0)",
+        "corpus": corpus_name,
+        "threads": args.threads,
+        "tokens": runs["after"][0]["tokens"],
+        "best": best,
+        "speed_up_embed_file": best["after"]["embed_file_tokens_per_s"] / best["before"]["embed_file_tokens_per_s"],
+        "speed_up_runtime": best["after"]["runtime_tokens_per_s"] / best["before"]["runtime_tokens_per_s"],
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{result['model']}; {corpus_name}; {result['tokens']} tokens; {args.threads} threads; best of {args.repeat}")
+    print(f"| path | before ({args.before}) | after | speed-up |\n|---|---:|---:|---:|")
+    for key, label in (
+        ("embed_file_tokens_per_s", "`elmo embed-file`, whole job"),
+        ("runtime_tokens_per_s", "runtime"),
+    ):
+        ratio = best["after"][key] / best["before"][key]
+        print(f"| {label} | {best['before'][key]:,.0f} | {best['after'][key]:,.0f} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":
