@@ -26,6 +26,7 @@ from onnx import numpy_helper
 
 import elmo.model.bilm as elmo_model
 from elmo.errors import ConfigError, ModelFileError
+from elmo.mix.store import TASKS_DIR
 from elmo.model.checkpoint import load_model
 from elmo.model.config import CONFIG_FILE, ModelConfig
 from elmo.runtime.modeldir import (
@@ -44,6 +45,7 @@ from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
 from export.context_graph import build_context_graph
 from export.graphs import EncoderGraph, PrefixGraph
+from export.quantize import quantize_graph, verify_int8
 from export.verify import ErrorBound, verify_export
 
 log = logging.getLogger("elmo.export")
@@ -124,15 +126,18 @@ def model_char_scheme(model_dir: Path, model: elmo_model.BiLM) -> ByteScheme | V
 
 
 def build_graphs(
-    model: elmo_model.BiLM, scratch: Path, scheme: ByteScheme | VocabScheme | None = None
+    model: elmo_model.BiLM, scratch: Path, scheme: ByteScheme | VocabScheme | None = None, int8: bool = False
 ) -> dict[str, onnx.ModelProto]:
-    """The three graphs (file name -> ModelProto, weights inline). The char-CNN parts are traced (sample of
-    several lengths; verification uses others), the biLSTM is built by hand (export/context_graph.py)."""
+    """The graphs (file name -> ModelProto, weights inline). The char-CNN parts are traced (sample of several
+    lengths; verification uses others), the biLSTM is built by hand (export/context_graph.py); ``int8``: the
+    biLSTM's weights quantized (export/quantize.py), in model.onnx too."""
     scheme = scheme or BYTES
     char_ids = torch.as_tensor(scheme.batch([["a", "bc", "def"], ["ghij", "k"]])).long()
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     context = build_context_graph(state, model.cfg)
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
+    if int8:
+        context, context_fused = quantize_graph(context), quantize_graph(context_fused)
     encoder = _trace(
         EncoderGraph(model),
         (char_ids[0],),
@@ -212,12 +217,20 @@ def _initializers(graph: onnx.GraphProto):
                 yield from _initializers(attribute.g)
 
 
-def store_exact_fp16(graph: onnx.ModelProto) -> int:
+def store_exact_fp16(graph: onnx.ModelProto | onnx.GraphProto) -> int:
     """Store each large float32 weight whose values are all exact float16 numbers (a checkpoint saved with fp16
-    storage) as float16 plus a Cast back to float32, which onnxruntime folds when it loads the graph: half the
-    bytes on disk, the same float32 arithmetic, bit-identical weights. Returns how many tensors were narrowed."""
-    casts, narrowed = [], 0
-    for tensor in graph.graph.initializer:
+    storage) as float16 plus a Cast back to float32 in the graph that holds it (a Scan body too), which
+    onnxruntime folds when it loads the graph: half the bytes on disk, the same float32 arithmetic, bit-identical
+    weights. Returns how many tensors were narrowed."""
+    graph = graph.graph if isinstance(graph, onnx.ModelProto) else graph
+    narrowed = sum(
+        store_exact_fp16(attribute.g)
+        for node in graph.node
+        for attribute in node.attribute
+        if attribute.type == onnx.AttributeProto.GRAPH
+    )
+    casts = []
+    for tensor in graph.initializer:
         if tensor.data_type != onnx.TensorProto.FLOAT:
             continue
         array = numpy_helper.to_array(tensor)
@@ -230,9 +243,9 @@ def store_exact_fp16(graph: onnx.ModelProto) -> int:
         tensor.CopyFrom(numpy_helper.from_array(half, f"{name}::fp16"))
         casts.append(onnx.helper.make_node("Cast", [f"{name}::fp16"], [name], name=f"{name}::widen", to=1))
         narrowed += 1
-    nodes = casts + list(graph.graph.node)
-    del graph.graph.node[:]
-    graph.graph.node.extend(nodes)
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
     return narrowed
 
 
@@ -272,7 +285,7 @@ def build_metadata(
     cfg: ModelConfig,
     name: str,
     checkpoint_sha256: str | None,
-    fp16: bool,
+    dtype: str,
     data: Path,
     scheme: ByteScheme | VocabScheme | None = None,
 ) -> dict:
@@ -291,7 +304,7 @@ def build_metadata(
             "context_fused": CONTEXT_FUSED_FILE,
         },
         "weights_data": {"file": ONNX_DATA_FILE, "bytes": data.stat().st_size, "sha256": sha256_of(data)},
-        "dtype": "float16" if fp16 else "float32",
+        "dtype": dtype,
         "opset": OPSET,
         "inputs": {"char_ids": ["batch", "tokens", scheme.width]},
         "outputs": {"layers": ["batch", cfg.n_output_layers, "tokens", cfg.output_dim], "mask": ["batch", "tokens"]},
@@ -319,8 +332,13 @@ def export_model(
     fp16: bool = False,
     threads: int | None = None,
     max_error: float | None = None,
+    int8: bool = False,
+    heldout: list[list[str]] | None = None,
 ) -> Path:
     """Export ``model_dir`` into ``out_dir`` (default: the model directory itself) and verify it.
+
+    ``int8``: the biLSTM's weights in int8 (export/quantize.py), judged by per-token cosine to float32 on the
+    verification sentences and ``heldout`` (tokenized sentences) instead of the max-abs bound.
 
     ``max_error``: an absolute bound on every verification case in place of the derived one (FP32_BOUND /
     FP16_BOUND), for a user who has judged the figures in onnx.json himself.
@@ -330,6 +348,8 @@ def export_model(
     """
     model_dir = Path(model_dir)
     out = Path(out_dir) if out_dir is not None else model_dir
+    if int8 and (fp16 or max_error is not None):
+        raise ConfigError("--int8 goes with neither --fp16 nor --max-error (int8 is judged by cosine to float32)")
     model = load_bilm(model_dir)
     cfg = model.cfg
     weights = model_dir / WEIGHTS_FILE
@@ -343,12 +363,13 @@ def export_model(
         for file in scheme.files:  # the runtime in the verification reads the scheme from the folder
             shutil.copyfile(model_dir / file, staging / file)
         started = time.perf_counter()
-        graphs = build_graphs(model, staging, scheme)
+        graphs = build_graphs(model, staging, scheme, int8=int8)
         if fp16:
             graphs = {name: convert_to_fp16(graph) for name, graph in graphs.items()}
         data_bytes = save_with_shared_weights(graphs, staging)
         del graphs
-        meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, fp16, staging / ONNX_DATA_FILE, scheme)
+        dtype = "float16" if fp16 else "int8" if int8 else "float32"
+        meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, dtype, staging / ONNX_DATA_FILE, scheme)
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
         log.info(
@@ -357,16 +378,15 @@ def export_model(
             data_bytes / 1e6,
             time.perf_counter() - started,
         )
-        report = verify_export(
-            model,
-            staging,
-            bound=export_bound(fp16, max_error),
-            dtype=meta["dtype"],
-            threads=threads or max(1, torch.get_num_threads()),
-        )
+        threads = threads or max(1, torch.get_num_threads())
+        if int8:
+            report = verify_int8(model, staging, threads, heldout or [])
+        else:
+            report = verify_export(model, staging, bound=export_bound(fp16, max_error), dtype=dtype, threads=threads)
         log.info("verification: %s", report.summary())
         if not report.passed:
-            raise ModelFileError(f"{out / ONNX_FILE}: verification against PyTorch failed: {report.summary()}")
+            against = "float32" if int8 else "PyTorch"
+            raise ModelFileError(f"{out / ONNX_FILE}: verification against {against} failed: {report.summary()}")
         meta["verification"] = report.to_dict()
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _move_into_place(staging, out, model_dir, scheme.files)
@@ -384,12 +404,27 @@ def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tu
         for name in (CONFIG_FILE, VOCAB_FILE):
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, out / name)
+        if (model_dir / TASKS_DIR).is_dir():  # the same weights: the task mixes stay current (served with --int8 too)
+            shutil.copytree(model_dir / TASKS_DIR, out / TASKS_DIR, dirs_exist_ok=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=Path, help="model directory (config.json + model.safetensors)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the model directory)")
     parser.add_argument("--fp16", action="store_true", help="float16 weights and arithmetic (inputs/outputs stay)")
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 biLSTM weights (onnxruntime dynamic quantization, CPU), kept only when every biLSTM layer's "
+        "per-token cosine to float32 has mean >= 0.999 and min >= 0.99",
+    )
+    parser.add_argument(
+        "--heldout",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --int8: also judge on this text (UTF-8, one sentence per line; the first 300 non-blank lines)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads for verification")
     parser.add_argument(
         "--max-error",
@@ -401,12 +436,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+HELDOUT_LINES = 300
+
+
+def heldout_sentences(path: Path, lines: int = HELDOUT_LINES) -> list[list[str]]:
+    """The first ``lines`` non-blank lines of ``path`` through the one tokenizer, each cut to 400 tokens."""
+    from elmo.errors import InputError
+    from elmo.text.tokenize import tokenize
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            texts = [line.strip() for line in handle if line.strip()][:lines]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read held-out text: {exc}") from exc
+    if not texts:
+        raise InputError(f"{path}: no text in the held-out file")
+    return [tokenize(text).tokens[:400] for text in texts]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.max_error is not None and not (args.max_error > 0 and np.isfinite(args.max_error)):
         raise ConfigError(f"--max-error must be a positive number (got {args.max_error})")
-    path = export_model(args.model, args.out, fp16=args.fp16, threads=args.threads, max_error=args.max_error)
+    if args.heldout is not None and not args.int8:
+        raise ConfigError("--heldout goes with --int8")
+    heldout = heldout_sentences(args.heldout) if args.heldout is not None else None
+    path = export_model(
+        args.model,
+        args.out,
+        fp16=args.fp16,
+        threads=args.threads,
+        max_error=args.max_error,
+        int8=args.int8,
+        heldout=heldout,
+    )
     meta = json.loads((path.parent / ONNX_META_FILE).read_text())
     names = ",".join((ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_DATA_FILE, ONNX_META_FILE))
     print(f"wrote {path.parent}/{{{names}}}")

@@ -395,3 +395,35 @@ def test_embed_stats_belong_to_their_own_call_under_concurrency(tiny_model_dir):
         stats = list(pool.map(lambda sentences: shared.embed_tokens_with_stats(sentences)[1], calls * 3))
     expected = [(k, k * (k + 1) // 2, k * (k + 2)) for k in range(1, 9)] * 3
     assert [(s.sentences, s.tokens, s.padded_tokens) for s in stats] == expected
+
+
+def test_parallel_runs_give_the_vectors_of_one_run_at_a_time(tiny_model_dir, embedder):
+    # Two biLSTM batches in flight on CPU (a second session, a pool) against the default one-at-a-time embedder;
+    # a budget of 8 positions cuts SENTENCES into several batches, so the pool really runs them concurrently.
+    parallel = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=2, runs_in_flight=2, max_batch_tokens=8)
+    assert parallel.runs_in_flight == 2 and embedder.runs_in_flight == 1
+    assert len(parallel._batches([len(s) for s in SENTENCES])) > 2
+    for a, b in zip(parallel.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_a_lone_large_batch_is_cut_in_two_for_parallel_runs(tiny_model_dir, embedder):
+    from elmo.runtime.embedder import SPLIT_BATCH_TOKENS
+
+    rows = SPLIT_BATCH_TOKENS // 20 + 1  # rows x (18 + 2) positions just past the threshold, within the budget
+    sentences = [[f"w{(i * 7 + k) % 31}" for k in range(18)] for i in range(rows)]
+    one, two = (
+        Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=2, runs_in_flight=runs, max_batch_tokens=10**6)
+        for runs in (1, 2)
+    )
+    assert [len(b) for b in one._batches([18] * rows)] == [rows]
+    assert [len(b) for b in two._batches([18] * rows)] == [rows // 2, rows - rows // 2]
+    assert [len(b) for b in two._batches([18] * 4)] == [4]  # small lone batches stay whole: lower latency
+    for a, b in zip(two.embed_tokens(sentences), one.embed_tokens(sentences)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("runs", [0, -1])
+def test_runs_in_flight_below_one_is_an_input_error(tiny_model_dir, runs):
+    with pytest.raises(InputError, match="runs_in_flight"):
+        Embedder(tiny_model_dir, providers=[CPU], runs_in_flight=runs)

@@ -1,0 +1,100 @@
+"""``elmo export --int8`` (export/quantize.py): int8 weights inside the recurrence, judged by cosine to float32."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import export.onnx_export as onnx_export
+from elmo.cli import main
+from elmo.errors import ModelFileError
+from elmo.runtime import CPU, Embedder
+from export.quantize import INT8_MEAN_COSINE, compare_cosine, count_ops, token_cosines
+
+SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["苹", "果", "很", "好", "吃"], ["a"], ["naïve", "😀"]]
+
+
+@pytest.fixture(scope="module")
+def int8_model(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int8") / "model"
+    onnx_export.export_model(tiny_model_dir, out, int8=True, threads=1, heldout=[["held", "out", "text"]])
+    return out
+
+
+def test_int8_export_quantizes_the_recurrence_inside_each_scan(int8_model):
+    graph = onnx.load(str(int8_model / "context.onnx"))
+    scans = [node for node in graph.graph.node if node.op_type == "Scan"]
+    assert scans
+    for scan in scans:  # the recurrent and projection matrices of every step: int8 inside the body
+        body_ops = count_ops(scan.attribute[0].g)
+        assert body_ops.get("MatMulInteger", 0) == 2 and "MatMul" not in body_ops, body_ops
+        assert any(t.data_type == onnx.TensorProto.INT8 for t in scan.attribute[0].g.initializer)
+    assert count_ops(graph.graph).get("Gemm", 0) == 0  # the hoisted input projections too
+    assert count_ops(onnx.load(str(int8_model / "encoder.onnx")).graph).get("MatMulInteger", 0) == 0  # char-CNN
+
+
+def test_int8_export_is_judged_by_cosine_and_records_it(int8_model):
+    meta = json.loads((int8_model / "onnx.json").read_text())
+    assert meta["dtype"] == "int8"
+    verification = meta["verification"]
+    assert verification["passed"] is True and verification["reference"] == "float32 graphs"
+    assert min(verification["mean"]) >= INT8_MEAN_COSINE and verification["tokens"] > 1000
+    assert "int8 vs float32 per-token cosine" in verification["summary"]
+
+
+def test_int8_model_serves_like_any_model(int8_model, tiny_model_dir):
+    int8 = Embedder(int8_model, providers=[CPU], intra_op_threads=1)
+    float32 = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+    got, expected = int8.embed_tokens(SENTENCES), float32.embed_tokens(SENTENCES)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == np.float32
+        np.testing.assert_array_equal(g[0], e[0])  # layer 0 is the float32 char-CNN in both
+        assert not np.array_equal(g[1:], e[1:])  # the biLSTM layers really run in int8
+    report = compare_cosine(SENTENCES, int8.embed_tokens, float32.embed_tokens)
+    assert report.passed and min(report.mean) >= INT8_MEAN_COSINE
+
+
+def test_a_broken_int8_graph_fails_and_replaces_nothing(tiny_model_dir, tmp_path, monkeypatch):
+    # A quantization that flips the sign of the int8 weights inside the recurrence: the graph runs, the shapes
+    # hold, only the cosine to float32 can tell.
+    real = onnx_export.quantize_graph
+
+    def flipped(graph):
+        quantized = real(graph)
+        for node in quantized.graph.node:
+            for attribute in node.attribute:
+                if attribute.type != onnx.AttributeProto.GRAPH:
+                    continue
+                for tensor in attribute.g.initializer:
+                    if tensor.data_type == onnx.TensorProto.INT8:
+                        flipped = -numpy_helper.to_array(tensor).astype(np.int16)
+                        flipped = np.clip(flipped, -127, 127).astype(np.int8)
+                        tensor.CopyFrom(numpy_helper.from_array(flipped, tensor.name))
+        return quantized
+
+    exported = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in exported.iterdir()}
+    monkeypatch.setattr(onnx_export, "quantize_graph", flipped)
+    with pytest.raises(ModelFileError, match="verification against float32 failed: FAILED: int8 vs float32"):
+        onnx_export.export_model(exported, int8=True, threads=1)
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
+
+
+def test_token_cosines_per_layer():
+    a = np.array([[[1.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [2.0, 0.0]]])  # (L+1=2, n=2, D=2)
+    b = np.array([[[2.0, 0.0], [0.0, 0.0]], [[1.0, -1.0], [0.0, 3.0]]])
+    np.testing.assert_allclose(token_cosines([a], [b]), [[1.0, 1.0], [0.0, 0.0]])  # zero vs zero counts as equal
+    assert token_cosines([a, a[:, :0]], [b, b[:, :0]]).shape == (2, 2)  # empty sentences add nothing
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--int8", "--fp16"], "--int8 goes with neither"), (["--heldout", "x.txt"], "--heldout goes with --int8")],
+)
+def test_int8_options_that_do_not_go_together_are_refused(tiny_model_dir, tmp_path, capsys, argv, message):
+    assert main(["export", "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
