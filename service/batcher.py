@@ -1,8 +1,10 @@
 """Dynamic batching across concurrent requests under a token budget.
 
 Requests put their sentences (token lists) in one queue per model; a single loop forms batches and runs the
-runtime in a worker thread (one thread per model: one onnxruntime session feeds one device stream, and keeping
-the event loop free means a slow batch never blocks accepting or answering other calls).
+runtime in worker threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device
+stream; on CPU as many as the runtime runs batches at once, so that the next call's char-CNN and first batches
+fill the cores while the last one's final batch finishes). Keeping the event loop free means a slow batch never
+blocks accepting or answering other calls.
 
 Batch formation, when the worker is free:
   * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
@@ -81,6 +83,7 @@ class Batcher:
         max_queue_tokens: int,
         name: str = "model",
         observer: BatcherObserver | None = None,
+        workers: int = 1,
     ):
         self._embed_fn = embed_fn
         self.max_batch_tokens = max_batch_tokens
@@ -89,8 +92,12 @@ class Batcher:
         self.max_queue_tokens = max_queue_tokens
         self.name = name
         self.observer = observer or BatcherObserver()
-        # One worker thread per model: the runtime is fed by exactly one caller at a time.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"runtime-{name}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, not {workers}")
+        self.workers = workers  # runtime calls in flight at once
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"runtime-{name}")
+        self._slots: asyncio.Semaphore | None = None
+        self._running: set[asyncio.Task] = set()
         self._queue: list[_Item] = []
         self._queued_tokens = 0
         self._wakeup: asyncio.Event | None = None
@@ -103,10 +110,12 @@ class Batcher:
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
         self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.workers)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def close(self) -> None:
-        """Refuse new work, fail what is still queued (UNAVAILABLE), wait for the running batch, stop the thread."""
+        """Refuse new work, fail what is still queued (UNAVAILABLE), stop the loop, let the running batches fail
+        their callers (UNAVAILABLE), stop the threads."""
         self._closed = True
         for item in self._take_all():
             if not item.future.done():
@@ -117,6 +126,9 @@ class Batcher:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
 
     @property
@@ -165,22 +177,35 @@ class Batcher:
 
     # -- the loop -------------------------------------------------------------------------------------------------
     async def _loop(self) -> None:
-        assert self._wakeup is not None
+        assert self._wakeup is not None and self._slots is not None
         loop = asyncio.get_running_loop()
         while True:
-            await self._wait_for_work()
-            batch = self._form_batch()
-            if not batch:
-                continue
+            await self._slots.acquire()  # a worker is free
             try:
-                await self._run(batch, loop)
-            except asyncio.CancelledError:
+                await self._wait_for_work()
+                batch = self._form_batch()
+            except BaseException:
+                self._slots.release()
                 raise
-            except Exception:  # a bug here must fail this batch's callers, never stop the loop (or hang them)
-                log.exception("batcher %s: batch handling failed", self.name)
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(ServiceError(Kind.INTERNAL, "internal error while batching"))
+            if not batch:
+                self._slots.release()
+                continue
+            task = loop.create_task(self._run_guarded(batch, loop))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run_guarded(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await self._run(batch, loop)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here must fail this batch's callers, never stop the loop (or hang them)
+            log.exception("batcher %s: batch handling failed", self.name)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(ServiceError(Kind.INTERNAL, "internal error while batching"))
+        finally:
+            self._slots.release()
 
     async def _wait_for_work(self) -> None:
         """Return when a batch should be formed: full enough, or the oldest item waited ``max_delay``."""

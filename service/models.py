@@ -90,6 +90,7 @@ def serve_model(
         max_queue_tokens=limits.max_queue_tokens,
         name=name,
         observer=observer,
+        workers=int(getattr(runtime, "runs_in_flight", 1)),  # CPU: as many calls as runs at once; CUDA: one
     )
     return ServedModel(
         name=name,
