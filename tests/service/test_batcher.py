@@ -179,3 +179,65 @@ def test_close_fails_queued_work_with_unavailable(runtime):
             await batcher.embed([sentence(1)])
 
     asyncio.run(scenario())
+
+
+class Gate(Recorder):
+    """Holds every runtime call until ``release`` is set, counting how many are inside at once."""
+
+    def __init__(self, runtime: Embedder):
+        super().__init__(runtime)
+        self.release = threading.Event()
+        self.inside = self.most_inside = 0
+        self.lock = threading.Lock()
+
+    def embed(self, sentences: list[list[str]]):
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            self.release.wait(30)
+            return super().embed(sentences)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_bound_the_runtime_calls_in_flight(runtime, workers):
+    # Three requests that cannot share a batch (10 tokens each, budget 10): with one worker the second waits for
+    # the first call to return; with two, two calls are inside the runtime at once, never three.
+    async def scenario():
+        gate = Gate(runtime)
+        batcher = Batcher(
+            gate.embed, name="tiny", observer=gate, workers=workers,
+            max_batch_tokens=10, max_batch_sentences=8, max_delay_s=0.0, max_queue_tokens=100,
+        )  # fmt: skip
+        batcher.start()
+        calls = [asyncio.ensure_future(batcher.embed([sentence(10, f"r{i}_")])) for i in range(3)]
+        await until(lambda: gate.inside == workers)
+        await asyncio.sleep(0.05)  # room for a call beyond the bound to start, were it allowed to
+        inside = gate.inside
+        gate.release.set()
+        results = await asyncio.gather(*calls)
+        await batcher.close()
+        return gate, inside, results
+
+    gate, inside, results = asyncio.run(scenario())
+    assert inside == workers and gate.most_inside == workers
+    assert sorted(gate.batches) == [[10], [10], [10]]
+    expected = runtime.embed_tokens([sentence(10, f"r{i}_") for i in range(3)])
+    for (vectors, _), want in zip(results, expected):
+        np.testing.assert_allclose(vectors[0], want, atol=1e-6, rtol=0)
+
+
+def test_served_model_runs_as_many_calls_as_the_runtime_runs_batches(tiny_model_dir):
+    from service.limits import Limits
+    from service.models import serve_model
+
+    for runs in (1, 2):
+        embedder = Embedder(tiny_model_dir, intra_op_threads=2, runs_in_flight=runs)
+        served = serve_model(embedder, tiny_model_dir, Limits(), BatcherObserver())
+        assert served.batcher.workers == runs
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        Batcher(lambda sentences: None, workers=0, max_batch_tokens=1, max_batch_sentences=1, max_delay_s=0.0,
+                max_queue_tokens=1)  # fmt: skip
