@@ -26,7 +26,6 @@ Writes JSON to ``--out`` (default runs/bench/batch_throughput.json) and prints a
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import platform
 import shutil
@@ -62,34 +61,10 @@ def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
 def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
     if args.model:
         return Path(args.model), str(args.model)
-    directory = REPO / "runs" / "bench-models" / f"elmo-{args.preset}"
-    stamp = directory / "exporter.sha256"  # the graphs must be this tree's exporter's, not an older one's
-    if not _loads(directory) or not stamp.is_file() or stamp.read_text() != exporter_digest():
-        from export.random_model import write_random_model
+    from export.random_model import cached_random_model
 
-        shutil.rmtree(directory, ignore_errors=True)
-        write_random_model(directory, args.preset, seed=0, export=True)
-        stamp.write_text(exporter_digest())
+    directory = cached_random_model(REPO / "runs" / "bench-models" / f"elmo-{args.preset}", args.preset)
     return directory, f"ELMo-{args.preset} shape, random weights ({directory.relative_to(REPO)})"
-
-
-def exporter_digest() -> str:
-    """sha256 over the exporter's sources (export/*.py)."""
-    digest = hashlib.sha256()
-    for path in sorted((REPO / "export").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def _loads(directory: Path) -> bool:
-    from elmo.errors import ElmoError
-    from elmo.runtime.modeldir import read_onnx_metadata
-
-    try:
-        read_onnx_metadata(directory)
-    except ElmoError:
-        return False
-    return True
 
 
 def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dict:

@@ -82,19 +82,10 @@ def text_sentences(path: Path, n: int) -> list[list[str]]:
 
 
 def random_shape_model(shape: str) -> Path:
-    """runs/bench-models/<shape>: random weights of a published shape, exported (once)."""
-    from elmo.errors import ModelFileError
-    from elmo.runtime.modeldir import read_onnx_metadata
+    """runs/bench-models/<shape>: random weights of a published shape, exported by this exporter (once)."""
+    from export.random_model import cached_random_model
 
-    directory = MODELS_CACHE / shape
-    try:
-        read_onnx_metadata(directory)
-    except ModelFileError:  # absent, or exported by an older version of the exporter
-        from export.random_model import write_random_model
-
-        print(f"writing and exporting a random-weight {shape} model into {directory} (once)", flush=True)
-        write_random_model(directory, shape, seed=0, export=True)
-    return directory
+    return cached_random_model(MODELS_CACHE / shape, shape)
 
 
 # -- measurement ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ on real published weights.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +75,37 @@ def write_random_model(
 
 
 # -- AllenNLP / bilm-tf files ------------------------------------------------------------------------------------
+EXPORTER_STAMP = "exporter.sha256"
+
+
+def exporter_digest() -> str:
+    """sha256 over the exporter's sources (export/*.py): what a cached export was made by."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_random_model(directory: Path, preset: str) -> Path:
+    """``directory`` with random weights of ``preset`` (seed 0), exported by this exporter: written once, and again
+    when it is absent, unreadable or exported by other exporter sources (benchmarks must time today's graphs)."""
+    from elmo.errors import ModelFileError
+    from elmo.runtime.modeldir import read_onnx_metadata
+
+    stamp = directory / EXPORTER_STAMP
+    try:
+        read_onnx_metadata(directory)
+        current = stamp.is_file() and stamp.read_text() == exporter_digest()
+    except ModelFileError:
+        current = False
+    if not current:
+        print(f"writing and exporting a random-weight {preset} model into {directory}", flush=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        write_random_model(directory, preset, seed=0, export=True)
+        stamp.write_text(exporter_digest())
+    return directory
+
+
 def bilm_tf_options(cfg: ModelConfig) -> dict:
     """The options.json AllenNLP publishes beside its weights, for a model of ``cfg``'s shape."""
     return {
