@@ -45,7 +45,7 @@ from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
 from export.context_graph import build_context_graph
 from export.graphs import EncoderGraph, PrefixGraph
-from export.quantize import quantize_graph, verify_int8
+from export.quantize import QUANTIZATION, quantize_graph, verify_int8
 from export.verify import ErrorBound, verify_export
 
 log = logging.getLogger("elmo.export")
@@ -370,6 +370,8 @@ def export_model(
         del graphs
         dtype = "float16" if fp16 else "int8" if int8 else "float32"
         meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, dtype, staging / ONNX_DATA_FILE, scheme)
+        if int8:
+            meta["quantization"] = QUANTIZATION
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
         log.info(

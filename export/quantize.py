@@ -27,6 +27,13 @@ import onnx
 INT8_MEAN_COSINE = 0.999  # the bar: a mean this close keeps task scores (bench/int8.py)
 INT8_MIN_COSINE = 0.99  # and no single token far off (measured worst: 0.997 on real text)
 QUANTIZED_OPS = ("MatMul", "Gemm")
+QUANTIZATION = {  # what onnx.json records of an int8 export
+    "method": "onnxruntime dynamic quantization (quantize_dynamic, EnableSubgraph)",
+    "ops": list(QUANTIZED_OPS),
+    "weights": "int8, symmetric, one scale per output column",
+    "activations": "uint8, scale and zero point per call (per step inside the recurrence)",
+    "float32": "encoder.onnx (char-CNN, layer 0), gate non-linearities, cell state, clips",
+}
 
 Sentences = list[list[str]]
 

@@ -38,7 +38,7 @@ def test_int8_export_quantizes_the_recurrence_inside_each_scan(int8_model):
 
 def test_int8_export_is_judged_by_cosine_and_records_it(int8_model):
     meta = json.loads((int8_model / "onnx.json").read_text())
-    assert meta["dtype"] == "int8"
+    assert meta["dtype"] == "int8" and "int8" in meta["quantization"]["weights"]
     verification = meta["verification"]
     assert verification["passed"] is True and verification["reference"] == "float32 graphs"
     assert min(verification["mean"]) >= INT8_MEAN_COSINE and verification["tokens"] > 1000
