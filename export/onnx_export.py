@@ -25,7 +25,7 @@ import torch
 from onnx import numpy_helper
 
 import elmo.model.bilm as elmo_model
-from elmo.errors import ConfigError, ModelFileError
+from elmo.errors import ConfigError, InputError, ModelFileError
 from elmo.mix.store import TASKS_DIR
 from elmo.model.checkpoint import load_model
 from elmo.model.config import CONFIG_FILE, ModelConfig
@@ -443,7 +443,6 @@ HELDOUT_LINES = 300
 
 def heldout_sentences(path: Path, lines: int = HELDOUT_LINES) -> list[list[str]]:
     """The first ``lines`` non-blank lines of ``path`` through the one tokenizer, each cut to 400 tokens."""
-    from elmo.errors import InputError
     from elmo.text.tokenize import tokenize
 
     try:

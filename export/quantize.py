@@ -77,10 +77,10 @@ def token_cosines(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> 
         if not e.size:
             continue
         g, e = g.astype(np.float64), e.astype(np.float64)
-        norms = np.linalg.norm(g, axis=-1) * np.linalg.norm(e, axis=-1)
+        g_norm, e_norm = np.linalg.norm(g, axis=-1), np.linalg.norm(e, axis=-1)
+        norms = g_norm * e_norm
         dots = np.sum(g * e, axis=-1)
-        both_zero = (np.linalg.norm(g, axis=-1) == 0) & (np.linalg.norm(e, axis=-1) == 0)
-        parts.append(np.where(both_zero, 1.0, dots / np.where(norms > 0, norms, 1.0)))
+        parts.append(np.where((g_norm == 0) & (e_norm == 0), 1.0, dots / np.where(norms > 0, norms, 1.0)))
     return np.concatenate(parts, axis=1)
 
 

@@ -74,7 +74,6 @@ def write_random_model(
     return out
 
 
-# -- AllenNLP / bilm-tf files ------------------------------------------------------------------------------------
 EXPORTER_STAMP = "exporter.sha256"
 
 
@@ -106,6 +105,7 @@ def cached_random_model(directory: Path, preset: str) -> Path:
     return directory
 
 
+# -- AllenNLP / bilm-tf files ------------------------------------------------------------------------------------
 def bilm_tf_options(cfg: ModelConfig) -> dict:
     """The options.json AllenNLP publishes beside its weights, for a model of ``cfg``'s shape."""
     return {
