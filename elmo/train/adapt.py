@@ -111,11 +111,15 @@ def check_source(model_dir: Path) -> ModelConfig:
     return cfg
 
 
-def write_start_with_new_softmax(source: Path, start: Path, vocab: list[str], train: list[list[str]]) -> None:
-    """A model directory with the source's biLM and a fresh softmax over ``vocab``, its bias at the log unigram
-    frequencies of the training targets."""
+def write_start_with_new_softmax(
+    source: Path, start: Path, vocab: list[str], train: list[list[str]], seed: int = 0
+) -> None:
+    """A model directory with the source's biLM and a fresh softmax over ``vocab`` (initialised from ``seed``, so
+    that ``elmo adapt --seed`` repeats itself), its bias at the log unigram frequencies of the training targets."""
     cfg = ModelConfig.from_dict({**load_config(source).to_dict(), "vocab_size": len(vocab)}, source=str(source))
-    bilm = BiLM(cfg)
+    with torch.random.fork_rng():  # the caller's global generator is left as it was
+        torch.manual_seed(seed)
+        bilm = BiLM(cfg)
     weights = {k: v.float() for k, v in load_state(source / "model.safetensors").items()}
     missing, unexpected = bilm.load_state_dict(weights, strict=False)
     if unexpected or any(not name.startswith("softmax.") for name in missing):
@@ -206,7 +210,7 @@ class Adaptation:
             vocab = load_vocab(self.model)
         else:
             vocab = build_vocab(self.work / "train.txt", self.s.min_count, self.s.max_vocab)
-            write_start_with_new_softmax(self.model, self.work / "start", vocab, train_part)
+            write_start_with_new_softmax(self.model, self.work / "start", vocab, train_part, self.s.seed)
         write_vocab_file(vocab, self.work / "vocab.txt")
         replayed = self._write_replay(sum(map(len, train_part)))
         pieces = chunk_long(train_part + replayed, DataConfig.max_sentence_tokens)

@@ -188,3 +188,25 @@ def test_clear_errors(trained_tiny_lm, tmp_path, capsys):
     assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(long_text), "--out", str(tmp_path / "d"),
                  "--resume"]) == 2  # fmt: skip
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_the_fresh_softmax_depends_on_the_seed_only(bilm_tf_fixture, tmp_path):
+    # `elmo adapt --seed` must repeat itself whatever the process drew before: the new softmax of an imported
+    # model is initialised from the seed, and the caller's global generator is left as it was.
+    import torch
+
+    from elmo.train.adapt import write_start_with_new_softmax
+
+    imported = tmp_path / "imported"
+    assert main(["import-allennlp", "--options", str(bilm_tf_fixture / "options.json"),
+                 "--weights", str(bilm_tf_fixture / "lm_weights.hdf5"), "--out", str(imported)]) == 0  # fmt: skip
+    vocab, train = ["<S>", "</S>", "<UNK>", "the", "cat"], [["the", "cat"]]
+    softmax = {}
+    for run, (global_seed, seed) in enumerate([(1, 0), (2, 0), (1, 5)]):
+        torch.manual_seed(global_seed)
+        state = torch.get_rng_state()
+        write_start_with_new_softmax(imported, tmp_path / f"start{run}", vocab, train, seed=seed)
+        assert torch.equal(torch.get_rng_state(), state)
+        softmax[run] = load_state(tmp_path / f"start{run}" / "model.safetensors")["softmax.weight"]
+    assert torch.equal(softmax[0], softmax[1])  # another global state, the same seed: the same softmax
+    assert not torch.equal(softmax[0], softmax[2])  # another seed: another softmax
