@@ -4,13 +4,16 @@ Why by hand: the tracer turns the scripted recurrence into a ``Loop`` that carri
 onnxruntime runs 2-4x slower than PyTorch eager; a ``Scan`` with the state as loop-carried tensors runs at
 unrolled-graph speed, for any length, in one graph (figures: docs/runtime.md, bench/recurrence.py).
 
-Graph (S = T + 2 positions, <S> and </S> included; L LSTM layers; P projection, C cell):
-  inputs   tokens float32 (B, S, P) (row b: [<S>, n_b token vectors, </S>, anything]), lengths int64 (B,) = n_b
+Graph (S = T + 2 positions, <S> and </S> included; L LSTM layers; P projection, C cell; R table rows):
+  inputs   table float32 (R, P): token vectors; index int64 (B, S): row b is [<S>, n_b tokens, </S>, anything]
+           as rows of the table (the runtime's call table, or model.onnx's every position); lengths int64 (B,) = n_b
   outputs  layers float32 (B, L+1, T, 2P), zero past each sentence
-The backward direction runs on ``ReverseSequence(x, n_b + 2)`` (only the valid part reversed: exact with
+The backward direction runs on the valid part of each row reversed (``ReverseSequence`` with n_b + 2: exact with
 padding). Two layouts of the same maths (the export writes both; the runtime picks per provider):
-  separate  one Scan per direction and layer, 2-D weights inside each Scan body: the faster one on CPU (MLAS
-            pre-packs them once per session)
+  separate  one Scan per direction and layer, time-major, 2-D weights inside each Scan body: the faster one on
+            CPU (MLAS pre-packs them once per session). Layer 0's input projection is computed once per table row,
+            not per position (a token's projection does not depend on its context), and each step gathers its
+            rows from it; time-major, no Scan transposes its (S, B, 4C) input.
   fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
             launches, for CUDA, where a step costs launches rather than arithmetic
 Per step: ``z = (x_t W_in + b) + h R`` (input projection and bias hoisted out of the loop), gates reordered to
@@ -90,11 +93,18 @@ def _clip(g: _Builder, x: str, limit: float) -> str:
 
 
 def _cell_body(
-    g: _Builder, w_rec: str | np.ndarray, w_proj: str | np.ndarray, cfg: ModelConfig, scope: str, lead: list
+    g: _Builder,
+    w_rec: str | np.ndarray,
+    w_proj: str | np.ndarray,
+    cfg: ModelConfig,
+    scope: str,
+    lead: list,
+    gates_table: str | None = None,
 ) -> onnx.GraphProto:
     """Scan body: (h (*lead, B, P), c (*lead, B, C), gates_t (*lead, B, 4C)) -> (h', c', y_t = h'). The weights
     ``w_rec``, ``w_proj``: arrays, stored in the body (the separate layout), or names in the outer graph (the fused
-    layout's stacks), read from the body."""
+    layout's stacks), read from the body. With ``gates_table`` (R, 4C) in the outer graph, the scanned input is
+    the step's table rows (B,) int64 instead, and the body gathers its gates from the table."""
     body = _Builder(f"{g.prefix}{scope}/")
     h_in, c_in, gates_t, h_next, c_next, y_t = (
         f"{body.prefix}{name}" for name in ("h", "c", "gates_t", "h_next", "c_next", "y_t")
@@ -102,7 +112,8 @@ def _cell_body(
     cell = cfg.cell_dim
     if isinstance(w_rec, np.ndarray):
         w_rec, w_proj = body.const(w_rec, "w_rec"), body.const(w_proj, "w_proj")
-    z = body.op("Add", [gates_t, body.op("MatMul", [h_in, w_rec])])
+    step_gates = gates_t if gates_table is None else body.op("Gather", [gates_table, gates_t], axis=0)
+    z = body.op("Add", [step_gates, body.op("MatMul", [h_in, w_rec])])
     sigmoid_part, g_part = body.op("Split", [z, body.i64([3 * cell, cell])], outputs=2, axis=-1)
     i, f, o = body.op("Split", [body.op("Sigmoid", [sigmoid_part])], outputs=3, axis=-1)
     new_cell = body.op("Add", [body.op("Mul", [i, body.op("Tanh", [g_part])]), body.op("Mul", [f, c_in])])
@@ -120,27 +131,35 @@ def _cell_body(
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, [*lead, "batch", width])
 
     p = cfg.projection_dim
+    scanned = (
+        value(gates_t, 4 * cell)
+        if gates_table is None
+        else helper.make_tensor_value_info(gates_t, TensorProto.INT64, [*lead, "batch"])
+    )
     return helper.make_graph(
         body.nodes,
         f"{scope}_cell",
-        [value(h_in, p), value(c_in, cell), value(gates_t, 4 * cell)],
+        [value(h_in, p), value(c_in, cell), scanned],
         [value(h_next, p), value(c_next, cell), value(y_t, p)],
         initializer=body.initializers,
     )
 
 
 class _Graph:
-    """The parts of the context graph shared by both layouts."""
+    """The parts of the context graph shared by both layouts. ``time_major``: the recurrent tensors are
+    (S, B, ...) (the separate layout), else (B, S, ...)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: ModelConfig, time_major: bool) -> None:
+        self.cfg, self.time_major = cfg, time_major
         g = self.g = _Builder("context/")
-        self.batch_and_steps = g.op("Slice", [g.op("Shape", ["tokens"]), g.i64([0]), g.i64([2])])  # [B, S]
+        self.batch_and_steps = g.op("Shape", ["index"])  # [B, S]
         self.batch = g.op("Gather", [self.batch_and_steps, g.i64(0)], axis=0)
         self.steps = g.op("Gather", [self.batch_and_steps, g.i64(1)], axis=0)
         self.with_boundaries = g.op("Add", ["lengths", g.i64(2)])  # (B,) = n_b + 2
-        inside = self.positions_below(self.steps, self.with_boundaries)
-        self.mask = g.unsqueeze(g.op("Cast", [inside], to=TensorProto.FLOAT), 2)  # (B, S, 1)
+        inside = g.op("Cast", [self.positions_below(self.steps, self.with_boundaries)], to=TensorProto.FLOAT)
+        self.batch_mask = g.unsqueeze(inside, 2)  # (B, S, 1)
+        self.mask = g.unsqueeze(g.op("Transpose", [inside], perm=[1, 0]), 2) if time_major else self.batch_mask
+        self.scan_axis = 0 if time_major else 1
 
     def positions_below(self, count: str, limits: str) -> str:
         """(B, count) bool: position t < limits[b]."""
@@ -148,17 +167,27 @@ class _Graph:
         return self.g.op("Less", [self.g.unsqueeze(positions, 0), self.g.unsqueeze(limits, 1)])
 
     def reverse(self, x: str) -> str:
-        """Reverse each row's first n_b + 2 positions of (B, S, W); padding stays in place."""
-        return self.g.op("ReverseSequence", [x, self.with_boundaries], batch_axis=0, time_axis=1)
+        """Reverse each row's first n_b + 2 positions (along the step axis); padding stays in place."""
+        batch_axis, time_axis = (1, 0) if self.time_major else (0, 1)
+        return self.g.op(
+            "ReverseSequence", [x, self.with_boundaries], batch_axis=batch_axis, time_axis=time_axis
+        )
+
+    def steps_shape(self, width: int) -> str:
+        """The shape (S, B, width) or (B, S, width) of the recurrent tensors."""
+        g = self.g
+        leading = [self.steps, self.batch] if self.time_major else [self.batch, self.steps]
+        return g.op("Concat", [*(g.unsqueeze(d, 0) for d in leading), g.i64([width])], axis=0)
 
     def initial_state(self, initial: str, width: int, lead: list) -> str:
         """(*lead, 1, W) -> (*lead, B, W)."""
         shape = self.g.op("Concat", [self.g.i64(lead), self.g.unsqueeze(self.batch, 0), self.g.i64([width])], axis=0)
         return self.g.op("Expand", [initial, shape])
 
-    def scan(self, gates: str, w: dict, layer: str, lead: list, axis: int) -> str:
-        """Run the recurrence over ``gates`` (*lead, B, S, 4C) -> h (*lead, B, S, P)."""
-        cfg = self.cfg
+    def scan(self, gates: str, w: dict, layer: str, lead: list, gates_table: str | None = None) -> str:
+        """Run the recurrence over ``gates`` (*lead, steps and batch axes, 4C) -> h (*lead, same axes, P); with
+        ``gates_table`` (R, 4C), ``gates`` holds table rows (steps and batch axes) int64."""
+        cfg, axis = self.cfg, self.scan_axis + len(lead)
         _, _, h = self.g.op(
             "Scan",
             [
@@ -168,7 +197,7 @@ class _Graph:
             ],
             f"scan_{layer}",
             outputs=3,
-            body=_cell_body(self.g, w["w_rec"], w["w_proj"], cfg, layer, lead),
+            body=_cell_body(self.g, w["w_rec"], w["w_proj"], cfg, layer, lead, gates_table),
             num_scan_inputs=1,
             scan_input_axes=[axis],
             scan_output_axes=[axis],
@@ -177,23 +206,30 @@ class _Graph:
 
 
 def _separate_layer(graph: _Graph, xs: list[str], weights: list[dict], layer: int) -> list[str]:
-    """One Scan per direction: xs[d] (B, S, in) -> h[d] (B, S, P)."""
+    """One Scan per direction, time-major: xs[d] (S, B, in) -> h[d] (S, B, P). Layer 0's xs[d] are the table
+    rows (S, B) int64: its input projection is computed once per table row and gathered per step."""
     g, outputs = graph.g, []
     for d, (x, w) in enumerate(zip(xs, weights)):
         # w_rec and w_proj live in the Scan body, where MLAS pre-packs them once (read from the outer scope, they are
         # not: 3-12 % slower per step); the hoisted projection is one 2-D Gemm with the bias folded in.
         names = {k: g.const(v, f"{k}_l{layer}d{d}") for k, v in w.items() if k not in ("w_rec", "w_proj")}
         names |= {"w_rec": w["w_rec"], "w_proj": w["w_proj"]}
-        flat = g.op("Reshape", [x, g.i64([-1, w["w_in"].shape[0]])])  # (B*S, in)
-        shape = g.op("Concat", [graph.batch_and_steps, g.i64([4 * graph.cfg.cell_dim])], axis=0)
-        gates = g.op("Reshape", [g.op("Gemm", [flat, names["w_in"], names["b"]]), shape])  # (B, S, 4C): hoisted
-        outputs.append(graph.scan(gates, names, f"l{layer}d{d}", [], axis=1))
+        scope = f"l{layer}d{d}"
+        if layer == 0:
+            table = g.op("Gemm", ["table", names["w_in"], names["b"]])  # (R, 4C)
+            outputs.append(graph.scan(x, names, scope, [], gates_table=table))
+            continue
+        flat = g.op("Reshape", [x, g.i64([-1, w["w_in"].shape[0]])])  # (S*B, in)
+        gates = g.op("Gemm", [flat, names["w_in"], names["b"]])  # (S*B, 4C): hoisted
+        gates = g.op("Reshape", [gates, graph.steps_shape(4 * graph.cfg.cell_dim)])  # (S, B, 4C)
+        outputs.append(graph.scan(gates, names, scope, []))
     return outputs
 
 
 def _fused_layer(graph: _Graph, xs: list[str], weights: list[dict], layer: int) -> list[str]:
-    """Both directions in one Scan. The (2, ...) weight stacks are built in the graph from the same 2-D
-    initializers the separate layout uses (onnxruntime folds them at load), so the weights are stored once."""
+    """Both directions in one Scan: xs[d] (B, S, in) -> h[d] (B, S, P). The (2, ...) weight stacks are built in
+    the graph from the same 2-D initializers the separate layout uses (onnxruntime folds them at load), so the
+    weights are stored once."""
     g = graph.g
     stacked = {}
     for key in weights[0]:
@@ -203,35 +239,47 @@ def _fused_layer(graph: _Graph, xs: list[str], weights: list[dict], layer: int) 
     x = g.op("Concat", [g.unsqueeze(t, 0) for t in xs], axis=0)  # (2, B, S, in)
     flat = g.op("Reshape", [x, g.i64([2, -1, weights[0]["w_in"].shape[0]])])  # one (2, B*S, in) @ (2, in, 4C)
     gates = g.op("Add", [g.op("MatMul", [flat, stacked["w_in"]]), b])
-    shape = g.op("Concat", [g.i64([2]), graph.batch_and_steps, g.i64([4 * graph.cfg.cell_dim])], axis=0)
-    h = graph.scan(g.op("Reshape", [gates, shape]), stacked, f"l{layer}", [2], axis=2)  # (2, B, S, P)
+    shape = g.op("Concat", [g.i64([2]), graph.steps_shape(4 * graph.cfg.cell_dim)], axis=0)
+    h = graph.scan(g.op("Reshape", [gates, shape]), stacked, f"l{layer}", [2])  # (2, B, S, P)
     return [g.op("Squeeze", [part, g.i64([0])]) for part in g.op("Split", [h], outputs=2, axis=0)]
+
+
+def _first_inputs(graph: _Graph, tokens: str) -> list[str]:
+    """Layer 0's forward and backward inputs: the table rows (S, B) int64 in the separate layout (its projection
+    is gathered per step), the masked token vectors ``tokens`` (B, S, P) in the fused one."""
+    x0 = graph.g.op("Transpose", ["index"], perm=[1, 0]) if graph.time_major else tokens
+    return [x0, graph.reverse(x0)]
+
+
+def _batch_major(graph: _Graph, x: str) -> str:
+    return graph.g.op("Transpose", [x], perm=[1, 0, 2]) if graph.time_major else x
 
 
 def build_context_graph(
     state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = False
 ) -> onnx.ModelProto:
     """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring)."""
-    graph = _Graph(cfg)
+    graph = _Graph(cfg, time_major=not fuse_directions)
     g = graph.g
-    x0 = g.op("Mul", ["tokens", graph.mask])  # (B, S, P)
-    xs = [x0, graph.reverse(x0)]  # forward input, backward input (reversed order; stays reversed up the stack)
-    layers = [g.op("Concat", [x0, x0], axis=-1)]
+    tokens = g.op("Mul", [g.op("Gather", ["table", "index"], axis=0), graph.batch_mask])  # (B, S, P)
+    layers = [g.op("Concat", [tokens, tokens], axis=-1)]
+    xs = _first_inputs(graph, tokens)  # forward input, backward input (reversed order; stays reversed up the stack)
+    run_layer = _fused_layer if fuse_directions else _separate_layer
     for layer in range(cfg.n_layers):
         weights = [direction_weights(state, direction, layer, cfg) for direction in DIRECTIONS]
-        run_layer = _fused_layer if fuse_directions else _separate_layer
         hs = run_layer(graph, xs, weights, layer)
         if layer > 0 and cfg.residual:
             hs = [g.op("Add", [h, x]) for h, x in zip(hs, xs)]
         xs = [g.op("Mul", [h, graph.mask]) for h in hs]
-        layers.append(g.op("Concat", [xs[0], graph.reverse(xs[1])], axis=-1))
+        layers.append(_batch_major(graph, g.op("Concat", [xs[0], graph.reverse(xs[1])], axis=-1)))
     stacked = g.op("Concat", [g.unsqueeze(t, 1) for t in layers], axis=1)  # (B, L+1, S, 2P)
     stacked = g.op("Slice", [stacked, g.i64([1]), g.i64([-1]), g.i64([2])])  # drop <S> and the last slot
     real = graph.positions_below(g.op("Sub", [graph.steps, g.i64(2)]), "lengths")  # (B, T)
     real = g.unsqueeze(g.unsqueeze(g.op("Cast", [real], to=TensorProto.FLOAT), 1), 3)  # (B, 1, T, 1)
     g.nodes.append(helper.make_node("Mul", [stacked, real], ["layers"], name="context/layers"))
     inputs = [
-        helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "steps", cfg.projection_dim]),
+        helper.make_tensor_value_info("table", TensorProto.FLOAT, ["rows", cfg.projection_dim]),
+        helper.make_tensor_value_info("index", TensorProto.INT64, ["batch", "steps"]),
         helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]),
     ]
     output = helper.make_tensor_value_info(

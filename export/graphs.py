@@ -2,9 +2,11 @@
 
 Three graphs come out of one BiLM:
   model.onnx    char_ids int64 (B, T, W) -> layers (B, L+1, T, 2P), mask (B, T): PrefixGraph + context.onnx.
-  encoder.onnx  char_ids int64 (N, W) -> token vectors (N, P): EncoderGraph, the char-CNN once per distinct token.
-  context.onnx  tokens float32 (B, T+2, P) with <S>/</S> vectors in place, lengths int64 (B,) -> layers: the biLSTM,
-                built by hand (export/context_graph.py): there is no recurrence to trace here.
+  encoder.onnx  char_ids int64 (N, W) -> token vectors (N, P): EncoderGraph, the char-CNN once per distinct token
+                (rows may be cut short where the scheme allows: export.onnx_export.encoder_trim_window).
+  context.onnx  table float32 (R, P) of token vectors, index int64 (B, T+2) of table rows with <S>/</S> in place,
+                lengths int64 (B,) -> layers: the biLSTM, built by hand (export/context_graph.py): there is no
+                recurrence to trace here.
 The runtime uses encoder + context (distinct tokens deduplicated and cached, no CNN work on padding); model.onnx
 is the self-contained contract graph. W = 50 (byte scheme) or the width of the model's char vocabulary scheme
 (elmo.text.chars.VocabScheme: max_chars, plus one word-id column when the model has a word embedding).
@@ -29,8 +31,9 @@ class EncoderGraph(torch.nn.Module):
 
 
 class PrefixGraph(torch.nn.Module):
-    """The front of model.onnx: char_ids int64 (B, T, 50) -> (token vectors (B, T+2, P) with <S>/</S> in place,
-    lengths int64 (B,) real tokens per sentence, mask bool (B, T)). context.onnx is appended to it."""
+    """The front of model.onnx: char_ids int64 (B, T, 50) -> (table (B*(T+2), P): every position's token vector,
+    <S>/</S> in place; index int64 (B, T+2): each position's table row; lengths int64 (B,) real tokens per
+    sentence; mask bool (B, T)). context.onnx is appended to it."""
 
     def __init__(self, model: elmo_model.BiLM) -> None:
         super().__init__()
@@ -40,4 +43,7 @@ class PrefixGraph(torch.nn.Module):
         with_boundaries, lengths = elmo_model.add_sentence_boundaries(char_ids, self.encoder.boundary_ids)
         lengths = lengths - 2
         steps = torch.arange(char_ids.shape[1], device=char_ids.device).view(1, -1)
-        return self.encoder(with_boundaries), lengths, steps < lengths.view(-1, 1)
+        tokens = self.encoder(with_boundaries)  # (B, T+2, P)
+        batch, positions, width = tokens.shape
+        index = torch.arange(batch * positions, device=char_ids.device).view(batch, positions)
+        return tokens.reshape(batch * positions, width), index, lengths, steps < lengths.view(-1, 1)

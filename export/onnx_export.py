@@ -138,11 +138,13 @@ def build_graphs(
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
     if int8:
         context, context_fused = quantize_graph(context), quantize_graph(context_fused)
+    # A trimmable scheme's rows may arrive cut short (the runtime's char trim): the id axis is symbolic then.
+    char_axes = {0: "n_tokens", 1: "n_chars"} if scheme.trimmable else {0: "n_tokens"}
     encoder = _trace(
         EncoderGraph(model),
         (char_ids[0],),
         scratch / ENCODER_FILE,
-        {"char_ids": {0: "n_tokens"}},
+        {"char_ids": char_axes},
         {"token_vectors": {0: "n_tokens"}},
     )
     prefix = _trace(
@@ -150,12 +152,17 @@ def build_graphs(
         (char_ids,),
         scratch / "prefix.onnx",
         {"char_ids": {0: "batch", 1: "tokens"}},
-        {"tokens": {0: "batch", 1: "steps"}, "lengths": {0: "batch"}, "mask": {0: "batch", 1: "tokens"}},
+        {
+            "table": {0: "rows"},
+            "index": {0: "batch", 1: "steps"},
+            "lengths": {0: "batch"},
+            "mask": {0: "batch", 1: "tokens"},
+        },
     )
     context.ir_version = context_fused.ir_version = prefix.ir_version
     # Names cannot collide: every name in the hand-built graph starts with "context/".
     full = onnx.compose.merge_models(
-        prefix, context, io_map=[("tokens", "tokens"), ("lengths", "lengths")], outputs=["layers", "mask"]
+        prefix, context, io_map=[("table", "table"), ("index", "index"), ("lengths", "lengths")], outputs=["layers", "mask"]
     )
     graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
     for graph in graphs.values():
@@ -281,6 +288,13 @@ def save_with_shared_weights(graphs: dict[str, onnx.ModelProto], directory: Path
 
 
 # -- metadata ------------------------------------------------------------------------------------------------------
+def encoder_trim_window(cfg: ModelConfig, scheme: ByteScheme | VocabScheme) -> int | None:
+    """How many padding ids a cut token row must keep after its longest token: the widest filter. Then every
+    filter still sees an all-padding window, the value every cut-off window had, so the max over positions is
+    unchanged (bit for bit: each window is the same dot product). None: rows must keep their full width."""
+    return max(width for width, _ in cfg.filters) if scheme.trimmable else None
+
+
 def build_metadata(
     cfg: ModelConfig,
     name: str,
@@ -314,6 +328,7 @@ def build_metadata(
         "cell_dim": cfg.cell_dim,
         "n_lstm_layers": cfg.n_layers,
         "char_scheme": char_scheme,
+        "encoder_trim_window": encoder_trim_window(cfg, scheme),
         "sentence_boundaries": "added inside the graphs (<S>, </S>) and removed from the output",
         "tokenizer": TOKENIZER_SETTINGS,
         "recurrence": "ONNX Scan, input projection hoisted; context.onnx one Scan per direction (CPU), "

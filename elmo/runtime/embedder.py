@@ -49,6 +49,7 @@ from elmo.runtime.providers import (
     provider_reason,
     requested_providers,
 )
+from elmo.text.chars import char_lengths
 from elmo.text.tokenize import Tokenized, tokenize
 
 log = logging.getLogger("elmo.runtime")
@@ -75,6 +76,11 @@ class EmbedderInfo:
     max_tokens_per_sentence: int
     provider: str  # the execution provider that is really active
     model_dir: Path
+
+
+def _axis_matches(want: int | str | None, got: int | str | None) -> bool:
+    """A declared graph axis against the expected one: None = anything, "symbolic" = a named (dynamic) axis."""
+    return want is None or (isinstance(got, str) if want == "symbolic" else want == got)
 
 
 # -- the embedder --------------------------------------------------------------------------------------------------
@@ -128,6 +134,8 @@ class Embedder:
         # On CUDA the outputs are written straight into host arrays through an IOBinding (None: on CUDA only).
         self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
         self._pad_encoder_batches = active == CUDA
+        self._trim_window = self.meta.get("encoder_trim_window") if self.scheme.trimmable else None
+        self._projection_dim = int(self.meta["projection_dim"])
         self._open_parallel_runs(runs_in_flight, intra_op_threads, active)
         self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
 
@@ -183,21 +191,28 @@ class Embedder:
         """The graphs' declared inputs/outputs must agree with onnx.json (catches foreign or stale graphs)."""
         p, layers, dim = int(self.meta["projection_dim"]), self.info.n_layers, self.info.dim
         expected = {
-            "encoder": ({"char_ids": [None, self.scheme.width]}, {"token_vectors": [None, p]}),
-            "context": ({"tokens": [None, None, p], "lengths": [None]}, {"layers": [None, layers, None, dim]}),
+            "encoder": ({"char_ids": [None, self._char_axis()]}, {"token_vectors": [None, p]}),
+            "context": (
+                {"table": [None, p], "index": [None, None], "lengths": [None]},
+                {"layers": [None, layers, None, dim]},
+            ),
         }
         for part, (inputs, outputs) in expected.items():
             session = getattr(self, part)
             declared = {x.name: x.shape for x in session.get_inputs()}, {x.name: x.shape for x in session.get_outputs()}
             for want, got in zip((inputs, outputs), declared):
                 ok = set(want) == set(got) and all(
-                    len(got[name]) == len(shape) and all(w is None or w == g for w, g in zip(shape, got[name]))
+                    len(got[name]) == len(shape) and all(_axis_matches(w, g) for w, g in zip(shape, got[name]))
                     for name, shape in want.items()
                 )
                 if not ok:
                     raise ModelFileError(
                         f"{self._paths[part]}: graph does not match onnx.json: declares {got}, expected {want}"
                     )
+
+    def _char_axis(self) -> int | str:
+        """The encoder's declared char-id axis: symbolic where onnx.json says rows may be cut, else the width."""
+        return "symbolic" if self.meta.get("encoder_trim_window") else self.scheme.width
 
     # -- public API ------------------------------------------------------------------------------------------------
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -276,15 +291,32 @@ class Embedder:
         return table, rows
 
     def _encode(self, char_ids: np.ndarray) -> np.ndarray:
-        """(N, 50) char ids -> (N, P) token vectors, in chunks that bound the conv activations' memory."""
-        chunks = []
+        """(N, width) char ids -> (N, P) token vectors, in chunks that bound the conv activations' memory.
+
+        Where the model allows it (onnx.json ``encoder_trim_window``), the rows are sorted by token length and each
+        chunk is cut to its longest token + the window: the conv then skips the trailing padding (most of a
+        50-id row) with the same result bit for bit (export.onnx_export.encoder_trim_window says why)."""
+        window = self._trim_window
+        order = np.argsort(char_lengths(char_ids, self.scheme.pad_id), kind="stable") if window else None
+        vectors = np.empty((len(char_ids), self._projection_dim), dtype=np.float32)
         for start in range(0, len(char_ids), ENCODER_CHUNK):
-            chunk = char_ids[start : start + ENCODER_CHUNK].astype(np.int64)
-            rows = len(chunk)
+            rows = slice(start, start + ENCODER_CHUNK) if order is None else order[start : start + ENCODER_CHUNK]
+            chunk = char_ids[rows].astype(np.int64)
+            if window:
+                chunk = chunk[:, : self._trimmed_width(int(char_lengths(chunk, self.scheme.pad_id).max()))]
+            n = len(chunk)
             if self._pad_encoder_batches:  # few distinct shapes: cuDNN plans and allocations get reused
-                chunk = np.concatenate([chunk, np.zeros((padded_count(rows) - rows, chunk.shape[1]), np.int64)])
-            chunks.append(self.encoder.run(["token_vectors"], {"char_ids": chunk})[0][:rows])
-        return np.concatenate(chunks).astype(np.float32, copy=False)
+                chunk = np.concatenate([chunk, np.zeros((padded_count(n) - n, chunk.shape[1]), np.int64)])
+            vectors[rows] = self.encoder.run(["token_vectors"], {"char_ids": chunk})[0][:n]
+        return vectors
+
+    def _trimmed_width(self, longest: int) -> int:
+        """Columns a chunk keeps: its longest token + the trim window; on CUDA rounded up to a multiple of 8 (few
+        distinct shapes), never past the full row."""
+        width = longest + self._trim_window
+        if self._pad_encoder_batches:
+            width = -(-width // 8) * 8
+        return min(width, self.scheme.width)
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
         """Indices of the non-empty sentences, sorted by length and cut into batches (each within
@@ -311,14 +343,17 @@ class Embedder:
         )
 
     def _contextualize(self, table: np.ndarray, rows: list[np.ndarray], parallel: bool = False) -> np.ndarray:
-        """Gather each sentence's ``[<S>, tokens, </S>]`` vectors and run the biLSTM graph -> (B, L+1, T, D)."""
+        """The batch's rows of the call table and each sentence's ``[<S>, tokens, </S>]`` as indices into them,
+        through the biLSTM graph -> (B, L+1, T, D)."""
         lengths = np.array([len(r) for r in rows], dtype=np.int64)
         index = np.full((len(rows), int(lengths.max()) + 2), _PAD_ROW, dtype=np.int64)
         index[:, 0] = _BOS_ROW
         for b, r in enumerate(rows):
             index[b, 1 : len(r) + 1] = r
             index[b, len(r) + 1] = _EOS_ROW
-        feeds = {"tokens": table[index], "lengths": lengths}
+        # Only the batch's own rows: the graph projects every row it gets once (layer 0's input projection).
+        used, index = np.unique(index, return_inverse=True)
+        feeds = {"table": table[used], "index": index.reshape(len(rows), -1), "lengths": lengths}
         if parallel:
             return self._parallel.run(["layers"], feeds)[0]
         if not self.io_binding:

@@ -73,6 +73,11 @@ def batch_to_char_ids(sentences: Sequence[Sequence[str]], pad_to: int | None = N
     return out
 
 
+def char_lengths(rows: np.ndarray, pad_id: int) -> np.ndarray:
+    """``(n, width)`` token rows -> ``(n,)`` columns up to and including each row's last non-padding id."""
+    return rows.shape[1] - np.argmax(rows[:, ::-1] != pad_id, axis=1)
+
+
 def lengths_of(char_ids: np.ndarray) -> np.ndarray:
     """``(batch, tokens, 50)`` char ids -> ``(batch,)`` number of real tokens per sentence."""
     return (char_ids > 0).any(axis=-1).sum(axis=-1)
@@ -102,6 +107,8 @@ class ByteScheme:
     files: tuple[str, ...] = ()
     bos_ids = BOS_IDS
     eos_ids = EOS_IDS
+    pad_id = PAD_CHAR + 1
+    trimmable = True  # every column is a char: rows may be cut after their last non-padding id
 
     def token_ids(self, token: str) -> np.ndarray:
         return word_to_char_ids(token)
@@ -152,6 +159,8 @@ class VocabScheme:
             _check_ids(source, "words", self.words, self.word_specials, WORD_SPECIALS)
             self.n_words = max([*self.words.values(), *self.word_specials.values()]) + 2
         self.width = self.max_chars + (1 if self.words is not None else 0)
+        self.pad_id = self.specials["padding"] + 1
+        self.trimmable = self.words is None  # the word-id column sits at the far end of a row
         self.files = (CHAR_VOCAB_FILE,) if self.words is None else (CHAR_VOCAB_FILE, WORD_VOCAB_FILE)
         self.bos_ids = self._row(self.sentence_tokens[0])  # never cut, however short max_chars is
         self.eos_ids = self._row(self.sentence_tokens[1])

@@ -427,3 +427,24 @@ def test_a_lone_large_batch_is_cut_in_two_for_parallel_runs(tiny_model_dir, embe
 def test_runs_in_flight_below_one_is_an_input_error(tiny_model_dir, runs):
     with pytest.raises(InputError, match="runs_in_flight"):
         Embedder(tiny_model_dir, providers=[CPU], runs_in_flight=runs)
+
+
+def _full_width_vectors(embedder, rows):
+    return embedder.encoder.run(["token_vectors"], {"char_ids": rows.astype(np.int64)})[0]
+
+
+def test_cut_token_rows_give_the_full_rows_vectors_bit_for_bit(embedder):
+    tokens = sorted({t for s in SENTENCES for t in s} | {"y" * 30, "z" * 45, "é"})
+    rows = np.stack([embedder.scheme.token_ids(t) for t in tokens])
+    assert embedder._trim_window == max(w for w, _ in embedder.meta["config"]["filters"])
+    np.testing.assert_array_equal(embedder._encode(rows), _full_width_vectors(embedder, rows))
+
+
+def test_a_cut_into_the_padding_window_changes_the_vectors(tiny_model_dir):
+    """The equality above has teeth: rows cut to their token + 1 padding id lose the wider filters' all-padding
+    windows, and the vectors change."""
+    embedder = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+    letters = np.random.default_rng(0).choice(list("abcdefghijklmnopqrstuvwxyz"), size=(50, 6))
+    rows = np.stack([embedder.scheme.token_ids("".join(word)) for word in letters])
+    embedder._trim_window = 1
+    assert not np.array_equal(embedder._encode(rows), _full_width_vectors(embedder, rows))

@@ -2,7 +2,17 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elmo.text.chars import BOS_IDS, EOS_IDS, MAX_CHARS, N_CHAR_IDS, batch_to_char_ids, lengths_of, word_to_char_ids
+from elmo.text.chars import (
+    BOS_IDS,
+    BYTES,
+    EOS_IDS,
+    MAX_CHARS,
+    N_CHAR_IDS,
+    batch_to_char_ids,
+    char_lengths,
+    lengths_of,
+    word_to_char_ids,
+)
 
 
 def test_ascii_word_matches_published_scheme():
@@ -47,3 +57,9 @@ def test_any_word_maps_into_the_table(word):
     if word not in ("<S>", "</S>"):
         assert bytes((ids[1 : 1 + len(raw)] - 1).astype(np.uint8).tolist()) == raw
         assert ids[1 + len(raw)] == 260
+
+
+def test_char_lengths_count_up_to_the_end_of_word_marker():
+    rows = np.stack([word_to_char_ids(w) for w in ["a", "abc", "x" * 70, "苹"]] + [BOS_IDS])
+    # BOW + bytes + EOW; a long word keeps its 48 bytes; a CJK char is 3 bytes.
+    assert char_lengths(rows, BYTES.pad_id).tolist() == [3, 5, MAX_CHARS, 5, 3]
