@@ -343,17 +343,8 @@ class Embedder:
         )
 
     def _contextualize(self, table: np.ndarray, rows: list[np.ndarray], parallel: bool = False) -> np.ndarray:
-        """The batch's rows of the call table and each sentence's ``[<S>, tokens, </S>]`` as indices into them,
-        through the biLSTM graph -> (B, L+1, T, D)."""
-        lengths = np.array([len(r) for r in rows], dtype=np.int64)
-        index = np.full((len(rows), int(lengths.max()) + 2), _PAD_ROW, dtype=np.int64)
-        index[:, 0] = _BOS_ROW
-        for b, r in enumerate(rows):
-            index[b, 1 : len(r) + 1] = r
-            index[b, len(r) + 1] = _EOS_ROW
-        # Only the batch's own rows: the graph projects every row it gets once (layer 0's input projection).
-        used, index = np.unique(index, return_inverse=True)
-        feeds = {"table": table[used], "index": index.reshape(len(rows), -1), "lengths": lengths}
+        """One batch through the biLSTM graph -> (B, L+1, T, D)."""
+        feeds = self._feeds(table, rows)
         if parallel:
             return self._parallel.run(["layers"], feeds)[0]
         if not self.io_binding:
@@ -364,3 +355,17 @@ class Embedder:
         binding.bind_output("layers", "cpu")  # onnxruntime copies the result once, into host memory
         self.context.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
+
+    @staticmethod
+    def _feeds(table: np.ndarray, rows: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """The context graph's inputs for one batch: the batch's own rows of the call table, and each sentence's
+        ``[<S>, tokens, </S>]`` as indices into them (padding: the zero row)."""
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        index = np.full((len(rows), int(lengths.max()) + 2), _PAD_ROW, dtype=np.int64)
+        index[:, 0] = _BOS_ROW
+        for b, r in enumerate(rows):
+            index[b, 1 : len(r) + 1] = r
+            index[b, len(r) + 1] = _EOS_ROW
+        # Only the batch's own rows: the graph projects every row it gets once (layer 0's input projection).
+        used, index = np.unique(index, return_inverse=True)
+        return {"table": table[used], "index": index.reshape(len(rows), -1), "lengths": lengths}

@@ -1,0 +1,24 @@
+"""bench/cpu_profile.py on the tiny model: the cut char rows agree bit for bit, and the profile finds the groups."""
+
+from bench.cpu_profile import char_cnn, context_profile, render, typical_batch
+from elmo.runtime import CPU, Embedder
+
+SENTENCES = [["The", "cat", "sat", "."], ["苹", "果", "很", "好", "吃"], ["a", "b" * 30, "c"], ["x"] * 12]
+
+
+def test_cut_rows_agree_and_every_profile_group_is_found(tiny_model_dir):
+    embedder = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+    cnn = char_cnn(embedder, SENTENCES, repeat=1)
+    assert cnn["bit_identical"] and cnn["distinct_tokens"] == 13 and embedder._trim_window == cnn["trim_window"]
+    feeds = typical_batch(embedder, SENTENCES)
+    assert feeds["index"].max() < len(feeds["table"]) <= feeds["index"].size
+    context = context_profile(tiny_model_dir, feeds, runs=1)
+    assert set(context["kernel_ms_per_run"]) == {
+        "input projections (outer Gemm)",
+        "recurrent products (Gemm in the Scans)",
+        "projection products (MatMul in the Scans)",
+        "layer 0 gathers (in the Scans)",
+        "element-wise and the rest",
+    }
+    table = render({"model": "tiny", "corpus": "four sentences", "threads": 1, "char_cnn": cnn, "context": context})
+    assert "| cut rows |" in table and "bit-identical: True" in table
