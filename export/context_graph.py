@@ -169,9 +169,7 @@ class _Graph:
     def reverse(self, x: str) -> str:
         """Reverse each row's first n_b + 2 positions (along the step axis); padding stays in place."""
         batch_axis, time_axis = (1, 0) if self.time_major else (0, 1)
-        return self.g.op(
-            "ReverseSequence", [x, self.with_boundaries], batch_axis=batch_axis, time_axis=time_axis
-        )
+        return self.g.op("ReverseSequence", [x, self.with_boundaries], batch_axis=batch_axis, time_axis=time_axis)
 
     def steps_shape(self, width: int) -> str:
         """The shape (S, B, width) or (B, S, width) of the recurrent tensors."""

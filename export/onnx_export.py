@@ -162,7 +162,10 @@ def build_graphs(
     context.ir_version = context_fused.ir_version = prefix.ir_version
     # Names cannot collide: every name in the hand-built graph starts with "context/".
     full = onnx.compose.merge_models(
-        prefix, context, io_map=[("table", "table"), ("index", "index"), ("lengths", "lengths")], outputs=["layers", "mask"]
+        prefix,
+        context,
+        io_map=[("table", "table"), ("index", "index"), ("lengths", "lengths")],
+        outputs=["layers", "mask"],
     )
     graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
     for graph in graphs.values():
