@@ -335,12 +335,15 @@ class Embedder:
 
     def _run_batches(self, table: np.ndarray, rows: list[np.ndarray], batches: list[list[int]]):
         """Each batch's (B, L+1, T, D) layers, in order: several at once on the parallel session when there are
-        several, else on the all-threads session."""
+        several (started longest first, so that the call does not end on one long batch while the other runs
+        idle), else on the all-threads session."""
         if self._pool is None or len(batches) < 2:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
-        return self._pool.map(
-            lambda indices: self._contextualize(table, [rows[i] for i in indices], parallel=True), batches
-        )
+        work = [len(indices) * (max(len(rows[i]) for i in indices) + 2) for indices in batches]
+        futures = {}
+        for b in sorted(range(len(batches)), key=lambda b: -work[b]):
+            futures[b] = self._pool.submit(self._contextualize, table, [rows[i] for i in batches[b]], True)
+        return (futures[b].result() for b in range(len(batches)))
 
     def _contextualize(self, table: np.ndarray, rows: list[np.ndarray], parallel: bool = False) -> np.ndarray:
         """One batch through the biLSTM graph -> (B, L+1, T, D)."""
