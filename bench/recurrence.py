@@ -98,14 +98,21 @@ def measure_batch(context: TorchContext, sessions: dict, batch: int, args: argpa
     """All variants on the same input, taking turns run by run (the machine's load hits them alike); medians."""
     tokens = torch.randn(batch, args.steps, context.model.cfg.projection_dim)
     lengths = torch.full((batch,), args.steps - 2)
-    feeds = {"tokens": tokens.numpy(), "lengths": lengths.numpy()}
+    traced = {"tokens": tokens.numpy(), "lengths": lengths.numpy()}
+    # The Scan graphs read a token table and an index into it: here every position is its own row.
+    scan = {
+        "table": tokens.reshape(-1, tokens.shape[-1]).numpy(),
+        "index": np.arange(batch * args.steps).reshape(batch, args.steps),
+        "lengths": lengths.numpy(),
+    }
     with torch.inference_mode():
         reference = context(tokens, lengths).numpy()
     row = {"batch": batch, "steps": args.steps}
     runs = {"torch eager": lambda: context(tokens, lengths)}
     for name, session in sessions.items():
+        feeds = scan if name.startswith("scan") else traced
         row[f"ort {name} max abs diff"] = float(np.abs(session.run(None, feeds)[0] - reference).max())
-        runs[f"ort {name}"] = lambda s=session: s.run(None, feeds)
+        runs[f"ort {name}"] = lambda s=session, f=feeds: s.run(None, f)
     times: dict[str, list[float]] = {name: [] for name in runs}
     clock = time.thread_time if args.cpu_time else time.perf_counter
     with torch.inference_mode():

@@ -27,7 +27,7 @@ CONTEXT_FILE = "context.onnx"  # biLSTM: tokens (B, T+2, P), lengths (B,) -> lay
 CONTEXT_FUSED_FILE = "context_fused.onnx"  # the same, both directions per Scan step; for CUDA
 ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
 ONNX_META_FILE = "onnx.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: context graphs take (table, index, lengths); 1 took (tokens, lengths)
 
 _REQUIRED_META = ("format_version", "graph", "n_layers", "dim", "projection_dim", "cell_dim", "char_scheme", "dtype")
 
@@ -66,7 +66,10 @@ def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> 
     if missing:
         raise ModelFileError(f"{path}: missing field(s) {missing}")
     if meta["format_version"] != FORMAT_VERSION:
-        raise ModelFileError(f"{path}: format_version {meta['format_version']!r}, this runtime reads {FORMAT_VERSION}")
+        raise ModelFileError(
+            f"{path}: format_version {meta['format_version']!r}, this runtime reads {FORMAT_VERSION}: export the "
+            f"model again (elmo export --model {path.parent})"
+        )
     scheme = meta["char_scheme"]
     if not isinstance(scheme, dict):
         raise ModelFileError(f"{path}: field char_scheme must be an object")

@@ -448,3 +448,11 @@ def test_a_cut_into_the_padding_window_changes_the_vectors(tiny_model_dir):
     rows = np.stack([embedder.scheme.token_ids("".join(word)) for word in letters])
     embedder._trim_window = 1
     assert not np.array_equal(embedder._encode(rows), _full_width_vectors(embedder, rows))
+
+
+def test_an_export_of_the_previous_format_asks_for_a_new_export(model_copy):
+    meta = json.loads((model_copy / "onnx.json").read_text())
+    meta["format_version"] = 1  # context graphs that took (tokens, lengths)
+    (model_copy / "onnx.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelFileError, match=r"format_version 1, this runtime reads 2: export the model again"):
+        Embedder(model_copy, providers=[CPU])
