@@ -272,10 +272,9 @@ def compare_revisions(args: argparse.Namespace) -> None:
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
         shutil.rmtree(work, ignore_errors=True)
-    best = {
-        name: {key: max(r[key] for r in results) for key in ("embed_file_tokens_per_s", "runtime_tokens_per_s")}
-        for name, results in runs.items()
-    }
+    keys = ("embed_file_tokens_per_s", "runtime_tokens_per_s")
+    best = {name: {key: max(r[key] for r in results) for key in keys} for name, results in runs.items()}
+    median = {name: {key: statistics.median(r[key] for r in results) for key in keys} for name, results in runs.items()}
     result = {
         "before": args.before,
         "model": f"ELMo-{args.preset} shape, random weights (seed 0)",
@@ -285,18 +284,20 @@ def compare_revisions(args: argparse.Namespace) -> None:
         "best": best,
         "speed_up_embed_file": best["after"]["embed_file_tokens_per_s"] / best["before"]["embed_file_tokens_per_s"],
         "speed_up_runtime": best["after"]["runtime_tokens_per_s"] / best["before"]["runtime_tokens_per_s"],
+        "median": median,
+        "speed_up_embed_file_median": median["after"][keys[0]] / median["before"][keys[0]],
+        "round_speed_ups_embed_file": [a[keys[0]] / b[keys[0]] for b, a in zip(runs["before"], runs["after"])],
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['model']}; {corpus_name}; {result['tokens']} tokens; {args.threads} threads; best of {args.repeat}")
-    print(f"| path | before ({args.before}) | after | speed-up |\n|---|---:|---:|---:|")
-    for key, label in (
-        ("embed_file_tokens_per_s", "`elmo embed-file`, whole job"),
-        ("runtime_tokens_per_s", "runtime"),
-    ):
-        ratio = best["after"][key] / best["before"][key]
-        print(f"| {label} | {best['before'][key]:,.0f} | {best['after'][key]:,.0f} | {ratio:.2f}x |")
+    print(f"| path | before ({args.before}) | after | speed-up | speed-up of the medians |\n|---|---:|---:|---:|---:|")
+    for key, label in zip(keys, ("`elmo embed-file`, whole job", "runtime")):
+        ratio, of_medians = best["after"][key] / best["before"][key], median["after"][key] / median["before"][key]
+        before, after = best["before"][key], best["after"][key]
+        print(f"| {label} | {before:,.0f} | {after:,.0f} | {ratio:.2f}x | {of_medians:.2f}x |")
+    print("speed-up per round (embed-file): " + ", ".join(f"{r:.2f}x" for r in result["round_speed_ups_embed_file"]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ padding). Two layouts of the same maths (the export writes both; the runtime pic
   separate  one Scan per direction and layer, time-major, 2-D weights inside each Scan body: the faster one on
             CPU (MLAS pre-packs them once per session). Layer 0's input projection is computed once per table row,
             not per position (a token's projection does not depend on its context), and each step gathers its
-            rows from it; time-major, no Scan transposes its (S, B, 4C) input.
+            rows from it; being time-major, no Scan transposes its (S, B, 4C) input.
   fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
             launches, for CUDA, where a step costs launches rather than arithmetic
 Per step: ``z = (x_t W_in + b) + h R`` (input projection and bias hoisted out of the loop), gates reordered to

@@ -1,6 +1,6 @@
 """bench/cpu_profile.py on the tiny model: the cut char rows agree bit for bit, and the profile finds the groups."""
 
-from bench.cpu_profile import char_cnn, context_profile, render, typical_batch
+from bench.cpu_profile import char_cnn, context_profile, one_row_per_position, render, typical_batch
 from elmo.runtime import CPU, Embedder
 
 SENTENCES = [["The", "cat", "sat", "."], ["苹", "果", "很", "好", "吃"], ["a", "b" * 30, "c"], ["x"] * 12]
@@ -20,5 +20,10 @@ def test_cut_rows_agree_and_every_profile_group_is_found(tiny_model_dir):
         "layer 0 gathers (in the Scans)",
         "element-wise and the rest",
     }
-    table = render({"model": "tiny", "corpus": "four sentences", "threads": 1, "char_cnn": cnn, "context": context})
-    assert "| cut rows |" in table and "bit-identical: True" in table
+    spread = one_row_per_position(feeds)
+    assert len(spread["table"]) == spread["index"].size > len(feeds["table"])
+    assert (spread["table"][spread["index"]] == feeds["table"][feeds["index"]]).all()
+    result = {"model": "tiny", "corpus": "four sentences", "threads": 1, "char_cnn": cnn, "context": context}
+    result["context_one_row_per_position"] = context_profile(tiny_model_dir, spread, runs=1)
+    table = render(result)
+    assert "| cut rows |" in table and "bit-identical: True" in table and "one row per position" in table

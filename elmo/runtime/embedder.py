@@ -6,9 +6,10 @@ is active and why), and embeds tokenized or raw sentences into float32 arrays ``
 
 How a call runs: the distinct tokens of all sentences go through the char-CNN graph (encoder.onnx) once each,
 skipping those in an LRU cache of token vectors (a token's vector does not depend on its context: AllenNLP's
-``vocab_to_cache`` idea); the sentences are sorted by length and cut into batches under a token budget; each
-batch gets its token vectors gathered into a (B, T+2, P) array with the <S>/</S> vectors in place and runs
-through the biLSTM graph (context.onnx). Results come back in input order.
+``vocab_to_cache`` idea), their char rows cut after the longest token where the model allows it; the sentences are
+sorted by length and cut into batches under a token budget; each batch sends its rows of the call's token table
+and its ``[<S>, tokens, </S>]`` as indices into them through the biLSTM graph (context.onnx), which projects each
+row once for layer 0. Results come back in input order.
 """
 
 from __future__ import annotations
@@ -297,13 +298,14 @@ class Embedder:
         chunk is cut to its longest token + the window: the conv then skips the trailing padding (most of a
         50-id row) with the same result bit for bit (export.onnx_export.encoder_trim_window says why)."""
         window = self._trim_window
-        order = np.argsort(char_lengths(char_ids, self.scheme.pad_id), kind="stable") if window else None
+        lengths = char_lengths(char_ids, self.scheme.pad_id) if window else None
+        order = None if lengths is None else np.argsort(lengths, kind="stable")
         vectors = np.empty((len(char_ids), self._projection_dim), dtype=np.float32)
         for start in range(0, len(char_ids), ENCODER_CHUNK):
             rows = slice(start, start + ENCODER_CHUNK) if order is None else order[start : start + ENCODER_CHUNK]
             chunk = char_ids[rows].astype(np.int64)
-            if window:
-                chunk = chunk[:, : self._trimmed_width(int(char_lengths(chunk, self.scheme.pad_id).max()))]
+            if lengths is not None:
+                chunk = chunk[:, : self._trimmed_width(int(lengths[rows].max()))]
             n = len(chunk)
             if self._pad_encoder_batches:  # few distinct shapes: cuDNN plans and allocations get reused
                 chunk = np.concatenate([chunk, np.zeros((padded_count(n) - n, chunk.shape[1]), np.int64)])
