@@ -87,6 +87,12 @@ def plan_batches(steps: Sequence[int], max_batch_tokens: int, step_cost: float) 
     return sizes[::-1]
 
 
+def batch_positions(lengths: Sequence[int]) -> int:
+    """The biLSTM positions one run of sentences of these token counts computes: rows x (longest + 2), the
+    <S>/</S> boundaries and the padding of shorter rows included (the unit of ``max_batch_tokens``)."""
+    return len(lengths) * (max(lengths) + 2)
+
+
 def padded_count(rows: int) -> int:
     """The next power of two (at least 16, at most ENCODER_CHUNK) >= rows."""
     return min(ENCODER_CHUNK, max(16, 1 << (rows - 1).bit_length()))

@@ -30,6 +30,7 @@ from elmo.runtime.batching import (
     ENCODER_CHUNK,
     EmbedStats,
     TokenVectorCache,
+    batch_positions,
     padded_count,
     plan_batches,
 )
@@ -114,6 +115,8 @@ class Embedder:
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         self.scheme = char_scheme_of(self.model_dir, self.meta)  # token -> char ids (elmo.text.chars)
+        # Char rows may be cut after their token (Embedder._encode) when the export says so and the scheme allows it.
+        self._trim_window = self.meta.get("encoder_trim_window") if self.scheme.trimmable else None
         if (max_batch_tokens is not None and max_batch_tokens < 1) or max_tokens_per_sentence < 1:
             raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
         self.cache = TokenVectorCache(cache_size)
@@ -135,7 +138,6 @@ class Embedder:
         # On CUDA the outputs are written straight into host arrays through an IOBinding (None: on CUDA only).
         self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
         self._pad_encoder_batches = active == CUDA
-        self._trim_window = self.meta.get("encoder_trim_window") if self.scheme.trimmable else None
         self._projection_dim = int(self.meta["projection_dim"])
         self._open_parallel_runs(runs_in_flight, intra_op_threads, active)
         self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
@@ -213,7 +215,7 @@ class Embedder:
 
     def _char_axis(self) -> int | str:
         """The encoder's declared char-id axis: symbolic where onnx.json says rows may be cut, else the width."""
-        return "symbolic" if self.meta.get("encoder_trim_window") else self.scheme.width
+        return "symbolic" if self._trim_window else self.scheme.width
 
     # -- public API ------------------------------------------------------------------------------------------------
     def embed_tokens(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -228,8 +230,7 @@ class Embedder:
         batches = self._batches([len(s) for s in sentences])
         padded = 0
         for indices, layers in zip(batches, self._run_batches(table, rows, batches)):  # layers (B, L+1, T, D)
-            # the (rows, longest + 2) positions _contextualize fed the biLSTM, boundaries and padding included
-            padded += len(indices) * (max(len(sentences[i]) for i in indices) + 2)
+            padded += batch_positions([len(sentences[i]) for i in indices])
             for row, index in enumerate(indices):
                 results[index] = np.ascontiguousarray(layers[row, :, : len(sentences[index])])
         empty = np.zeros((self.info.n_layers, 0, self.info.dim), dtype=np.float32)
@@ -297,8 +298,7 @@ class Embedder:
         Where the model allows it (onnx.json ``encoder_trim_window``), the rows are sorted by token length and each
         chunk is cut to its longest token + the window: the conv then skips the trailing padding (most of a
         50-id row) with the same result bit for bit (export.onnx_export.encoder_trim_window says why)."""
-        window = self._trim_window
-        lengths = char_lengths(char_ids, self.scheme.pad_id) if window else None
+        lengths = char_lengths(char_ids, self.scheme.pad_id) if self._trim_window else None
         order = None if lengths is None else np.argsort(lengths, kind="stable")
         vectors = np.empty((len(char_ids), self._projection_dim), dtype=np.float32)
         for start in range(0, len(char_ids), ENCODER_CHUNK):
@@ -341,7 +341,7 @@ class Embedder:
         idle), else on the all-threads session."""
         if self._pool is None or len(batches) < 2:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
-        work = [len(indices) * (max(len(rows[i]) for i in indices) + 2) for indices in batches]
+        work = [batch_positions([len(rows[i]) for i in indices]) for indices in batches]
         futures = {}
         for b in sorted(range(len(batches)), key=lambda b: -work[b]):
             futures[b] = self._pool.submit(self._contextualize, table, [rows[i] for i in batches[b]], True)
