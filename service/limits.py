@@ -13,6 +13,7 @@ from elmo.errors import ConfigError, InputError
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
+TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,12 @@ class Limits:
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
+    request_workers: int = 2  # threads that tokenize, plan windows and build/encode answers (off the event loop)
+    # -- HTTP connections (service.http.connections) -------------------------------------------------------------
+    http_header_timeout: float = 10.0  # a request's headers must arrive within this (from connect or first byte)
+    http_body_timeout: float = 30.0  # longest pause between two reads of a request body
+    http_idle_timeout: float = 60.0  # a keep-alive connection with no request for this long is closed
+    max_connections: int = 1000  # open HTTP connections; more are closed at once with 503
     # -- long sentences (elmo.text.overflow) ----------------------------------------------------------------
     overflow: str = Overflow.REJECT.value  # requests that name no policy get this one
     window_overlap: int = DEFAULT_WINDOW_OVERLAP  # tokens shared by neighbouring windows under 'window'
@@ -43,6 +50,8 @@ class Limits:
                 ok = True  # checked below, with its own message
             elif f.name in ("max_delay_ms", "drain_seconds", "window_overlap"):
                 ok = value >= 0
+            elif f.name in TIMEOUTS:
+                ok = isinstance(value, (int, float)) and value > 0
             else:
                 ok = isinstance(value, int) and value > 0
             if not ok:
@@ -73,6 +82,11 @@ _HELP = {
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
+    "request_workers": "threads that tokenize requests and build answers, off the event loop",
+    "http_header_timeout": "seconds an HTTP request's headers may take to arrive",
+    "http_body_timeout": "seconds an HTTP request body may pause between two reads",
+    "http_idle_timeout": "seconds an idle keep-alive HTTP connection stays open",
+    "max_connections": "open HTTP connections; beyond, new ones get 503 and are closed",
     "overflow": "sentences over --max-tokens-per-sentence when the request names no policy: reject, truncate, or "
     "window (overlapping windows stitched back)",
     "window_overlap": "tokens shared by neighbouring windows under --overflow window (capped at half the window)",
