@@ -12,7 +12,9 @@ Batch formation, when the worker is free:
     the oldest always goes in, so nothing starves). Padding is not counted here on purpose: the runtime sorts every
     call by length and cuts it into padding-minimal sub-batches itself (elmo.runtime.plan_batches), so one large
     call per free moment is what it wants;
-  * an idle batcher with a partial batch waits at most ``max_delay`` for company;
+  * when no batch is running the queue goes at once (an idle server does not wait for company: what arrives
+    meanwhile forms the next batch); while one runs and a worker is free (``workers`` > 1), a partial batch waits
+    at most ``max_delay`` for company;
   * the batch goes to the runtime sorted by length, results go back to each caller in its own order.
 Admission is per request and all-or-nothing: if the queued tokens would exceed ``max_queue_tokens`` the request
 is refused with OVERLOADED before any of it is queued.
@@ -105,6 +107,7 @@ class Batcher:
         self._closed = False
         self.batches_started = 0
         self.batches_run = 0
+        self.batches_running = 0  # dispatched and not finished (counted here, not by task callbacks, to be exact)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -190,6 +193,7 @@ class Batcher:
             if not batch:
                 self._slots.release()
                 continue
+            self.batches_running += 1
             task = loop.create_task(self._run_guarded(batch, loop))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -205,6 +209,7 @@ class Batcher:
                 if not item.future.done():
                     item.future.set_exception(ServiceError(Kind.INTERNAL, "internal error while batching"))
         finally:
+            self.batches_running -= 1
             self._slots.release()
 
     async def _wait_for_work(self) -> None:
@@ -213,6 +218,8 @@ class Batcher:
         while True:
             self._drop_dead()
             if self._queue:
+                if self.batches_running == 0:
+                    return  # an idle runtime: waiting for company would only add latency
                 if self._queued_tokens >= self.max_batch_tokens or len(self._queue) >= self.max_batch_sentences:
                     return
                 wait = self._queue[0].enqueued + self.max_delay_s - time.monotonic()

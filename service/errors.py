@@ -22,6 +22,7 @@ class Kind(enum.Enum):
     DEADLINE = "deadline exceeded"  # the caller's deadline passed before the work was done
     UNAVAILABLE = "unavailable"  # warming up or draining; retry on another replica
     UNAUTHENTICATED = "unauthenticated"  # missing or wrong bearer token
+    UNSUPPORTED_MEDIA = "unsupported media type"  # HTTP: a body that is not JSON
     INTERNAL = "internal"  # a bug or a broken model; logged with a traceback
 
 
@@ -33,6 +34,7 @@ _GRPC_CODES: dict[Kind, grpc.StatusCode] = {
     Kind.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Kind.UNSUPPORTED_MEDIA: grpc.StatusCode.INVALID_ARGUMENT,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
@@ -46,6 +48,7 @@ _HTTP_STATUSES: dict[Kind, int] = {
     Kind.DEADLINE: 504,
     Kind.UNAVAILABLE: 503,
     Kind.UNAUTHENTICATED: 401,
+    Kind.UNSUPPORTED_MEDIA: 415,
     Kind.INTERNAL: 500,
 }
 
@@ -91,8 +94,14 @@ def not_found(message: str) -> ServiceError:
     return ServiceError(Kind.NOT_FOUND, message)
 
 
+def clip(value: str, limit: int = 64) -> str:
+    """A client's string as quoted in a message: at most ``limit`` characters, so a huge name is not echoed back."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
 __all__ = [
     "Kind",
+    "clip",
     "ServiceError",
     "from_library_error",
     "grpc_code",

@@ -1,20 +1,17 @@
-"""Cross-cutting concerns as grpc.aio server interceptors: bearer-token auth, and one observer that records
-metrics and logs one line per RPC (DEBUG; failures other than the caller's at WARNING).
+"""Cross-cutting concerns as grpc.aio server interceptors: bearer-token auth and per-RPC observation, both the
+shared implementations of service.observe (HTTP uses the same), adapted to gRPC's handlers and status codes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import inspect
-import logging
-import time
-from collections.abc import Callable
 
 import grpc
 import grpc.aio
 
-log = logging.getLogger("service.rpc")
+from service.errors import ServiceError, grpc_code
+from service.observe import BearerToken, Observation, RequestObserver
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 CLIENT_FAULT_CODES = {
@@ -37,20 +34,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Require ``authorization: Bearer <token>`` on every RPC except health checks (probes carry no secrets)."""
 
     def __init__(self, token: str, exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,)):
-        self._expected = f"Bearer {token}".encode()
+        self._token = BearerToken(token)
         self._exempt = exempt_prefixes
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None or details.method.startswith(self._exempt):
             return handler
-        presented = _metadata(details, "authorization")
-        if presented is None:
-            return _aborting(
-                handler, grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata"
-            )
-        if not hmac.compare_digest(presented.encode(), self._expected):
-            return _aborting(handler, grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+        try:
+            self._token.check(_metadata(details, "authorization"), "metadata")
+        except ServiceError as exc:
+            return _aborting(handler, grpc_code(exc.kind), exc.message)
         return handler
 
 
@@ -74,41 +68,31 @@ def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
     return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
 
 
-# (method, code, seconds, peer, request_id) -> None
-RpcDoneHook = Callable[[str, grpc.StatusCode, float], None]
-
-
 class ObserverInterceptor(grpc.aio.ServerInterceptor):
-    """Times every RPC, works out its final status code and reports it to ``on_done`` and to the log."""
+    """Times every RPC, works out its final status code and reports it to the shared observer."""
 
-    def __init__(self, on_start: Callable[[], None], on_done: RpcDoneHook):
-        self._on_start = on_start
-        self._on_done = on_done
+    def __init__(self, observer: RequestObserver):
+        self._observer = observer
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None:
             return None
-        return _observed(handler, details, self._on_start, self._finish)
+        return _observed(handler, details, self._start, self._finish)
 
-    def _finish(self, details, context, started: float, error: BaseException | None) -> None:
+    def _start(self, details) -> Observation:
+        return self._observer.start(details.method.rsplit("/", 1)[-1])
+
+    @staticmethod
+    def _finish(seen: Observation, details, context, error: BaseException | None) -> None:
         code = _final_code(context, error)
-        seconds = time.perf_counter() - started
-        method = details.method
-        self._on_done(method, code, seconds)
-        level = logging.DEBUG if code is grpc.StatusCode.OK or code in CLIENT_FAULT_CODES else logging.WARNING
-        if log.isEnabledFor(level):
-            request_id = _metadata(details, "x-request-id") or "-"
-            log.log(
-                level,
-                "%s %s %.1fms peer=%s request_id=%s %s",
-                method,
-                code.name,
-                1000 * seconds,
-                context.peer(),
-                request_id,
-                context.details() or "",
-            )
+        seen.finish(
+            code.name,
+            server_fault=code is not grpc.StatusCode.OK and code not in CLIENT_FAULT_CODES,
+            peer=context.peer(),
+            request_id=_metadata(details, "x-request-id") or "-",
+            detail=context.details() or "",
+        )
 
 
 def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
@@ -130,12 +114,11 @@ def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) 
 _CODES_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def _observed(handler, details, on_start, finish) -> grpc.RpcMethodHandler:
+def _observed(handler, details, start, finish) -> grpc.RpcMethodHandler:
     kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
     async def unary_response(behavior, request, context):
-        on_start()
-        started, error = time.perf_counter(), None
+        seen, error = start(details), None
         try:
             result = behavior(request, context)
             return (await result) if inspect.isawaitable(result) else result
@@ -143,11 +126,10 @@ def _observed(handler, details, on_start, finish) -> grpc.RpcMethodHandler:
             error = exc
             raise
         finally:
-            finish(details, context, started, error)
+            finish(seen, details, context, error)
 
     async def stream_response(behavior, request, context):
-        on_start()
-        started, error = time.perf_counter(), None
+        seen, error = start(details), None
         try:
             async for response in behavior(request, context):
                 yield response
@@ -155,7 +137,7 @@ def _observed(handler, details, on_start, finish) -> grpc.RpcMethodHandler:
             error = exc
             raise
         finally:
-            finish(details, context, started, error)
+            finish(seen, details, context, error)
 
     # grpc.aio decides how to run a behavior by inspecting it: these must be real `async def` functions.
     if handler.unary_unary:

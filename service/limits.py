@@ -28,7 +28,7 @@ class Limits:
     max_queue_tokens: int = 65536  # tokens waiting across all requests; beyond: RESOURCE_EXHAUSTED "overloaded"
     max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
     max_batch_sentences: int = 256
-    max_delay_ms: float = 2.0  # how long an idle batcher waits for company before running a partial batch
+    max_delay_ms: float = 2.0  # while a batch runs, how long a partial one waits for company (idle: none)
     # -- server --------------------------------------------------------------------------------------------------
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
@@ -78,7 +78,8 @@ _HELP = {
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
     "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",
-    "max_delay_ms": "how long an idle batcher waits to fill a batch",
+    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher waits "
+    "for none)",
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",

@@ -30,12 +30,14 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from elmo.errors import ConfigError, ElmoError
+from service.core import RequestCore, ServerState
 from service.errors import ServiceError
 from service.interceptors import AuthInterceptor, ObserverInterceptor
 from service.limits import Limits, add_limit_arguments, limits_from_args
 from service.metrics import ServiceMetrics
 from service.models import ModelRegistry, ServedModel, serve_model
-from service.servicer import SERVICE_NAME, EmbedderServicer, ServerState, embedder_handler
+from service.observe import RequestObserver
+from service.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 
 log = logging.getLogger("service.server")
 
@@ -80,10 +82,10 @@ class ElmoServer:
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
         self.state = ServerState()
+        self.core = RequestCore(self.registry, limits, self.state)
         self.health = health_aio.HealthServicer()
-        interceptors: list[grpc.aio.ServerInterceptor] = [
-            ObserverInterceptor(on_start=metrics.in_flight.inc, on_done=self._rpc_done)
-        ]
+        observer = RequestObserver(metrics)
+        interceptors: list[grpc.aio.ServerInterceptor] = [ObserverInterceptor(observer)]
         if auth_token:
             interceptors.append(AuthInterceptor(auth_token))
         self.server = grpc.aio.server(
@@ -95,14 +97,14 @@ class ElmoServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.servicer = EmbedderServicer(self.registry, limits, self.state)
+        self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
         self.http_port = http_port
         self.http = None
         if http_port is not None:
             from service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
 
-            self.http = HttpFrontend(self.servicer, self.state, limits, metrics, auth_token, self._serving)
+            self.http = HttpFrontend(self.core, observer, auth_token, self._serving)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -113,12 +115,6 @@ class ElmoServer:
 
     def _serving(self) -> bool:
         return all(model.ready for model in self.registry)
-
-    def _rpc_done(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        self.metrics.in_flight.dec()
-        short = method.rsplit("/", 1)[-1]
-        self.metrics.requests.labels(short, code.name).inc()
-        self.metrics.latency.labels(short).observe(seconds)
 
     async def start(self) -> int:
         """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
@@ -186,6 +182,7 @@ class ElmoServer:
             await self.http.stop()
         for model in self.registry:
             await model.batcher.close()
+        self.core.close()
         self.metrics.close()
         log.info("drained and stopped")
         self._stopped.set()

@@ -133,7 +133,7 @@ def embed_windowed(
     return batch.stitch(embed(batch.pieces), token_axis)
 
 
-def over_limit_message(what: str, n_tokens: int, limit: int) -> str:
+def over_limit_message(what: str, n_tokens: int | str, limit: int) -> str:
     """The one wording of a refusal under ``reject``, naming the way out."""
     return (
         f"{what} has {n_tokens} tokens, over the limit of {limit} per sentence; split it, or ask for overflow "

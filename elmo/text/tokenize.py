@@ -22,12 +22,21 @@ TOKENIZER_SETTINGS = {
 }
 
 
+# Long texts are tokenized in pieces of about this many code points, cut after a space, tab or newline (always a
+# token boundary, never part of a token): ``tokenizers`` holds the GIL for a whole call, so pieces let other threads
+# run in between, and let :func:`tokenize` stop as soon as a token limit is crossed.
+PIECE_CHARS = 4096
+_CUTS = (" ", "\n", "\t", "\r")
+
+
 @dataclass(frozen=True)
 class Tokenized:
-    """Tokens of one text and their ``[start, end)`` code-point offsets into it."""
+    """Tokens of one text and their ``[start, end)`` code-point offsets into it. ``complete`` is False when
+    tokenizing stopped early (``stop_after``): then ``tokens`` holds more than that many tokens, not all of them."""
 
     tokens: list[str]
     offsets: list[tuple[int, int]]
+    complete: bool = True
 
 
 @lru_cache(maxsize=1)
@@ -38,19 +47,44 @@ def _pipeline() -> tuple[normalizers.Normalizer, pre_tokenizers.PreTokenizer]:
     return normalizer, pre_tokenizers.BertPreTokenizer()
 
 
-def tokenize(text: str) -> Tokenized:
-    """Split raw text (any language) into tokens with offsets into ``text``."""
+def tokenize(text: str, stop_after: int | None = None, piece_chars: int = PIECE_CHARS) -> Tokenized:
+    """Split raw text (any language) into tokens with offsets into ``text``.
+
+    ``stop_after``: stop once the text is known to have more than this many tokens (a limit's check needs no more);
+    the result is then marked incomplete. A text of N code points has at most N tokens, so a short one is done
+    in one call."""
+    tokens: list[str] = []
+    offsets: list[tuple[int, int]] = []
+    for start, end in _pieces(text, piece_chars):
+        _tokenize_piece(text[start:end], start, tokens, offsets)
+        if stop_after is not None and len(tokens) > stop_after and end < len(text):
+            return Tokenized(tokens, offsets, complete=False)
+    return Tokenized(tokens, offsets)
+
+
+def _pieces(text: str, piece_chars: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` spans covering ``text``, each ending just after a cut character near ``piece_chars`` long
+    (a piece grows past that until a cut character comes: one long word is never split)."""
+    start = 0
+    while len(text) - start > piece_chars:
+        end = max(text.rfind(cut, start, start + piece_chars) for cut in _CUTS)
+        if end < 0:
+            end = min((i for cut in _CUTS if (i := text.find(cut, start + piece_chars)) >= 0), default=len(text) - 1)
+        yield start, end + 1
+        start = end + 1
+    if start < len(text) or not text:
+        yield start, len(text)
+
+
+def _tokenize_piece(text: str, shift: int, tokens: list[str], offsets: list[tuple[int, int]]) -> None:
     normalizer, pre_tokenizer = _pipeline()
     pretokenized = PreTokenizedString(text)
     pretokenized.normalize(lambda normalized: normalizer.normalize(normalized))
     pre_tokenizer.pre_tokenize(pretokenized)
-    tokens: list[str] = []
-    offsets: list[tuple[int, int]] = []
     for token, (start, end), _ in pretokenized.get_splits(offset_referential="original", offset_type="char"):
         if token:
             tokens.append(token)
-            offsets.append((start, end))
-    return Tokenized(tokens, offsets)
+            offsets.append((start + shift, end + shift))
 
 
 def tokenize_many(texts: list[str]) -> list[Tokenized]:
@@ -71,4 +105,4 @@ def whitespace_tokens(line: str) -> list[str]:
     return line.split()
 
 
-__all__ = ["TOKENIZER_SETTINGS", "Tokenized", "tokenize", "tokenize_many", "whitespace_tokens"]
+__all__ = ["PIECE_CHARS", "TOKENIZER_SETTINGS", "Tokenized", "tokenize", "tokenize_many", "whitespace_tokens"]

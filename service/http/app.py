@@ -1,9 +1,11 @@
 """The HTTP/JSON front door of ``elmo serve --http-port N``: aiohttp on the gRPC server's own event loop.
 
-It shares everything with gRPC: the models and their batchers, the limits, the bearer token, TLS, the metrics and the
-drain (requests are admitted through the same :class:`service.servicer.ServerState`). Requests are translated into
-the gRPC contract's messages (service.http.schema) and run through :meth:`EmbedderServicer.embed_request`, so both
-APIs answer the same vectors under the same rules.
+A thin adapter over the request core (service.core), as the gRPC servicer is: the models and their batchers, the
+limits, the bearer-token check, TLS, per-request observation and the drain are the same objects. Requests are
+translated into the gRPC contract's messages (service.http.schema) and run through the core, so both APIs answer
+the same vectors under the same rules. Parsing large bodies, building and encoding large answers run on the core's
+workers; the event loop only moves bytes. Connections are guarded (service.http.connections): header, body and idle
+timeouts and a cap on open connections.
 
     POST /v1/embeddings   OpenAI's schema: one pooled vector per input
     POST /v1/embed        per-token, per-layer vectors and task mixes (JSON numbers or base64)
@@ -16,57 +18,91 @@ APIs answer the same vectors under the same rules.
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import json
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from elmo.errors import ConfigError
 from elmo.v1 import embedder_pb2 as pb
-from service.errors import Kind, ServiceError, http_status, invalid
+from service.core import (
+    INLINE_ANSWER_BYTES,
+    EmbedResult,
+    Encoding,
+    PreparedEmbed,
+    RequestCore,
+    build_response,
+    human_bytes,
+    pooled,
+)
+from service.errors import Kind, ServiceError, clip, http_status, invalid
 from service.http import schema
+from service.http.connections import ClientGone, ConnectionGuard, read_body
 from service.http.openapi import openapi_document
-from service.limits import Limits
-from service.metrics import ServiceMetrics
-from service.servicer import EmbedderServicer, ServerState, human_bytes
+from service.observe import CLIENT_GONE, BearerToken, RequestObserver
 
 log = logging.getLogger("service.http")
 
 PAGE = Path(__file__).resolve().parent / "page" / "index.html"
 OPEN_PATHS = ("/", "/health", "/openapi.json")  # no token: the page holds no data, probes carry no secrets
 JSON_TYPE = "application/json"
+INLINE_BODY_BYTES = 16 * 1024  # a body this small is parsed and tokenized in place (cheaper than a thread hop)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# Every answer: no MIME sniffing. The page: its own scripts and styles only, never framed, no referrer leaks.
+COMMON_HEADERS = {"X-Content-Type-Options": "nosniff"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
-def error_response(status: int, message: str, kind: str) -> web.Response:
+
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
     """OpenAI's error shape, which its clients and most HTTP tooling read: {"error": {"message", "type", ...}}."""
     body = {"error": {"message": message, "type": kind.replace(" ", "_"), "code": status}}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return web.json_response(body, status=status, headers=headers)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return web.json_response(body, status=status, headers=headers or None)
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type == JSON_TYPE or content_type.endswith("+json")
+
+
+@dataclass
+class _OpenAICall:
+    parsed: schema.OpenAIRequest
+    prepared: PreparedEmbed
+    model_id: str
 
 
 class HttpFrontend:
     def __init__(
         self,
-        servicer: EmbedderServicer,
-        state: ServerState,
-        limits: Limits,
-        metrics: ServiceMetrics,
+        core: RequestCore,
+        observer: RequestObserver,
         auth_token: str | None,
         is_serving: Callable[[], bool],
     ):
-        self.servicer, self.state, self.limits, self.metrics = servicer, state, limits, metrics
-        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self.core, self.state, self.limits = core, core.state, core.limits
+        self.observer = observer
+        self._token = BearerToken(auth_token) if auth_token else None
         self._is_serving = is_serving
+        self.guard = ConnectionGuard(core.limits)
         self.app = web.Application(
-            client_max_size=limits.max_message_bytes, middlewares=[self._observe, self._guard]
+            client_max_size=core.limits.max_message_bytes,
+            middlewares=[self._observe, self.guard.middleware, self._guard],
         )
         self.app.add_routes(
             [
@@ -86,18 +122,23 @@ class HttpFrontend:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=self.limits.http_idle_timeout,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, reuse_port=False)
         try:
-            await site.start()
-        except OSError as exc:
+            self.port = await self.guard.listen(self._runner, host, port, ssl_context)
+        except BaseException:
             await self._runner.cleanup()
-            raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror} (port in use?)") from None
-        self.port = int(self._runner.addresses[0][1])
+            raise
         return self.port
 
     async def stop(self) -> None:
+        await self.guard.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -105,30 +146,36 @@ class HttpFrontend:
     # -- middlewares ---------------------------------------------------------------------------------------------
     @web.middleware
     async def _observe(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Errors as JSON with the right status; metrics and a log line per request, like the gRPC observer."""
-        started = time.perf_counter()
-        self.metrics.in_flight.inc()
+        """Errors as JSON with the right status, a client that went away as such; the shared observation."""
         route = request.match_info.route.resource
-        name = f"{request.method} {route.canonical if route is not None else 'unmatched'}"
-        response = None
+        seen = self.observer.start(f"{request.method} {route.canonical if route is not None else 'unmatched'}")
+        outcome, server_fault = CLIENT_GONE, False
         try:
-            response = await handler(request)
-        except ServiceError as exc:
-            response = error_response(http_status(exc.kind), exc.message, exc.kind.value)
-        except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, body over client_max_size
-            response = error_response(exc.status, self._explain(exc), "invalid input")
-        except Exception:  # a bug: answer 500, keep serving
-            log.exception("%s failed", name)
-            response = error_response(500, "internal error (logged on the server)", Kind.INTERNAL.value)
+            response = await self._respond(request, handler)
+            outcome, server_fault = str(response.status), response.status >= 500
+            response.headers.update(COMMON_HEADERS)
+            return response
         finally:
-            seconds = time.perf_counter() - started
-            status = response.status if response is not None else 499  # cancelled: the client went away
-            self.metrics.in_flight.dec()
-            self.metrics.requests.labels(name, str(status)).inc()
-            self.metrics.latency.labels(name).observe(seconds)
-            level = logging.DEBUG if status < 500 else logging.WARNING
-            log.log(level, "%s %d %.1fms peer=%s", name, status, 1000 * seconds, request.remote)
-        return response
+            seen.finish(
+                outcome,
+                server_fault=server_fault,
+                peer=str(request.remote),
+                request_id=request.headers.get("X-Request-Id", "-")[:64],
+            )
+
+    async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ServiceError as exc:
+            return error_response(http_status(exc.kind), exc.message, exc.kind.value)
+        except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, body over client_max_size
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return error_response(exc.status, self._explain(exc), "invalid input", allow)
+        except (ClientGone, ConnectionResetError):
+            raise  # nobody to answer: counted as CLIENT_GONE by the caller
+        except Exception:  # a bug: answer 500, keep serving
+            log.exception("%s %s failed", request.method, request.path)
+            return error_response(500, "internal error (logged on the server)", Kind.INTERNAL.value)
 
     def _explain(self, exc: web.HTTPException) -> str:
         if exc.status == 413:
@@ -144,64 +191,99 @@ class HttpFrontend:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Bearer token (as on gRPC), then the drain switch, for everything but the open paths."""
+        """Bearer token (as on gRPC), then the drain switch, for everything but the open paths; a POST must be JSON
+        (so that no web page can start work with a plain form)."""
         if request.path not in OPEN_PATHS:
-            if self._expected is not None:
-                presented = request.headers.get("Authorization")
-                if presented is None:
-                    raise ServiceError(Kind.UNAUTHENTICATED, "missing 'Authorization: Bearer <token>' header")
-                if not hmac.compare_digest(presented.encode(), self._expected):
-                    raise ServiceError(Kind.UNAUTHENTICATED, "invalid bearer token")
+            if self._token is not None:
+                self._token.check(request.headers.get("Authorization"), "header")
             self.state.check_open()
+        routed = getattr(request.match_info, "http_exception", None) is None
+        if routed and request.method == "POST" and not _is_json(request.content_type):
+            sent = request.headers.get("Content-Type", "none")[:64]
+            raise ServiceError(Kind.UNSUPPORTED_MEDIA, f"Content-Type must be {JSON_TYPE}, not {sent}")
         return await handler(request)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    async def _body(self, request: web.Request) -> dict:
-        return schema.parse_json(await request.read())
+    async def _read(self, request: web.Request) -> bytes:
+        return await read_body(request, self.limits)
 
-    async def _run(self, embed: pb.EmbedRequest) -> pb.EmbedResponse:
-        with self.state.admit():
-            return await self.servicer.embed_request(embed)
+    async def _json(self, payload: Callable[[], Any], size_bound: int) -> web.Response:
+        """Build and serialize an answer; off the event loop when it is large."""
 
-    @staticmethod
-    async def _json(payload: Callable[[], Any]) -> web.Response:
-        """Build and serialize a large answer off the event loop (gRPC and other requests keep being served)."""
-        text = await asyncio.to_thread(lambda: json.dumps(payload(), separators=(",", ":"), ensure_ascii=False))
-        return web.Response(text=text, content_type=JSON_TYPE)
+        def encode() -> bytes:
+            return json.dumps(payload(), separators=(",", ":"), ensure_ascii=False).encode()
+
+        body = await self.core.run(encode, heavy=size_bound > INLINE_ANSWER_BYTES)
+        return web.Response(body=body, content_type=JSON_TYPE)
+
+    async def _parse(self, body: bytes, parse: Callable[[dict], Any]) -> Any:
+        """``parse(json object)`` for a request body, on a worker when the body is large."""
+        return await self.core.run(lambda: parse(schema.parse_json(body)), heavy=len(body) > INLINE_BODY_BYTES)
 
     # -- endpoints -----------------------------------------------------------------------------------------------
     async def embeddings(self, request: web.Request) -> web.Response:
-        parsed = schema.parse_openai(await self._body(request), request.headers.get("X-Request-Id", ""))
-        model = self.servicer.models.get(parsed.embed.model)
+        body = await self._read(request)
+        request_id = request.headers.get("X-Request-Id", "")
+        with self.state.admit():
+            started = time.monotonic()
+            call: _OpenAICall = await self._parse(body, lambda value: self._prepare_openai(value, request_id))
+            result = await self.core.embed(call.prepared, None, started)
+        n_tokens = call.prepared.n_tokens
+        return await self._json(
+            lambda: schema.openai_answer(call.parsed, pooled(result), n_tokens, call.model_id),
+            call.prepared.answer_bytes,
+        )
+
+    def _prepare_openai(self, value: dict, request_id: str) -> _OpenAICall:
+        parsed = schema.parse_openai(value, request_id)
+        model = self.core.models.get(parsed.embed.model)
         if parsed.embed.task:
             model.tasks.get(parsed.embed.task)  # an unknown task is a 404 before any work
         if parsed.dimensions is not None and parsed.dimensions != model.dim:
-            raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{model.name}' has {model.dim}")
-        response = await self._run(parsed.embed)
+            raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{clip(model.name)}' has {model.dim}")
+        prepared = self.core.prepare(parsed.embed, Encoding(parsed.encoding), pooled=True)
         model_id = f"{model.name}:{parsed.embed.task}" if parsed.embed.task else model.name
-        return await self._json(lambda: schema.openai_answer(parsed, response, model_id))
+        return _OpenAICall(parsed, prepared, model_id)
 
     async def embed(self, request: web.Request) -> web.Response:
-        call = schema.parse_embed(await self._body(request), request.headers.get("X-Request-Id", ""))
-        response = await self._run(call.embed)
-        return await self._json(lambda: schema.embed_answer(response, call.encoding))
+        body = await self._read(request)
+        request_id = request.headers.get("X-Request-Id", "")
+        with self.state.admit():
+            started = time.monotonic()
+            call, prepared = await self._parse(body, lambda value: self._prepare_embed(value, request_id))
+            result = await self.core.embed(prepared, None, started)
+        return await self._json(lambda: self._embed_answer(call, result), prepared.answer_bytes)
+
+    def _prepare_embed(self, value: dict, request_id: str) -> tuple[schema.EmbedCall, PreparedEmbed]:
+        call = schema.parse_embed(value, request_id)
+        return call, self.core.prepare(call.embed, Encoding(call.encoding))
+
+    @staticmethod
+    def _embed_answer(call: schema.EmbedCall, result: EmbedResult) -> dict:
+        response = build_response(result)
+        response.request_id = call.embed.request_id
+        return schema.embed_answer(response, call.encoding)
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        response = self.servicer.tokenize_request(schema.parse_tokenize(await self._body(request)))
-        return web.json_response(schema.tokenize_answer(response))
+        body = await self._read(request)
+        tokenize_request: pb.TokenizeRequest = await self._parse(body, schema.parse_tokenize)
+        response = await self.core.run(
+            lambda: schema.tokenize_answer(self.core.tokenize(tokenize_request)), heavy=len(body) > INLINE_BODY_BYTES
+        )
+        return web.json_response(response)
 
     async def models(self, request: web.Request) -> web.Response:
-        entries = [e for m in self.servicer.models for e in schema.model_entries(self.servicer.model_info(m.name))]
+        entries = [e for m in self.core.models for e in schema.model_entries(self.core.model_info(m.name))]
         return web.json_response({"object": "list", "data": entries})
 
     async def one_model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
         model, task = schema.split_model(model_id)
-        entries = schema.model_entries(self.servicer.model_info(model))
+        entries = schema.model_entries(self.core.model_info(model))
         for entry in entries:
             if entry["id"] == model_id or (not model and entry.get("task") == task):
                 return web.json_response(entry)
-        raise ServiceError(Kind.NOT_FOUND, f"unknown task '{task}' of model '{entries[0]['id']}'")
+        raise ServiceError(Kind.NOT_FOUND, f"unknown task '{clip(task)}' of model '{clip(entries[0]['id'])}'")
 
     async def health(self, request: web.Request) -> web.Response:
         serving = self._is_serving() and not self.state.draining
@@ -211,7 +293,7 @@ class HttpFrontend:
         return web.json_response(openapi_document())
 
     async def page(self, request: web.Request) -> web.Response:
-        return web.Response(body=PAGE.read_bytes(), content_type="text/html", charset="utf-8")
+        return web.Response(body=PAGE.read_bytes(), content_type="text/html", charset="utf-8", headers=PAGE_HEADERS)
 
 
 __all__ = ["HttpFrontend", "error_response"]

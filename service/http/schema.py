@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,26 +18,102 @@ import numpy as np
 
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
-from service.errors import invalid
+from service.errors import clip, invalid
 
 ENCODINGS = ("float", "base64")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the range of the contract's int32 fields (EmbedRequest.layers)
 _TYPE_NAMES = {str: "a string", bool: "true or false", int: "an integer", list: "a list", dict: "an object"}
+# A JSON escape of a UTF-16 surrogate: the only way a lone surrogate gets into a body that decoded as UTF-8.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def parse_json(body: bytes) -> dict:
-    """The request body as a JSON object (else INVALID_INPUT saying what is wrong with it)."""
+    """The request body as a JSON object (else INVALID_INPUT saying what is wrong with it). Every failure of the
+    parser is the client's: not UTF-8, not JSON, NaN or Infinity, nested too deeply, an integer too long for Python,
+    a lone surrogate in any string (which protobuf, UTF-8 and every later step refuse)."""
     if not body:
         raise invalid("the request body is empty: send a JSON object")
     try:
-        value = json.loads(body.decode("utf-8"))  # JSON on the wire is UTF-8 (RFC 8259); no guessing
+        text = body.decode("utf-8")  # JSON on the wire is UTF-8 (RFC 8259); no guessing
     except UnicodeDecodeError as exc:
         raise invalid(f"the request body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_not_a_json_number)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
         raise invalid(f"the request body is not valid JSON: {exc.msg} at {where}") from None
+    except RecursionError:
+        raise invalid(
+            "the request body is nested too deeply (arrays or objects inside one another past the parser's limit); "
+            "this API's requests nest four levels at most"
+        ) from None
+    except ValueError as exc:  # Python's int max-str-digits guard ("Exceeds the limit (4300 digits) ...")
+        if "integer string conversion" in str(exc):
+            limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+            raise invalid(
+                f"the request body holds an integer with more than {limit} digits: no field of this API takes one"
+            ) from None
+        raise invalid(f"the request body is not valid JSON: {clip(str(exc), 200)}") from None
     if not isinstance(value, dict):
         raise invalid(f"the request body must be a JSON object, not {_json_type(value)}")
+    if _SURROGATE_ESCAPE.search(body):
+        _check_strings(value)
     return value
+
+
+def _not_a_json_number(name: str) -> Any:
+    raise invalid(f"the request body is not valid JSON: {name} is not a JSON value (RFC 8259 has no NaN or Infinity)")
+
+
+def _unicode(text: str, name: str) -> str:
+    """``text`` unchanged if it is valid Unicode; a lone surrogate (JSON can spell one, UTF-8 cannot) is a 400."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise invalid(
+                f"{name} holds a lone surrogate (\\u{ord(text[exc.start]):04x} at code point {exc.start}): "
+                "strings must be valid Unicode"
+            ) from None
+    return text
+
+
+def _check_strings(value: Any) -> None:
+    """Every string of a parsed body, field names included, at any depth, in document order (no recursion: the
+    parser's own depth is the only limit)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            _unicode(item, f"'{clip(path)}'")
+        elif isinstance(item, list):
+            stack.extend((item[i], f"{path}[{i}]") for i in reversed(range(len(item))))
+        elif isinstance(item, dict):
+            where = f"a field name in '{clip(path)}'" if path else "a field name"
+            for key in item:
+                _unicode(key, where)
+            stack.extend((v, f"{path}.{k}" if path else k) for k, v in reversed(item.items()))
+
+
+def _header(value: str, name: str) -> str:
+    """A header's value as it goes into the message. aiohttp decodes header bytes as UTF-8 with surrogateescape, so an
+    invalid byte arrives as a lone surrogate U+DC80..U+DCFF: report the byte."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        if 0xDC80 <= code <= 0xDCFF:
+            offset = len(value[: exc.start].encode("utf-8"))
+            raise invalid(
+                f"the '{name}' header is not valid UTF-8 (byte 0x{code - 0xDC00:02x} at offset {offset})"
+            ) from None
+        _unicode(value, f"the '{name}' header")
+    return value
+
+
+def _number(value: int) -> str:
+    """An integer for a message: a huge one is described, not echoed."""
+    return str(value) if value.bit_length() <= 64 else f"an integer of about {int(value.bit_length() * 0.30103)} digits"
 
 
 def _json_type(value: Any) -> str:
@@ -54,6 +132,13 @@ def _typed(value: Any, kind: type, name: str) -> Any:
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
         raise invalid(f"'{name}' must be {_TYPE_NAMES[kind]}, not {_json_type(value)}")
+    return _unicode(value, f"'{name}'") if kind is str else value
+
+
+def _int32(value: Any, name: str, low: int = INT32_MIN, what: str = "a 32-bit integer") -> int:
+    _typed(value, int, name)
+    if not low <= value <= INT32_MAX:
+        raise invalid(f"'{name}' = {_number(value)} is out of range: it must be {what} ({low}..{INT32_MAX})")
     return value
 
 
@@ -65,14 +150,14 @@ def _get(body: dict, name: str, kind: type, default: Any) -> Any:
 def _choice(body: dict, name: str, choices: tuple[str, ...] | list[str], default: str) -> str:
     value = _get(body, name, str, default).strip().lower()
     if value not in choices:
-        raise invalid(f"'{name}' must be one of {', '.join(choices)}, not '{value}'")
+        raise invalid(f"'{name}' must be one of {', '.join(choices)}, not '{clip(value)}'")
     return value
 
 
 def _no_unknown_fields(body: dict, known: set[str]) -> None:
     unknown = sorted(set(body) - known)
     if unknown:
-        raise invalid(f"unknown field '{unknown[0]}' (this endpoint takes: {', '.join(sorted(known))})")
+        raise invalid(f"unknown field '{clip(unknown[0])}' (this endpoint takes: {', '.join(sorted(known))})")
 
 
 def _overflow(body: dict) -> int:
@@ -100,14 +185,16 @@ def parse_openai(body: dict, request_id: str = "") -> OpenAIRequest:
     """OpenAI's embeddings request. Unknown fields (``user``...) are ignored, as OpenAI-compatible servers do."""
     texts = _openai_inputs(body.get("input"))
     model, task = split_model(_get(body, "model", str, ""))
-    dimensions = _get(body, "dimensions", int, None)
+    dimensions = body.get("dimensions")
+    if dimensions is not None:
+        dimensions = _int32(dimensions, "dimensions", low=1, what="a positive 32-bit integer")
     request = pb.EmbedRequest(
         inputs=[pb.Input(text=t) for t in texts],
         model=model,
         task=task,
         omit_layers=bool(task),
         overflow=_overflow(body),
-        request_id=request_id,
+        request_id=_header(request_id, "X-Request-Id"),
     )
     return OpenAIRequest(request, _choice(body, "encoding_format", ENCODINGS, "float"), dimensions)
 
@@ -130,20 +217,12 @@ def _openai_inputs(value: Any) -> list[str]:
     return value
 
 
-def pooled(embedding: pb.Embedding, use_mix: bool) -> np.ndarray:
-    """One vector per input: the mean over its tokens of the mean of its layers, or of the task's mix (float32)."""
-    if use_mix:
-        return from_tensor(embedding.mix).astype(np.float64).mean(axis=0).astype(np.float32)
-    return from_tensor(embedding.layers).astype(np.float64).mean(axis=(0, 1)).astype(np.float32)
-
-
-def openai_answer(parsed: OpenAIRequest, response: pb.EmbedResponse, model_id: str) -> dict:
+def openai_answer(parsed: OpenAIRequest, vectors: list[np.ndarray], n_tokens: int, model_id: str) -> dict:
+    """OpenAI's embeddings answer from one pooled float32 vector per input (service.core.pooled)."""
     data = []
-    for index, embedding in enumerate(response.embeddings):
-        vector = pooled(embedding, use_mix=bool(parsed.embed.task))
+    for index, vector in enumerate(vectors):
         encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if parsed.encoding == "base64" else None
         data.append({"object": "embedding", "index": index, "embedding": encoded or vector.tolist()})
-    n_tokens = sum(len(e.tokens) for e in response.embeddings)
     return {
         "object": "list",
         "data": data,
@@ -172,12 +251,12 @@ def parse_embed(body: dict, request_id: str = "") -> EmbedCall:
     layers = _get(body, "layers", list, [])
     request = pb.EmbedRequest(
         inputs=[_embed_input(item, i) for i, item in enumerate(inputs)],
-        layers=[_typed(layer, int, f"layers[{i}]") for i, layer in enumerate(layers)],
+        layers=[_int32(layer, f"layers[{i}]") for i, layer in enumerate(layers)],
         task=_get(body, "task", str, ""),
         omit_layers=_get(body, "omit_layers", bool, False),
         dtype=DTYPE_NAMES[_choice(body, "dtype", list(DTYPE_NAMES), "float32")],
         model=_get(body, "model", str, ""),
-        request_id=_get(body, "request_id", str, "") or request_id,
+        request_id=_get(body, "request_id", str, "") or _header(request_id, "X-Request-Id"),
         overflow=_overflow(body),
     )
     return EmbedCall(request, _choice(body, "encoding", ENCODINGS, "float"))
@@ -191,7 +270,7 @@ def _embed_input(item: Any, i: int) -> pb.Input:
             raise invalid(f"'{name}' must have exactly one of 'text' and 'tokens'")
         item = item.get("text", item.get("tokens"))
     if isinstance(item, str):
-        return pb.Input(text=item)
+        return pb.Input(text=_unicode(item, f"'{name}'"))
     if isinstance(item, list):
         return pb.Input(tokens=pb.Tokens(tokens=[_typed(t, str, f"{name}[{j}]") for j, t in enumerate(item)]))
     raise invalid(f"'{name}' must be a string, a list of tokens, or an object with 'text' or 'tokens'")
@@ -250,9 +329,7 @@ def parse_tokenize(body: dict) -> pb.TokenizeRequest:
 
 def tokenize_answer(response: pb.TokenizeResponse) -> dict:
     return {
-        "texts": [
-            {"tokens": list(t.tokens), "offsets": [[s.start, s.end] for s in t.offsets]} for t in response.texts
-        ]
+        "texts": [{"tokens": list(t.tokens), "offsets": [[s.start, s.end] for s in t.offsets]} for t in response.texts]
     }
 
 
@@ -295,7 +372,6 @@ __all__ = [
     "parse_json",
     "parse_openai",
     "parse_tokenize",
-    "pooled",
     "split_model",
     "tensor_json",
     "tokenize_answer",

@@ -1,16 +1,17 @@
-"""The batcher's two dispatch limits on the real tiny runtime: ``--max-delay-ms`` (how long an idle batcher waits
-for company) and ``--max-batch-sentences`` (a cap on each runtime call that also dispatches a full batch at once).
+"""The batcher's dispatch rules on the real tiny runtime: an idle batcher dispatches at once; while a batch runs,
+``--max-delay-ms`` is how long a partial batch waits for company; ``--max-batch-sentences`` caps each runtime call
+and dispatches a full batch at once.
 
 No wall-clock thresholds: "the batcher waited" is read from what the runtime was called with (the batch
 compositions), and "it did not run yet" from the batcher's own counters after the event loop was given every chance
-to run it. The one duration checked, a lone request's time in the queue, has a lower bound the code guarantees
-(the batcher may not start before the delay has passed), so a slow machine can only make it larger.
+to run it. A batch "runs" for as long as a test holds its gate (:class:`Calls`), so no timing decides what is busy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,13 @@ class Calls:
         self.info = runtime.info
         self.meta = runtime.meta
         self.batches: list[list[int]] = []
+        self.gate = threading.Event()  # a call whose first token is "HOLD" waits for it: a batch that keeps running
+        self.gate.set()
 
     def embed_tokens_with_stats(self, sentences: list[list[str]]) -> tuple[list[np.ndarray], EmbedStats]:
         self.batches.append([len(s) for s in sentences])
+        if any(s[0] == "HOLD" for s in sentences):
+            self.gate.wait(HANG_GUARD_S)
         return self.runtime.embed_tokens_with_stats(sentences)
 
 
@@ -64,53 +69,71 @@ def batcher_from_flags(calls: Calls, *flags: str) -> Batcher:
     return serve_model(calls, Path(calls.info.model_dir), limits, BatcherObserver(), name="tiny").batcher
 
 
-def test_max_delay_flag_reaches_the_batcher_and_a_lone_request_waits_it_out(runtime: Embedder) -> None:
+def test_max_delay_flag_reaches_the_batcher_and_an_idle_batcher_does_not_wait(runtime: Embedder) -> None:
     calls = Calls(runtime)
 
-    async def scenario() -> tuple[np.ndarray, BatchStats]:
-        batcher = batcher_from_flags(calls, "--max-delay-ms", "250", "--max-batch-sentences", "4")
-        assert batcher.max_delay_s == 0.25 and batcher.max_batch_sentences == 4
+    async def scenario() -> tuple[np.ndarray, int]:
+        batcher = batcher_from_flags(calls, "--max-delay-ms", str(FOREVER_S * 1000), "--max-batch-sentences", "4")
+        assert batcher.max_delay_s == FOREVER_S and batcher.max_batch_sentences == 4
         batcher.start()
         try:
-            (vectors,), (stats,) = await asyncio.wait_for(batcher.embed([sentence(3, "a")]), HANG_GUARD_S)
+            lone = asyncio.ensure_future(batcher.embed([sentence(3, "a")]))
+            await let_the_loop_run()
+            started = batcher.batches_started  # nothing runs: a lone request goes at once, whatever the delay
+            (vectors,), _ = await asyncio.wait_for(lone, HANG_GUARD_S)
         finally:
             await batcher.close()
-        return vectors, stats
+        return vectors, started
 
-    vectors, stats = asyncio.run(scenario())
-    assert calls.batches == [[3]]  # answered, alone
+    vectors, started = asyncio.run(scenario())
+    assert started == 1 and calls.batches == [[3]]
     assert vectors.tobytes() == runtime.embed_tokens([sentence(3, "a")])[0].tobytes()
-    # The batcher may not start a partial batch before its oldest sentence waited max_delay: a lower bound by
-    # construction (time.monotonic), which no slow machine can break.
-    assert stats.queue_s >= 0.25
+
+
+def _two_worker_batcher(calls: Calls, max_batch_tokens: int, max_batch_sentences: int) -> Batcher:
+    return Batcher(
+        calls.embed_tokens_with_stats,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_sentences=max_batch_sentences,
+        max_delay_s=FOREVER_S,
+        max_queue_tokens=1000,
+        workers=2,
+    )
+
+
+async def _start_a_running_batch(batcher: Batcher, calls: Calls) -> asyncio.Future:
+    """One batch held running (its gate closed): the second worker is free, so the delay rules what waits."""
+    calls.gate.clear()
+    held = asyncio.ensure_future(batcher.embed([["HOLD"]]))
+    await let_the_loop_run()
+    assert batcher.batches_running == 1
+    return held
 
 
 def test_a_request_arriving_within_the_delay_joins_the_waiting_one(runtime: Embedder) -> None:
     calls = Calls(runtime)
 
     async def scenario() -> list[tuple[list[np.ndarray], list[BatchStats]]]:
-        batcher = Batcher(
-            calls.embed_tokens_with_stats,
-            max_batch_tokens=1000,
-            max_batch_sentences=2,
-            max_delay_s=FOREVER_S,
-            max_queue_tokens=1000,
-        )
+        batcher = _two_worker_batcher(calls, max_batch_tokens=1000, max_batch_sentences=2)
         batcher.start()
         try:
+            held = await _start_a_running_batch(batcher, calls)
             first = asyncio.ensure_future(batcher.embed([sentence(3, "a")]))
             await let_the_loop_run()
-            # Alone and within its delay: queued, not dispatched, although the runtime thread is free.
-            assert (batcher.queued_sentences, batcher.batches_started) == (1, 0)
+            # A batch runs and this one is partial and within its delay: queued, although a worker is free.
+            assert (batcher.queued_sentences, batcher.batches_started) == (1, 1)
             second = asyncio.ensure_future(batcher.embed([sentence(5, "b")]))
             results = await asyncio.wait_for(asyncio.gather(first, second), HANG_GUARD_S)
+            calls.gate.set()
+            await asyncio.wait_for(held, HANG_GUARD_S)
         finally:
+            calls.gate.set()
             await batcher.close()
         return results
 
     (first, second) = asyncio.run(scenario())
     # One runtime call for both (sorted by length), dispatched by the sentence cap long before the delay ran out.
-    assert calls.batches == [[3, 5]]
+    assert calls.batches == [[1], [3, 5]]
     assert [stats.sentences for stats in first[1] + second[1]] == [2, 2]
     assert first[0][0].shape == (3, 3, 16) and second[0][0].shape == (3, 5, 16)
 
@@ -138,23 +161,21 @@ def test_max_batch_sentences_caps_every_runtime_call(runtime: Embedder) -> None:
 def test_a_full_token_budget_dispatches_without_waiting_for_the_delay(runtime: Embedder) -> None:
     calls = Calls(runtime)
 
-    async def scenario() -> list[tuple[list[np.ndarray], list[BatchStats]]]:
-        batcher = Batcher(
-            calls.embed_tokens_with_stats,
-            max_batch_tokens=8,
-            max_batch_sentences=100,
-            max_delay_s=FOREVER_S,
-            max_queue_tokens=100,
-        )
+    async def scenario() -> None:
+        batcher = _two_worker_batcher(calls, max_batch_tokens=8, max_batch_sentences=100)
         batcher.start()
         try:
+            held = await _start_a_running_batch(batcher, calls)
             small = asyncio.ensure_future(batcher.embed([sentence(3, "a")]))
             await let_the_loop_run()
-            assert (batcher.queued_sentences, batcher.batches_started) == (1, 0)  # 3 of 8 tokens: waits for company
+            assert (batcher.queued_sentences, batcher.batches_started) == (1, 1)  # 3 of 8 tokens: waits for company
             filling = asyncio.ensure_future(batcher.embed([sentence(5, "b")]))
-            return await asyncio.wait_for(asyncio.gather(small, filling), HANG_GUARD_S)
+            await asyncio.wait_for(asyncio.gather(small, filling), HANG_GUARD_S)
+            calls.gate.set()
+            await asyncio.wait_for(held, HANG_GUARD_S)
         finally:
+            calls.gate.set()
             await batcher.close()
 
     asyncio.run(scenario())
-    assert calls.batches == [[3, 5]]  # 8 queued tokens fill the budget: dispatched at once, together
+    assert calls.batches == [[1], [3, 5]]  # 8 queued tokens fill the budget: dispatched at once, together

@@ -56,22 +56,19 @@ def test_max_stream_inflight_bounds_what_one_stream_has_in_the_server(runtime: E
     srv.warm_up()
     batcher = srv.model().batcher
 
-    async def set_delay(seconds: float) -> None:
-        batcher.max_delay_s = seconds
-        await batcher.embed([])  # wakes the batching loop up so that it reads the new delay
-
     try:
-        # An idle batcher that never dispatches a partial batch: whatever the stream admitted stays queued, countable.
-        srv.call(set_delay(3600.0))
+        # The runtime thread held: the stream's first request is dispatched (an idle batcher does not wait) and waits
+        # for the thread; what the stream admitted after it stays queued, countable.
         batches = batcher.batches_started  # the warm-up's
         with grpc.insecure_channel(srv.target) as channel:
             stub = pb_grpc.EmbedderStub(channel)
             requests = [tokens_request([f"r{i}", "x"]) for i in range(total)]
-            responses = stub.EmbedStream(iter(requests), timeout=60)
-            wait_until(lambda: batcher.queued_sentences >= inflight, 30, "the stream's first requests queued")
-            assert settled(lambda: (batcher.queued_sentences, batcher.batches_started)) == (inflight, batches)
-            srv.call(set_delay(0.0))
+            with srv.hold_worker():
+                responses = stub.EmbedStream(iter(requests), timeout=60)
+                wait_until(lambda: batcher.queued_sentences >= inflight - 1, 30, "the stream's first requests queued")
+                in_server = settled(lambda: (batcher.queued_sentences, batcher.batches_started - batches))
             answered = [list(response.embeddings[0].tokens) for response in responses]
+        assert in_server == (inflight - 1, 1)
         assert answered == [[f"r{i}", "x"] for i in range(total)]
     finally:
         srv.stop()

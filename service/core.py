@@ -1,0 +1,447 @@
+"""The request core of both front doors: admit -> validate (cheap bounds first) -> tokenize -> queue -> answer.
+
+gRPC (service.servicer) and HTTP (service.http.app) are thin adapters over :class:`RequestCore`: they decode their
+wire format into an ``elmo.v1`` request, and encode what the core returns. Everything that costs more than a few
+microseconds per byte — tokenizing, window planning, building and encoding answers — runs on the core's worker
+threads (``--request-workers``), never on the event loop that accepts connections and answers health checks; only
+requests small enough to cost less than a thread hop are handled in place.
+
+Bounds are checked before the work they bound: counts, layers, the task and the dtype first; then the token limits,
+knowing that a text of N code points has at most N tokens (so short texts need no counting), with tokenizing that
+stops as soon as a limit is crossed; then the size of the answer in the encoding it will be sent in, before it is
+built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from elmo.text.overflow import Overflow, over_limit_message, windowed
+from elmo.text.tokenize import Tokenized, tokenize
+from elmo.v1 import embedder_pb2 as pb
+from elmo.wire import NUMPY_DTYPES, OVERFLOW_VALUES, to_tensor
+from service.batcher import BatchStats
+from service.errors import Kind, ServiceError, clip, invalid, too_large
+from service.limits import MIB, Limits
+from service.models import ModelRegistry, ServedModel
+from service.tasks import Task
+
+OVERFLOW_POLICIES = {value: Overflow(name) for name, value in OVERFLOW_VALUES.items()}
+T = TypeVar("T")
+
+# Below these sizes a step costs less than handing it to a worker thread and back (~0.1 ms), so it runs in place.
+INLINE_CHARS = 4096  # code points of text in one request
+INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one answer, as sent
+# The longest JSON number a float32 or float16 turns into (Python's repr of a double, e.g.
+# "-1.2345678901234567e-05"), and its separator: the JSON answer's size bound.
+JSON_NUMBER_BYTES = 24
+
+
+class Encoding(enum.Enum):
+    """How an answer's vectors are sent: what its size limit counts."""
+
+    PROTOBUF = "protobuf"  # gRPC: raw little-endian bytes
+    JSON_FLOAT = "float"  # HTTP: JSON numbers
+    JSON_BASE64 = "base64"  # HTTP: base64 of the raw bytes
+
+
+class ServerState:
+    """Draining switch and the count of admitted embedding requests (what a drain waits for).
+
+    Once ``draining`` is set, new requests get UNAVAILABLE from the core itself while the ports stay open, so that
+    callers see a clear status (gRPC's own shutdown would answer late arrivals with CANCELLED)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def check_open(self) -> None:
+        if self.draining:
+            raise ServiceError(Kind.UNAVAILABLE, "server is shutting down; retry on another replica")
+
+    @contextlib.contextmanager
+    def admit(self):
+        """Count a request as in flight for the drain (refused with UNAVAILABLE when draining)."""
+        self.check_open()
+        self.active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+
+@dataclass
+class PreparedEmbed:
+    model: ServedModel
+    sentences: list[list[str]]
+    offsets: list[list[tuple[int, int]] | None]  # None for pre-tokenized inputs
+    layers: list[int] | None  # None = all layers in order
+    task: Task | None
+    omit_layers: bool
+    dtype: int
+    truncated: list[int]  # per sentence, tokens cut off under TRUNCATE
+    window_size: int  # the per-sentence limit: longer sentences (WINDOW) run as windows of this size
+    answer_bytes: int  # upper bound of the answer's size in the encoding it will be sent in
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s) for s in self.sentences)
+
+
+@dataclass
+class EmbedResult:
+    """A request's vectors: per sentence float32 (n_layers, n_tokens, dim), long sentences' windows stitched."""
+
+    prepared: PreparedEmbed
+    vectors: list[np.ndarray]
+    stats: list[BatchStats]
+    started: float  # time.monotonic() when the request was admitted
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the cheap checks decided about one request before any text was tokenized."""
+
+    model: ServedModel
+    task: Task | None
+    policy: Overflow
+    max_per_sentence: int
+
+
+class RequestCore:
+    """The embedding, tokenizing and model-info logic shared by gRPC and HTTP, and the workers that run it."""
+
+    def __init__(self, models: ModelRegistry, limits: Limits, state: ServerState):
+        self.models = models
+        self.limits = limits
+        self.state = state
+        self.workers = ThreadPoolExecutor(max_workers=limits.request_workers, thread_name_prefix="request")
+
+    def close(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, work: Callable[[], T], heavy: bool = True) -> T:
+        """``work()`` on a worker thread, or in place when it is known to be light."""
+        if not heavy:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self.workers, work)
+
+    # -- embedding ---------------------------------------------------------------------------------------------
+    async def embed_request(self, request: pb.EmbedRequest, deadline: float | None = None) -> pb.EmbedResponse:
+        """gRPC's whole path: prepare, embed, build the response message."""
+        started = time.monotonic()
+        prepared = await self.run(
+            lambda: self.prepare(request, Encoding.PROTOBUF), heavy=request_chars(request) > INLINE_CHARS
+        )
+        result = await self.embed(prepared, deadline, started)
+        response = await self.run(lambda: build_response(result), heavy=prepared.answer_bytes > INLINE_ANSWER_BYTES)
+        response.request_id = request.request_id
+        return response
+
+    async def embed(self, prepared: PreparedEmbed, deadline: float | None, started: float) -> EmbedResult:
+        """Queue a prepared request's sentences (windows of long ones) and wait for their vectors."""
+        if not prepared.model.ready:
+            raise ServiceError(Kind.UNAVAILABLE, f"model '{clip(prepared.model.name)}' is warming up; retry shortly")
+        batch = windowed(prepared.sentences, prepared.window_size, self.limits.window_overlap)
+        pieces, stats = await prepared.model.batcher.embed(batch.pieces, deadline)
+        stitched = pieces if len(batch.pieces) == len(batch.plans) else batch.stitch(pieces)
+        return EmbedResult(prepared, stitched, stats, started)
+
+    def prepare(self, request: pb.EmbedRequest, encoding: Encoding, pooled: bool = False) -> PreparedEmbed:
+        """Check an EmbedRequest against the model and the limits, cheapest first; tokenize its texts. Raises
+        ServiceError. Thread-safe: runs on a worker for large requests. ``pooled``: the answer is one vector per
+        input (OpenAI's /v1/embeddings), which is what its size limit counts."""
+        plan = self._plan(request)
+        sentences, offsets, truncated = self._tokens(request, plan)
+        prepared = PreparedEmbed(
+            plan.model,
+            sentences,
+            offsets,
+            list(request.layers) or None,
+            plan.task,
+            request.omit_layers,
+            request.dtype,
+            truncated,
+            plan.max_per_sentence,
+            answer_bytes=0,
+        )
+        n_tokens = prepared.n_tokens
+        if n_tokens > self.limits.max_tokens_per_request:
+            raise too_large(request_tokens_message(n_tokens, self.limits))
+        if pooled:
+            prepared.answer_bytes = pooled_bytes(len(sentences), plan.model.dim, encoding)
+        else:
+            prepared.answer_bytes = answer_bytes(prepared, encoding)
+        if prepared.answer_bytes > self.limits.max_response_bytes:
+            raise too_large(response_size_message(prepared.answer_bytes, self.limits, encoding))
+        return prepared
+
+    def _plan(self, request: pb.EmbedRequest) -> _Plan:
+        model = self.models.get(request.model)
+        check_count(len(request.inputs), self.limits)
+        if request.dtype not in NUMPY_DTYPES:
+            raise invalid(f"dtype {request.dtype} is not FLOAT32 (0) or FLOAT16 (1)")
+        for i, layer in enumerate(request.layers):
+            if not 0 <= layer < model.n_layers:
+                raise invalid(
+                    f"layers[{i}] = {layer} is out of range: model '{clip(model.name)}' has {model.n_layers} "
+                    f"layers (0..{model.n_layers - 1})"
+                )
+        task = model.tasks.get(request.task) if request.task else None
+        if request.omit_layers and task is None:
+            raise invalid("omit_layers needs a task: without one the response would hold no vectors")
+        max_per_sentence = min(self.limits.max_tokens_per_sentence, model.max_tokens_per_sentence)
+        return _Plan(model, task, overflow_policy(request.overflow, self.limits), max_per_sentence)
+
+    def _tokens(
+        self, request: pb.EmbedRequest, plan: _Plan
+    ) -> tuple[list[list[str]], list[list[tuple[int, int]] | None], list[int]]:
+        """Every input's tokens, within the limits: tokenizing stops once the request is known to be over one."""
+        budget = self.limits.max_tokens_per_request  # tokens the request may still embed
+        sentences, offsets, truncated = [], [], []
+        for i, item in enumerate(request.inputs):
+            tokens, spans, complete = _input_tokens(item, i, self._stop_after(plan, budget))
+            cut = 0
+            if len(tokens) > plan.max_per_sentence:
+                if plan.policy is Overflow.REJECT:
+                    found = len(tokens) if complete else f"more than {plan.max_per_sentence}"
+                    raise too_large(over_limit_message(f"inputs[{i}]", found, plan.max_per_sentence))
+                if plan.policy is Overflow.TRUNCATE:
+                    cut = len(tokens) - plan.max_per_sentence
+                    tokens, spans = tokens[: plan.max_per_sentence], spans and spans[: plan.max_per_sentence]
+            budget -= len(tokens)
+            if budget < 0:
+                already = self.limits.max_tokens_per_request - budget
+                more = not complete or i + 1 < len(request.inputs)
+                raise too_large(request_tokens_message(already, self.limits, at_least=more))
+            sentences.append(tokens)
+            offsets.append(spans)
+            truncated.append(cut)
+        return sentences, offsets, truncated
+
+    @staticmethod
+    def _stop_after(plan: _Plan, budget: int) -> int | None:
+        """How many tokens of one text are worth finding: past the sentence limit under ``reject`` (refused), past
+        the request's remaining budget under ``window``; ``truncate`` counts them all (it reports how many it cut)."""
+        if plan.policy is Overflow.REJECT:
+            return min(plan.max_per_sentence, budget)
+        if plan.policy is Overflow.WINDOW:
+            return budget
+        return None
+
+    # -- tokenizing and model info -----------------------------------------------------------------------------
+    def tokenize(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        """The service's tokens and offsets; the same input and token limits as embedding."""
+        self.models.get(request.model)
+        self.state.check_open()
+        check_count(len(request.texts), self.limits, "texts")
+        budget = self.limits.max_tokens_per_request
+        response = pb.TokenizeResponse()
+        for i, text in enumerate(request.texts):
+            tokenized = tokenize(text, stop_after=budget)
+            budget -= len(tokenized.tokens)
+            if budget < 0:
+                n_tokens = self.limits.max_tokens_per_request - budget
+                more = not tokenized.complete or i + 1 < len(request.texts)
+                raise too_large(request_tokens_message(n_tokens, self.limits, at_least=more))
+            out = response.texts.add()
+            out.tokens.extend(tokenized.tokens)
+            out.offsets.extend(pb.Span(start=s, end=e) for s, e in tokenized.offsets)
+        return response
+
+    def model_info(self, name: str) -> pb.ModelInfo:
+        model = self.models.get(name)
+        lim = self.limits
+        return pb.ModelInfo(
+            name=model.name,
+            version=model.version,
+            n_layers=model.n_layers,
+            dim=model.dim,
+            max_tokens_per_sentence=min(lim.max_tokens_per_sentence, model.max_tokens_per_sentence),
+            tasks=model.tasks.names(),
+            stale_tasks=model.tasks.stale_names(),
+            execution_provider=model.provider,
+            limits=pb.Limits(
+                max_inputs=lim.max_inputs,
+                max_tokens_per_sentence=min(lim.max_tokens_per_sentence, model.max_tokens_per_sentence),
+                max_tokens_per_request=lim.max_tokens_per_request,
+                max_message_bytes=lim.max_message_bytes,
+                max_response_bytes=lim.max_response_bytes,
+            ),
+        )
+
+
+# -- checks and messages --------------------------------------------------------------------------------------------
+def overflow_policy(value: int, limits: Limits) -> Overflow:
+    """The request's policy, or the server's default (``--overflow``) when it names none."""
+    if value == pb.OVERFLOW_DEFAULT:
+        return Overflow.parse(limits.overflow)
+    if value not in OVERFLOW_POLICIES:
+        raise invalid(f"overflow {value} is not OVERFLOW_REJECT (1), OVERFLOW_TRUNCATE (2) or OVERFLOW_WINDOW (3)")
+    return OVERFLOW_POLICIES[value]
+
+
+def check_count(n: int, limits: Limits, field: str = "inputs") -> None:
+    if n == 0:
+        raise invalid(f"{field} is empty: send at least one sentence")
+    if n > limits.max_inputs:
+        raise too_large(
+            f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request"
+        )
+
+
+def request_chars(request: pb.EmbedRequest) -> int:
+    """Code points of text in a request (pre-tokenized tokens included): what its preparation costs."""
+    return sum(
+        len(item.text) if item.WhichOneof("kind") == "text" else sum(map(len, item.tokens.tokens))
+        for item in request.inputs
+    )
+
+
+def request_tokens_message(n_tokens: int, limits: Limits, at_least: bool = False) -> str:
+    more = "more than " if at_least else ""
+    return (
+        f"request has {more}{n_tokens} tokens, over the limit of {limits.max_tokens_per_request} "
+        "(--max-tokens-per-request); split it"
+    )
+
+
+def response_size_message(size: int, limits: Limits, encoding: Encoding) -> str:
+    advice = {
+        Encoding.PROTOBUF: "ask for fewer inputs or layers, FLOAT16, or use EmbedStream",
+        Encoding.JSON_FLOAT: 'ask for fewer inputs or layers, or "encoding": "base64" (4x smaller than JSON numbers)',
+        Encoding.JSON_BASE64: 'ask for fewer inputs or layers, or "dtype": "float16"',
+    }[encoding]
+    return (
+        f"response would be up to {human_bytes(size)} as {encoding.value}, over the "
+        f"{human_bytes(limits.max_response_bytes)} limit (--max-response-bytes): {advice}"
+    )
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("MiB", MIB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _input_tokens(
+    item: pb.Input, i: int, stop_after: int | None
+) -> tuple[list[str], list[tuple[int, int]] | None, bool]:
+    """(tokens, offsets or None for pre-tokenized input, whether all tokens were found)."""
+    kind = item.WhichOneof("kind")
+    if kind == "text":
+        tokenized: Tokenized = tokenize(item.text, stop_after=stop_after)
+        if not tokenized.tokens:
+            raise invalid(f"inputs[{i}] is empty: the text has no tokens")
+        return tokenized.tokens, tokenized.offsets, tokenized.complete
+    if kind == "tokens":
+        tokens = list(item.tokens.tokens)
+        if not tokens:
+            raise invalid(f"inputs[{i}] is empty: no tokens")
+        for j, token in enumerate(tokens):
+            if not token:
+                raise invalid(f"inputs[{i}].tokens[{j}] is an empty string")
+        return tokens, None, True
+    raise invalid(f"inputs[{i}] has neither text nor tokens")
+
+
+# -- answers -------------------------------------------------------------------------------------------------------
+def vector_bytes(n_values: int, dtype: int, encoding: Encoding) -> int:
+    """Bytes that ``n_values`` numbers take in an answer (an upper bound for JSON numbers)."""
+    raw = n_values * NUMPY_DTYPES[dtype].itemsize
+    if encoding is Encoding.JSON_FLOAT:
+        return n_values * JSON_NUMBER_BYTES
+    if encoding is Encoding.JSON_BASE64:
+        return 4 * ((raw + 2) // 3)
+    return raw
+
+
+def answer_bytes(prepared: PreparedEmbed, encoding: Encoding) -> int:
+    """Upper bound of the per-token answer's size: vectors in ``encoding``, tokens, offsets and framing."""
+    n_layers = 0 if prepared.omit_layers else len(prepared.layers or range(prepared.model.n_layers))
+    per_token = (n_layers + (1 if prepared.task else 0)) * prepared.model.dim
+    vectors = vector_bytes(prepared.n_tokens * per_token, prepared.dtype, encoding)
+    # per token its string (UTF-8) and its offsets with their framing (JSON: quotes, brackets, separators); per
+    # sentence its fields; per answer its envelope
+    token, sentence, envelope = (16, 64, 256) if encoding is Encoding.PROTOBUF else (32, 256, 512)
+    strings = sum(len(t.encode("utf-8", "surrogatepass")) + token for s in prepared.sentences for t in s)
+    return vectors + strings + sentence * len(prepared.sentences) + envelope
+
+
+def pooled_bytes(n_inputs: int, dim: int, encoding: Encoding) -> int:
+    """Upper bound of an OpenAI ``/v1/embeddings`` answer: one float32 vector per input."""
+    return n_inputs * (vector_bytes(dim, pb.FLOAT32, encoding) + 64) + 512
+
+
+def build_response(result: EmbedResult) -> pb.EmbedResponse:
+    prepared = result.prepared
+    response = pb.EmbedResponse(model=prepared.model.name)
+    response.layers.extend(prepared.layers or range(prepared.model.n_layers))
+    for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
+        embedding = response.embeddings.add()
+        embedding.tokens.extend(tokens)
+        embedding.truncated_tokens = cut
+        if spans is not None:
+            embedding.offsets.extend(pb.Span(start=s, end=e) for s, e in spans)
+        if not prepared.omit_layers:
+            selected = layers if prepared.layers is None else layers[prepared.layers]
+            to_tensor(selected, prepared.dtype, out=embedding.layers)
+        if prepared.task is not None:
+            to_tensor(prepared.task.apply(layers), prepared.dtype, out=embedding.mix)
+    fill_timing(response.timing, result)
+    return response
+
+
+def fill_timing(timing: pb.Timing, result: EmbedResult) -> None:
+    """The slowest piece's queue and inference time, the largest batch it rode in, and the total so far."""
+    slowest = max(result.stats, key=lambda s: s.queue_s + s.inference_s)
+    largest = max(result.stats, key=lambda s: s.tokens)
+    timing.queue_ms = 1000 * slowest.queue_s
+    timing.inference_ms = 1000 * slowest.inference_s
+    timing.total_ms = 1000 * (time.monotonic() - result.started)
+    timing.batch_sentences = largest.sentences
+    timing.batch_tokens = largest.tokens
+
+
+def pooled(result: EmbedResult) -> list[np.ndarray]:
+    """One float32 vector per input: the mean over its tokens of the mean of its layers, or of the task's mix.
+    Computed from the vectors directly (no per-token answer is built only to be averaged)."""
+    task = result.prepared.task
+    if task is not None:
+        return [task.apply(v).astype(np.float64).mean(axis=0).astype(np.float32) for v in result.vectors]
+    return [v.astype(np.float64).mean(axis=(0, 1)).astype(np.float32) for v in result.vectors]
+
+
+__all__ = [
+    "EmbedResult",
+    "Encoding",
+    "PreparedEmbed",
+    "RequestCore",
+    "ServerState",
+    "answer_bytes",
+    "build_response",
+    "check_count",
+    "human_bytes",
+    "overflow_policy",
+    "pooled",
+    "pooled_bytes",
+    "request_chars",
+]

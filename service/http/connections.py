@@ -1,0 +1,338 @@
+"""Read and idle timeouts and a connection cap for the HTTP server (``--http-*-timeout``, ``--max-connections``).
+
+aiohttp on its own keeps a connection that sends nothing, half a request line or a trickle of header bytes open
+for its keep-alive timeout (3630 s by default, and trickling bytes never reset it), and it has no limit at all on
+a request body that stops arriving; a few thousand such sockets use up the process's file descriptors. The
+:class:`ConnectionGuard` opens the listening socket itself and wraps every protocol aiohttp makes, so it sees each
+connection from accept to close. Every served connection is in one of three states:
+
+    awaiting headers   from the connection's opening, and again from the first byte after a response: the
+                       request's headers must be complete within ``http_header_timeout``, however many bytes
+                       trickle in meanwhile (the deadline is never pushed back)
+    in request         a handler runs (``guard.middleware`` marks its start and end): no deadline here; the body
+                       is bounded by :func:`read_body` (``http_body_timeout`` per pause between two reads)
+    idle               a response was handed over and no byte of a next request has arrived: closed after
+                       ``http_idle_timeout``; progress in writing the response pushes the deadline back
+
+    opened ──> awaiting headers ──(handler starts)──> in request ──(handler ends)──> idle ──(a byte)──┐
+                     ^                                                                                 │
+                     └─────────────────────────────────────────────────────────────────────────────────┘
+
+A connection beyond ``max_connections`` is never handed to aiohttp: it gets a fixed ``503`` JSON answer with
+``Connection: close`` and is closed (after a short linger, so that the answer is not lost to a reset when the client
+has already sent its request). One sweeper task closes every connection past its deadline; there is no timer per
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+
+from elmo.errors import ConfigError
+from service.limits import Limits
+
+log = logging.getLogger("service.http.connections")
+
+REASONS = ("header_timeout", "idle_timeout", "over_capacity")
+REFUSAL_LINGER_S = 1.0  # how long a refused connection may stay open for its client to read the 503 and close
+LISTEN_BACKLOG = 128  # aiohttp's TCPSite default
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the request body was complete: nobody is left to answer."""
+
+
+class State(enum.Enum):
+    HEADERS = "awaiting headers"
+    REQUEST = "in request"
+    IDLE = "idle"
+    REFUSED = "refused"  # over the cap: answered 503, lingering until the client closes
+
+
+def over_capacity_response(max_connections: int) -> bytes:
+    """The whole answer to a connection over the cap, built by hand: aiohttp never sees that connection."""
+    message = f"too many open connections (limit {max_connections}, --max-connections); retry later"
+    body = json.dumps({"error": {"message": message, "type": "overloaded", "code": 503}}, separators=(",", ":"))
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n"
+        "\r\n"
+    )
+    return (head + body).encode()
+
+
+class _Refusal(asyncio.Protocol):
+    """Stands in for aiohttp on a connection over the cap: answers 503 once, discards whatever the client sends."""
+
+    def __init__(self, answer: bytes):
+        self.answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(self.answer)
+        if transport.can_write_eof():
+            transport.write_eof()  # FIN after the answer; we keep reading so that unread bytes cause no reset
+        else:
+            transport.close()  # TLS cannot half-close: close_notify after the answer instead
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done too: let the transport close
+
+
+class _Connection(asyncio.Protocol):
+    """The protocol asyncio sees: tracks the connection's state and deadline, and hands every event to ``inner``
+    (aiohttp's RequestHandler, or a :class:`_Refusal`). aiohttp's server never calls transport.get_protocol() or
+    set_protocol(); asyncio's sendfile fallback does, and puts back what it found (this wrapper)."""
+
+    __slots__ = ("guard", "inner", "transport", "state", "deadline")
+
+    def __init__(self, guard: ConnectionGuard):
+        self.guard = guard
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.state = State.HEADERS
+        self.deadline: float | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.inner = self.guard._admit(self)
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state is State.IDLE:  # the first byte of the next request: its headers are now on the clock
+            self.set_state(State.HEADERS, self.guard.limits.http_header_timeout)
+        assert self.inner is not None
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        assert self.inner is not None
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard._forget(self)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        assert self.inner is not None
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.state is State.IDLE:  # the client is reading the response: progress, not idleness
+            self.set_state(State.IDLE, self.guard.limits.http_idle_timeout)
+        assert self.inner is not None
+        self.inner.resume_writing()
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def set_state(self, state: State, timeout: float | None) -> None:
+        self.state = state
+        self.deadline = None if timeout is None else self.guard.loop.time() + timeout
+
+    def peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+
+
+class ConnectionGuard:
+    """Owns the HTTP listening socket: the connection cap, the header and idle deadlines and their sweeper."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.closed_for: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self._served: dict[asyncio.BaseProtocol, _Connection] = {}  # aiohttp's protocol -> its wrapper
+        self._refused: set[_Connection] = set()
+        self._listener: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._at_capacity = False  # one warning per episode of refusals, not one per connection
+        timeouts = (limits.http_header_timeout, limits.http_body_timeout, limits.http_idle_timeout)
+        self.sweep_interval = min(0.5, min(timeouts) / 4)  # a deadline is enforced at most this late
+
+    @property
+    def open_connections(self) -> int:
+        """Connections handed to aiohttp and still open (refused ones are not counted)."""
+        return len(self._served)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "ConnectionGuard.listen() first"
+        return self._loop
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    async def listen(
+        self, runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> int:
+        """Listen on host:port (0 = any free port) for ``runner``'s app, after ``runner.setup()``; returns the
+        bound port. Use this instead of a ``web.TCPSite``."""
+        if runner.server is None:
+            raise RuntimeError("ConnectionGuard.listen() needs runner.setup() first")
+        if self._listener is not None:
+            raise RuntimeError("ConnectionGuard is already listening")
+        self._loop = asyncio.get_running_loop()
+        self._factory = runner.server
+        # The header deadline starts once TLS is up; the handshake gets as long again, not asyncio's 60 s.
+        tls = {"ssl": ssl_context, "ssl_handshake_timeout": self.limits.http_header_timeout} if ssl_context else {}
+        try:
+            self._listener = await self._loop.create_server(
+                lambda: _Connection(self), host, port, backlog=LISTEN_BACKLOG, **tls
+            )
+        except OSError as exc:
+            raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror} (port in use?)") from None
+        self._sweeper = self._loop.create_task(self._sweep_forever(), name="http-connection-sweeper")
+        return int(self._listener.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop accepting and sweeping. Served connections are left to ``runner.cleanup()``, which lets running
+        handlers finish; call this first, so that no connection arrives during the cleanup."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+            self._sweeper = None
+        for conn in list(self._refused):
+            self._abort(conn)
+
+    # -- the middleware: where the guard learns that headers are in and that a request is over -------------------
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Put it first in the app's middlewares, so that it spans the others."""
+        conn = self._served.get(request.protocol)
+        if conn is None:  # an app run without this guard (a TCPSite, aiohttp's test client)
+            return await handler(request)
+        conn.set_state(State.REQUEST, None)
+        try:
+            return await handler(request)
+        finally:
+            conn.set_state(State.IDLE, self.limits.http_idle_timeout)
+
+    # -- bookkeeping, called by _Connection ----------------------------------------------------------------------
+    def _admit(self, conn: _Connection) -> asyncio.Protocol:
+        """The protocol that will serve ``conn``: aiohttp's, or a 503 when the cap is reached. Decided when the
+        connection is made (after TLS), so that connections still in their handshake do not take places."""
+        if len(self._served) >= self.limits.max_connections:
+            return self._refuse(conn)
+        assert self._factory is not None
+        inner = self._factory()
+        self._served[inner] = conn
+        conn.set_state(State.HEADERS, self.limits.http_header_timeout)
+        return inner
+
+    def _refuse(self, conn: _Connection) -> asyncio.Protocol:
+        self.closed_for["over_capacity"] += 1
+        if not self._at_capacity:
+            self._at_capacity = True
+            log.warning(
+                "HTTP connection cap reached (%d, --max-connections): new connections get 503 until one closes",
+                self.limits.max_connections,
+            )
+        log.debug("refused HTTP connection from %s: over_capacity (%d open)", conn.peer(), len(self._served))
+        # Bounded too: past as many lingering refusals as the cap, the next ones close right after the answer.
+        linger = min(REFUSAL_LINGER_S, self.limits.http_header_timeout)
+        conn.set_state(State.REFUSED, linger if len(self._refused) < self.limits.max_connections else 0.0)
+        self._refused.add(conn)
+        return _Refusal(over_capacity_response(self.limits.max_connections))
+
+    def _forget(self, conn: _Connection) -> None:
+        if conn.state is State.REFUSED:
+            self._refused.discard(conn)
+            return
+        self._served.pop(conn.inner, None)  # type: ignore[arg-type]
+        if len(self._served) < self.limits.max_connections:
+            self._at_capacity = False
+
+    # -- the sweeper -----------------------------------------------------------------------------------------------
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                self.sweep()
+            except Exception:  # a bug here must not end the timeouts for good
+                log.exception("HTTP connection sweep failed")
+
+    def sweep(self) -> None:
+        """Close every connection past its deadline (one pass; the sweeper runs it every ``sweep_interval``)."""
+        now = self.loop.time()
+        for conn in [c for c in self._served.values() if c.deadline is not None and c.deadline <= now]:
+            self._expire(conn)
+        for conn in [c for c in self._refused if c.deadline is not None and c.deadline <= now]:
+            self._abort(conn)
+
+    def _expire(self, conn: _Connection) -> None:
+        if conn.state is State.HEADERS:
+            reason, why = "header_timeout", f"headers incomplete after {self.limits.http_header_timeout:g} s"
+        else:
+            reason, why = "idle_timeout", f"idle for {self.limits.http_idle_timeout:g} s"
+        self.closed_for[reason] += 1
+        log.debug("closed HTTP connection from %s: %s (%s)", conn.peer(), reason, why)
+        self._abort(conn)
+
+    @staticmethod
+    def _abort(conn: _Connection) -> None:
+        # abort, not close: close() would wait for a client that does not read to take the rest of a response
+        conn.deadline = None  # closing takes a loop turn; do not count it twice
+        if conn.transport is not None:
+            conn.transport.abort()
+
+
+async def read_body(request: web.Request, limits: Limits) -> bytes:
+    """The request body, read chunk by chunk with at most ``limits.http_body_timeout`` between two chunks.
+
+    Raises ``web.HTTPRequestEntityTooLarge`` past the app's ``client_max_size`` (before reading on), a 408
+    ``web.HTTPRequestTimeout`` when the body stalls, ``web.HTTPBadRequest`` for a malformed body (bad chunked
+    encoding) and :class:`ClientGone` when the client disconnects before the body is complete.
+    """
+    max_size = request.client_max_size  # 0: no limit, as in aiohttp's own request.read()
+    declared = request.content_length
+    if max_size and declared is not None and declared > max_size:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=declared)
+    body = bytearray()
+    while True:
+        chunk = await _next_chunk(request, limits.http_body_timeout)
+        if not chunk:
+            return bytes(body)
+        body.extend(chunk)
+        if max_size and len(body) > max_size:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=len(body))
+
+
+async def _next_chunk(request: web.Request, timeout: float) -> bytes:
+    try:
+        return await asyncio.wait_for(request.content.readany(), timeout)
+    except asyncio.TimeoutError:
+        raise _stalled(timeout) from None
+    except ConnectionError as exc:  # aiohttp cancels the body with ConnectionResetError when the connection drops
+        raise ClientGone(f"client disconnected before the request body was complete ({exc})") from None
+    except RequestPayloadError as exc:
+        raise web.HTTPBadRequest(reason=f"malformed request body: {exc}") from None
+
+
+def _stalled(timeout: float) -> web.HTTPRequestTimeout:
+    message = f"request body stalled for {timeout:g} s (--http-body-timeout)"
+    error = web.HTTPRequestTimeout(reason=message, text=message)
+    error.force_close()  # the rest of that body may still come: the connection cannot carry another request
+    return error
+
+
+__all__ = ["REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body"]

@@ -1,0 +1,83 @@
+"""Per-request observation and bearer-token checking, written once for both front doors.
+
+gRPC (service.interceptors) and HTTP (service.http.app) each work out their own method name and outcome (a status
+code name or an HTTP status), then hand them here: one in-flight gauge, one request counter and one latency histogram
+per method and outcome, and one log line per request (DEBUG; WARNING when the server is at fault, so that the log's
+warnings and the 5xx rate mean the same thing). A client that went away is its own outcome, not a server error.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+
+from service.errors import Kind, ServiceError
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger("service.requests")
+
+CLIENT_GONE = "client_disconnected"  # the outcome of a request whose client hung up before the answer
+
+
+class BearerToken:
+    """``Bearer <token>`` compared in constant time; the same check for gRPC metadata and HTTP headers."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    def check(self, presented: str | None, where: str) -> None:
+        """Raise UNAUTHENTICATED unless ``presented`` (the header's value, None when absent) is the token.
+        ``where`` names the carrier in the message: "metadata" (gRPC) or "header" (HTTP)."""
+        if presented is None:
+            name = "Authorization" if where == "header" else "authorization"
+            raise ServiceError(Kind.UNAUTHENTICATED, f"missing '{name}: Bearer <token>' {where}")
+        if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self._expected):
+            raise ServiceError(Kind.UNAUTHENTICATED, "invalid bearer token")
+
+
+@dataclass
+class Observation:
+    """One request being observed: started by :meth:`RequestObserver.start`, ended by :meth:`finish`."""
+
+    observer: RequestObserver
+    method: str
+    started: float
+
+    def finish(self, outcome: str, *, server_fault: bool, peer: str, request_id: str = "-", detail: str = "") -> None:
+        self.observer.finished(
+            self, outcome, server_fault=server_fault, peer=peer, request_id=request_id, detail=detail
+        )
+
+
+class RequestObserver:
+    def __init__(self, metrics: ServiceMetrics):
+        self.metrics = metrics
+
+    def start(self, method: str) -> Observation:
+        self.metrics.in_flight.inc()
+        return Observation(self, method, time.perf_counter())
+
+    def finished(
+        self, seen: Observation, outcome: str, *, server_fault: bool, peer: str, request_id: str, detail: str
+    ) -> None:
+        seconds = time.perf_counter() - seen.started
+        self.metrics.in_flight.dec()
+        self.metrics.requests.labels(seen.method, outcome).inc()
+        self.metrics.latency.labels(seen.method).observe(seconds)
+        level = logging.WARNING if server_fault else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s %s %.1fms peer=%s request_id=%s %s",
+                seen.method,
+                outcome,
+                1000 * seconds,
+                peer,
+                request_id,
+                detail,
+            )
+
+
+__all__ = ["CLIENT_GONE", "BearerToken", "Observation", "RequestObserver"]
