@@ -316,11 +316,10 @@ def request_chars(request: pb.EmbedRequest) -> int:
 
 
 def request_tokens_message(n_tokens: int, limits: Limits, at_least: bool = False) -> str:
-    more = "more than " if at_least else ""
-    return (
-        f"request has {more}{n_tokens} tokens, over the limit of {limits.max_tokens_per_request} "
-        "(--max-tokens-per-request); split it"
-    )
+    """``at_least``: counting stopped once the limit was crossed, so the request's own count is unknown."""
+    limit = limits.max_tokens_per_request
+    found = f"more than {limit}" if at_least else str(n_tokens)
+    return f"request has {found} tokens, over the limit of {limit} (--max-tokens-per-request); split it"
 
 
 def response_size_message(size: int, limits: Limits, encoding: Encoding) -> str:

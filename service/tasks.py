@@ -2,18 +2,24 @@
 
 The tasks live in the model directory and are read by ``elmo.mix.store.TaskStore`` (issue 6). When that module is not
 there (an older checkout, a trimmed image) the model simply has no tasks. Unknown names are NOT_FOUND.
+
+Requests never touch the disk for a task: the listing and the loaded tasks are kept, and at most once per
+``refresh_s`` a cheap check (the tasks folder's and each task.json's modification time) decides whether to read them
+again — a task saved or retrained while serving (``elmo mix train``) is picked up within that interval.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from elmo.errors import ElmoError
-from service.errors import from_library_error, not_found
+from service.errors import ServiceError, clip, from_library_error, not_found
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +31,19 @@ class Task(Protocol):
         """One sentence's float32 (n_layers, n_tokens, dim) -> float32 (n_tokens, dim)."""
 
 
+REFRESH_S = 1.0
+
+
 class ModelTasks:
-    def __init__(self, model_dir: Path, n_layers: int, dim: int):
+    def __init__(self, model_dir: Path, n_layers: int, dim: int, refresh_s: float = REFRESH_S):
         self._model_dir = model_dir
         self._store = None
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()  # lookups run on the request workers too
+        self._checked = float("-inf")
+        self._signature: tuple | None = None
+        self._names: list[str] = []
+        self._tasks: dict[str, Task] = {}
         try:
             from elmo.mix.store import TaskStore
         except ImportError:
@@ -36,26 +51,62 @@ class ModelTasks:
             return
         self._store = TaskStore(model_dir, n_layers=n_layers, dim=dim)
 
+    def _refresh(self) -> None:
+        """Re-read the listing (and drop loaded tasks) when the folder changed; looked at once per ``refresh_s``."""
+        now = time.monotonic()
+        if self._store is None or now - self._checked < self._refresh_s:
+            return
+        with self._lock:
+            self._checked = now
+            signature = self._disk_signature()
+            if signature != self._signature:
+                self._signature = signature
+                self._names = list(self._store.names())
+                self._tasks = {}
+
+    def _disk_signature(self) -> tuple:
+        root = self._store.root
+        try:
+            entries = sorted((p.name, (p / "task.json").stat().st_mtime_ns) for p in root.iterdir() if p.is_dir())
+            return (root.stat().st_mtime_ns, tuple(entries))
+        except OSError:  # no tasks folder, or a task being replaced right now: read again next time
+            return (None,)
+
     def names(self) -> list[str]:
-        return list(self._store.names()) if self._store is not None else []
+        self._refresh()
+        return list(self._names)
 
     def stale_names(self) -> list[str]:
         """Tasks carried over from earlier weights by ``elmo adapt`` (still served; retrain them)."""
-        return list(self._store.stale_names()) if self._store is not None else []
+        stale = []
+        for name in self.names():
+            try:
+                if self.get(name).stale:
+                    stale.append(name)
+            except ServiceError:
+                continue  # unreadable: get() reports it to whoever asks for that task
+        return stale
 
     def get(self, name: str) -> Task:
         """The task called ``name``; ServiceError NOT_FOUND "unknown task 'x'" when there is none."""
         if self._store is None:
-            raise not_found(f"unknown task '{name}' (this server has no task support: elmo.mix.store is missing)")
+            raise not_found(f"unknown task '{clip(name)}' (this server has no task support: elmo.mix.store is missing)")
         from elmo.mix.store import UnknownTaskError
 
+        names = self.names()  # refreshes the listing (and drops loaded tasks) when the folder changed
+        if name in self._tasks:
+            return self._tasks[name]
+        if name not in names:
+            raise not_found(f"unknown task '{clip(name)}' (tasks of this model: {', '.join(names) or 'none'})")
         try:
-            return self._store.get(name)
+            task = self._store.get(name)
         except UnknownTaskError:
             listing = ", ".join(self.names()) or "none"
-            raise not_found(f"unknown task '{name}' (tasks of this model: {listing})") from None
+            raise not_found(f"unknown task '{clip(name)}' (tasks of this model: {listing})") from None
         except ElmoError as exc:
             raise from_library_error(exc) from None
+        self._tasks[name] = task
+        return task
 
 
 __all__ = ["ModelTasks", "Task"]

@@ -127,3 +127,20 @@ def test_model_info_names_the_stale_tasks(tiny_model_dir, tmp_path):
             assert embedding.mix.shape == (5, 16)
     finally:
         server.stop()
+
+
+def test_task_lookups_read_the_disk_only_on_refresh(tiny_model_dir, tmp_path):
+    """A request's task lookup uses what was loaded; the folder is looked at again only once per refresh interval."""
+    from service.tasks import ModelTasks
+
+    directory = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, directory)
+    save_task(directory, Task("first", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8))
+    cached = ModelTasks(directory, n_layers=3, dim=16, refresh_s=3600.0)
+    fresh = ModelTasks(directory, n_layers=3, dim=16, refresh_s=0.0)
+    assert cached.names() == fresh.names() == ["first"]
+    loaded = cached.get("first")
+    save_task(directory, Task("second", "tagging", 3, 16, [0.0, 0.0, 0.0], 1.0))
+    save_task(directory, Task("first", "tagging", 3, 16, [1.0, 0.0, 0.0], 2.0))  # retrained in place
+    assert cached.names() == ["first"] and cached.get("first") is loaded  # within the interval: no disk read
+    assert fresh.names() == ["first", "second"] and fresh.get("first").gamma == 2.0  # refreshed: both changes seen
