@@ -248,7 +248,7 @@ class ConnectionGuard:
                 self.limits.max_connections,
             )
         log.debug("refused HTTP connection from %s: over_capacity (%d open)", conn.peer(), len(self._served))
-        # Bounded too: past as many lingering refusals as the cap, the next ones close right after the answer.
+        # Lingering is bounded too: past as many lingering refusals as the cap, the next ones go at the next sweep.
         linger = min(REFUSAL_LINGER_S, self.limits.http_header_timeout)
         conn.set_state(State.REFUSED, linger if len(self._refused) < self.limits.max_connections else 0.0)
         self._refused.add(conn)
