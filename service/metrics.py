@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from service.batcher import BatcherObserver
 
@@ -85,6 +87,10 @@ class ServiceMetrics:
             self._http.server_close()
             self._http = None
 
+    def watch_connections(self, guard: ConnectionCounts) -> None:
+        """Export an HTTP connection guard's counts (service.http.connections) at every scrape."""
+        self.registry.register(_ConnectionCollector(guard))
+
     def observer(self, model: str) -> BatcherObserver:
         return _ModelObserver(self, model)
 
@@ -102,6 +108,27 @@ class ServiceMetrics:
         with self._lock:
             self._trim(time.monotonic())
             return sum(n for _, n in self._recent) / THROUGHPUT_WINDOW_S
+
+
+class ConnectionCounts(Protocol):
+    open_connections: int
+    closed_for: dict[str, int]
+
+
+class _ConnectionCollector:
+    def __init__(self, guard: ConnectionCounts):
+        self.guard = guard
+
+    def collect(self):
+        yield GaugeMetricFamily("elmo_http_connections", "open HTTP connections", value=self.guard.open_connections)
+        closed = CounterMetricFamily(
+            "elmo_http_connections_closed",
+            "HTTP connections the server closed, by reason (header_timeout, idle_timeout, over_capacity)",
+            labels=["reason"],
+        )
+        for reason, count in self.guard.closed_for.items():
+            closed.add_metric([reason], count)
+        yield closed
 
 
 class _ModelObserver(BatcherObserver):

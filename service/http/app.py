@@ -51,6 +51,7 @@ log = logging.getLogger("service.http")
 PAGE = Path(__file__).resolve().parent / "page" / "index.html"
 OPEN_PATHS = ("/", "/health", "/openapi.json")  # no token: the page holds no data, probes carry no secrets
 JSON_TYPE = "application/json"
+CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never sent (nobody is there), counted as CLIENT_GONE
 INLINE_BODY_BYTES = 16 * 1024  # a body this small is parsed and tokenized in place (cheaper than a thread hop)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -100,6 +101,7 @@ class HttpFrontend:
         self._token = BearerToken(auth_token) if auth_token else None
         self._is_serving = is_serving
         self.guard = ConnectionGuard(core.limits)
+        observer.metrics.watch_connections(self.guard)
         self.app = web.Application(
             client_max_size=core.limits.max_message_bytes,
             middlewares=[self._observe, self.guard.middleware, self._guard],
@@ -122,13 +124,8 @@ class HttpFrontend:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
-        self._runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=1.0,
-            keepalive_timeout=self.limits.http_idle_timeout,
-        )
+        # (no keepalive_timeout here: the guard owns idle connections, and counts what it closes)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         try:
             self.port = await self.guard.listen(self._runner, host, port, ssl_context)
@@ -152,7 +149,8 @@ class HttpFrontend:
         outcome, server_fault = CLIENT_GONE, False
         try:
             response = await self._respond(request, handler)
-            outcome, server_fault = str(response.status), response.status >= 500
+            if response.status != CLIENT_GONE_STATUS:
+                outcome, server_fault = str(response.status), response.status >= 500
             response.headers.update(COMMON_HEADERS)
             return response
         finally:
@@ -168,11 +166,17 @@ class HttpFrontend:
             return await handler(request)
         except ServiceError as exc:
             return error_response(http_status(exc.kind), exc.message, exc.kind.value)
-        except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, body over client_max_size
+        except web.HTTPException as exc:  # aiohttp's own (no route, wrong method, body too large), and 408
             allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return error_response(exc.status, self._explain(exc), "invalid input", allow)
+            kind = "timeout" if exc.status == 408 else "invalid input"
+            response = error_response(exc.status, self._explain(exc), kind, allow)
+            if exc.keep_alive is False:  # the rest of the body will not come: this connection is done
+                response.force_close()
+            return response
         except (ClientGone, ConnectionResetError):
-            raise  # nobody to answer: counted as CLIENT_GONE by the caller
+            # Nobody to answer; aiohttp drops what is written to a closed connection quietly (a re-raise would log
+            # an ERROR with a traceback for every client that hangs up).
+            return web.Response(status=CLIENT_GONE_STATUS)
         except Exception:  # a bug: answer 500, keep serving
             log.exception("%s %s failed", request.method, request.path)
             return error_response(500, "internal error (logged on the server)", Kind.INTERNAL.value)

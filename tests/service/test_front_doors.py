@@ -5,6 +5,7 @@ client that hangs up is counted as such, and HTTP hygiene (405 + Allow, 415, the
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import urllib.error
 import urllib.request
@@ -93,7 +94,8 @@ def test_a_windowed_answer_is_limited_by_its_json_size_and_base64_is_suggested(t
         srv.stop()
 
 
-def test_a_client_that_hangs_up_mid_upload_is_counted_as_gone_not_as_an_error(server):
+def test_a_client_that_hangs_up_mid_upload_is_counted_as_gone_not_as_an_error(server, caplog):
+    caplog.set_level(logging.DEBUG)
     port = int(server.http_url.rsplit(":", 1)[1])
     head = (
         "POST /v1/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -104,6 +106,7 @@ def test_a_client_that_hangs_up_mid_upload_is_counted_as_gone_not_as_an_error(se
     text = scrape_until(server.metrics_port, "elmo_requests_total", code="client_disconnected")
     assert metric_value(text, "elmo_requests_total", method="POST /v1/embed", code="client_disconnected") == 1
     assert metric_value(text, "elmo_requests_total", method="POST /v1/embed", code="500") is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # no error, no traceback in the log
     assert get(server.http_url, "/health")[0] == 200
 
 
@@ -142,3 +145,19 @@ def test_a_huge_model_name_is_cut_in_the_message(server):
     status, _, answer = post(server.http_url, "/v1/embeddings", json.dumps({"input": "x", "model": name}).encode())
     assert status == 404 and len(answer["error"]["message"]) < 500
     assert "(30000 characters)" in answer["error"]["message"]
+
+
+def test_a_silent_connection_is_closed_at_the_header_timeout_and_counted(tiny_model_dir):
+    runtime = Embedder(tiny_model_dir, intra_op_threads=1)
+    srv = ServerThread({"tiny": runtime}, limits_with(http_header_timeout=0.3), metrics_port=0, http=True)
+    srv.warm_up()
+    try:
+        port = int(srv.http_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
+            assert sock.recv(1024) == b""  # the server closed it (a generous 10 s socket timeout would raise)
+        text = scrape_until(srv.metrics_port, "elmo_http_connections_closed_total", reason="header_timeout")
+        assert metric_value(text, "elmo_http_connections_closed_total", reason="header_timeout") == 1
+        assert metric_value(text, "elmo_http_connections") is not None
+    finally:
+        srv.stop()
