@@ -15,7 +15,7 @@ import pytest
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime import Embedder
-from service.http.app import PAGE_HEADERS
+from service.http.app import PAGE, page_headers
 from tests.service_helpers import EDGE_LIMITS, ServerThread, limits_with, metric_value, scrape_until
 
 
@@ -98,8 +98,7 @@ def test_a_client_that_hangs_up_mid_upload_is_counted_as_gone_not_as_an_error(se
     caplog.set_level(logging.DEBUG)
     port = int(server.http_url.rsplit(":", 1)[1])
     head = (
-        "POST /v1/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        "Content-Length: 5000\r\n\r\n"
+        "POST /v1/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
     )
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head.encode() + b'{"inputs": ["half a bo')
@@ -133,8 +132,10 @@ def test_json_with_a_charset_is_json(server):
 def test_the_page_is_sent_with_csp_and_framing_headers(server):
     status, headers, body = get(server.http_url, "/")
     assert status == 200 and b"<html" in body.lower()
-    for name, value in PAGE_HEADERS.items():
+    for name, value in page_headers(PAGE.read_text(encoding="utf-8")).items():
         assert headers[name] == value
+    assert "'unsafe-inline'" not in headers["Content-Security-Policy"].split("style-src-attr")[0]
+    assert headers["Content-Security-Policy"].count("'sha256-") == 2  # the page's one script and one style block
     assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
     assert headers["X-Content-Type-Options"] == "nosniff"
     assert get(server.http_url, "/health")[1]["X-Content-Type-Options"] == "nosniff"
