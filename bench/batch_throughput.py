@@ -246,11 +246,11 @@ def main() -> None:
 
 def compare_revisions(args: argparse.Namespace) -> None:
     """``--before REV``: this tree and REV's, alternating, each a subprocess of its own bench (``--repeat 1``)."""
+    from bench.worktree import revision_tree
+
     lines, corpus_name = corpus_lines(args.lines, args.text)
-    work = Path(tempfile.mkdtemp(prefix="batch-bench-before-"))
-    old = work / "tree"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), args.before], check=True)
-    try:
+    with revision_tree(args.before, prefix="batch-bench-before-") as old:
+        work = old.parent
         for tree in (old, REPO):  # older benches read data/corpus/test.txt only: both trees get the same lines
             text = tree / "runs" / "bench" / "compare-input.txt"
             text.parent.mkdir(parents=True, exist_ok=True)
@@ -269,9 +269,6 @@ def compare_revisions(args: argparse.Namespace) -> None:
                 subprocess.run(command, check=True, cwd=tree, stdout=subprocess.DEVNULL)
                 runs[name].append(json.loads(out.read_text()))
                 print(f"{name}: {runs[name][-1]['embed_file_tokens_per_s']:,.0f} tokens/s (embed-file)", flush=True)
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
-        shutil.rmtree(work, ignore_errors=True)
     keys = ("embed_file_tokens_per_s", "runtime_tokens_per_s")
     best = {name: {key: max(r[key] for r in results) for key in keys} for name, results in runs.items()}
     median = {name: {key: statistics.median(r[key] for r in results) for key in keys} for name, results in runs.items()}

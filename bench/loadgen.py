@@ -276,8 +276,10 @@ def measure_in_process(embedder, texts: list[str], duration: float, batch: int) 
 
 # -- server process --------------------------------------------------------------------------------------------------
 def spawn_server(
-    model_dir: Path, threads: int | None, extra: list[str], timeout: float = 120.0
+    model_dir: Path, threads: int | None, extra: list[str], timeout: float = 120.0, tree: Path | None = None
 ) -> tuple[subprocess.Popen, str, Path]:
+    """``elmo serve`` on a free loopback port, SERVING -> (process, gRPC target, log path; the port file is beside
+    it). ``tree``: serve the code of that checkout (a git worktree of an older revision, bench.worktree) instead."""
     workdir = Path(tempfile.mkdtemp(prefix="loadgen-"))
     port_file, log_path = workdir / "port", workdir / "server.log"
     command = [
@@ -286,7 +288,7 @@ def spawn_server(
         "elmo.cli",
         "serve",
         "--model",
-        str(model_dir),
+        str(Path(model_dir).resolve()),
         "--host",
         "127.0.0.1",
         "--port",
@@ -297,8 +299,13 @@ def spawn_server(
     ]
     if threads:
         command += ["--threads", str(threads)]
+    options: dict = {}
+    if tree is not None:
+        from bench.worktree import tree_env
+
+        options = {"cwd": tree, "env": tree_env(tree)}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **options)
     deadline = time.monotonic() + timeout
     while not (port_file.is_file() and port_file.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:

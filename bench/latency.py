@@ -1,0 +1,289 @@
+"""One sentence at a time (issue 28): served latency over gRPC and HTTP beside the in-process runtime, and where the
+served extra time goes.
+
+    python -m bench.latency --model models/default --sentences 300
+    python -m bench.latency --model models/default --sentences 300 --before REV
+
+One client sends 15-25-word English sentences one after another (no concurrency: the latency of a lone request,
+not a loaded server's). Every sentence goes through three paths, which take turns in blocks of ``--block``
+sentences (the order rotating from block to block), so the machine's state hits them alike:
+
+  grpc        ``Embed`` with one text through ``elmo.client.EmbedderClient``'s channel, the answer decoded to numpy
+  http        ``POST /v1/embed`` {"inputs": [text], "encoding": "base64"} on a kept-alive connection, decoded
+  in-process  ``elmo.runtime.Embedder.embed_texts([text])`` in this process, the server's ``--threads``
+
+The served answers carry the server's own ``timing``: ``queue_ms`` (enqueued -> its batch started: the batcher's
+wait), ``inference_ms`` (the batch's runtime call, thread hand-offs included) and ``total_ms`` (the servicer's whole
+handling: validation, tokenizing, queue, inference, building the answer). The extra time of a served request over
+the in-process call splits into:
+
+  batch wait      queue_ms
+  runtime         inference_ms - in-process (same sentence: the worker-thread hand-off and the batch bookkeeping)
+  servicer        total_ms - queue_ms - inference_ms (checks, tokenizing, building the response message)
+  transport       client-observed - total_ms (serialization, HTTP/2 or HTTP/1.1, the event loop's turn, the
+                  interceptors / middlewares, decoding the answer on the client)
+
+Results: a table on stdout, JSON (``--out``, default bench/results/latency.json) and a .png beside it (latency
+distributions and the breakdown). ``--before REV`` serves REV's code from a git worktree and this checkout's in turn
+(``--rounds`` pairs), the in-process runtime (this checkout's) measured beside each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.serving import (
+    DEFAULT_MODEL,
+    RESULTS,
+    Http,
+    code_trees,
+    fmt,
+    machine,
+    percentiles_ms,
+    revision_info,
+    sentences,
+    start_server,
+    write_json,
+)
+
+PATHS = ("grpc", "http", "in-process")
+
+
+class Paths:
+    """The three ways to embed one sentence; each returns the server's timing (ms) or None in process."""
+
+    def __init__(self, served, embedder):
+        from elmo.client import EmbedderClient
+
+        self.client = EmbedderClient(served.grpc_target, timeout=60)
+        self.client.wait_ready(30)
+        self.http = Http(*served.http_host_port, timeout=60)
+        self.embedder = embedder
+
+    def grpc(self, text: str) -> dict:
+        from elmo.client import decode_response
+
+        response = self.client.stub.Embed(self.client.request([text]), timeout=60)
+        (result,) = decode_response(response)
+        assert result.layers is not None and result.layers.shape[1] == len(result.tokens)
+        t = response.timing
+        return {"queue_ms": t.queue_ms, "inference_ms": t.inference_ms, "total_ms": t.total_ms}
+
+    def http_embed(self, text: str) -> dict:
+        status, data = self.http.call(
+            "POST", "/v1/embed", json.dumps({"inputs": [text], "encoding": "base64"}).encode()
+        )
+        if status != "200":
+            raise RuntimeError(f"POST /v1/embed answered {status}: {data[:300]!r}")
+        answer = json.loads(data)
+        layers = answer["embeddings"][0]["layers"]
+        vectors = np.frombuffer(base64.b64decode(layers["data"]), "<f4").reshape(layers["shape"])
+        assert vectors.shape[1] == len(answer["embeddings"][0]["tokens"])
+        t = answer["timing"]
+        return {key: float(t[key]) for key in ("queue_ms", "inference_ms", "total_ms")}
+
+    def in_process(self, text: str) -> None:
+        ((_tokenized, layers),) = self.embedder.embed_texts([text])
+        assert layers.ndim == 3
+        return None
+
+    def close(self) -> None:
+        self.client.close()
+        self.http.close()
+
+
+def measure(args: argparse.Namespace, label: str, tree: Path | None, texts: list[str], embedder) -> dict:
+    served = start_server(args.model, args.threads, args.serve_arg, tree, label)
+    try:
+        paths = Paths(served, embedder)
+        calls = {"grpc": paths.grpc, "http": paths.http_embed, "in-process": paths.in_process}
+        for name in PATHS:  # warm each path (connections, caches) on sentences outside the measured set
+            for text in texts[-args.warmup :] if args.warmup else []:
+                calls[name](text)
+        measured = texts[: args.sentences]
+        samples: dict[str, list] = {name: [None] * len(measured) for name in PATHS}
+        for block, start in enumerate(range(0, len(measured), args.block)):
+            order = PATHS[block % 3 :] + PATHS[: block % 3]
+            for name in order:
+                for i in range(start, min(start + args.block, len(measured))):
+                    began = time.perf_counter()
+                    timing = calls[name](measured[i])
+                    samples[name][i] = {"ms": 1000 * (time.perf_counter() - began)} | (timing or {})
+        paths.close()
+    finally:
+        exit_code = served.stop()
+    return {"tree": label, "server_exit_code": exit_code, **analyse(samples, measured)}
+
+
+def analyse(samples: dict[str, list], texts: list[str]) -> dict:
+    from elmo.text.tokenize import tokenize
+
+    inproc = [s["ms"] for s in samples["in-process"]]
+    out: dict = {"tokens_per_sentence": percentiles_ms([len(tokenize(t).tokens) / 1000 for t in texts], (50,))}
+    out["latency_ms"] = {name: percentiles_ms([s["ms"] / 1000 for s in samples[name]]) for name in PATHS}
+    out["breakdown_ms"] = {}
+    for name in ("grpc", "http"):
+        rows = samples[name]
+        parts = {
+            "client-observed": [r["ms"] for r in rows],
+            "in-process runtime (same sentence)": inproc,
+            "batch wait (queue_ms)": [r["queue_ms"] for r in rows],
+            "runtime call in the server (inference_ms)": [r["inference_ms"] for r in rows],
+            "runtime overhead (inference_ms - in-process)": [r["inference_ms"] - p for r, p in zip(rows, inproc)],
+            "servicer (total_ms - queue - inference)": [
+                r["total_ms"] - r["queue_ms"] - r["inference_ms"] for r in rows
+            ],
+            "transport and (de)serialization (observed - total_ms)": [r["ms"] - r["total_ms"] for r in rows],
+            "extra over in-process (observed - in-process)": [r["ms"] - p for r, p in zip(rows, inproc)],
+        }
+        out["breakdown_ms"][name] = {
+            part: {
+                "median": round(statistics.median(values), 3),
+                "mean": round(statistics.fmean(values), 3),
+                "p99": round(float(np.percentile(values, 99)), 3),
+            }
+            for part, values in parts.items()
+        }
+    out["served_over_in_process_p50"] = {
+        name: round(out["latency_ms"][name]["p50"] / out["latency_ms"]["in-process"]["p50"], 2)
+        for name in ("grpc", "http")
+    }
+    out["samples_ms"] = {name: [round(s["ms"], 3) for s in samples[name]] for name in PATHS}
+    return out
+
+
+def print_run(run: dict, threads: int) -> None:
+    lat = run["latency_ms"]
+    print(f"\n## {run['tree']}: one sentence at a time, {lat['grpc']['n']} sentences, {threads} threads (ms)")
+    print("| path | p50 | p90 | p99 | max | mean | p50 / in-process |\n|---|---:|---:|---:|---:|---:|---:|")
+    for name in PATHS:
+        ratio = run["served_over_in_process_p50"].get(name, 1.0)
+        row = lat[name]
+        print(
+            f"| {name} | {fmt(row['p50'], 2)} | {fmt(row['p90'], 2)} | {fmt(row['p99'], 2)} | {fmt(row['max'], 2)} | "
+            f"{fmt(row['mean'], 2)} | {ratio:.2f}x |"
+        )
+    print("\nwhere the served time goes (median of per-request values; mean in brackets), ms:")
+    print("| part | gRPC | HTTP /v1/embed |\n|---|---:|---:|")
+    for part in run["breakdown_ms"]["grpc"]:
+        g, h = run["breakdown_ms"]["grpc"][part], run["breakdown_ms"]["http"][part]
+        print(f"| {part} | {g['median']:.2f} ({g['mean']:.2f}) | {h['median']:.2f} ({h['mean']:.2f}) |")
+
+
+def summarize(runs: list[dict]) -> dict:
+    out = {}
+    for label in dict.fromkeys(r["tree"] for r in runs):
+        mine = [r for r in runs if r["tree"] == label]
+        row = {}
+        for name in PATHS:
+            for q in ("p50", "p99"):
+                row[f"{name}_{q}_ms"] = round(statistics.median(r["latency_ms"][name][q] for r in mine), 2)
+        out[label] = row
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, axes = plt.subplots(len(runs), 2, figsize=(13, 4 * len(runs)), squeeze=False)
+    for (left, right), run in zip(axes, runs):
+        for name, color in zip(PATHS, ("tab:blue", "tab:orange", "tab:green")):
+            values = np.sort(run["samples_ms"][name])
+            left.plot(values, np.arange(1, values.size + 1) / values.size, color=color, label=name)
+        left.set_xscale("log")
+        left.set_xlabel("latency (ms)")
+        left.set_ylabel("fraction of sentences")
+        left.set_title(f"{run['tree']}: one sentence at a time")
+        left.legend()
+        parts = [
+            ("in-process runtime (same sentence)", "runtime (in-process)"),
+            ("runtime overhead (inference_ms - in-process)", "runtime hand-off"),
+            ("batch wait (queue_ms)", "batch wait"),
+            ("servicer (total_ms - queue - inference)", "servicer"),
+            ("transport and (de)serialization (observed - total_ms)", "transport"),
+        ]
+        for x, name in enumerate(("grpc", "http")):
+            bottom = 0.0
+            for (key, label), color in zip(parts, plt.cm.tab10.colors):
+                value = max(0.0, run["breakdown_ms"][name][key]["median"])
+                right.bar(x, value, bottom=bottom, color=color, label=label if x == 0 else None)
+                bottom += value
+            right.text(x, bottom, f"{run['latency_ms'][name]['p50']:.1f} ms p50", ha="center", va="bottom")
+        right.set_xticks([0, 1], ["gRPC", "HTTP /v1/embed"])
+        right.set_ylabel("ms (medians)")
+        right.set_title("where the served time goes")
+        right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.latency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default models/default)")
+    parser.add_argument("--sentences", type=int, default=300, help="sentences measured on each path")
+    parser.add_argument("--block", type=int, default=10, help="sentences per path before the next path's turn")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured sentences per path first")
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads, server and in-process")
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra `elmo serve` argument (repeatable)")
+    parser.add_argument("--before", metavar="REV", help="also serve git revision REV's code (a worktree), in turn")
+    parser.add_argument("--rounds", type=int, default=1, help="with --before: before/after pairs, alternating")
+    parser.add_argument("--label", default="after", help="without --before: the name of this checkout's runs")
+    parser.add_argument("--text", type=Path, default=None, help="text to take the sentences from (see bench.serving)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "latency.json", help="JSON (a .png plot beside it)")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    if not 0 < args.sentences <= 100_000 or args.block < 1 or args.warmup < 0:
+        parser.error("--sentences must be in 1..100000, --block >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_at_start = os.getloadavg()
+    from elmo.runtime import Embedder
+
+    texts, source = sentences(args.sentences + args.warmup, seed=1, text=args.text)
+    embedder = Embedder(args.model, intra_op_threads=args.threads)
+    embedder.warmup()
+    runs = []
+    with code_trees(args.before, args.label) as trees:
+        for _ in range(args.rounds if args.before else 1):
+            for label, tree in trees:
+                run = measure(args, label, tree, texts, embedder)
+                print_run(run, args.threads)
+                sys.stdout.flush()
+                runs.append(run)
+    result = {
+        "bench": "latency",
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "revisions": revision_info(args.before, args.label),
+        "sentences": source,
+        **machine(load_at_start),
+        "summary": summarize(runs),
+        "runs": runs,
+    }
+    write_json(args.out, result)
+    if not args.no_plot:
+        plot(result, args.out.with_suffix(".png"))
+    print(f"\nwrote {args.out}" + ("" if args.no_plot else f" and {args.out.with_suffix('.png')}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

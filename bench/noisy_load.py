@@ -1,0 +1,341 @@
+"""The load side of bench.noisy: the worst legal requests for a server's limits, and the three worker processes
+(well-behaved clients, abusers, health prober) that send them and record every event with ``time.monotonic()``
+(one clock for all processes on Linux). Workers are spawned, not forked, so no gRPC state crosses a fork.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import queue as queue_module
+import random
+import re
+import threading
+import time
+
+from bench.serving import Http
+
+PROBE_INTERVAL_S = 0.05
+HEALTH_BAR_MS = 250.0
+WINDOW_TOKENS = 8000
+ABUSE_KINDS = ("largest-body", "most-tokens", "window-8000", "largest-tokenize", "largest-json")
+_WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at which but have an they "
+    "you were her she there been one all we their its new said would more will if has can two language model word "
+    "vectors river bank money apple company fruit market people government year time service network context layer"
+).split()
+
+
+# -- the requests ------------------------------------------------------------------------------------------------
+def server_limits(target: str) -> dict:
+    """The limits and shape the server reports (GetModelInfo): what the abusers size their requests by."""
+    from elmo.client import EmbedderClient
+
+    with EmbedderClient(target) as client:
+        info = client.model_info()
+    limits = info.limits
+    return {
+        "max_inputs": limits.max_inputs,
+        "max_tokens_per_sentence": limits.max_tokens_per_sentence or info.max_tokens_per_sentence,
+        "max_tokens_per_request": limits.max_tokens_per_request,
+        "max_message_bytes": limits.max_message_bytes,
+        "max_response_bytes": limits.max_response_bytes,
+        "n_layers": info.n_layers,
+        "dim": info.dim,
+        "tasks": list(info.tasks),
+    }
+
+
+def _words(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return rng.choices(_WORDS, k=n)
+
+
+def _repeated_body(prefix: str, unit: str, suffix: str, limit: int, count: int | None = None) -> tuple[bytes, int]:
+    """prefix + unit * N + suffix, N = ``count`` or as many as keep the body under ``limit`` bytes (64 to spare)."""
+    fits = (limit - len(prefix) - len(suffix) - 64) // len(unit)
+    n = fits if count is None else min(count, fits)
+    return (prefix + unit * n + suffix).encode(), n
+
+
+def _json(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _token_lists(total: int, per_sentence: int, seed: int) -> list[list[str]]:
+    words = _words(total, seed)
+    return [words[i : i + per_sentence] for i in range(0, total, per_sentence)]
+
+
+def _window_text(limits: dict) -> tuple[str, int]:
+    tokens = min(WINDOW_TOKENS, limits["max_tokens_per_request"], _tokens_fitting(limits, limits["n_layers"]))
+    return " ".join(_words(tokens, seed=3)), tokens
+
+
+def _tokens_fitting(limits: dict, vectors_per_token: int) -> int:
+    """The most tokens whose float32 answer stays under --max-response-bytes (the server's own estimate adds the
+    token strings and a little framing: 64 bytes a token is plenty)."""
+    per_token = vectors_per_token * limits["dim"] * 4 + 64
+    return max(1, (limits["max_response_bytes"] - 4096) // per_token)
+
+
+def abuse_requests(limits: dict) -> list[dict]:
+    """The worst legal requests for these limits: [{kind, path, body, what}] (bodies built once, sent many times)."""
+    out = []
+    body, n = _repeated_body('{"input":"', "apple ", '"}', limits["max_message_bytes"])
+    out.append({"kind": "largest-body", "path": "/v1/embeddings", "body": body, "what": f'"apple " x {n:,}'})
+    total = limits["max_tokens_per_request"]
+    total = min(total, limits["max_inputs"] * limits["max_tokens_per_sentence"], _tokens_fitting(limits, 3))
+    per = max(1, -(-total // limits["max_inputs"]))  # as many sentences as allowed
+    inputs = _token_lists(total, per, seed=1)
+    body = _json({"inputs": inputs, "encoding": "base64"})
+    what = f"{len(inputs)} sentences, {total:,} tokens, base64"
+    out.append({"kind": "most-tokens", "path": "/v1/embed", "body": body, "what": what})
+    text, n = _window_text(limits)
+    body = _json({"inputs": [text], "overflow": "window", "encoding": "float"})
+    out.append({"kind": "window-8000", "path": "/v1/embed", "body": body, "what": f"{n:,} tokens, window, float"})
+    body, n = _repeated_body('{"text":"', "apple pie ", '"}', limits["max_message_bytes"])
+    out.append({"kind": "largest-tokenize", "path": "/v1/tokenize", "body": body, "what": f'"apple pie " x {n:,}'})
+    out.append(largest_json_request(limits, limits.get("largest_json_tokens")))
+    for item in out:
+        item["what"] += f" ({len(item['body']) / 1e6:.2f} MB body)"
+    return out
+
+
+def largest_json_request(limits: dict, tokens: int | None = None) -> dict:
+    """/v1/embed, JSON numbers, every layer and a task's mix: ``tokens`` tokens, by default the most whose float32
+    answer fits --max-response-bytes (a server that bounds the JSON text instead refuses that: see
+    :func:`fit_largest_json`)."""
+    task = limits["tasks"][0] if limits["tasks"] else ""
+    vectors = limits["n_layers"] + (1 if task else 0)
+    total = tokens or min(limits["max_tokens_per_request"], _tokens_fitting(limits, vectors))
+    per = min(limits["max_tokens_per_sentence"], total)
+    inputs = _token_lists(total, per, seed=2)
+    request = {"inputs": inputs, "encoding": "float"} | ({"task": task} if task else {})
+    what = f"{len(inputs)} sentences, {total:,} tokens, all layers{' + ' + task if task else ''}, float"
+    return {"kind": "largest-json", "path": "/v1/embed", "body": _json(request), "what": what, "tokens": total}
+
+
+_SIZE = re.compile(r"([0-9.]+) (bytes|KiB|MiB|GiB)")
+_UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def fit_largest_json(http_url: str, limits: dict, tries: int = 8) -> tuple[int, list]:
+    """The largest-json request's token count that this server takes: start from the float32 bound and, while the
+    server refuses it (413), scale it by the limit / the size the refusal names, 2 % under (or halve it when the
+    message names no sizes). Servers that count the JSON text refuse the float32 bound at once, before any work;
+    the one request accepted at the end is computed (before the measured phases). -> (tokens, [(tokens, status)])."""
+    host, port = http_url.split("//", 1)[1].rsplit(":", 1)
+    tokens = largest_json_request(limits)["tokens"]
+    tried = []
+    for _ in range(tries):
+        conn = Http(host, int(port), 600)
+        status, data = conn.call("POST", "/v1/embed", largest_json_request(limits, tokens)["body"])
+        conn.close()
+        tried.append((tokens, status))
+        if status != "413" or tokens <= 1:
+            break
+        sizes = [float(n) * _UNITS[unit] for n, unit in _SIZE.findall(data.decode("utf-8", "replace"))]
+        scale = 0.98 * sizes[1] / sizes[0] if len(sizes) >= 2 and sizes[0] > sizes[1] > 0 else 0.5
+        tokens = max(1, int(tokens * scale))
+    return tokens, tried
+
+
+def single_requests(limits: dict) -> list[dict]:
+    """The issue's four worst single requests, each capped at the body limit."""
+    limit = limits["max_message_bytes"]
+    out = []
+    body, n = _repeated_body('{"input":"', "apple ", '"}', limit, 900_000)
+    out.append({"kind": "embeddings-5.4MB", "path": "/v1/embeddings", "body": body, "what": f'"apple " x {n:,}'})
+    body, n = _repeated_body('{"text":"', "apple pie ", '"}', limit, 700_000)
+    out.append({"kind": "tokenize-7MB", "path": "/v1/tokenize", "body": body, "what": f'"apple pie " x {n:,}'})
+    text, n = _window_text(limits)
+    body = _json({"inputs": [text], "overflow": "window", "encoding": "float"})
+    out.append({"kind": "window-8000", "path": "/v1/embed", "body": body, "what": f"{n:,} tokens, window, float"})
+    body, n = _repeated_body('{"input":"', "apple ", '"}', min(limit, 1_000_000 + 64 + 12))
+    out.append({"kind": "embeddings-1MB", "path": "/v1/embeddings", "body": body, "what": f'"apple " x {n:,}'})
+    for item in out:
+        item["what"] += f" ({len(item['body']) / 1e6:.2f} MB body)"
+    return out
+
+
+# -- worker processes (spawned: no gRPC state crosses a fork) -------------------------------------------------------
+def clients_process(grpc_target, http_url, texts, n_grpc, n_http, ready, stop, out) -> None:
+    """``n_grpc`` EmbedderClient threads and ``n_http`` /v1/embeddings threads, one sentence per request, back to
+    back until ``stop``. Events: (protocol, start, end, status)."""
+    from elmo.client import EmbedderClient, RemoteError
+
+    host, port = http_url.split("//", 1)[1].rsplit(":", 1)
+    events: list[tuple] = []
+    lock = threading.Lock()
+
+    def grpc_client(index: int) -> None:
+        rng = random.Random(index)
+        with EmbedderClient(grpc_target, timeout=120) as client:
+            client.wait_ready(30)
+            client.embed([texts[0]])
+            barrier.wait()
+            while not stop.is_set():
+                text = texts[rng.randrange(len(texts))]
+                started = time.monotonic()
+                try:
+                    (result,) = client.embed([text])
+                    status = "OK" if result.layers is not None else "EMPTY"
+                except RemoteError as exc:
+                    status = exc.code.name
+                with lock:
+                    events.append(("grpc", started, time.monotonic(), status))
+
+    def http_client(index: int) -> None:
+        rng = random.Random(1000 + index)
+        conn = Http(host, int(port), 120)
+        conn.call("POST", "/v1/embeddings", json.dumps({"input": texts[0]}).encode())
+        barrier.wait()
+        while not stop.is_set():
+            body = json.dumps({"input": texts[rng.randrange(len(texts))]}).encode()
+            started = time.monotonic()
+            status, data = conn.call("POST", "/v1/embeddings", body)
+            if status == "200" and len(json.loads(data)["data"]) != 1:
+                status = "WRONG"
+            with lock:
+                events.append(("http", started, time.monotonic(), status))
+        conn.close()
+
+    barrier = threading.Barrier(n_grpc + n_http + 1)
+    threads = [threading.Thread(target=grpc_client, args=(i,), daemon=True) for i in range(n_grpc)]
+    threads += [threading.Thread(target=http_client, args=(i,), daemon=True) for i in range(n_http)]
+    for thread in threads:
+        thread.start()
+    barrier.wait(120)
+    ready.put("clients")
+    for thread in threads:
+        thread.join()
+    out.put(("clients", events))
+
+
+def abusers_process(http_url, limits, n_abusers, ready, go, stop, out) -> None:
+    """``n_abusers`` threads, each rotating through the worst requests (from ``go`` until ``stop``; the request in
+    flight at ``stop`` completes). Events: (kind, start, end, status, answer bytes, refusal message)."""
+    host, port = http_url.split("//", 1)[1].rsplit(":", 1)
+    requests = abuse_requests(limits)
+    events: list[tuple] = []
+    lock = threading.Lock()
+
+    def abuser(index: int) -> None:
+        conn = Http(host, int(port), 600)
+        turn = index * (len(requests) // max(1, n_abusers))  # the abusers start on different kinds
+        go.wait()
+        while not stop.is_set():
+            item = requests[turn % len(requests)]
+            turn += 1
+            started = time.monotonic()
+            status, data = conn.call("POST", item["path"], item["body"])
+            message = data[:300].decode("utf-8", "replace") if not status.startswith("2") else ""
+            with lock:
+                events.append((item["kind"], started, time.monotonic(), status, len(data), message))
+        conn.close()
+
+    threads = [threading.Thread(target=abuser, args=(i,), daemon=True) for i in range(n_abusers)]
+    for thread in threads:
+        thread.start()
+    ready.put("abusers")
+    for thread in threads:
+        thread.join()
+    out.put(("abusers", events))
+
+
+def prober_process(grpc_target, http_url, interval, ready, stop, out) -> None:
+    """HTTP GET /health and gRPC Health/Check, each every ``interval`` s (the next one at once after a slow one).
+    Events: (probe, start, wait seconds, status)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    host, port = http_url.split("//", 1)[1].rsplit(":", 1)
+    events: list[tuple] = []
+    lock = threading.Lock()
+
+    def loop(name: str, probe) -> None:
+        probe()  # connect first
+        barrier.wait()
+        tick = time.monotonic()
+        while not stop.is_set():
+            started = time.monotonic()
+            status = probe()
+            done = time.monotonic()
+            with lock:
+                events.append((name, started, done - started, status))
+            tick += interval
+            if tick < done:
+                tick = done
+            time.sleep(max(0.0, tick - time.monotonic()))
+
+    conn = Http(host, int(port), 30)
+
+    def http_probe() -> str:
+        return conn.call("GET", "/health")[0]
+
+    channel = grpc.insecure_channel(grpc_target)
+    stub = health_pb2_grpc.HealthStub(channel)
+
+    def grpc_probe() -> str:
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as exc:
+            return exc.code().name
+
+    barrier = threading.Barrier(3)
+    threads = [
+        threading.Thread(target=loop, args=("http", http_probe), daemon=True),
+        threading.Thread(target=loop, args=("grpc", grpc_probe), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    barrier.wait(60)
+    ready.put("prober")
+    for thread in threads:
+        thread.join()
+    channel.close()
+    out.put(("prober", events))
+
+
+class Workers:
+    """The worker processes of one run, and their events once stopped."""
+
+    def __init__(self) -> None:
+        self.context = multiprocessing.get_context("spawn")
+        self.ready = self.context.Queue()
+        self.out = self.context.Queue()
+        self.stop_event = self.context.Event()
+        self.go = self.context.Event()
+        self.processes: list = []
+
+    def start(self, target, *args) -> None:
+        process = self.context.Process(target=target, args=(*args,), daemon=True)
+        process.start()
+        self.processes.append(process)
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        for _ in self.processes:
+            try:
+                self.ready.get(timeout=timeout)
+            except queue_module.Empty:
+                raise SystemExit("a bench worker did not start (see its traceback above)") from None
+
+    def stop(self, timeout: float = 600.0) -> dict[str, list]:
+        """Stop, wait for the requests in flight, collect every worker's events."""
+        self.stop_event.set()
+        self.go.set()  # an abuser still waiting for its start goes straight to the stop
+        events: dict[str, list] = {}
+        deadline = time.monotonic() + timeout
+        while len(events) < len(self.processes):
+            try:
+                name, items = self.out.get(timeout=max(1.0, deadline - time.monotonic()))
+            except queue_module.Empty:
+                break
+            events[name] = items
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+        return events

@@ -1,0 +1,105 @@
+"""Smoke tests of the served benches (bench.noisy, bench.latency, bench.memory): each runs end to end against a real
+`elmo serve` subprocess of the tiny model, for a second or so, and writes its JSON. Small limits keep the abusers'
+requests small. Nothing here asserts a time: the benches measure, the tests only check that they run and report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench import latency, memory, noisy
+from bench.serving import sentences
+from bench.worktree import REPO, revision_tree, tree_env
+
+SMALL_LIMITS = [
+    "--serve-arg=--max-message-bytes=60000",
+    "--serve-arg=--max-tokens-per-request=600",
+    "--serve-arg=--max-tokens-per-sentence=100",
+    "--serve-arg=--max-response-bytes=2000000",
+]
+
+
+def test_noisy_measures_both_phases_and_the_abusers(tiny_model_dir, tmp_path):
+    out = tmp_path / "noisy.json"
+    argv = ["--model", str(tiny_model_dir), "--duration", "1.5", "--warmup", "0.3", "--threads", "1"]
+    argv += ["--grpc-clients", "1", "--http-clients", "1", "--texts", "20", "--out", str(out), *SMALL_LIMITS]
+    assert noisy.main(argv) == 0
+    result = json.loads(out.read_text())
+    (run,) = result["runs"]
+    assert run["server_exit_code"] == 0 and run["limits"]["max_message_bytes"] == 60000
+    for phase in ("alone", "abused"):
+        report = run["phases"][phase]
+        assert report["well_behaved"]["grpc"]["n"] > 0 and report["well_behaved"]["http"]["n"] > 0
+        assert report["health"]["http"]["n"] > 0 and report["health"]["grpc"]["n"] > 0
+    abusers = run["phases"]["abused"]["abusers"]
+    assert abusers and set(abusers) <= set(noisy.ABUSE_KINDS)
+    assert all(status[0] in "24" for row in abusers.values() for status in row["statuses"])
+    assert set(run["abuse_requests"]) == set(noisy.ABUSE_KINDS)
+    assert {"p99_all", "health", "ok"} <= set(run["verdict"]) and "after" in result["summary"]
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_abusers_requests_stay_within_the_limits():
+    limits = {"max_inputs": 8, "max_tokens_per_sentence": 100, "max_tokens_per_request": 600}
+    limits |= {"max_message_bytes": 60000, "max_response_bytes": 2_000_000, "n_layers": 3, "dim": 16, "tasks": ["t"]}
+    for item in noisy.abuse_requests(limits) + noisy.single_requests(limits):
+        assert 0 < len(item["body"]) <= limits["max_message_bytes"], item["kind"]
+        body = json.loads(item["body"])
+        token_lists = body.get("inputs", [])
+        if token_lists and isinstance(token_lists[0], list):
+            assert len(token_lists) <= limits["max_inputs"]
+            assert sum(map(len, token_lists)) <= limits["max_tokens_per_request"]
+
+
+def test_noisy_single_requests(tiny_model_dir, tmp_path):
+    out = tmp_path / "single.json"
+    argv = ["--model", str(tiny_model_dir), "--single", "--idle", "0.2", "--pause", "0", "--threads", "1"]
+    argv += ["--out", str(out), "--no-plot", *SMALL_LIMITS]
+    assert noisy.main(argv) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    kinds = [row["kind"] for row in run["requests"]]
+    assert kinds == ["embeddings-5.4MB", "tokenize-7MB", "window-8000", "embeddings-1MB"]
+    assert all(row["status"][0] in "24" for row in run["requests"]) and run["idle_health"]["n"] > 0
+
+
+def test_latency_compares_served_and_in_process(tiny_model_dir, tmp_path):
+    out = tmp_path / "latency.json"
+    argv = ["--model", str(tiny_model_dir), "--sentences", "6", "--block", "2", "--warmup", "1", "--threads", "1"]
+    assert latency.main([*argv, "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [run["latency_ms"][path]["n"] for path in latency.PATHS] == [6, 6, 6]
+    for protocol in ("grpc", "http"):
+        parts = run["breakdown_ms"][protocol]
+        assert parts["batch wait (queue_ms)"]["median"] >= 0 and "transport" in " ".join(parts)
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_memory_windows(tiny_model_dir, tmp_path):
+    out = tmp_path / "memory.json"
+    argv = ["--model", str(tiny_model_dir), "--window", "1", "--windows", "2", "--warmup", "0", "--concurrency", "2"]
+    assert memory.main([*argv, "--threads", "1", "--out", str(out), "--no-plot"]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [w["window"] for w in run["windows"]] == [1, 2]
+    assert all(w["requests"] > 0 and w["rss_end_mib"] > 0 for w in run["windows"])
+    assert run["verdict"]["rss_end_mib"]["change_percent"] is not None and run["rss_series"]
+
+
+def test_sentences_are_real_and_in_range():
+    texts, source = sentences(50, seed=0)
+    assert len(texts) == 50 and texts == sentences(50, seed=0)[0]
+    assert all(15 <= len(t.split()) <= 25 for t in texts) and "distinct" in source
+
+
+def test_a_revision_tree_serves_its_own_code():
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    with revision_tree("HEAD") as tree:
+        code = "import service.server, elmo.client; print(service.server.__file__); print(elmo.client.__file__)"
+        found = subprocess.run(
+            [sys.executable, "-c", code], cwd=tree, env=tree_env(tree), capture_output=True, text=True, check=True
+        )
+        assert all(line.startswith(str(tree)) for line in found.stdout.split())
+    assert not tree.exists()
