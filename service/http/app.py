@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import re
 import ssl
@@ -46,6 +45,7 @@ from service.core import (
 from service.errors import Kind, ServiceError, clip, http_status, invalid
 from service.http import schema
 from service.http.connections import ClientGone, ConnectionGuard, read_body
+from service.http.encode import encode_json
 from service.http.openapi import openapi_document
 from service.observe import CLIENT_GONE, BearerToken, RequestObserver
 
@@ -230,10 +230,7 @@ class HttpFrontend:
     async def _json(self, payload: Callable[[], Any], size_bound: int) -> web.Response:
         """Build and serialize an answer; off the event loop when it is large."""
 
-        def encode() -> bytes:
-            return json.dumps(payload(), separators=(",", ":"), ensure_ascii=False).encode()
-
-        body = await self.core.run(encode, heavy=size_bound > INLINE_ANSWER_BYTES)
+        body = await self.core.run(lambda: encode_json(payload()), heavy=size_bound > INLINE_ANSWER_BYTES)
         return web.Response(body=body, content_type=JSON_TYPE)
 
     async def _parse(self, body: bytes, parse: Callable[[dict], Any]) -> Any:

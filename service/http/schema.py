@@ -277,11 +277,12 @@ def _embed_input(item: Any, i: int) -> pb.Input:
 
 
 def tensor_json(tensor: pb.Tensor, encoding: str) -> Any:
-    """Nested lists of numbers, or {dtype, shape, data: base64 of the little-endian bytes} (as on the wire)."""
+    """The array itself, written as nested lists of numbers by service.http.encode (in pieces), or {dtype, shape,
+    data: base64 of the little-endian bytes} (as on the wire)."""
     if encoding == "base64":
         dtype = "float16" if tensor.dtype == pb.FLOAT16 else "float32"
         return {"dtype": dtype, "shape": list(tensor.shape), "data": base64.b64encode(tensor.data).decode()}
-    return from_tensor(tensor).tolist()
+    return from_tensor(tensor)
 
 
 def embed_answer(response: pb.EmbedResponse, encoding: str) -> dict:
