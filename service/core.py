@@ -41,9 +41,9 @@ T = TypeVar("T")
 # Below these sizes a step costs less than handing it to a worker thread and back (~0.1 ms), so it runs in place.
 INLINE_CHARS = 4096  # code points of text in one request
 INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one answer, as sent
-# The longest JSON number a float32 or float16 turns into (Python's repr of a double, e.g.
-# "-1.2345678901234567e-05"), and its separator: the JSON answer's size bound.
-JSON_NUMBER_BYTES = 24
+# The longest JSON number service.http.encode writes for a float32 or float16 (the shortest text that reads back as
+# the same float32, e.g. "-1.1754944e-38"), with its separator: the JSON answer's size bound.
+JSON_NUMBER_BYTES = 16
 
 
 class Encoding(enum.Enum):

@@ -1,10 +1,10 @@
-"""JSON answers encoded in pieces, so that a large one never holds the GIL for its whole length.
+"""JSON answers with their numbers written by orjson, in pieces, so that a large one never holds the GIL for long.
 
-``json.dumps`` and ``ndarray.tolist`` are single C calls: a 50 MB answer encoded in one call on a worker thread
-still stops the event loop's thread for the whole second or so it takes. Here arrays are encoded a block of rows
-at a time (about :data:`PIECE_VALUES` numbers, ~2 ms), and between blocks the worker gives the GIL away, so health
-checks and small requests keep flowing while the largest legal answer is encoded. The bytes are exactly
-``json.dumps(value_with_lists, separators=(",", ":"), ensure_ascii=False)``.
+Arrays are written by ``orjson`` (numpy support): the shortest text that reads back as the same float32 (float16
+values as their float32), about 30x faster than ``json.dumps(array.tolist())`` and half the size. The rest of an
+answer (names, tokens, offsets) goes through ``json.dumps``. Every call holds the GIL, so a large array is written a
+block of rows at a time (about :data:`PIECE_VALUES` numbers, well under a millisecond) and the worker gives the GIL
+away between blocks: health checks and small requests keep flowing while the largest legal answer is encoded.
 """
 
 from __future__ import annotations
@@ -14,49 +14,56 @@ import time
 from typing import Any
 
 import numpy as np
+import orjson
 
-PIECE_VALUES = 16384  # numbers per piece
+from service.core import JSON_NUMBER_BYTES  # the size bound of the numbers written here
+
+PIECE_VALUES = 1 << 17  # numbers per piece
 
 
 def encode_json(value: Any) -> bytes:
     """``value`` (dicts, lists, scalars and numpy arrays) as compact UTF-8 JSON."""
-    parts: list[str] = []
+    parts: list[bytes] = []
     _encode(value, parts)
-    return "".join(parts).encode("utf-8")
+    return b"".join(parts)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _encode(value: Any, parts: list[str]) -> None:
+def _numbers(array: np.ndarray) -> bytes:
+    return orjson.dumps(np.ascontiguousarray(array), option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _encode(value: Any, parts: list[bytes]) -> None:
     if isinstance(value, np.ndarray):
         _encode_array(value, parts)
     elif isinstance(value, dict):
-        parts.append("{")
+        parts.append(b"{")
         for i, (key, item) in enumerate(value.items()):
-            parts.append(f"{',' if i else ''}{_dumps(str(key))}:")
+            parts.append((b"," if i else b"") + _dumps(str(key)) + b":")
             _encode(item, parts)
-        parts.append("}")
+        parts.append(b"}")
     elif isinstance(value, (list, tuple)) and any(isinstance(item, (dict, np.ndarray)) for item in value):
-        parts.append("[")
+        parts.append(b"[")
         for i, item in enumerate(value):
             if i:
-                parts.append(",")
+                parts.append(b",")
             _encode(item, parts)
-        parts.append("]")
+        parts.append(b"]")
     else:
         parts.append(_dumps(value))
 
 
-def _encode_array(array: np.ndarray, parts: list[str]) -> None:
-    if array.size <= PIECE_VALUES:
-        parts.append(_dumps(array.tolist()))
+def _encode_array(array: np.ndarray, parts: list[bytes]) -> None:
+    if array.size <= PIECE_VALUES or array.ndim == 0:
+        parts.append(_numbers(array))
         return
-    parts.append("[")
+    parts.append(b"[")
     if array.ndim == 1:
         for start in range(0, len(array), PIECE_VALUES):
-            parts.append(("," if start else "") + _dumps(array[start : start + PIECE_VALUES].tolist())[1:-1])
+            parts.append((b"," if start else b"") + _numbers(array[start : start + PIECE_VALUES])[1:-1])
             time.sleep(0)  # let the event loop's thread take the GIL between pieces
     else:
         rows = max(1, PIECE_VALUES // max(1, array[0].size))  # whole sub-arrays per piece
@@ -64,12 +71,12 @@ def _encode_array(array: np.ndarray, parts: list[str]) -> None:
             block = array[start : start + rows]
             if block[0].size > PIECE_VALUES:  # one sub-array is itself too large: go one level down
                 for i, sub in enumerate(block):
-                    parts.append("," if start or i else "")
+                    parts.append(b"," if start or i else b"")
                     _encode_array(sub, parts)
             else:
-                parts.append(("," if start else "") + _dumps(block.tolist())[1:-1])
+                parts.append((b"," if start else b"") + _numbers(block)[1:-1])
                 time.sleep(0)
-    parts.append("]")
+    parts.append(b"]")
 
 
-__all__ = ["PIECE_VALUES", "encode_json"]
+__all__ = ["JSON_NUMBER_BYTES", "PIECE_VALUES", "encode_json"]

@@ -222,7 +222,7 @@ def openai_answer(parsed: OpenAIRequest, vectors: list[np.ndarray], n_tokens: in
     data = []
     for index, vector in enumerate(vectors):
         encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if parsed.encoding == "base64" else None
-        data.append({"object": "embedding", "index": index, "embedding": encoded or vector.tolist()})
+        data.append({"object": "embedding", "index": index, "embedding": encoded or vector})  # numbers: http.encode
     return {
         "object": "list",
         "data": data,

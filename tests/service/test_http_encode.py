@@ -1,4 +1,5 @@
-"""service.http.encode writes exactly what json.dumps writes for the same value with lists, whatever the shapes."""
+"""service.http.encode: valid JSON whose numbers read back as exactly the arrays' float32 values, whatever the shapes
+and however the pieces fall; the rest exactly as json.dumps writes it; no number longer than the size bound."""
 
 from __future__ import annotations
 
@@ -8,23 +9,34 @@ import numpy as np
 import pytest
 
 from service.http import encode
-from service.http.encode import encode_json
+from service.http.encode import JSON_NUMBER_BYTES, encode_json
 
 
-def reference(value) -> bytes:
-    plain = json.loads(json.dumps(value, default=lambda a: a.tolist()))  # arrays as lists, floats as Python floats
-    return json.dumps(plain, separators=(",", ":"), ensure_ascii=False).encode()
+def as_lists(value):
+    return json.loads(json.dumps(value, default=lambda a: a.tolist()))
 
 
-@pytest.mark.parametrize("shape", [(0,), (7,), (40,), (3, 5), (3, 13, 4), (2, 1, 50), (1, 9, 3)])
+@pytest.mark.parametrize("shape", [(0,), (7,), (40,), (3, 5), (3, 13, 4), (2, 1, 50), (1, 9, 3), (2, 0, 3)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_arrays_of_every_shape_match_json_dumps_across_piece_edges(monkeypatch, shape, dtype):
+def test_arrays_of_every_shape_read_back_exactly_across_piece_edges(monkeypatch, shape, dtype):
     monkeypatch.setattr(encode, "PIECE_VALUES", 8)  # tiny pieces: every branch, every edge between pieces
     array = (np.random.default_rng(sum(shape)).standard_normal(shape) * 1e3).astype(dtype)
-    value = {"object": "embed", "embeddings": [{"tokens": ["苹果", "a\"b"], "layers": array, "mix": array[..., :1]}]}
-    assert encode_json(value) == reference(value)
+    value = {"object": "embed", "embeddings": [{"tokens": ["苹果", 'a"b'], "layers": array, "mix": array[..., :1]}]}
+    decoded = json.loads(encode_json(value))
+    expected = as_lists(value)
+    assert decoded["object"] == "embed" and decoded["embeddings"][0]["tokens"] == ["苹果", 'a"b']
+    for name in ("layers", "mix"):
+        got = np.asarray(decoded["embeddings"][0][name], dtype=np.float32)
+        want = np.asarray(expected["embeddings"][0][name], dtype=np.float32)
+        assert got.shape == want.shape and np.array_equal(got, want)  # bit for bit, as float32
 
 
 def test_plain_values_are_json_dumps():
     value = {"a": [1, 2.5, None, True], "b": "naïve 🙂", "c": [[0, 3], [4, 9]], "d": {}}
-    assert encode_json(value) == reference(value)
+    assert encode_json(value) == json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_no_number_is_longer_than_the_size_bound():
+    extremes = np.array([-1.1754944e-38, -3.4028235e38, -1.4e-45, -0.1234567, -1.2345678e-5], dtype=np.float32)
+    numbers = encode_json(extremes)[1:-1].split(b",")
+    assert max(len(n) for n in numbers) + 1 <= JSON_NUMBER_BYTES
