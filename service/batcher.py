@@ -8,10 +8,11 @@ blocks accepting or answering other calls.
 
 Batch formation, when the worker is free:
   * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
-  * sentences join oldest first while the batch's real token count stays within ``max_batch_tokens`` (first fit:
-    the oldest always goes in, so nothing starves). Padding is not counted here on purpose: the runtime sorts every
-    call by length and cuts it into padding-minimal sub-batches itself (elmo.runtime.plan_batches), so one large
-    call per free moment is what it wants;
+  * requests take turns, one sentence each per round, the least served first (the fewest of its tokens computed
+    so far), while the batch's real token count stays within ``max_batch_tokens`` (first fit): a short request is
+    not stuck behind a long one, and a long one alone fills whole batches. Padding is not
+    counted here on purpose: the runtime sorts every call by length and cuts it into padding-minimal sub-batches
+    itself (elmo.runtime.plan_batches);
   * when no batch is running the queue goes at once (an idle server does not wait for company: what arrives
     meanwhile forms the next batch); while one runs and a worker is free (``workers`` > 1), a partial batch waits
     at most ``max_delay`` for company;
@@ -57,6 +58,7 @@ class _Item:
     tokens: list[str]
     future: asyncio.Future
     deadline: float | None  # time.monotonic() seconds, None = no deadline
+    request: int  # which embed() call queued it: requests take turns in a batch
     enqueued: float = field(default_factory=time.monotonic)
 
     @property
@@ -86,6 +88,7 @@ class Batcher:
         name: str = "model",
         observer: BatcherObserver | None = None,
         workers: int = 1,
+        express_tokens: int = 0,
     ):
         self._embed_fn = embed_fn
         self.max_batch_tokens = max_batch_tokens
@@ -97,8 +100,13 @@ class Batcher:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         self.workers = workers  # runtime calls in flight at once
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"runtime-{name}")
-        self._slots: asyncio.Semaphore | None = None
+        # One more call, only for requests of at most express_tokens tokens, while every worker is busy: the OS then
+        # shares the cores between it and the long calls instead of the short request waiting for one to end.
+        self.express_tokens = express_tokens
+        self.threads = workers + (1 if express_tokens else 0)
+        self.executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"runtime-{name}")
+        self._free = workers  # workers not running a batch
+        self._express_free = 1 if express_tokens else 0
         self._running: set[asyncio.Task] = set()
         self._queue: list[_Item] = []
         self._queued_tokens = 0
@@ -108,12 +116,14 @@ class Batcher:
         self.batches_started = 0
         self.batches_run = 0
         self.batches_running = 0  # dispatched and not finished (counted here, not by task callbacks, to be exact)
+        self._requests = 0  # embed() calls so far: each one's sentences share a number
+        self._served: dict[int, int] = {}  # request -> its tokens dispatched so far, while it is unfinished
+        self._sizes: dict[int, int] = {}  # request -> its tokens, while it is unfinished
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
         self._wakeup = asyncio.Event()
-        self._slots = asyncio.Semaphore(self.workers)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def close(self) -> None:
@@ -162,7 +172,11 @@ class Batcher:
                 f"limit {self.max_queue_tokens} (--max-queue-tokens); retry with backoff",
             )
         loop = asyncio.get_running_loop()
-        items = [_Item(list(tokens), loop.create_future(), deadline) for tokens in sentences]
+        self._requests += 1
+        request = self._requests
+        items = [_Item(list(tokens), loop.create_future(), deadline, request) for tokens in sentences]
+        self._served[request] = 0
+        self._sizes[request] = n_tokens
         self._queue.extend(items)
         self._queued_tokens += n_tokens
         self.observer.queue_changed(len(self._queue), self._queued_tokens)
@@ -176,29 +190,59 @@ class Batcher:
                 elif not item.future.cancelled():
                     item.future.exception()  # mark retrieved: no "exception was never retrieved" log at GC time
             raise
+        finally:
+            self._served.pop(request, None)
+            self._sizes.pop(request, None)
         return [r[0] for r in results], [r[1] for r in results]
 
     # -- the loop -------------------------------------------------------------------------------------------------
     async def _loop(self) -> None:
-        assert self._wakeup is not None and self._slots is not None
+        assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         while True:
-            await self._slots.acquire()  # a worker is free
+            express = await self._take_worker()
             try:
-                await self._wait_for_work()
-                batch = self._form_batch()
+                if not express:
+                    await self._wait_for_work()
+                batch = self._form_batch(express)
             except BaseException:
-                self._slots.release()
+                self._give_back(express)
                 raise
             if not batch:
-                self._slots.release()
+                self._give_back(express)
                 continue
             self.batches_running += 1
-            task = loop.create_task(self._run_guarded(batch, loop))
+            task = loop.create_task(self._run_guarded(batch, loop, express))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _run_guarded(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
+    async def _take_worker(self) -> bool:
+        """Wait for a free worker; True when it is the express one (every other busy, a short request queued)."""
+        assert self._wakeup is not None
+        while True:
+            if self._free:
+                self._free -= 1
+                return False
+            self._drop_dead()
+            if self._express_free and self._short_requests():
+                self._express_free -= 1
+                return True
+            self._wakeup.clear()
+            await self._wakeup.wait()  # set when a batch ends or a request arrives
+
+    def _give_back(self, express: bool) -> None:
+        if express:
+            self._express_free += 1
+        else:
+            self._free += 1
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _short_requests(self) -> set[int]:
+        """Queued requests the express worker may take: those of at most ``express_tokens`` tokens."""
+        return {item.request for item in self._queue if self._sizes.get(item.request, 0) <= self.express_tokens}
+
+    async def _run_guarded(self, batch: list[_Item], loop: asyncio.AbstractEventLoop, express: bool) -> None:
         try:
             await self._run(batch, loop)
         except asyncio.CancelledError:
@@ -210,7 +254,7 @@ class Batcher:
                     item.future.set_exception(ServiceError(Kind.INTERNAL, "internal error while batching"))
         finally:
             self.batches_running -= 1
-            self._slots.release()
+            self._give_back(express)
 
     async def _wait_for_work(self) -> None:
         """Return when a batch should be formed: full enough, or the oldest item waited ``max_delay``."""
@@ -257,21 +301,45 @@ class Batcher:
             if cancelled:
                 self.observer.dropped("cancelled", cancelled)
 
-    def _form_batch(self) -> list[_Item]:
-        """Oldest first, first fit: every queued sentence that still fits the token budget joins, in arrival order
-        (the oldest always does, so nothing starves; small late sentences may fill the gaps)."""
+    def _form_batch(self, express: bool = False) -> list[_Item]:
+        """Fair and first fit: requests take turns, one sentence each per round, the one that has had the fewest of
+        its tokens computed so far first (least attained service: a short request goes ahead of a long one that has
+        been served for a while, and a long one alone fills whole batches); each takes its next sentence that still
+        fits the token budget, and the first sentence always goes in. ``express``: short requests only."""
         self._drop_dead()
         if not self._queue:
             return []
+        allowed = self._short_requests() if express else None
+        lanes: dict[int, list[int]] = {}  # request -> its queued sentences' indices, in arrival order
+        for i, item in enumerate(self._queue):
+            if allowed is None or item.request in allowed:
+                lanes.setdefault(item.request, []).append(i)
         chosen: list[int] = []
         tokens = 0
-        for i, item in enumerate(self._queue):
-            if len(chosen) >= self.max_batch_sentences:
-                break
-            if chosen and tokens + item.n_tokens > self.max_batch_tokens:
-                continue
-            chosen.append(i)
-            tokens += item.n_tokens
+        turns = [lanes[r] for r in sorted(lanes, key=lambda r: (self._served.get(r, 0), lanes[r][0]))]
+        while turns and len(chosen) < self.max_batch_sentences:
+            still = []
+            for lane in turns:
+                if len(chosen) >= self.max_batch_sentences:
+                    break
+                fit = next(
+                    (
+                        k
+                        for k, i in enumerate(lane)
+                        if not chosen or tokens + self._queue[i].n_tokens <= self.max_batch_tokens
+                    ),
+                    None,
+                )
+                if fit is None:
+                    continue  # nothing of this request fits any more: out of this batch
+                i = lane.pop(fit)
+                chosen.append(i)
+                tokens += self._queue[i].n_tokens
+                request = self._queue[i].request
+                self._served[request] = self._served.get(request, 0) + self._queue[i].n_tokens
+                if lane:
+                    still.append(lane)
+            turns = still
         taken = set(chosen)
         batch = [self._queue[i] for i in chosen]
         self._queue = [item for i, item in enumerate(self._queue) if i not in taken]

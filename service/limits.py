@@ -29,6 +29,7 @@ class Limits:
     max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
     max_batch_sentences: int = 256
     max_delay_ms: float = 2.0  # while a batch runs, how long a partial one waits for company (idle: none)
+    express_tokens: int = 256  # requests this small may run on one extra runtime worker while all others are busy
     # -- server --------------------------------------------------------------------------------------------------
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
@@ -48,7 +49,7 @@ class Limits:
             value = getattr(self, f.name)
             if f.name == "overflow":
                 ok = True  # checked below, with its own message
-            elif f.name in ("max_delay_ms", "drain_seconds", "window_overlap"):
+            elif f.name in ("max_delay_ms", "drain_seconds", "window_overlap", "express_tokens"):
                 ok = value >= 0
             elif f.name in TIMEOUTS:
                 ok = isinstance(value, (int, float)) and value > 0
@@ -80,6 +81,8 @@ _HELP = {
     "max_batch_sentences": "sentences per runtime call",
     "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher waits "
     "for none)",
+    "express_tokens": "requests of at most this many tokens may run on one extra runtime worker while all others "
+    "are busy, so that they never wait behind long ones (0 = no express worker)",
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",

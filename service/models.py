@@ -13,7 +13,7 @@ import numpy as np
 
 from elmo.errors import ConfigError
 from service.batcher import Batcher, BatcherObserver
-from service.errors import Kind, ServiceError, not_found
+from service.errors import Kind, ServiceError, clip, not_found
 from service.limits import Limits
 from service.tasks import ModelTasks
 
@@ -91,6 +91,7 @@ def serve_model(
         name=name,
         observer=observer,
         workers=int(getattr(runtime, "runs_in_flight", 1)),  # CPU: as many calls as runs at once; CUDA: one
+        express_tokens=limits.express_tokens,
     )
     return ServedModel(
         name=name,
@@ -127,7 +128,7 @@ class ModelRegistry:
         try:
             return self.models[name]
         except KeyError:
-            raise not_found(f"unknown model '{name}' (serving: {', '.join(self.models)})") from None
+            raise not_found(f"unknown model '{clip(name)}' (serving: {', '.join(self.models)})") from None
 
     def __iter__(self):
         return iter(self.models.values())

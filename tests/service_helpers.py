@@ -33,6 +33,7 @@ EDGE_LIMITS = Limits(
     max_batch_tokens=64,
     max_batch_sentences=16,
     max_delay_ms=1.0,
+    express_tokens=0,  # one runtime worker: what queues and what runs is exact (test_batcher covers the express one)
     drain_seconds=2.0,
 ).validate()
 
@@ -88,21 +89,25 @@ class ServerThread:
 
     @contextlib.contextmanager
     def hold_worker(self, name: str = ""):
-        """Occupy the model's runtime thread: batches queue up behind it until the block exits."""
+        """Occupy the model's runtime threads (the express one too): batches queue up behind them until the block
+        exits."""
+        batcher = self.model(name).batcher
         release = threading.Event()
-        started = threading.Event()
+        started = threading.Semaphore(0)
 
         def occupy() -> None:
-            started.set()
+            started.release()
             release.wait(60)
 
-        future = self.model(name).batcher.executor.submit(occupy)
-        started.wait(10)
+        futures = [batcher.executor.submit(occupy) for _ in range(batcher.threads)]
+        for _ in futures:
+            started.acquire(timeout=10)
         try:
             yield
         finally:
             release.set()
-            future.result(10)
+            for future in futures:
+                future.result(10)
 
     def queued_tokens(self, name: str = "") -> int:
         return self.model(name).batcher.queued_tokens

@@ -241,3 +241,81 @@ def test_served_model_runs_as_many_calls_as_the_runtime_runs_batches(tiny_model_
     with pytest.raises(ValueError, match="workers must be >= 1"):
         Batcher(lambda sentences: None, workers=0, max_batch_tokens=1, max_batch_sentences=1, max_delay_s=0.0,
                 max_queue_tokens=1)  # fmt: skip
+
+
+def test_a_short_request_takes_the_express_worker_while_long_ones_hold_the_others(runtime):
+    """Every regular worker busy with a long request: a short one runs at once on the express worker; a long one
+    queued meanwhile does not get it, and waits."""
+    gate = threading.Event()
+
+    def embed(sentences):
+        if sentences[0][0].startswith("long"):
+            gate.wait(30)  # the long batches run until the test lets them finish
+        return runtime.embed_tokens_with_stats(sentences)
+
+    async def scenario():
+        batcher = Batcher(
+            embed,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=0.0,
+            max_queue_tokens=200,
+            name="tiny",
+            workers=1,
+            express_tokens=10,
+        )
+        batcher.start()
+        try:
+            long_one = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
+            await until(lambda: batcher.batches_running == 1)
+            long_two = asyncio.ensure_future(batcher.embed([sentence(20, "long")]))  # over 10 tokens: not express
+            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+            (vectors,), _ = await asyncio.wait_for(short, 30)  # answered while the long one still runs
+            waiting = (batcher.queued_sentences, long_one.done(), long_two.done())
+            gate.set()
+            await asyncio.wait_for(asyncio.gather(long_one, long_two), 30)
+        finally:
+            gate.set()
+            await batcher.close()
+        return vectors, waiting
+
+    vectors, waiting = asyncio.run(scenario())
+    assert waiting == (1, False, False)  # the second long request queued behind the first, not on the express worker
+    np.testing.assert_allclose(vectors, runtime.embed_tokens([sentence(3, "short")])[0], rtol=0, atol=1e-6)
+
+
+def test_without_an_express_worker_a_short_request_waits_behind_a_long_one(runtime):
+    gate = threading.Event()
+
+    def embed(sentences):
+        if sentences[0][0].startswith("long"):
+            gate.wait(30)
+        return runtime.embed_tokens_with_stats(sentences)
+
+    async def scenario():
+        batcher = Batcher(
+            embed,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=0.0,
+            max_queue_tokens=200,
+            name="tiny",
+            workers=1,
+            express_tokens=0,
+        )
+        batcher.start()
+        try:
+            long_one = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
+            await until(lambda: batcher.batches_running == 1)
+            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+            for _ in range(100):
+                await asyncio.sleep(0)
+            queued = (batcher.queued_sentences, short.done())
+            gate.set()
+            await asyncio.wait_for(asyncio.gather(long_one, short), 30)
+        finally:
+            gate.set()
+            await batcher.close()
+        return queued
+
+    assert asyncio.run(scenario()) == (1, False)

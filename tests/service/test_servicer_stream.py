@@ -52,7 +52,8 @@ def settled(observe: Callable[[], object]) -> object:
 
 def test_max_stream_inflight_bounds_what_one_stream_has_in_the_server(runtime: Embedder) -> None:
     inflight, total = 3, 12
-    srv = ServerThread({"tiny": runtime}, replace(Limits(drain_seconds=2.0), max_stream_inflight=inflight))
+    limits = replace(Limits(drain_seconds=2.0), max_stream_inflight=inflight, express_tokens=0)  # one worker: exact
+    srv = ServerThread({"tiny": runtime}, limits)
     srv.warm_up()
     batcher = srv.model().batcher
 
