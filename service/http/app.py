@@ -54,6 +54,7 @@ log = logging.getLogger("service.http")
 PAGE = Path(__file__).resolve().parent / "page" / "index.html"
 OPEN_PATHS = ("/", "/health", "/openapi.json")  # no token: the page holds no data, probes carry no secrets
 JSON_TYPE = "application/json"
+SEND_PIECE_BYTES = 256 * 1024  # larger answers are written in pieces of this size
 CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never sent (nobody is there), counted as CLIENT_GONE
 INLINE_BODY_BYTES = 16 * 1024  # a body this small is parsed and tokenized in place (cheaper than a thread hop)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -91,6 +92,19 @@ def error_response(status: int, message: str, kind: str, headers: dict[str, str]
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return web.json_response(body, status=status, headers=headers or None)
+
+
+async def send_in_pieces(request: web.Request, body: bytes) -> web.StreamResponse:
+    """A large body written a piece at a time, each after the last has drained: the event loop never copies or holds
+    the whole answer in one step (asyncio's transport would buffer tens of MB in one call)."""
+    response = web.StreamResponse(headers={**COMMON_HEADERS, "Content-Type": JSON_TYPE})
+    response.content_length = len(body)
+    await response.prepare(request)
+    view = memoryview(body)
+    for start in range(0, len(body), SEND_PIECE_BYTES):
+        await response.write(view[start : start + SEND_PIECE_BYTES])
+    await response.write_eof()
+    return response
 
 
 def _is_json(content_type: str) -> bool:
@@ -167,7 +181,8 @@ class HttpFrontend:
             response = await self._respond(request, handler)
             if response.status != CLIENT_GONE_STATUS:
                 outcome, server_fault = str(response.status), response.status >= 500
-            response.headers.update(COMMON_HEADERS)
+            if not response.prepared:  # (an answer sent in pieces carries them already)
+                response.headers.update(COMMON_HEADERS)
             return response
         finally:
             seen.finish(
@@ -227,11 +242,12 @@ class HttpFrontend:
     async def _read(self, request: web.Request) -> bytes:
         return await read_body(request, self.limits)
 
-    async def _json(self, payload: Callable[[], Any], size_bound: int) -> web.Response:
-        """Build and serialize an answer; off the event loop when it is large."""
-
+    async def _json(self, request: web.Request, payload: Callable[[], Any], size_bound: int) -> web.StreamResponse:
+        """Build and serialize an answer, off the event loop when it is large; send a large one in pieces."""
         body = await self.core.run(lambda: encode_json(payload()), heavy=size_bound > INLINE_ANSWER_BYTES)
-        return web.Response(body=body, content_type=JSON_TYPE)
+        if len(body) <= SEND_PIECE_BYTES:
+            return web.Response(body=body, content_type=JSON_TYPE)
+        return await send_in_pieces(request, body)
 
     async def _parse(self, body: bytes, parse: Callable[[dict], Any]) -> Any:
         """``parse(json object)`` for a request body, on a worker when the body is large."""
@@ -247,6 +263,7 @@ class HttpFrontend:
             result = await self.core.embed(call.prepared, None, started)
         n_tokens = call.prepared.n_tokens
         return await self._json(
+            request,
             lambda: schema.openai_answer(call.parsed, pooled(result), n_tokens, call.model_id),
             call.prepared.answer_bytes,
         )
@@ -269,7 +286,7 @@ class HttpFrontend:
             started = time.monotonic()
             call, prepared = await self._parse(body, lambda value: self._prepare_embed(value, request_id))
             result = await self.core.embed(prepared, None, started)
-        return await self._json(lambda: self._embed_answer(call, result), prepared.answer_bytes)
+        return await self._json(request, lambda: self._embed_answer(call, result), prepared.answer_bytes)
 
     def _prepare_embed(self, value: dict, request_id: str) -> tuple[schema.EmbedCall, PreparedEmbed]:
         call = schema.parse_embed(value, request_id)

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 import grpc
+import numpy as np
 import pytest
 
 from elmo.client import EmbedderClient, RemoteError
@@ -160,5 +161,23 @@ def test_a_silent_connection_is_closed_at_the_header_timeout_and_counted(tiny_mo
         text = scrape_until(srv.metrics_port, "elmo_http_connections_closed_total", reason="header_timeout")
         assert metric_value(text, "elmo_http_connections_closed_total", reason="header_timeout") == 1
         assert metric_value(text, "elmo_http_connections") is not None
+    finally:
+        srv.stop()
+
+
+def test_a_large_answer_sent_in_pieces_equals_the_in_process_vectors(tiny_model_dir):
+    from service.http.app import SEND_PIECE_BYTES
+    from service.limits import Limits
+
+    runtime = Embedder(tiny_model_dir, intra_op_threads=1)
+    srv = ServerThread({"tiny": runtime}, Limits(drain_seconds=1.0), http=True)
+    srv.warm_up()
+    try:
+        sentences = [[f"w{i}_{j}" for j in range(20)] for i in range(40)]  # 800 tokens x 48 floats as JSON
+        status, headers, answer = post(srv.http_url, "/v1/embed", json.dumps({"inputs": sentences}).encode())
+        assert status == 200 and int(headers["Content-Length"]) > SEND_PIECE_BYTES
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        for got, want in zip(answer["embeddings"], runtime.embed_tokens(sentences), strict=True):
+            np.testing.assert_allclose(np.asarray(got["layers"], dtype=np.float32), want, rtol=0, atol=1e-6)
     finally:
         srv.stop()
