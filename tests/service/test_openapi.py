@@ -1,0 +1,178 @@
+"""GET /openapi.json is valid OpenAPI 3.1 (openapi-spec-validator) and describes what the server serves: every route
+and method, every error status with the JSON error shape, the bearer scheme, the page as HTML, examples that are
+valid requests. tests/service/test_fuzz.py checks the real answers against it."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import OpenAPIV31SpecValidator
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+from elmo.runtime import Embedder
+from service.errors import Kind
+from service.http.app import OPEN_PATHS
+from service.http.openapi import openapi_document
+from tests.service_helpers import EDGE_LIMITS, ServerThread
+
+DOCUMENT = json.loads(json.dumps(openapi_document()))  # as served: JSON, not Python tuples
+METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+
+def spec_errors(document: dict) -> list[str]:
+    """What openapi-spec-validator finds wrong (a $ref to nowhere raises instead of yielding: reported too)."""
+    try:
+        return [error.message for error in OpenAPIV31SpecValidator(document).iter_errors()]
+    except Unresolvable as exc:
+        return [f"unresolvable reference: {exc}"]
+
+
+def operations(document: dict):
+    for path, item in document["paths"].items():
+        for method in METHODS:
+            if method in item:
+                yield path, method, item[method]
+
+
+def deref(document: dict, node: dict) -> dict:
+    """A response object, following a local $ref."""
+    while "$ref" in node:
+        target = document
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def test_the_document_is_valid_openapi_3_1():
+    assert spec_errors(DOCUMENT) == []
+    assert DOCUMENT["openapi"].startswith("3.1.")
+
+
+def _drop_description(doc):  # the original fault: 200 responses without a description
+    del doc["paths"]["/v1/embed"]["post"]["responses"]["200"]["description"]
+
+
+def _dangling_ref(doc):
+    doc["paths"]["/v1/embed"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] = {
+        "$ref": "#/components/schemas/Nope"
+    }
+
+
+def _undeclared_path_parameter(doc):
+    del doc["paths"]["/v1/models/{model_id}"]["parameters"]
+
+
+def _bad_schema_type(doc):
+    doc["components"]["schemas"]["Health"]["properties"]["status"] = {"type": "strin"}
+
+
+def _unknown_keyword(doc):
+    doc["paths"]["/"]["get"]["responses"]["200"]["content"]["text/html"]["exampel"] = "<html>"
+
+
+def _no_paths_and_wrong_version(doc):
+    doc["openapi"] = "3.1"
+    del doc["paths"]
+
+
+BREAKAGES = [
+    _drop_description,
+    _dangling_ref,
+    _undeclared_path_parameter,
+    _bad_schema_type,
+    _unknown_keyword,
+    _no_paths_and_wrong_version,
+]
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES, ids=[b.__name__.strip("_") for b in BREAKAGES])
+def test_the_validator_rejects_a_broken_copy(breakage):
+    """The check above can fail: each broken copy of the document is rejected."""
+    broken = copy.deepcopy(DOCUMENT)
+    breakage(broken)
+    assert spec_errors(broken) != []
+
+
+@pytest.fixture(scope="module")
+def routes(tiny_model_dir):
+    """(METHOD, path) of every route of a real server's HTTP app (HEAD: aiohttp's automatic twin of each GET)."""
+    server = ServerThread({"tiny": Embedder(tiny_model_dir, intra_op_threads=1)}, EDGE_LIMITS, http=True)
+    try:
+        app = server.server.http.app
+        return {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    finally:
+        server.stop()
+
+
+def test_every_route_and_method_is_documented_and_nothing_else(routes):
+    assert {(method.upper(), path) for path, method, _ in operations(DOCUMENT)} == routes
+
+
+def test_open_paths_need_no_token_and_every_other_route_the_bearer_scheme():
+    schemes = DOCUMENT["components"]["securitySchemes"]
+    assert schemes == {"bearer": {**schemes["bearer"], "type": "http", "scheme": "bearer"}}
+    assert DOCUMENT["security"] == [{"bearer": []}]
+    for path, method, operation in operations(DOCUMENT):
+        security = operation.get("security", DOCUMENT["security"])
+        assert (security == []) == (path in OPEN_PATHS), (method, path)
+        if path not in OPEN_PATHS:
+            responses = operation["responses"]
+            assert "401" in responses and "WWW-Authenticate" in deref(DOCUMENT, responses["401"])["headers"]
+
+
+def test_every_operation_lists_the_statuses_it_can_answer_with_the_error_shape():
+    for path, method, operation in operations(DOCUMENT):
+        statuses = set(operation["responses"])
+        assert "default" not in statuses  # a catch-all would make every status "documented"
+        expected = {"200", "500", "503"}  # 503: past --max-connections, any route
+        if path not in OPEN_PATHS:
+            expected |= {"401"}
+        if method == "post":
+            expected |= {"400", "404", "408", "413", "415"}  # bad JSON, unknown model, stalled, too large, not JSON
+        if path in ("/v1/embeddings", "/v1/embed"):
+            expected |= {"429", "504"}  # the queue: overloaded, deadline
+        if path == "/v1/models/{model_id}":
+            expected |= {"404"}
+        assert statuses == expected, (method, path)
+        for status, response in operation["responses"].items():
+            response = deref(DOCUMENT, response)
+            assert response["description"], (method, path, status)
+            if status == "200":
+                media_type = "text/html" if path == "/" else "application/json"
+                assert set(response["content"]) == {media_type}, (method, path)
+            elif not (path == "/health" and status == "503"):  # health's 503 is NOT_SERVING (or the error shape)
+                schema = response["content"]["application/json"]["schema"]
+                assert schema["allOf"][0] == {"$ref": "#/components/schemas/Error"}, (method, path, status)
+                assert schema["allOf"][1]["properties"]["error"]["properties"]["code"] == {"const": int(status)}
+
+
+def _validator(name: str) -> OAS31Validator:
+    """A JSON Schema validator (OpenAPI 3.1's dialect) for the document's schema ``name``, its $refs resolved in the
+    document."""
+    root = Resource.from_contents(DOCUMENT, default_specification=DRAFT202012)
+    registry = Registry().with_resource("urn:openapi", root)
+    return OAS31Validator({"$ref": f"urn:openapi#/components/schemas/{name}"}, registry=registry)
+
+
+@pytest.mark.parametrize("name", ["EmbeddingsRequest", "EmbedRequest", "TokenizeRequest"])
+def test_the_request_examples_are_valid_requests(name):
+    examples = DOCUMENT["components"]["schemas"][name]["examples"]
+    assert examples
+    for example in examples:
+        assert list(_validator(name).iter_errors(example)) == [], example
+    assert list(_validator(name).iter_errors({"nothing": "useful"})) != []  # the validation can fail
+
+
+def test_the_error_schema_is_the_shape_the_server_sends():
+    documented = DOCUMENT["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["type"]["examples"]
+    assert {kind.value.replace(" ", "_") for kind in Kind} <= set(documented)  # every kind of error is named
+    validator = _validator("Error")
+    assert validator.is_valid({"error": {"message": "'input' is missing", "type": "invalid_input", "code": 400}})
+    assert not validator.is_valid({"error": {"message": "x", "type": "invalid_input"}})
+    assert not validator.is_valid({"detail": "x"})
