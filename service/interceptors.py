@@ -69,30 +69,39 @@ def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
 
 
 class ObserverInterceptor(grpc.aio.ServerInterceptor):
-    """Times every RPC, works out its final status code and reports it to the shared observer."""
+    """Times every RPC, works out its final status code and reports it to the shared observer. The observing
+    handler is built once per method (a method's handler never changes), not once per call."""
 
     def __init__(self, observer: RequestObserver):
         self._observer = observer
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None:
             return None
-        return _observed(handler, details, self._start, self._finish)
-
-    def _start(self, details) -> Observation:
-        return self._observer.start(details.method.rsplit("/", 1)[-1])
+        cached = self._wrapped.get(details.method)
+        if cached is None or cached[0] is not handler:
+            short = details.method.rsplit("/", 1)[-1]
+            cached = (handler, _observed(handler, lambda: self._observer.start(short), self._finish))
+            self._wrapped[details.method] = cached
+        return cached[1]
 
     @staticmethod
-    def _finish(seen: Observation, details, context, error: BaseException | None) -> None:
+    def _finish(seen: Observation, context, error: BaseException | None, who: tuple[str, str]) -> None:
         code = _final_code(context, error)
         seen.finish(
             code.name,
             server_fault=code is not grpc.StatusCode.OK and code not in CLIENT_FAULT_CODES,
-            peer=context.peer(),
-            request_id=_metadata(details, "x-request-id") or "-",
-            detail=context.details() or "",
+            describe=lambda: (*who, context.details() or ""),
         )
+
+
+def _who(context: grpc.aio.ServicerContext) -> tuple[str, str]:
+    """(peer, x-request-id), read while the call is alive: after gRPC has cut a call (a stream's oversized message),
+    ``context.peer()`` crashes the process (a segfault in grpc's C core)."""
+    request_id = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), "-")
+    return context.peer(), request_id
 
 
 def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
@@ -114,11 +123,11 @@ def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) 
 _CODES_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def _observed(handler, details, start, finish) -> grpc.RpcMethodHandler:
+def _observed(handler, start, finish) -> grpc.RpcMethodHandler:
     kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
     async def unary_response(behavior, request, context):
-        seen, error = start(details), None
+        seen, error, who = start(), None, _who(context)
         try:
             result = behavior(request, context)
             return (await result) if inspect.isawaitable(result) else result
@@ -126,10 +135,10 @@ def _observed(handler, details, start, finish) -> grpc.RpcMethodHandler:
             error = exc
             raise
         finally:
-            finish(seen, details, context, error)
+            finish(seen, context, error, who)
 
     async def stream_response(behavior, request, context):
-        seen, error = start(details), None
+        seen, error, who = start(), None, _who(context)
         try:
             async for response in behavior(request, context):
                 yield response
@@ -137,7 +146,7 @@ def _observed(handler, details, start, finish) -> grpc.RpcMethodHandler:
             error = exc
             raise
         finally:
-            finish(seen, details, context, error)
+            finish(seen, context, error, who)
 
     # grpc.aio decides how to run a behavior by inspecting it: these must be real `async def` functions.
     if handler.unary_unary:

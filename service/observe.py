@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.errors import Kind, ServiceError
@@ -45,10 +46,12 @@ class Observation:
     method: str
     started: float
 
-    def finish(self, outcome: str, *, server_fault: bool, peer: str, request_id: str = "-", detail: str = "") -> None:
-        self.observer.finished(
-            self, outcome, server_fault=server_fault, peer=peer, request_id=request_id, detail=detail
-        )
+    def finish(self, outcome: str, *, server_fault: bool, describe: Describe) -> None:
+        """``describe()`` -> (peer, request id, message), called only when the log line is written."""
+        self.observer.finished(self, outcome, server_fault=server_fault, describe=describe)
+
+
+Describe = Callable[[], tuple[str, str, str]]
 
 
 class RequestObserver:
@@ -59,15 +62,14 @@ class RequestObserver:
         self.metrics.in_flight.inc()
         return Observation(self, method, time.perf_counter())
 
-    def finished(
-        self, seen: Observation, outcome: str, *, server_fault: bool, peer: str, request_id: str, detail: str
-    ) -> None:
+    def finished(self, seen: Observation, outcome: str, *, server_fault: bool, describe: Describe) -> None:
         seconds = time.perf_counter() - seen.started
         self.metrics.in_flight.dec()
         self.metrics.requests.labels(seen.method, outcome).inc()
         self.metrics.latency.labels(seen.method).observe(seconds)
         level = logging.WARNING if server_fault else logging.DEBUG
         if log.isEnabledFor(level):
+            peer, request_id, detail = describe()
             log.log(
                 level,
                 "%s %s %.1fms peer=%s request_id=%s %s",

@@ -1,6 +1,7 @@
-"""Smoke tests of the served benches (bench.noisy, bench.latency, bench.memory): each runs end to end against a real
-`elmo serve` subprocess of the tiny model, for a second or so, and writes its JSON. Small limits keep the abusers'
-requests small. Nothing here asserts a time: the benches measure, the tests only check that they run and report."""
+"""Smoke tests of the served benches (bench.noisy, bench.latency, bench.memory, bench.loadgen): each runs end to end
+against a real `elmo serve` subprocess of the tiny model, for a second or so, and writes its JSON. Small limits keep
+the abusers' requests small. Nothing here asserts a time: the benches measure, the tests only check that they run
+and report."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import latency, memory, noisy
+from bench import latency, loadgen, memory, noisy
 from bench.serving import sentences
 from bench.worktree import REPO, revision_tree, tree_env
 
@@ -85,6 +86,37 @@ def test_memory_windows(tiny_model_dir, tmp_path):
     assert [w["window"] for w in run["windows"]] == [1, 2]
     assert all(w["requests"] > 0 and w["rss_end_mib"] > 0 for w in run["windows"])
     assert run["verdict"]["rss_end_mib"]["change_percent"] is not None and run["rss_series"]
+
+
+def test_loadgen_over_http(tiny_model_dir, tmp_path):
+    out = tmp_path / "loadgen.json"
+    argv = ["--model", str(tiny_model_dir), "--protocol", "http", "--duration", "0.5", "--warmup", "0.2"]
+    argv += ["--concurrency", "2", "--texts", "32", "--threads", "1", "--baseline", "--baseline-duration", "0.3"]
+    assert loadgen.main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (one,) = result["rounds"]
+    assert one["served"]["protocol"] == "http" and one["served"]["requests"] > 0 and one["served"]["tokens"] > 0
+    assert result["answer_check"]["after"]["http"]["ok"] and result["server_exit_code"] == 0
+    assert result["summary"]["errors"] == 0 and result["summary"]["served_over_in_process"] > 0
+
+
+def test_loadgen_before_and_after_over_both_protocols(tiny_model_dir, tmp_path):
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    out = tmp_path / "loadgen.json"
+    argv = ["--model", str(tiny_model_dir), "--protocol", "both", "--before", "HEAD", "--duration", "0.4"]
+    argv += ["--warmup", "0.1", "--concurrency", "2", "--texts", "32", "--threads", "1", "--baseline"]
+    assert loadgen.main([*argv, "--baseline-duration", "0.2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (one,) = result["rounds"]
+    for tree in ("before", "after"):
+        assert result["server_exit_code"][tree] == 0
+        for protocol in ("grpc", "http"):
+            assert one["phases"][tree][protocol]["requests"] > 0 and result["answer_check"][tree][protocol]["ok"]
+            assert result["summary"][tree][protocol]["served_over_in_process_min"] > 0
+    assert set(result["summary"]["after_over_before"]) == {"grpc", "http"}
+    assert result["summary"]["after_over_before"]["http"]["tokens_per_s"] > 0
+    assert "after_served_over_in_process_at_least_0.9_every_round" in result["summary"]["issue_check"]["grpc"]
 
 
 def test_sentences_are_real_and_in_range():

@@ -188,8 +188,7 @@ class HttpFrontend:
             seen.finish(
                 outcome,
                 server_fault=server_fault,
-                peer=str(request.remote),
-                request_id=request.headers.get("X-Request-Id", "-")[:64],
+                describe=lambda: (str(request.remote), request.headers.get("X-Request-Id", "-")[:64], ""),
             )
 
     async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
