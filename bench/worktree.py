@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,14 @@ def revision_tree(rev: str, prefix: str = "bench-before-") -> Iterator[Path]:
     """Yield a detached worktree of ``rev`` (any git revision) in a fresh temporary folder; remove it afterwards."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     tree = work / "tree"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True)
+    # git says "HEAD is now at ..." on stdout: sent to stderr, as the benches write their JSON on stdout
+    added = subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], stdout=subprocess.PIPE
+    )
+    sys.stderr.write(added.stdout.decode(errors="replace"))
+    if added.returncode:
+        shutil.rmtree(work, ignore_errors=True)
+        raise subprocess.CalledProcessError(added.returncode, added.args)
     try:
         yield tree
     finally:
