@@ -100,13 +100,15 @@ class Batcher:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
         self.workers = workers  # runtime calls in flight at once
-        # One more call, only for requests of at most express_tokens tokens, while every worker is busy: the OS then
-        # shares the cores between it and the long calls instead of the short request waiting for one to end.
+        # One more call, only for requests of at most express_tokens tokens, while every worker is busy and a long
+        # request is among what they run: the OS then shares the cores between it and the long calls instead of the
+        # short request waiting for one to end. (Under short requests only, batching them is what pays.)
         self.express_tokens = express_tokens
         self.threads = workers + (1 if express_tokens else 0)
         self.executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"runtime-{name}")
         self._free = workers  # workers not running a batch
         self._express_free = 1 if express_tokens else 0
+        self._long_running = 0  # running batches that hold a request over express_tokens (only those make it wait)
         self._running: set[asyncio.Task] = set()
         self._queue: list[_Item] = []
         self._queued_tokens = 0
@@ -212,19 +214,22 @@ class Batcher:
                 self._give_back(express)
                 continue
             self.batches_running += 1
-            task = loop.create_task(self._run_guarded(batch, loop, express))
+            long = any(self._sizes.get(item.request, 0) > self.express_tokens for item in batch)
+            self._long_running += long
+            task = loop.create_task(self._run_guarded(batch, loop, express, long))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
     async def _take_worker(self) -> bool:
-        """Wait for a free worker; True when it is the express one (every other busy, a short request queued)."""
+        """Wait for a free worker; True when it is the express one (every other busy, one with a long request, and a
+        short request queued)."""
         assert self._wakeup is not None
         while True:
             if self._free:
                 self._free -= 1
                 return False
             self._drop_dead()
-            if self._express_free and self._short_requests():
+            if self._express_free and self._long_running and self._short_requests():
                 self._express_free -= 1
                 return True
             self._wakeup.clear()
@@ -242,7 +247,9 @@ class Batcher:
         """Queued requests the express worker may take: those of at most ``express_tokens`` tokens."""
         return {item.request for item in self._queue if self._sizes.get(item.request, 0) <= self.express_tokens}
 
-    async def _run_guarded(self, batch: list[_Item], loop: asyncio.AbstractEventLoop, express: bool) -> None:
+    async def _run_guarded(
+        self, batch: list[_Item], loop: asyncio.AbstractEventLoop, express: bool, long: bool
+    ) -> None:
         try:
             await self._run(batch, loop)
         except asyncio.CancelledError:
@@ -254,6 +261,7 @@ class Batcher:
                     item.future.set_exception(ServiceError(Kind.INTERNAL, "internal error while batching"))
         finally:
             self.batches_running -= 1
+            self._long_running -= long
             self._give_back(express)
 
     async def _wait_for_work(self) -> None:

@@ -40,7 +40,8 @@ T = TypeVar("T")
 
 # Below these sizes a step costs less than handing it to a worker thread and back (~0.1 ms), so it runs in place.
 INLINE_CHARS = 4096  # code points of text in one request
-INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one answer, as sent
+INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one JSON answer, as sent
+INLINE_MESSAGE_BYTES = 4 * 1024 * 1024  # bytes of one protobuf answer (building it is a copy: ~0.1 ms per MiB)
 # The longest JSON number service.http.encode writes for a float32 or float16 (the shortest text that reads back as
 # the same float32, e.g. "-1.1754944e-38"), with its separator: the JSON answer's size bound.
 JSON_NUMBER_BYTES = 16
@@ -151,7 +152,7 @@ class RequestCore:
             lambda: self.prepare(request, Encoding.PROTOBUF), heavy=request_chars(request) > INLINE_CHARS
         )
         result = await self.embed(prepared, deadline, started)
-        response = await self.run(lambda: build_response(result), heavy=prepared.answer_bytes > INLINE_ANSWER_BYTES)
+        response = await self.run(lambda: build_response(result), heavy=prepared.answer_bytes > INLINE_MESSAGE_BYTES)
         response.request_id = request.request_id
         return response
 
@@ -182,9 +183,6 @@ class RequestCore:
             plan.max_per_sentence,
             answer_bytes=0,
         )
-        n_tokens = prepared.n_tokens
-        if n_tokens > self.limits.max_tokens_per_request:
-            raise too_large(request_tokens_message(n_tokens, self.limits))
         if pooled:
             prepared.answer_bytes = pooled_bytes(len(sentences), plan.model.dim, encoding)
         else:

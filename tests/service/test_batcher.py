@@ -319,3 +319,41 @@ def test_without_an_express_worker_a_short_request_waits_behind_a_long_one(runti
         return queued
 
     assert asyncio.run(scenario()) == (1, False)
+
+
+def test_the_express_worker_stays_idle_while_only_short_requests_run(runtime):
+    """Short requests behind a short one are batched as usual: the express worker is for waits behind long ones."""
+    gate = threading.Event()
+
+    def embed(sentences):
+        if sentences[0][0].startswith("hold"):
+            gate.wait(30)
+        return runtime.embed_tokens_with_stats(sentences)
+
+    async def scenario():
+        batcher = Batcher(
+            embed,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=0.0,
+            max_queue_tokens=200,
+            name="tiny",
+            workers=1,
+            express_tokens=10,
+        )
+        batcher.start()
+        try:
+            held = asyncio.ensure_future(batcher.embed([sentence(3, "hold")]))  # short, and running
+            await until(lambda: batcher.batches_running == 1)
+            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+            for _ in range(100):
+                await asyncio.sleep(0)
+            queued = (batcher.queued_sentences, batcher.batches_running, short.done())
+            gate.set()
+            await asyncio.wait_for(asyncio.gather(held, short), 30)
+        finally:
+            gate.set()
+            await batcher.close()
+        return queued
+
+    assert asyncio.run(scenario()) == (1, 1, False)
