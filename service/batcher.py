@@ -12,7 +12,8 @@ Batch formation, when the worker is free:
     so far), while the batch's real token count stays within ``max_batch_tokens`` (first fit): a short request is
     not stuck behind a long one, and a long one alone fills whole batches. Padding is not
     counted here on purpose: the runtime sorts every call by length and cuts it into padding-minimal sub-batches
-    itself (elmo.runtime.plan_batches);
+    itself (elmo.runtime.plan_batches); short requests (``express_tokens``) batch among themselves whenever any
+    is queued, so that none rides in a call with a long one;
   * when no batch is running the queue goes at once (an idle server does not wait for company: what arrives
     meanwhile forms the next batch); while one runs and a worker is free (``workers`` > 1), a partial batch waits
     at most ``max_delay`` for company;
@@ -206,7 +207,7 @@ class Batcher:
             try:
                 if not express:
                     await self._wait_for_work()
-                batch = self._form_batch(express)
+                batch = self._form_batch()
             except BaseException:
                 self._give_back(express)
                 raise
@@ -309,15 +310,17 @@ class Batcher:
             if cancelled:
                 self.observer.dropped("cancelled", cancelled)
 
-    def _form_batch(self, express: bool = False) -> list[_Item]:
+    def _form_batch(self) -> list[_Item]:
         """Fair and first fit: requests take turns, one sentence each per round, the one that has had the fewest of
         its tokens computed so far first (least attained service: a short request goes ahead of a long one that has
         been served for a while, and a long one alone fills whole batches); each takes its next sentence that still
-        fits the token budget, and the first sentence always goes in. ``express``: short requests only."""
+        fits the token budget, and the first sentence always goes in."""
         self._drop_dead()
         if not self._queue:
             return []
-        allowed = self._short_requests() if express else None
+        # Short requests batch among themselves whenever any is queued (the express worker takes nothing else): a
+        # one-sentence request never rides in a call that also carries a long one. Long ones batch when none is.
+        allowed = self._short_requests() or None
         lanes: dict[int, list[int]] = {}  # request -> its queued sentences' indices, in arrival order
         for i, item in enumerate(self._queue):
             if allowed is None or item.request in allowed:

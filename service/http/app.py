@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -58,6 +58,7 @@ SEND_PIECE_BYTES = 256 * 1024  # larger answers are written in pieces of this si
 CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never sent (nobody is there), counted as CLIENT_GONE
 INLINE_BODY_BYTES = 16 * 1024  # a body this small is parsed and tokenized in place (cheaper than a thread hop)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 # Every answer: no MIME sniffing. The page: only its own inline script and style block (by hash), calls to this
 # origin, never framed, no referrer leaks. (Style attributes stay allowed: the page colours its heat map with them.)
@@ -114,7 +115,6 @@ def _is_json(content_type: str) -> bool:
 @dataclass
 class _OpenAICall:
     parsed: schema.OpenAIRequest
-    prepared: PreparedEmbed
     model_id: str
 
 
@@ -253,21 +253,26 @@ class HttpFrontend:
         return await self.core.run(lambda: parse(schema.parse_json(body)), heavy=len(body) > INLINE_BODY_BYTES)
 
     # -- endpoints -----------------------------------------------------------------------------------------------
-    async def embeddings(self, request: web.Request) -> web.Response:
+    async def _run_embed(
+        self, request: web.Request, prepare: Callable[[dict, str], tuple[T, PreparedEmbed]]
+    ) -> tuple[T, PreparedEmbed, EmbedResult]:
+        """Both embedding endpoints: read the body, admit, parse and prepare (``prepare(json, request id)``), embed."""
         body = await self._read(request)
         request_id = request.headers.get("X-Request-Id", "")
         with self.state.admit():
             started = time.monotonic()
-            call: _OpenAICall = await self._parse(body, lambda value: self._prepare_openai(value, request_id))
-            result = await self.core.embed(call.prepared, None, started)
-        n_tokens = call.prepared.n_tokens
+            call, prepared = await self._parse(body, lambda value: prepare(value, request_id))
+            return call, prepared, await self.core.embed(prepared, None, started)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        call, prepared, result = await self._run_embed(request, self._prepare_openai)
         return await self._json(
             request,
-            lambda: schema.openai_answer(call.parsed, pooled(result), n_tokens, call.model_id),
-            call.prepared.answer_bytes,
+            lambda: schema.openai_answer(call.parsed, pooled(result), prepared.n_tokens, call.model_id),
+            prepared.answer_bytes,
         )
 
-    def _prepare_openai(self, value: dict, request_id: str) -> _OpenAICall:
+    def _prepare_openai(self, value: dict, request_id: str) -> tuple[_OpenAICall, PreparedEmbed]:
         parsed = schema.parse_openai(value, request_id)
         model = self.core.models.get(parsed.embed.model)
         if parsed.embed.task:
@@ -276,15 +281,10 @@ class HttpFrontend:
             raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{clip(model.name)}' has {model.dim}")
         prepared = self.core.prepare(parsed.embed, Encoding(parsed.encoding), pooled=True)
         model_id = f"{model.name}:{parsed.embed.task}" if parsed.embed.task else model.name
-        return _OpenAICall(parsed, prepared, model_id)
+        return _OpenAICall(parsed, model_id), prepared
 
-    async def embed(self, request: web.Request) -> web.Response:
-        body = await self._read(request)
-        request_id = request.headers.get("X-Request-Id", "")
-        with self.state.admit():
-            started = time.monotonic()
-            call, prepared = await self._parse(body, lambda value: self._prepare_embed(value, request_id))
-            result = await self.core.embed(prepared, None, started)
+    async def embed(self, request: web.Request) -> web.StreamResponse:
+        call, prepared, result = await self._run_embed(request, self._prepare_embed)
         return await self._json(request, lambda: self._embed_answer(call, result), prepared.answer_bytes)
 
     def _prepare_embed(self, value: dict, request_id: str) -> tuple[schema.EmbedCall, PreparedEmbed]:

@@ -357,3 +357,42 @@ def test_the_express_worker_stays_idle_while_only_short_requests_run(runtime):
         return queued
 
     assert asyncio.run(scenario()) == (1, 1, False)
+
+
+def test_short_requests_batch_among_themselves_ahead_of_a_long_one(runtime):
+    """A long request queued first and a short one after: the short one goes in a call of its own, first, instead
+    of riding in the long one's (where it would wait for the whole long call)."""
+    gate, batches = threading.Event(), []
+
+    def embed(sentences):
+        batches.append([len(s) for s in sentences])
+        if sentences[0][0].startswith("hold"):
+            gate.wait(30)
+        return runtime.embed_tokens_with_stats(sentences)
+
+    async def scenario():
+        batcher = Batcher(
+            embed,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=0.0,
+            max_queue_tokens=200,
+            name="tiny",
+            workers=1,
+            express_tokens=10,
+        )
+        batcher.start()
+        try:
+            held = asyncio.ensure_future(batcher.embed([sentence(2, "hold")]))  # short: no express worker for others
+            await until(lambda: batcher.batches_running == 1)
+            long = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
+            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+            await until(lambda: batcher.queued_sentences == 2)
+            gate.set()
+            await asyncio.wait_for(asyncio.gather(held, long, short), 30)
+        finally:
+            gate.set()
+            await batcher.close()
+
+    asyncio.run(scenario())
+    assert batches == [[2], [3], [30]]  # not [[2], [3, 30]]: the budget had room for both
