@@ -29,7 +29,9 @@ class Limits:
     max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
     max_batch_sentences: int = 256
     max_delay_ms: float = 2.0  # while a batch runs, how long a partial one waits for company (idle: none)
-    express_tokens: int = 256  # requests this small may run on one extra runtime worker while all others are busy
+    express_tokens: int = (
+        64  # requests this small (about one sentence) may run on one extra runtime worker while all others are busy
+    )
     # -- server --------------------------------------------------------------------------------------------------
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
