@@ -77,6 +77,8 @@ MAX_PHASE_S = 600.0
 
 
 # -- analysis ----------------------------------------------------------------------------------------------------
+
+
 def _within(events: list[tuple], start: float, end: float) -> list[tuple]:
     return [e for e in events if start <= e[1] < end]
 
@@ -142,21 +144,27 @@ def verdict(alone: dict, abused: dict) -> dict:
 
 
 # -- one run -----------------------------------------------------------------------------------------------------
+def start_prober(served) -> Workers:
+    """The worker processes of one run, the health prober already started among them."""
+    workers = Workers()
+    workers.start(
+        prober_process,
+        served.grpc_target,
+        served.http_url,
+        PROBE_INTERVAL_S,
+        workers.ready,
+        workers.stop_event,
+        workers.out,
+    )
+    return workers
+
+
 def run_phases(args: argparse.Namespace, label: str, tree: Path | None, texts: list[str]) -> dict:
     served = start_server(args.model, args.threads, args.serve_arg, tree, label)
     try:
         limits = server_limits(served.grpc_target)
         limits["largest_json_tokens"], fitted = fit_largest_json(served.http_url, limits)
-        workers = Workers()
-        workers.start(
-            prober_process,
-            served.grpc_target,
-            served.http_url,
-            PROBE_INTERVAL_S,
-            workers.ready,
-            workers.stop_event,
-            workers.out,
-        )
+        workers = start_prober(served)
         workers.start(
             clients_process,
             served.grpc_target,
@@ -225,16 +233,7 @@ def run_single(args: argparse.Namespace, label: str, tree: Path | None) -> dict:
             requests = abuse_requests(limits)
         else:
             requests = single_requests(limits)
-        workers = Workers()
-        workers.start(
-            prober_process,
-            served.grpc_target,
-            served.http_url,
-            PROBE_INTERVAL_S,
-            workers.ready,
-            workers.stop_event,
-            workers.out,
-        )
+        workers = start_prober(served)
         workers.wait_ready()
         host, port = served.http_host_port
         idle_start = time.monotonic()

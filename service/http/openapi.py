@@ -38,6 +38,13 @@ _INT = {"type": "integer"}
 _COUNT = {"type": "integer", "minimum": 0}
 _NUMBERS = _array({"type": "number"})
 _STRINGS = _array(_STRING)
+_LIMIT_NAMES = (
+    "max_inputs",
+    "max_tokens_per_sentence",
+    "max_tokens_per_request",
+    "max_message_bytes",
+    "max_response_bytes",
+)
 
 # -- errors ------------------------------------------------------------------------------------------------------
 # Every error is OpenAI's shape, {"error": {message, type, code}}, with the HTTP status again in ``code``.
@@ -291,25 +298,7 @@ _SCHEMAS: dict[str, dict] = {
             "max_tokens_per_sentence": _COUNT,
             "tasks": _STRINGS,
             "stale_tasks": _array(_STRING, description="mixes trained on earlier weights: served, retrain them"),
-            "limits": _obj(
-                {
-                    name: _COUNT
-                    for name in (
-                        "max_inputs",
-                        "max_tokens_per_sentence",
-                        "max_tokens_per_request",
-                        "max_message_bytes",
-                        "max_response_bytes",
-                    )
-                },
-                required=(
-                    "max_inputs",
-                    "max_tokens_per_sentence",
-                    "max_tokens_per_request",
-                    "max_message_bytes",
-                    "max_response_bytes",
-                ),
-            ),
+            "limits": _obj({name: _COUNT for name in _LIMIT_NAMES}, required=_LIMIT_NAMES),
         },
         required=(
             "id",

@@ -243,156 +243,118 @@ def test_served_model_runs_as_many_calls_as_the_runtime_runs_batches(tiny_model_
                 max_queue_tokens=1)  # fmt: skip
 
 
-def test_a_short_request_takes_the_express_worker_while_long_ones_hold_the_others(runtime):
-    """Every regular worker busy with a long request: a short one runs at once on the express worker; a long one
-    queued meanwhile does not get it, and waits."""
-    gate = threading.Event()
+class Gated:
+    """The real runtime, whose calls with a sentence starting with ``hold_prefix`` run until the test opens the
+    gate; batch compositions written down. ``batcher()`` is a one-worker batcher with an express worker for
+    requests of at most 10 tokens (or none)."""
 
-    def embed(sentences):
-        if sentences[0][0].startswith("long"):
-            gate.wait(30)  # the long batches run until the test lets them finish
-        return runtime.embed_tokens_with_stats(sentences)
+    def __init__(self, runtime, hold_prefix: str):
+        self.runtime, self.prefix = runtime, hold_prefix
+        self.gate = threading.Event()
+        self.batches: list[list[int]] = []
 
-    async def scenario():
+    def embed(self, sentences):
+        self.batches.append([len(s) for s in sentences])
+        if sentences[0][0].startswith(self.prefix):
+            self.gate.wait(30)
+        return self.runtime.embed_tokens_with_stats(sentences)
+
+    def batcher(self, express_tokens: int = 10) -> Batcher:
         batcher = Batcher(
-            embed,
+            self.embed,
             max_batch_tokens=64,
             max_batch_sentences=8,
             max_delay_s=0.0,
             max_queue_tokens=200,
             name="tiny",
             workers=1,
-            express_tokens=10,
+            express_tokens=express_tokens,
         )
         batcher.start()
+        return batcher
+
+    async def run(self, scenario, express_tokens: int = 10):
+        """``scenario(batcher)`` with a held call possible; the gate always opens and the batcher closes after."""
+        batcher = self.batcher(express_tokens)
         try:
-            long_one = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
-            await until(lambda: batcher.batches_running == 1)
-            long_two = asyncio.ensure_future(batcher.embed([sentence(20, "long")]))  # over 10 tokens: not express
-            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
-            (vectors,), _ = await asyncio.wait_for(short, 30)  # answered while the long one still runs
-            waiting = (batcher.queued_sentences, long_one.done(), long_two.done())
-            gate.set()
-            await asyncio.wait_for(asyncio.gather(long_one, long_two), 30)
+            return await scenario(batcher)
         finally:
-            gate.set()
+            self.gate.set()
             await batcher.close()
+
+
+async def let_run(turns: int = 100) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def test_a_short_request_takes_the_express_worker_while_long_ones_hold_the_others(runtime):
+    """Every regular worker busy with a long request: a short one runs at once on the express worker; a long one
+    queued meanwhile does not get it, and waits."""
+    gated = Gated(runtime, "long")
+
+    async def scenario(batcher):
+        long_one = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
+        await until(lambda: batcher.batches_running == 1)
+        long_two = asyncio.ensure_future(batcher.embed([sentence(20, "long")]))  # over 10 tokens: not express
+        short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+        (vectors,), _ = await asyncio.wait_for(short, 30)  # answered while the long one still runs
+        waiting = (batcher.queued_sentences, long_one.done(), long_two.done())
+        gated.gate.set()
+        await asyncio.wait_for(asyncio.gather(long_one, long_two), 30)
         return vectors, waiting
 
-    vectors, waiting = asyncio.run(scenario())
+    vectors, waiting = asyncio.run(gated.run(scenario))
     assert waiting == (1, False, False)  # the second long request queued behind the first, not on the express worker
     np.testing.assert_allclose(vectors, runtime.embed_tokens([sentence(3, "short")])[0], rtol=0, atol=1e-6)
 
 
 def test_without_an_express_worker_a_short_request_waits_behind_a_long_one(runtime):
-    gate = threading.Event()
+    gated = Gated(runtime, "long")
 
-    def embed(sentences):
-        if sentences[0][0].startswith("long"):
-            gate.wait(30)
-        return runtime.embed_tokens_with_stats(sentences)
-
-    async def scenario():
-        batcher = Batcher(
-            embed,
-            max_batch_tokens=64,
-            max_batch_sentences=8,
-            max_delay_s=0.0,
-            max_queue_tokens=200,
-            name="tiny",
-            workers=1,
-            express_tokens=0,
-        )
-        batcher.start()
-        try:
-            long_one = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
-            await until(lambda: batcher.batches_running == 1)
-            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
-            for _ in range(100):
-                await asyncio.sleep(0)
-            queued = (batcher.queued_sentences, short.done())
-            gate.set()
-            await asyncio.wait_for(asyncio.gather(long_one, short), 30)
-        finally:
-            gate.set()
-            await batcher.close()
+    async def scenario(batcher):
+        long_one = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
+        await until(lambda: batcher.batches_running == 1)
+        short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+        await let_run()
+        queued = (batcher.queued_sentences, short.done())
+        gated.gate.set()
+        await asyncio.wait_for(asyncio.gather(long_one, short), 30)
         return queued
 
-    assert asyncio.run(scenario()) == (1, False)
+    assert asyncio.run(gated.run(scenario, express_tokens=0)) == (1, False)
 
 
 def test_the_express_worker_stays_idle_while_only_short_requests_run(runtime):
     """Short requests behind a short one are batched as usual: the express worker is for waits behind long ones."""
-    gate = threading.Event()
+    gated = Gated(runtime, "hold")
 
-    def embed(sentences):
-        if sentences[0][0].startswith("hold"):
-            gate.wait(30)
-        return runtime.embed_tokens_with_stats(sentences)
-
-    async def scenario():
-        batcher = Batcher(
-            embed,
-            max_batch_tokens=64,
-            max_batch_sentences=8,
-            max_delay_s=0.0,
-            max_queue_tokens=200,
-            name="tiny",
-            workers=1,
-            express_tokens=10,
-        )
-        batcher.start()
-        try:
-            held = asyncio.ensure_future(batcher.embed([sentence(3, "hold")]))  # short, and running
-            await until(lambda: batcher.batches_running == 1)
-            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
-            for _ in range(100):
-                await asyncio.sleep(0)
-            queued = (batcher.queued_sentences, batcher.batches_running, short.done())
-            gate.set()
-            await asyncio.wait_for(asyncio.gather(held, short), 30)
-        finally:
-            gate.set()
-            await batcher.close()
+    async def scenario(batcher):
+        held = asyncio.ensure_future(batcher.embed([sentence(3, "hold")]))  # short, and running
+        await until(lambda: batcher.batches_running == 1)
+        short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+        await let_run()
+        queued = (batcher.queued_sentences, batcher.batches_running, short.done())
+        gated.gate.set()
+        await asyncio.wait_for(asyncio.gather(held, short), 30)
         return queued
 
-    assert asyncio.run(scenario()) == (1, 1, False)
+    assert asyncio.run(gated.run(scenario)) == (1, 1, False)
 
 
 def test_short_requests_batch_among_themselves_ahead_of_a_long_one(runtime):
     """A long request queued first and a short one after: the short one goes in a call of its own, first, instead
     of riding in the long one's (where it would wait for the whole long call)."""
-    gate, batches = threading.Event(), []
+    gated = Gated(runtime, "hold")
 
-    def embed(sentences):
-        batches.append([len(s) for s in sentences])
-        if sentences[0][0].startswith("hold"):
-            gate.wait(30)
-        return runtime.embed_tokens_with_stats(sentences)
+    async def scenario(batcher):
+        held = asyncio.ensure_future(batcher.embed([sentence(2, "hold")]))  # short: no express worker for others
+        await until(lambda: batcher.batches_running == 1)
+        long = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
+        short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
+        await until(lambda: batcher.queued_sentences == 2)
+        gated.gate.set()
+        await asyncio.wait_for(asyncio.gather(held, long, short), 30)
 
-    async def scenario():
-        batcher = Batcher(
-            embed,
-            max_batch_tokens=64,
-            max_batch_sentences=8,
-            max_delay_s=0.0,
-            max_queue_tokens=200,
-            name="tiny",
-            workers=1,
-            express_tokens=10,
-        )
-        batcher.start()
-        try:
-            held = asyncio.ensure_future(batcher.embed([sentence(2, "hold")]))  # short: no express worker for others
-            await until(lambda: batcher.batches_running == 1)
-            long = asyncio.ensure_future(batcher.embed([sentence(30, "long")]))
-            short = asyncio.ensure_future(batcher.embed([sentence(3, "short")]))
-            await until(lambda: batcher.queued_sentences == 2)
-            gate.set()
-            await asyncio.wait_for(asyncio.gather(held, long, short), 30)
-        finally:
-            gate.set()
-            await batcher.close()
-
-    asyncio.run(scenario())
-    assert batches == [[2], [3], [30]]  # not [[2], [3, 30]]: the budget had room for both
+    asyncio.run(gated.run(scenario))
+    assert gated.batches == [[2], [3], [30]]  # not [[2], [3, 30]]: the budget had room for both
