@@ -169,6 +169,32 @@ def build_requests(texts: list[str], per_request: int, layers: list[int], dtype:
     return out
 
 
+def _served_result(protocol, concurrency, duration, counts, errors, latencies, marks, rss) -> LoadResult:
+    """One served phase's figures, the same for both protocols."""
+    cpu = None
+    if marks.get("cpu_start") is not None and marks.get("cpu_end") is not None:
+        cpu = round(marks["cpu_end"] - marks["cpu_start"], 2)
+    return LoadResult(
+        mode="served",
+        concurrency=concurrency,
+        seconds=round(duration, 3),
+        requests=counts["requests"],
+        sentences=counts["sentences"],
+        tokens=counts["tokens"],
+        errors=errors,
+        latency_ms=_percentiles(latencies),
+        rss_mib={
+            "start": marks.get("rss_start"),
+            "end": marks.get("rss_end"),
+            "max": max(rss, default=None),
+            "every_10s": [round(v, 1) for v in rss[::10]],
+        },
+        cpu_s=cpu,
+        client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
+        protocol=protocol,
+    )
+
+
 async def drive(
     target: str,
     requests: list[tuple[bytes, int, int]],
@@ -236,29 +262,7 @@ async def drive(
     finally:
         for channel in channels:
             await channel.close()
-    cpu = None
-    if marks.get("cpu_start") is not None and marks.get("cpu_end") is not None:
-        cpu = round(marks["cpu_end"] - marks["cpu_start"], 2)
-    seconds = duration
-    return LoadResult(
-        mode="served",
-        concurrency=concurrency,
-        seconds=round(seconds, 3),
-        requests=counts["requests"],
-        sentences=counts["sentences"],
-        tokens=counts["tokens"],
-        errors=errors,
-        latency_ms=_percentiles(latencies),
-        rss_mib={
-            "start": marks.get("rss_start"),
-            "end": marks.get("rss_end"),
-            "max": max(rss, default=None),
-            "every_10s": [round(v, 1) for v in rss[::10]],
-        },
-        cpu_s=cpu,
-        client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
-        protocol="grpc",
-    )
+    return _served_result("grpc", concurrency, duration, counts, errors, latencies, marks, rss)
 
 
 def build_http_requests(
@@ -371,28 +375,7 @@ def drive_http(
     _mark_edge(marks, "end", server_pid)
     for thread in threads:
         thread.join()
-    cpu = None
-    if marks.get("cpu_start") is not None and marks.get("cpu_end") is not None:
-        cpu = round(marks["cpu_end"] - marks["cpu_start"], 2)
-    return LoadResult(
-        mode="served",
-        concurrency=concurrency,
-        seconds=round(duration, 3),
-        requests=counts["requests"],
-        sentences=counts["sentences"],
-        tokens=counts["tokens"],
-        errors=errors,
-        latency_ms=_percentiles(latencies),
-        rss_mib={
-            "start": marks.get("rss_start"),
-            "end": marks.get("rss_end"),
-            "max": max(rss, default=None),
-            "every_10s": [round(v, 1) for v in rss[::10]],
-        },
-        cpu_s=cpu,
-        client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
-        protocol="http",
-    )
+    return _served_result("http", concurrency, duration, counts, errors, latencies, marks, rss)
 
 
 def _mark_edge(marks: dict, edge: str, server_pid: int | None) -> None:
