@@ -39,15 +39,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
-import ipaddress
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -55,11 +50,22 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.loadgen_report import check_answers, print_table, summarize, summarize_phases
+from bench.server_process import (
+    REQUEST_TIMEOUT_S,
+    Endpoint,
+    check_loopback,
+    cpu_seconds,
+    rss_mib,
+    split_address,
+    start_endpoint,
+    stop_server,
+)
+
 MAX_DURATION_S = 600.0
 MAX_REQUESTS = 1_000_000
 MAX_CONCURRENCY = 256
 PROTOCOLS = ("grpc", "http")
-REQUEST_TIMEOUT_S = 120.0
 
 _WORDS = (
     "the of and to in a is that for it as was with be by on not he I this are or his from at which but have an they "
@@ -81,37 +87,6 @@ def make_texts(n: int, seed: int = 0, min_tokens: int = 4, max_tokens: int = 40)
             words = rng.choices(_WORDS, k=length - 1)
             texts.append(" ".join([words[0].capitalize(), *words[1:]]) + " .")
     return texts
-
-
-def check_loopback(target: str) -> None:
-    """Refuse anything but a loopback address: this tool must never load someone else's server."""
-    host, _, port = target.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit():
-        raise SystemExit(f"--server must be HOST:PORT, got {target!r}")
-    addresses = {info[4][0] for info in socket.getaddrinfo(host, int(port))}
-    if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        raise SystemExit(f"loadgen drives loopback servers only; {host} resolves to {sorted(addresses)}")
-
-
-def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
-    """A process's resident set (``VmRSS``) or its peak (``VmHWM``) in MiB; None once it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """user + system CPU time of a process (from /proc/PID/stat)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -283,12 +258,6 @@ def build_http_requests(
     return out
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` too) -> (host, port)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def drive_http(
     address: str,
     requests: list[tuple[bytes, int, int]],
@@ -385,62 +354,6 @@ def _mark_edge(marks: dict, edge: str, server_pid: int | None) -> None:
     marks[f"client_cpu_{edge}"] = time.process_time()
 
 
-def check_answers(
-    grpc_target: str | None,
-    http_address: str | None,
-    grpc_request: tuple[bytes, int, int],
-    http_request: tuple[bytes, int, int],
-    auth_token: str | None = None,
-) -> dict:
-    """One request per protocol, its answer decoded: the tokens the server embedded (every embedding's layers
-    shaped [layers, tokens, dim] with its bytes all there) against the count the load's tallies use."""
-    out: dict = {}
-    if grpc_target is not None:
-        import grpc
-
-        from elmo.v1 import embedder_pb2 as pb
-
-        data, _, expected = grpc_request
-        metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
-        try:
-            with grpc.insecure_channel(grpc_target, options=[("grpc.max_receive_message_length", -1)]) as channel:
-                call = channel.unary_unary("/elmo.v1.Embedder/Embed", request_serializer=None)
-                response = pb.EmbedResponse.FromString(call(data, timeout=REQUEST_TIMEOUT_S, metadata=metadata))
-            found = sum(len(e.tokens) for e in response.embeddings)
-            shapes_ok = all(e.layers.shape[1] == len(e.tokens) for e in response.embeddings)
-            out["grpc"] = {"tokens": found, "expected": expected, "ok": found == expected and shapes_ok}
-        except grpc.RpcError as exc:
-            out["grpc"] = {"error": exc.code().name, "ok": False}
-    if http_address is not None:
-        body, _, expected = http_request
-        headers = {"Content-Type": "application/json"} | (
-            {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
-        )
-        conn = http.client.HTTPConnection(*split_address(http_address), timeout=REQUEST_TIMEOUT_S)
-        try:
-            conn.request("POST", "/v1/embed", body=body, headers=headers)
-            response = conn.getresponse()
-            status, data = response.status, response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            status, data = f"conn:{type(exc).__name__}", b""
-        finally:
-            conn.close()
-        if status != 200:
-            out["http"] = {"error": str(status), "body": data[:300].decode(errors="replace"), "ok": False}
-        else:
-            import base64
-
-            answer = json.loads(data)
-            found = sum(len(e["tokens"]) for e in answer["embeddings"])
-            shapes_ok = True
-            for e in answer["embeddings"]:
-                layers = e["layers"]
-                size = int(np.prod(layers["shape"])) * np.dtype(layers["dtype"]).itemsize
-                shapes_ok &= layers["shape"][1] == len(e["tokens"]) and len(base64.b64decode(layers["data"])) == size
-            out["http"] = {"tokens": found, "expected": expected, "ok": found == expected and shapes_ok}
-    return out
-
-
 # -- in-process baseline ---------------------------------------------------------------------------------------------
 def load_embedder(model_dir: Path, threads: int | None, texts: list[str], batch: int):
     from elmo.runtime import Embedder
@@ -478,77 +391,6 @@ def measure_in_process(embedder, texts: list[str], duration: float, batch: int) 
         latency_ms=_percentiles(latencies),
         cpu_s=round(cpu, 2),
     )
-
-
-# -- server process --------------------------------------------------------------------------------------------------
-def spawn_server(
-    model_dir: Path, threads: int | None, extra: list[str], timeout: float = 120.0, tree: Path | None = None
-) -> tuple[subprocess.Popen, str, Path]:
-    """``elmo serve`` on a free loopback port, SERVING -> (process, gRPC target, log path; the port file is beside
-    it). ``tree``: serve the code of that checkout (a git worktree of an older revision, bench.worktree) instead."""
-    workdir = Path(tempfile.mkdtemp(prefix="loadgen-"))
-    port_file, log_path = workdir / "port", workdir / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "elmo.cli",
-        "serve",
-        "--model",
-        str(Path(model_dir).resolve()),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--port-file",
-        str(port_file),
-        *extra,
-    ]
-    if threads:
-        command += ["--threads", str(threads)]
-    options: dict = {}
-    if tree is not None:
-        from bench.worktree import tree_env
-
-        options = {"cwd": tree, "env": tree_env(tree)}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **options)
-    deadline = time.monotonic() + timeout
-    while not (port_file.is_file() and port_file.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"server did not start; log: {log_path}\n{log_path.read_text()[-2000:]}")
-        time.sleep(0.1)
-    target = f"127.0.0.1:{port_file.read_text().split()[0]}"
-    _wait_serving(target, timeout)
-    return proc, target, log_path
-
-
-def _wait_serving(target: str, timeout: float = 120.0) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                if (
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
-                    == health_pb2.HealthCheckResponse.SERVING
-                ):
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise SystemExit(f"{target} did not become SERVING within {timeout:.0f} s")
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait(10)
 
 
 # -- command line ----------------------------------------------------------------------------------------------------
@@ -620,36 +462,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.http_server and not args.server:
         parser.error("--http-server goes with --server (with --model the HTTP port is the server's own)")
     return args
-
-
-@dataclass
-class Endpoint:
-    """One server to drive: its gRPC target, its HTTP HOST:PORT (when started with one), its PID, its process."""
-
-    label: str
-    grpc_target: str
-    http_address: str | None
-    pid: int | None
-    proc: subprocess.Popen | None = None
-    log_path: Path | None = None
-
-
-def start_endpoint(args: argparse.Namespace, label: str, tree: Path | None, with_http: bool) -> Endpoint:
-    """``elmo serve`` of ``tree``'s code (this checkout's when None) with this checkout's model directory, an absolute
-    path, and ``--http-port 0`` when HTTP is driven; its port file: gRPC port, metrics port, HTTP port."""
-    extra = list(args.serve_arg)
-    if with_http and not any(a.split("=")[0] == "--http-port" for a in extra):
-        extra = ["--http-port", "0", *extra]
-    proc, target, log_path = spawn_server(args.model.resolve(), args.threads, extra, tree=tree)
-    http_address = None
-    if with_http:
-        lines = (log_path.parent / "port").read_text().split("\n")
-        if len(lines) < 3 or not lines[2].strip():
-            stop_server(proc)
-            raise SystemExit(f"{label}: the server wrote no HTTP port to its port file (log: {log_path})")
-        http_address = f"127.0.0.1:{lines[2].strip()}"
-    print(f"{label}: elmo serve pid {proc.pid}, gRPC {target}, HTTP {http_address or '-'}", file=sys.stderr)
-    return Endpoint(label, target, http_address, proc.pid, proc, log_path)
 
 
 def run_phase(
@@ -780,149 +592,6 @@ def _phase_line(tree_label: str, protocol: str, result: LoadResult, one: dict) -
         f"p50 {lat.get('p50', float('nan')):.1f} ms, p99 {lat.get('p99', float('nan')):.1f} ms{ratio}, "
         f"errors {sum(result.errors.values())}"
     )
-
-
-def summarize(rounds: list[dict]) -> dict:
-    """Medians over rounds of one served series (``rounds[i]["served"]``), and its ratio to the in-process runtime
-    when every round has one."""
-    served = [r["served"] for r in rounds]
-    out = {
-        "served_tokens_per_s": _median(s["tokens_per_s"] for s in served),
-        "served_requests_per_s": _median(s["requests_per_s"] for s in served),
-        "served_latency_ms_p50": _median(s["latency_ms"].get("p50", 0) for s in served),
-        "served_latency_ms_p99": _median(s["latency_ms"].get("p99", 0) for s in served),
-        "served_tokens_per_server_cpu_s": _median(s["tokens_per_cpu_s"] or 0 for s in served),
-        "errors": sum(sum(s["errors"].values()) for s in served),
-        "server_rss_mib_first_start": served[0]["rss_mib"].get("start"),
-        "server_rss_mib_last_end": served[-1]["rss_mib"].get("end"),
-    }
-    if all("in_process" in r for r in rounds):
-        base = [r["in_process"] for r in rounds]
-        out["in_process_tokens_per_s"] = _median(b["tokens_per_s"] for b in base)
-        out["in_process_tokens_per_cpu_s"] = _median(b["tokens_per_cpu_s"] or 0 for b in base)
-        out["served_over_in_process"] = _ratio(out["served_tokens_per_s"], out["in_process_tokens_per_s"])
-        out["served_over_in_process_per_round"] = [
-            _ratio(r["served"]["tokens_per_s"], r["in_process"]["tokens_per_s"]) for r in rounds
-        ]
-        out["served_over_in_process_min"] = min(out["served_over_in_process_per_round"], default=None)
-        out["served_over_in_process_per_cpu_s"] = _ratio(
-            out["served_tokens_per_server_cpu_s"], out["in_process_tokens_per_cpu_s"]
-        )
-    return out
-
-
-def summarize_phases(rounds: list[dict], labels: list[str], protocols: list[str]) -> dict:
-    """Per tree and protocol, :func:`summarize`'s medians; with a before tree, after / before per protocol (ratio of
-    the medians, and per round), and the issue's check."""
-    out: dict = {}
-    for tree_label in labels:
-        for protocol in protocols:
-            series = [
-                {k: v for k, v in r.items() if k == "in_process"} | {"served": r["phases"][tree_label][protocol]}
-                for r in rounds
-            ]
-            out.setdefault(tree_label, {})[protocol] = summarize(series)
-    out["errors"] = sum(out[t][p]["errors"] for t in labels for p in protocols)
-    if rounds and all("in_process" in r for r in rounds):
-        out["in_process_tokens_per_s"] = _median(r["in_process"]["tokens_per_s"] for r in rounds)
-    if "before" in labels:
-        out["after_over_before"] = {}
-        out["issue_check"] = {}
-        for protocol in protocols:
-            before, after = out["before"][protocol], out["after"][protocol]
-            per_round = [(r["phases"]["before"][protocol], r["phases"]["after"][protocol]) for r in rounds]
-            ratios = {
-                "tokens_per_s": _ratio(after["served_tokens_per_s"], before["served_tokens_per_s"]),
-                "tokens_per_s_per_round": [_ratio(a["tokens_per_s"], b["tokens_per_s"]) for b, a in per_round],
-                "latency_p50": _ratio(after["served_latency_ms_p50"], before["served_latency_ms_p50"]),
-                "latency_p50_per_round": [
-                    _ratio(a["latency_ms"].get("p50"), b["latency_ms"].get("p50")) for b, a in per_round
-                ],
-                "latency_p99": _ratio(after["served_latency_ms_p99"], before["served_latency_ms_p99"]),
-            }
-            out["after_over_before"][protocol] = ratios
-            check = {
-                "throughput_not_worse": ratios["tokens_per_s"] is not None and ratios["tokens_per_s"] >= 1.0,
-                "p50_not_worse": ratios["latency_p50"] is not None and ratios["latency_p50"] <= 1.0,
-            }
-            if "served_over_in_process_min" in after:
-                check["served_over_in_process_min"] = {
-                    "before": before["served_over_in_process_min"],
-                    "after": after["served_over_in_process_min"],
-                }
-                check["after_served_over_in_process_at_least_0.9_every_round"] = (
-                    after["served_over_in_process_min"] is not None and after["served_over_in_process_min"] >= 0.9
-                )
-            out["issue_check"][protocol] = check
-    return out
-
-
-def print_table(rounds: list[dict], labels: list[str], protocols: list[str], summary: dict, file=None) -> None:
-    """Per round and phase, and the medians, as a markdown table; then after / before per protocol."""
-    print(
-        "\n| round | tree | protocol | tokens/s | requests/s | p50 ms | p99 ms | served / in-process | errors |",
-        file=file,
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|", file=file)
-    for r in rounds:
-        base = r.get("in_process")
-        if base:
-            print(f"| {r['round']} | | in-process | {base['tokens_per_s']:,.0f} | | | | | |", file=file)
-        for protocol in protocols:
-            for tree_label in labels:
-                s = r["phases"][tree_label][protocol]
-                ratio = _ratio(s["tokens_per_s"], base["tokens_per_s"]) if base else None
-                print(
-                    f"| {r['round']} | {tree_label} | {protocol} | {s['tokens_per_s']:,.0f} | "
-                    f"{s['requests_per_s']:.1f} | "
-                    f"{_fmt(s['latency_ms'].get('p50'))} | {_fmt(s['latency_ms'].get('p99'))} | {_fmt(ratio, 3)} | "
-                    f"{sum(s['errors'].values())} |",
-                    file=file,
-                )
-    for protocol in protocols:
-        for tree_label in labels:
-            m = summary[tree_label][protocol] if tree_label in summary else summary
-            ratio = _fmt(m.get("served_over_in_process"), 3)
-            if m.get("served_over_in_process_min") is not None:
-                ratio += f" (min {_fmt(m['served_over_in_process_min'], 3)})"
-            print(
-                f"| median | {tree_label} | {protocol} | {m['served_tokens_per_s']:,.0f} | "
-                f"{m['served_requests_per_s']:.1f} | {_fmt(m['served_latency_ms_p50'])} | "
-                f"{_fmt(m['served_latency_ms_p99'])} | {ratio} | {m['errors']} |",
-                file=file,
-            )
-    for protocol, ratios in summary.get("after_over_before", {}).items():
-        print(
-            f"{protocol}: after / before: tokens/s {_fmt(ratios['tokens_per_s'], 3)} (rounds "
-            f"{', '.join(_fmt(v, 3) for v in ratios['tokens_per_s_per_round'])}), p50 {_fmt(ratios['latency_p50'], 3)} "
-            f"(rounds {', '.join(_fmt(v, 3) for v in ratios['latency_p50_per_round'])}), "
-            f"p99 {_fmt(ratios['latency_p99'], 3)}",
-            file=file,
-        )
-    for protocol, check in summary.get("issue_check", {}).items():
-        line = f"{protocol}: throughput not worse: {_yes(check['throughput_not_worse'])}; "
-        line += f"p50 not worse: {_yes(check['p50_not_worse'])}"
-        if "served_over_in_process_min" in check:
-            key = "after_served_over_in_process_at_least_0.9_every_round"
-            line += f"; after served / in-process >= 0.9 in every round: {_yes(check[key])} "
-            line += f"(lowest {_fmt(check['served_over_in_process_min']['after'], 3)})"
-        print(line, file=file)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "NO"
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def _median(values) -> float:
-    return round(float(np.median(list(values))), 2)
 
 
 if __name__ == "__main__":

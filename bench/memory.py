@@ -24,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.loadgen import build_requests, drive, make_texts, rss_mib
+from bench.loadgen import build_requests, drive, make_texts
+from bench.server_process import rss_mib
 from bench.serving import (
     DEFAULT_MODEL,
     RESULTS,

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.loadgen import make_texts, rss_mib, spawn_server, stop_server
+from bench.loadgen import make_texts
+from bench.server_process import rss_mib, spawn_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 

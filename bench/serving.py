@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.loadgen import check_loopback, spawn_server, stop_server
+from bench.server_process import check_loopback, spawn_server, stop_server
 from bench.worktree import REPO, describe, revision_tree
 
 RESULTS = REPO / "bench" / "results"
