@@ -42,13 +42,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.serving import (
-    DEFAULT_MODEL,
     RESULTS,
     Http,
+    bench_parser,
     code_trees,
     fmt,
     machine,
     percentiles_ms,
+    pyplot,
     revision_info,
     sentences,
     start_server,
@@ -192,10 +193,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = result["runs"]
     fig, axes = plt.subplots(len(runs), 2, figsize=(13, 4 * len(runs)), squeeze=False)
@@ -232,10 +230,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.latency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default models/default)")
+    parser = bench_parser("latency", __doc__)
     parser.add_argument("--sentences", type=int, default=300, help="sentences measured on each path")
     parser.add_argument("--block", type=int, default=10, help="sentences per path before the next path's turn")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured sentences per path first")

@@ -27,11 +27,12 @@ from pathlib import Path
 from bench.loadgen import build_requests, drive, make_texts
 from bench.server_process import rss_mib
 from bench.serving import (
-    DEFAULT_MODEL,
     RESULTS,
+    bench_parser,
     code_trees,
     fmt,
     machine,
+    pyplot,
     revision_info,
     start_server,
     write_json,
@@ -165,10 +166,7 @@ def print_run(run: dict, args: argparse.Namespace) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(11, 4))
     for index, run in enumerate(result["runs"]):
@@ -185,10 +183,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default models/default)")
+    parser = bench_parser("memory", __doc__)
     parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before window 1")

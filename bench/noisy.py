@@ -60,13 +60,14 @@ from bench.noisy_load import (
     single_requests,
 )
 from bench.serving import (
-    DEFAULT_MODEL,
     RESULTS,
     Http,
+    bench_parser,
     code_trees,
     fmt,
     machine,
     percentiles_ms,
+    pyplot,
     revision_info,
     sentences,
     start_server,
@@ -355,10 +356,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = result["runs"]
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, 3.6 * len(runs)), squeeze=False)
@@ -402,10 +400,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def plot_single(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = result["runs"]
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, 3.4 * len(runs)), squeeze=False)
@@ -431,10 +426,7 @@ def plot_single(result: dict, path: Path) -> None:
 
 # -- command line ------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.noisy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default models/default)")
+    parser = bench_parser("noisy", __doc__)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per phase (alone, with abusers)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured well-behaved load first")
     parser.add_argument("--grpc-clients", type=int, default=4)

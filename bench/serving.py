@@ -5,6 +5,7 @@ percentiles, and where the results go.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -199,3 +200,22 @@ __all__ = [
     "start_server",
     "write_json",
 ]
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bench_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """``python -m bench.MODULE``'s parser, with the module docstring as its help and the common ``--model``."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m bench.{module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default models/default)")
+    return parser
