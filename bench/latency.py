@@ -51,9 +51,9 @@ from bench.serving import (
     percentiles_ms,
     pyplot,
     revision_info,
+    save_result,
     sentences,
     start_server,
-    write_json,
 )
 
 PATHS = ("grpc", "http", "in-process")
@@ -273,10 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarize(runs),
         "runs": runs,
     }
-    write_json(args.out, result)
-    if not args.no_plot:
-        plot(result, args.out.with_suffix(".png"))
-    print(f"\nwrote {args.out}" + ("" if args.no_plot else f" and {args.out.with_suffix('.png')}"))
+    save_result(args.out, result, plot, args.no_plot)
     return 0
 
 

@@ -34,8 +34,8 @@ from bench.serving import (
     machine,
     pyplot,
     revision_info,
+    save_result,
     start_server,
-    write_json,
 )
 
 TOLERANCE = 0.02  # window 3 within 2 % of window 2
@@ -220,10 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         **machine(load_at_start),
         "runs": runs,
     }
-    write_json(args.out, result)
-    if not args.no_plot:
-        plot(result, args.out.with_suffix(".png"))
-    print(f"\nwrote {args.out}" + ("" if args.no_plot else f" and {args.out.with_suffix('.png')}"))
+    save_result(args.out, result, plot, args.no_plot)
     return 0
 
 

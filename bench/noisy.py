@@ -69,9 +69,9 @@ from bench.serving import (
     percentiles_ms,
     pyplot,
     revision_info,
+    save_result,
     sentences,
     start_server,
-    write_json,
 )
 
 MAX_PHASE_S = 600.0
@@ -488,10 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.single:
         result["summary"] = summarize(runs)
-    write_json(args.out, result)
-    if not args.no_plot:
-        (plot_single if args.single else plot)(result, args.out.with_suffix(".png"))
-    print(f"\nwrote {args.out}" + ("" if args.no_plot else f" and {args.out.with_suffix('.png')}"))
+    save_result(args.out, result, (plot_single if args.single else plot), args.no_plot)
     return 0
 
 

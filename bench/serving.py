@@ -219,3 +219,12 @@ def bench_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default models/default)")
     return parser
+
+
+def save_result(out: Path, result: dict, plot, no_plot: bool) -> None:
+    """Write ``result`` as JSON to ``out`` and, unless ``no_plot``, ``plot(result, png)`` beside it; say where."""
+    write_json(out, result)
+    png = out.with_suffix(".png")
+    if not no_plot:
+        plot(result, png)
+    print(f"\nwrote {out}" + ("" if no_plot else f" and {png}"))
