@@ -215,7 +215,7 @@ class Batcher:
                 self._give_back(express)
                 continue
             self.batches_running += 1
-            long = any(self._sizes.get(item.request, 0) > self.express_tokens for item in batch)
+            long = not all(self._is_short(item.request) for item in batch)
             self._long_running += long
             task = loop.create_task(self._run_guarded(batch, loop, express, long))
             self._running.add(task)
@@ -244,9 +244,13 @@ class Batcher:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def _is_short(self, request: int) -> bool:
+        """At most ``express_tokens`` tokens: what the express worker may take (none when it is off)."""
+        return self._sizes.get(request, 0) <= self.express_tokens
+
     def _short_requests(self) -> set[int]:
-        """Queued requests the express worker may take: those of at most ``express_tokens`` tokens."""
-        return {item.request for item in self._queue if self._sizes.get(item.request, 0) <= self.express_tokens}
+        """Queued requests the express worker may take."""
+        return {item.request for item in self._queue if self._is_short(item.request)}
 
     async def _run_guarded(
         self, batch: list[_Item], loop: asyncio.AbstractEventLoop, express: bool, long: bool

@@ -65,9 +65,11 @@ class ModelTasks:
                 self._tasks = {}
 
     def _disk_signature(self) -> tuple:
+        from elmo.mix.store import TASK_FILE  # (the module is there: a store exists)
+
         root = self._store.root
         try:
-            entries = sorted((p.name, (p / "task.json").stat().st_mtime_ns) for p in root.iterdir() if p.is_dir())
+            entries = sorted((p.name, (p / TASK_FILE).stat().st_mtime_ns) for p in root.iterdir() if p.is_dir())
             return (root.stat().st_mtime_ns, tuple(entries))
         except OSError:  # no tasks folder, or a task being replaced right now: read again next time
             return (None,)
