@@ -17,7 +17,10 @@ Batch formation, when the worker is free:
   * when no batch is running the queue goes at once (an idle server does not wait for company: what arrives
     meanwhile forms the next batch); while one runs and a worker is free (``workers`` > 1), a partial batch waits
     at most ``max_delay`` for company;
-  * the batch goes to the runtime sorted by length, results go back to each caller in its own order.
+  * the batch goes to the runtime sorted by length, results go back to each caller in its own order;
+  * a batch that holds a long request (over ``express_tokens``) runs in the background: on threads of lower
+    priority (``background_nice``, elmo.runtime.priority) and through ``background_fn``, so that under load the OS
+    gives the cores to short requests first, while an idle machine runs long ones at full speed.
 Admission is per request and all-or-nothing: if the queued tokens would exceed ``max_queue_tokens`` the request
 is refused with OVERLOADED before any of it is queued.
 """
@@ -35,6 +38,7 @@ import numpy as np
 
 from elmo.errors import ElmoError
 from elmo.runtime import EmbedStats
+from elmo.runtime.priority import background_executor
 from service.errors import Kind, ServiceError, from_library_error
 
 log = logging.getLogger(__name__)
@@ -90,8 +94,11 @@ class Batcher:
         observer: BatcherObserver | None = None,
         workers: int = 1,
         express_tokens: int = 0,
+        background_fn: EmbedFn | None = None,
+        background_nice: int = 0,
     ):
         self._embed_fn = embed_fn
+        self._background_fn = background_fn or embed_fn
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sentences = max_batch_sentences
         self.max_delay_s = max_delay_s
@@ -107,6 +114,10 @@ class Batcher:
         self.express_tokens = express_tokens
         self.threads = workers + (1 if express_tokens else 0)
         self.executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=f"runtime-{name}")
+        # Batches with a long request run here (only while there is an express lane: without one, nothing is short)
+        self.background = (
+            background_executor(workers, f"runtime-background-{name}", background_nice) if express_tokens else None
+        )
         self._free = workers  # workers not running a batch
         self._express_free = 1 if express_tokens else 0
         self._long_running = 0  # running batches that hold a request over express_tokens (only those make it wait)
@@ -145,7 +156,9 @@ class Batcher:
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
+        for executor in (self.executor, self.background):
+            if executor is not None:
+                await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
 
     @property
     def queued_tokens(self) -> int:
@@ -256,7 +269,7 @@ class Batcher:
         self, batch: list[_Item], loop: asyncio.AbstractEventLoop, express: bool, long: bool
     ) -> None:
         try:
-            await self._run(batch, loop)
+            await self._run(batch, loop, long)
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug here must fail this batch's callers, never stop the loop (or hang them)
@@ -363,13 +376,17 @@ class Batcher:
         batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
         return batch
 
-    async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
+    async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop, long: bool) -> None:
+        """``long``: the batch holds a request over ``express_tokens``, so it runs in the background."""
         started = time.monotonic()
         sentences = [item.tokens for item in batch]
         real = sum(item.n_tokens for item in batch)
         self.batches_started += 1
         try:
-            outputs, cost = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
+            if long and self.background is not None:
+                outputs, cost = await loop.run_in_executor(self.background, self._background_fn, sentences)
+            else:
+                outputs, cost = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
             if len(outputs) != len(batch):
                 raise ServiceError(Kind.INTERNAL, f"runtime returned {len(outputs)} results for {len(batch)} sentences")
         except asyncio.CancelledError:

@@ -19,12 +19,12 @@ import contextlib
 import enum
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
+from elmo.runtime.priority import background_executor
 from elmo.text.overflow import Overflow, over_limit_message, windowed
 from elmo.text.tokenize import Tokenized, tokenize
 from elmo.v1 import embedder_pb2 as pb
@@ -133,7 +133,8 @@ class RequestCore:
         self.models = models
         self.limits = limits
         self.state = state
-        self.workers = ThreadPoolExecutor(max_workers=limits.request_workers, thread_name_prefix="request")
+        # Only large requests reach the workers (small ones run in place): they run in the background too
+        self.workers = background_executor(limits.request_workers, "request", limits.background_nice)
 
     def close(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from elmo.errors import ConfigError, InputError
+from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
@@ -37,6 +38,8 @@ class Limits:
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
     request_workers: int = 2  # threads that tokenize, plan windows and build/encode answers (off the event loop)
+    background_nice: int = BACKGROUND_NICE  # how much lower long requests' threads run (elmo.runtime.priority)
+    switch_interval_ms: float = 0.5  # longest a busy thread holds the GIL while the event loop waits for it
     # -- HTTP connections (service.http.connections) -------------------------------------------------------------
     http_header_timeout: float = 10.0  # a request's headers must arrive within this (from connect or first byte)
     http_body_timeout: float = 30.0  # longest pause between two reads of a request body
@@ -53,12 +56,17 @@ class Limits:
                 ok = True  # checked below, with its own message
             elif f.name in ("max_delay_ms", "drain_seconds", "window_overlap", "express_tokens"):
                 ok = value >= 0
+            elif f.name == "background_nice":
+                ok = isinstance(value, int) and 0 <= value <= MAX_NICE
+            elif f.name == "switch_interval_ms":
+                ok = isinstance(value, (int, float)) and 0 < value <= 1000
             elif f.name in TIMEOUTS:
                 ok = isinstance(value, (int, float)) and value > 0
             else:
                 ok = isinstance(value, int) and value > 0
             if not ok:
-                raise ConfigError(f"limit --{f.name.replace('_', '-')} must be positive (got {value!r})")
+                allowed = _RANGES.get(f.name, "positive")
+                raise ConfigError(f"limit --{f.name.replace('_', '-')} must be {allowed} (got {value!r})")
         try:
             Overflow.parse(self.overflow)
         except InputError as exc:
@@ -71,6 +79,15 @@ class Limits:
             raise ConfigError("--max-tokens-per-request must not exceed --max-queue-tokens (a request must fit)")
         return self
 
+
+_RANGES = {
+    "max_delay_ms": ">= 0",
+    "drain_seconds": ">= 0",
+    "window_overlap": ">= 0",
+    "express_tokens": ">= 0",
+    "background_nice": f"in 0..{MAX_NICE}",
+    "switch_interval_ms": "in (0, 1000]",
+}
 
 _HELP = {
     "max_inputs": "sentences per request",
@@ -89,6 +106,11 @@ _HELP = {
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
     "request_workers": "threads that tokenize requests and build answers, off the event loop",
+    "background_nice": "how much lower (nice) the threads run that work on long requests (over --express-tokens): "
+    "under load the cores go to short requests first; an idle machine runs long ones at full speed (0 = the same "
+    "priority; Linux only)",
+    "switch_interval_ms": "longest a busy worker thread holds Python's GIL once the event loop wants it (Python's "
+    "default is 5 ms: health checks and short requests then wait behind large answers being encoded)",
     "http_header_timeout": "seconds an HTTP request's headers may take to arrive",
     "http_body_timeout": "seconds an HTTP request body may pause between two reads",
     "http_idle_timeout": "seconds an idle keep-alive HTTP connection stays open",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -74,6 +76,14 @@ def _version(runtime: Any) -> str:
     return f"sha256:{sha[:12]}" if sha else ""
 
 
+def _background_embed(runtime: Any):
+    """The runtime's embed function for long requests: its parallel batches on lowered threads too, where the
+    runtime offers that (elmo.runtime.Embedder's ``background``)."""
+    if "background" in inspect.signature(runtime.embed_tokens_with_stats).parameters:
+        return functools.partial(runtime.embed_tokens_with_stats, background=True)
+    return None
+
+
 def serve_model(
     runtime: Any, directory: Path, limits: Limits, observer: BatcherObserver, name: str = ""
 ) -> ServedModel:
@@ -92,6 +102,8 @@ def serve_model(
         observer=observer,
         workers=int(getattr(runtime, "runs_in_flight", 1)),  # CPU: as many calls as runs at once; CUDA: one
         express_tokens=limits.express_tokens,
+        background_fn=_background_embed(runtime),
+        background_nice=limits.background_nice,
     )
     return ServedModel(
         name=name,

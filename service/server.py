@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +131,9 @@ class ElmoServer:
             raise ConfigError(f"cannot listen on {address}: {exc} (port in use?)") from None
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
+        # Process-wide: a worker encoding a large answer hands the GIL to the event loop within this, not 5 ms
+        # (a health check takes a few dozen GIL hand-offs, so 5 ms each made it wait 100+ ms under load).
+        sys.setswitchinterval(self.limits.switch_interval_ms / 1000)
         for model in self.registry:
             model.batcher.start()
         await self.server.start()

@@ -42,6 +42,7 @@ from elmo.runtime.modeldir import (
     model_directory,
     read_onnx_metadata,
 )
+from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE, background_executor
 from elmo.runtime.providers import (
     CPU,
     CUDA,
@@ -103,6 +104,7 @@ class Embedder:
         io_binding: bool | None = None,
         context_layout: str | None = None,
         runs_in_flight: int | None = None,
+        background_nice: int = BACKGROUND_NICE,
     ) -> None:
         """``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list
         without the CPU provider is a demand (ElmoError if unmet).
@@ -111,7 +113,8 @@ class Embedder:
         InputError; ``cache_size``: token vectors kept (0 = off); ``cuda_options``: merged over
         DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused'): None = by provider;
         ``runs_in_flight``: biLSTM batches run at once on CPU (None: the threads, at most 4; 1 = one at a time;
-        CUDA always runs one: one session is one stream)."""
+        CUDA always runs one: one session is one stream); ``background_nice``: how much lower the threads run that
+        compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no lower)."""
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         self.scheme = char_scheme_of(self.model_dir, self.meta)  # token -> char ids (elmo.text.chars)
@@ -139,6 +142,9 @@ class Embedder:
         self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
         self._pad_encoder_batches = active == CUDA
         self._projection_dim = int(self.meta["projection_dim"])
+        if not 0 <= background_nice <= MAX_NICE:
+            raise InputError(f"background_nice must be in 0..{MAX_NICE}, not {background_nice}")
+        self.background_nice = int(background_nice)
         self._open_parallel_runs(runs_in_flight, intra_op_threads, active)
         self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
 
@@ -171,10 +177,13 @@ class Embedder:
         threads = int(threads or len(os.sched_getaffinity(0)))
         runs = 1 if active == CUDA else min(threads, MAX_DEFAULT_RUNS_IN_FLIGHT) if runs is None else int(runs)
         self.runs_in_flight = runs
-        self._parallel = self._pool = None
+        self._parallel = self._pool = self._background_pool = None
         if runs > 1:
             self._parallel = open_session(self._paths["context"], [CPU], max(1, threads // runs), 1)
             self._pool = ThreadPoolExecutor(runs, thread_name_prefix="elmo-run")
+            # Threads are started on first use, so a background call never creates a foreground thread, nor the
+            # other way round: each pool's threads keep the priority they were made with.
+            self._background_pool = background_executor(runs, "elmo-run-background", self.background_nice)
 
     def _active_provider(self, request: ProviderRequest) -> str:
         active = {self.encoder.get_providers()[0], self.context.get_providers()[0]}
@@ -222,14 +231,21 @@ class Embedder:
         """Tokenized sentences -> per sentence float32 ``(n_layers, n_tokens, dim)`` (empty -> n_tokens 0)."""
         return self.embed_tokens_with_stats(sentences)[0]
 
-    def embed_tokens_with_stats(self, sentences: Sequence[Sequence[str]]) -> tuple[list[np.ndarray], EmbedStats]:
-        """:meth:`embed_tokens` plus what the call cost (:class:`EmbedStats`: real vs padded tokens)."""
+    def embed_tokens_with_stats(
+        self, sentences: Sequence[Sequence[str]], background: bool = False
+    ) -> tuple[list[np.ndarray], EmbedStats]:
+        """:meth:`embed_tokens` plus what the call cost (:class:`EmbedStats`: real vs padded tokens).
+
+        ``background``: the call yields the cores to others under load: its parallel batches run on threads of
+        lower priority (``background_nice``); a call of one batch runs on the calling thread, at the caller's
+        priority (the service calls from a lowered thread: service.batcher)."""
         sentences = self._validated(sentences)
         table, rows = self._token_table(sentences)
         results: list[np.ndarray | None] = [None] * len(sentences)
         batches = self._batches([len(s) for s in sentences])
         padded = 0
-        for indices, layers in zip(batches, self._run_batches(table, rows, batches)):  # layers (B, L+1, T, D)
+        pool = self._background_pool if background else self._pool
+        for indices, layers in zip(batches, self._run_batches(table, rows, batches, pool)):  # (B, L+1, T, D)
             padded += batch_positions([len(sentences[i]) for i in indices])
             for row, index in enumerate(indices):
                 results[index] = np.ascontiguousarray(layers[row, :, : len(sentences[index])])
@@ -335,16 +351,18 @@ class Embedder:
             start += size
         return batches
 
-    def _run_batches(self, table: np.ndarray, rows: list[np.ndarray], batches: list[list[int]]):
+    def _run_batches(
+        self, table: np.ndarray, rows: list[np.ndarray], batches: list[list[int]], pool: ThreadPoolExecutor | None
+    ):
         """Each batch's (B, L+1, T, D) layers, in order: several at once on the parallel session when there are
-        several (started longest first, so that the call does not end on one long batch while the other runs
-        idle), else on the all-threads session."""
-        if self._pool is None or len(batches) < 2:
+        several (on ``pool``'s threads, started longest first, so that the call does not end on one long batch
+        while the other runs idle), else on the all-threads session."""
+        if pool is None or len(batches) < 2:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
         work = [batch_positions([len(rows[i]) for i in indices]) for indices in batches]
         futures = {}
         for b in sorted(range(len(batches)), key=lambda b: -work[b]):
-            futures[b] = self._pool.submit(self._contextualize, table, [rows[i] for i in batches[b]], True)
+            futures[b] = pool.submit(self._contextualize, table, [rows[i] for i in batches[b]], True)
         return (futures[b].result() for b in range(len(batches)))
 
     def _contextualize(self, table: np.ndarray, rows: list[np.ndarray], parallel: bool = False) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from elmo.runtime import Embedder
+from elmo.runtime.priority import per_thread_priorities, thread_nice
 from service.batcher import Batcher, BatcherObserver
 from service.errors import Kind, ServiceError
 
@@ -358,3 +359,36 @@ def test_short_requests_batch_among_themselves_ahead_of_a_long_one(runtime):
 
     asyncio.run(gated.run(scenario))
     assert gated.batches == [[2], [3], [30]]  # not [[2], [3, 30]]: the budget had room for both
+
+
+@pytest.mark.skipif(not per_thread_priorities(), reason="per-thread priorities are Linux's")
+def test_a_long_request_runs_in_the_background_and_a_short_one_does_not(runtime):
+    """With an express lane, a batch holding a request over express_tokens runs on a lowered thread, through the
+    background embed function; short requests keep the normal priority and the normal function."""
+    seen: list[tuple[str, int, int]] = []  # (function, tokens, the thread's nice value)
+
+    def recording(name):
+        def embed(sentences):
+            seen.append((name, sum(map(len, sentences)), thread_nice()))
+            return runtime.embed_tokens_with_stats(sentences)
+
+        return embed
+
+    async def scenario():
+        batcher = Batcher(
+            recording("foreground"), background_fn=recording("background"), background_nice=5,
+            max_batch_tokens=64, max_batch_sentences=8, max_delay_s=0.0, max_queue_tokens=200, name="tiny",
+            express_tokens=10,
+        )  # fmt: skip
+        batcher.start()
+        try:
+            long_vectors, _ = await batcher.embed([sentence(30, "long")])
+            short_vectors, _ = await batcher.embed([sentence(3, "short")])
+        finally:
+            await batcher.close()
+        return long_vectors, short_vectors
+
+    long_vectors, short_vectors = asyncio.run(scenario())
+    base = thread_nice()
+    assert seen == [("background", 30, min(19, base + 5)), ("foreground", 3, base)]
+    np.testing.assert_allclose(long_vectors[0], runtime.embed_tokens([sentence(30, "long")])[0], rtol=0, atol=1e-6)

@@ -575,3 +575,17 @@ def test_sigterm_drains_in_flight_stream_and_refuses_new_calls(tiny_model_dir, t
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_started_server_sets_its_switch_interval(runtime):
+    """--switch-interval-ms is the process's GIL switch interval once the server runs (limits.switch_interval_ms)."""
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        srv = ServerThread({"tiny": runtime}, limits_with(switch_interval_ms=0.25))
+        try:
+            assert sys.getswitchinterval() == pytest.approx(0.00025)
+        finally:
+            srv.stop()
+    finally:
+        sys.setswitchinterval(before)

@@ -65,6 +65,14 @@ def _bad_command_lines(model: Path, tmp: Path) -> dict[str, tuple[list[str], str
             ["--model", str(model), "--tls-key", str(missing_key)],
             "elmo serve: error: --tls-cert and --tls-key go together",
         ),
+        "--background-nice out of range": (
+            ["--model", str(model), "--background-nice", "20"],
+            "elmo serve: error: limit --background-nice must be in 0..19 (got 20)",
+        ),
+        "--switch-interval-ms zero": (
+            ["--model", str(model), "--switch-interval-ms", "0"],
+            "elmo serve: error: limit --switch-interval-ms must be in (0, 1000] (got 0.0)",
+        ),
         "TLS files missing": (
             ["--model", str(model), "--tls-cert", str(missing_cert), "--tls-key", str(missing_key)],
             f"elmo serve: error: {missing_cert}: TLS file not found",
