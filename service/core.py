@@ -29,6 +29,7 @@ from elmo.text.overflow import Overflow, over_limit_message, windowed
 from elmo.text.tokenize import Tokenized, tokenize
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import NUMPY_DTYPES, OVERFLOW_VALUES, to_tensor
+from service import switching
 from service.batcher import BatchStats
 from service.errors import Kind, ServiceError, clip, invalid, too_large
 from service.limits import MIB, Limits
@@ -143,7 +144,7 @@ class RequestCore:
         """``work()`` on a worker thread, or in place when it is known to be light."""
         if not heavy:
             return work()
-        return await asyncio.get_running_loop().run_in_executor(self.workers, work)
+        return await asyncio.get_running_loop().run_in_executor(self.workers, switching.PROCESS.wrap(work))
 
     # -- embedding ---------------------------------------------------------------------------------------------
     async def embed_request(self, request: pb.EmbedRequest, deadline: float | None = None) -> pb.EmbedResponse:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from elmo.errors import ConfigError
+from service import switching
 from service.batcher import Batcher, BatcherObserver
 from service.errors import Kind, ServiceError, clip, not_found
 from service.limits import Limits
@@ -79,9 +80,10 @@ def _version(runtime: Any) -> str:
 def _background_embed(runtime: Any):
     """The runtime's embed function for long requests: its parallel batches on lowered threads too, where the
     runtime offers that (elmo.runtime.Embedder's ``background``)."""
-    if "background" in inspect.signature(runtime.embed_tokens_with_stats).parameters:
-        return functools.partial(runtime.embed_tokens_with_stats, background=True)
-    return None
+    embed = runtime.embed_tokens_with_stats
+    if "background" in inspect.signature(embed).parameters:
+        embed = functools.partial(embed, background=True)
+    return switching.PROCESS.wrap(embed)  # its Python parts hold the GIL for milliseconds: hand it over fast
 
 
 def serve_model(

@@ -20,7 +20,6 @@ import logging
 import os
 import signal
 import ssl
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from elmo.errors import ConfigError, ElmoError
+from service import switching
 from service.core import RequestCore, ServerState
 from service.errors import ServiceError
 from service.interceptors import AuthInterceptor, ObserverInterceptor
@@ -131,9 +131,7 @@ class ElmoServer:
             raise ConfigError(f"cannot listen on {address}: {exc} (port in use?)") from None
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
-        # Process-wide: a worker encoding a large answer hands the GIL to the event loop within this, not 5 ms
-        # (a health check takes a few dozen GIL hand-offs, so 5 ms each made it wait 100+ ms under load).
-        sys.setswitchinterval(self.limits.switch_interval_ms / 1000)
+        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs (service.switching)
         for model in self.registry:
             model.batcher.start()
         await self.server.start()
