@@ -7,7 +7,6 @@ Wrong shapes and types raise :class:`ServiceError` INVALID_INPUT naming the fiel
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
 from service.errors import clip, invalid
+from service.http.encode import base64_json
 
 ENCODINGS = ("float", "base64")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the range of the contract's int32 fields (EmbedRequest.layers)
@@ -221,7 +221,7 @@ def openai_answer(parsed: OpenAIRequest, vectors: list[np.ndarray], n_tokens: in
     """OpenAI's embeddings answer from one pooled float32 vector per input (service.core.pooled)."""
     data = []
     for index, vector in enumerate(vectors):
-        encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if parsed.encoding == "base64" else None
+        encoded = base64_json(vector.astype("<f4").tobytes()) if parsed.encoding == "base64" else None
         data.append({"object": "embedding", "index": index, "embedding": encoded or vector})  # numbers: http.encode
     return {
         "object": "list",
@@ -281,7 +281,7 @@ def tensor_json(tensor: pb.Tensor, encoding: str) -> Any:
     data: base64 of the little-endian bytes} (as on the wire)."""
     if encoding == "base64":
         dtype = "float16" if tensor.dtype == pb.FLOAT16 else "float32"
-        return {"dtype": dtype, "shape": list(tensor.shape), "data": base64.b64encode(tensor.data).decode()}
+        return {"dtype": dtype, "shape": list(tensor.shape), "data": base64_json(tensor.data)}
     return from_tensor(tensor)
 
 

@@ -3,13 +3,14 @@ and however the pieces fall; the rest exactly as json.dumps writes it; no number
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
 import pytest
 
 from service.http import encode
-from service.http.encode import JSON_NUMBER_BYTES, encode_json
+from service.http.encode import JSON_NUMBER_BYTES, base64_json, encode_json
 
 
 def as_lists(value):
@@ -40,3 +41,12 @@ def test_no_number_is_longer_than_the_size_bound():
     extremes = np.array([-1.1754944e-38, -3.4028235e38, -1.4e-45, -0.1234567, -1.2345678e-5], dtype=np.float32)
     numbers = encode_json(extremes)[1:-1].split(b",")
     assert max(len(n) for n in numbers) + 1 <= JSON_NUMBER_BYTES
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 4, 1000, 65537])
+def test_base64_data_is_written_as_a_json_string_of_its_base64(size):
+    data = np.random.default_rng(size).bytes(size)
+    body = encode_json({"data": base64_json(data), "tokens": ["苹果", "a\"b"]})
+    value = json.loads(body)
+    assert base64.b64decode(value["data"], validate=True) == data
+    assert value["tokens"] == ["苹果", "a\"b"]
