@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ T = TypeVar("T")
 INLINE_CHARS = 4096  # code points of text in one request
 INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one JSON answer, as sent
 INLINE_MESSAGE_BYTES = 4 * 1024 * 1024  # bytes of one protobuf answer (building it is a copy: ~0.1 ms per MiB)
+INLINE_POOL_TOKENS = 256  # tokens of vectors pooled in place (averaging reads every vector once)
 # The longest JSON number service.http.encode writes for a float32 or float16 (the shortest text that reads back as
 # the same float32, e.g. "-1.1754944e-38"), with its separator: the JSON answer's size bound.
 JSON_NUMBER_BYTES = 16
@@ -118,6 +120,23 @@ class EmbedResult:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """The count and token limits a request is held to: the per-token endpoints', or the pooled endpoint's (one
+    vector per input answers, so OpenAI's far larger requests are fine there)."""
+
+    max_inputs: int
+    max_tokens: int
+    inputs_flag: str
+    tokens_flag: str
+
+    @staticmethod
+    def of(limits: Limits, pooled: bool = False) -> Bounds:
+        if pooled:
+            return Bounds(limits.max_pooled_inputs, limits.max_pooled_tokens, "max-pooled-inputs", "max-pooled-tokens")
+        return Bounds(limits.max_inputs, limits.max_tokens_per_request, "max-inputs", "max-tokens-per-request")
+
+
+@dataclass(frozen=True)
 class _Plan:
     """What the cheap checks decided about one request before any text was tokenized."""
 
@@ -125,6 +144,8 @@ class _Plan:
     task: Task | None
     policy: Overflow
     max_per_sentence: int
+    bounds: Bounds
+    max_per_input: int  # tokens one input may have under ``window`` (its windows are queued together)
 
 
 class RequestCore:
@@ -167,11 +188,41 @@ class RequestCore:
         stitched = pieces if len(batch.pieces) == len(batch.plans) else batch.stitch(pieces)
         return EmbedResult(prepared, stitched, stats, started)
 
+    async def embed_pooled(
+        self, prepared: PreparedEmbed, deadline: float | None, started: float, normalize: bool = False
+    ) -> list[np.ndarray]:
+        """One float32 vector per input (:func:`pooled`), embedded a chunk of inputs at a time: each chunk within
+        the per-token limits (``--max-tokens-per-request``, ``--max-inputs``), as many in flight as the model runs
+        calls at once, each chunk's per-token vectors pooled and dropped as it ends. Memory is bounded by the answer
+        and the chunks in flight, not by the request; the queue admits each chunk on its own."""
+        chunks = input_chunks([len(s) for s in prepared.sentences], self.limits.max_tokens_per_request,
+                              self.limits.max_inputs)  # fmt: skip
+        vectors: list[np.ndarray | None] = [None] * len(prepared.sentences)
+        slots = asyncio.Semaphore(max(1, prepared.model.batcher.workers))
+
+        async def run(chunk: range) -> None:
+            async with slots:
+                part = dataclasses.replace(
+                    prepared,
+                    sentences=prepared.sentences[chunk.start : chunk.stop],
+                    offsets=prepared.offsets[chunk.start : chunk.stop],
+                    truncated=prepared.truncated[chunk.start : chunk.stop],
+                )
+                result = await self.embed(part, deadline, started)
+                vectors[chunk.start : chunk.stop] = await self.run(
+                    lambda: pooled(result, normalize), heavy=part.n_tokens > INLINE_POOL_TOKENS
+                )
+
+        async with asyncio.TaskGroup() as group:  # one chunk failing cancels the others
+            for chunk in chunks:
+                group.create_task(run(chunk))
+        return vectors  # type: ignore[return-value]
+
     def prepare(self, request: pb.EmbedRequest, encoding: Encoding, pooled: bool = False) -> PreparedEmbed:
         """Check an EmbedRequest against the model and the limits, cheapest first; tokenize its texts. Raises
         ServiceError. Thread-safe: runs on a worker for large requests. ``pooled``: the answer is one vector per
-        input (OpenAI's /v1/embeddings), which is what its size limit counts."""
-        plan = self._plan(request)
+        input (OpenAI's /v1/embeddings): the pooled limits hold, and the size limit counts one vector per input."""
+        plan = self._plan(request, Bounds.of(self.limits, pooled))
         sentences, offsets, truncated = self._tokens(request, plan)
         prepared = PreparedEmbed(
             plan.model,
@@ -193,9 +244,9 @@ class RequestCore:
             raise too_large(response_size_message(prepared.answer_bytes, self.limits, encoding))
         return prepared
 
-    def _plan(self, request: pb.EmbedRequest) -> _Plan:
-        model = self.models.get(request.model)
-        check_count(len(request.inputs), self.limits)
+    def _plan(self, request: pb.EmbedRequest, bounds: Bounds) -> _Plan:
+        model, alias_task = self.models.resolve(request.model)
+        check_count(len(request.inputs), bounds)
         if request.dtype not in NUMPY_DTYPES:
             raise invalid(f"dtype {request.dtype} is not FLOAT32 (0) or FLOAT16 (1)")
         for i, layer in enumerate(request.layers):
@@ -204,17 +255,20 @@ class RequestCore:
                     f"layers[{i}] = {layer} is out of range: model '{clip(model.name)}' has {model.n_layers} "
                     f"layers (0..{model.n_layers - 1})"
                 )
-        task = model.tasks.get(request.task) if request.task else None
+        task_name = request.task or alias_task
+        task = model.tasks.get(task_name) if task_name else None
         if request.omit_layers and task is None:
             raise invalid("omit_layers needs a task: without one the response would hold no vectors")
         max_per_sentence = min(self.limits.max_tokens_per_sentence, model.max_tokens_per_sentence)
-        return _Plan(model, task, overflow_policy(request.overflow, self.limits), max_per_sentence)
+        max_per_input = min(bounds.max_tokens, self.limits.max_tokens_per_request)
+        policy = overflow_policy(request.overflow, self.limits)
+        return _Plan(model, task, policy, max_per_sentence, bounds, max_per_input)
 
     def _tokens(
         self, request: pb.EmbedRequest, plan: _Plan
     ) -> tuple[list[list[str]], list[list[tuple[int, int]] | None], list[int]]:
         """Every input's tokens, within the limits: tokenizing stops once the request is known to be over one."""
-        budget = self.limits.max_tokens_per_request  # tokens the request may still embed
+        budget = plan.bounds.max_tokens  # tokens the request may still embed
         sentences, offsets, truncated = [], [], []
         for i, item in enumerate(request.inputs):
             tokens, spans, complete = _input_tokens(item, i, self._stop_after(plan, budget))
@@ -226,11 +280,17 @@ class RequestCore:
                 if plan.policy is Overflow.TRUNCATE:
                     cut = len(tokens) - plan.max_per_sentence
                     tokens, spans = tokens[: plan.max_per_sentence], spans and spans[: plan.max_per_sentence]
+                elif plan.max_per_input < plan.bounds.max_tokens and len(tokens) > plan.max_per_input:
+                    found = f"more than {plan.max_per_input}" if not complete else str(len(tokens))
+                    raise too_large(
+                        f"inputs[{i}] has {found} tokens: under 'window' one input may have at most "
+                        f"{plan.max_per_input} (--max-tokens-per-request); split it"
+                    )
             budget -= len(tokens)
             if budget < 0:
-                already = self.limits.max_tokens_per_request - budget
+                already = plan.bounds.max_tokens - budget
                 more = not complete or i + 1 < len(request.inputs)
-                raise too_large(request_tokens_message(already, self.limits, at_least=more))
+                raise too_large(request_tokens_message(already, plan.bounds, at_least=more))
             sentences.append(tokens)
             offsets.append(spans)
             truncated.append(cut)
@@ -243,7 +303,7 @@ class RequestCore:
         if plan.policy is Overflow.REJECT:
             return min(plan.max_per_sentence, budget)
         if plan.policy is Overflow.WINDOW:
-            return budget
+            return min(budget, plan.max_per_input + 1)
         return None
 
     # -- tokenizing and model info -----------------------------------------------------------------------------
@@ -251,16 +311,17 @@ class RequestCore:
         """The service's tokens and offsets; the same input and token limits as embedding."""
         self.models.get(request.model)
         self.state.check_open()
-        check_count(len(request.texts), self.limits, "texts")
-        budget = self.limits.max_tokens_per_request
+        bounds = Bounds.of(self.limits)
+        check_count(len(request.texts), bounds, "texts")
+        budget = bounds.max_tokens
         response = pb.TokenizeResponse()
         for i, text in enumerate(request.texts):
             tokenized = tokenize(text, stop_after=budget)
             budget -= len(tokenized.tokens)
             if budget < 0:
-                n_tokens = self.limits.max_tokens_per_request - budget
+                n_tokens = bounds.max_tokens - budget
                 more = not tokenized.complete or i + 1 < len(request.texts)
-                raise too_large(request_tokens_message(n_tokens, self.limits, at_least=more))
+                raise too_large(request_tokens_message(n_tokens, bounds, at_least=more))
             out = response.texts.add()
             out.tokens.extend(tokenized.tokens)
             out.offsets.extend(pb.Span(start=s, end=e) for s, e in tokenized.offsets)
@@ -298,12 +359,12 @@ def overflow_policy(value: int, limits: Limits) -> Overflow:
     return OVERFLOW_POLICIES[value]
 
 
-def check_count(n: int, limits: Limits, field: str = "inputs") -> None:
+def check_count(n: int, bounds: Bounds, field: str = "inputs") -> None:
     if n == 0:
         raise invalid(f"{field} is empty: send at least one sentence")
-    if n > limits.max_inputs:
+    if n > bounds.max_inputs:
         raise too_large(
-            f"too many {field}: {n}, limit {limits.max_inputs} per request (--max-inputs); split the request"
+            f"too many {field}: {n}, limit {bounds.max_inputs} per request (--{bounds.inputs_flag}); split the request"
         )
 
 
@@ -315,11 +376,11 @@ def request_chars(request: pb.EmbedRequest) -> int:
     )
 
 
-def request_tokens_message(n_tokens: int, limits: Limits, at_least: bool = False) -> str:
+def request_tokens_message(n_tokens: int, bounds: Bounds, at_least: bool = False) -> str:
     """``at_least``: counting stopped once the limit was crossed, so the request's own count is unknown."""
-    limit = limits.max_tokens_per_request
+    limit = bounds.max_tokens
     found = f"more than {limit}" if at_least else str(n_tokens)
-    return f"request has {found} tokens, over the limit of {limit} (--max-tokens-per-request); split it"
+    return f"request has {found} tokens, over the limit of {limit} (--{bounds.tokens_flag}); split it"
 
 
 def response_size_message(size: int, limits: Limits, encoding: Encoding) -> str:
@@ -420,16 +481,36 @@ def fill_timing(timing: pb.Timing, result: EmbedResult) -> None:
     timing.batch_tokens = largest.tokens
 
 
-def pooled(result: EmbedResult) -> list[np.ndarray]:
-    """One float32 vector per input: the mean over its tokens of the mean of its layers, or of the task's mix.
-    Computed from the vectors directly (no per-token answer is built only to be averaged)."""
+def pooled(result: EmbedResult, normalize: bool = False) -> list[np.ndarray]:
+    """One float32 vector per input: the mean over its tokens of the mean of its layers, or of the task's mix;
+    ``normalize``: scaled to unit length (the direction unchanged). Computed from the vectors directly (no per-token
+    answer is built only to be averaged)."""
     task = result.prepared.task
     if task is not None:
-        return [task.apply(v).astype(np.float64).mean(axis=0).astype(np.float32) for v in result.vectors]
-    return [v.astype(np.float64).mean(axis=(0, 1)).astype(np.float32) for v in result.vectors]
+        means = [task.apply(v).astype(np.float64).mean(axis=0) for v in result.vectors]
+    else:
+        means = [v.astype(np.float64).mean(axis=(0, 1)) for v in result.vectors]
+    if normalize:
+        means = [m / norm if (norm := np.linalg.norm(m)) > 0 else m for m in means]
+    return [m.astype(np.float32) for m in means]
+
+
+def input_chunks(lengths: list[int], max_tokens: int, max_inputs: int) -> list[range]:
+    """Consecutive inputs, cut into chunks of at most ``max_tokens`` tokens and ``max_inputs`` inputs (an input
+    longer than ``max_tokens`` alone)."""
+    chunks, start, tokens = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (tokens + n > max_tokens or i - start >= max_inputs):
+            chunks.append(range(start, i))
+            start, tokens = i, 0
+        tokens += n
+    if lengths:
+        chunks.append(range(start, len(lengths)))
+    return chunks
 
 
 __all__ = [
+    "Bounds",
     "EmbedResult",
     "Encoding",
     "PreparedEmbed",
@@ -441,6 +522,7 @@ __all__ = [
     "human_bytes",
     "overflow_policy",
     "pooled",
+    "input_chunks",
     "pooled_bytes",
     "request_chars",
 ]

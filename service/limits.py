@@ -25,6 +25,9 @@ class Limits:
     max_tokens_per_request: int = 8192
     max_message_bytes: int = 8 * MIB  # largest request gRPC accepts (larger: RESOURCE_EXHAUSTED from gRPC itself)
     max_response_bytes: int = 64 * MIB  # largest response the server builds (larger: INVALID_ARGUMENT, up front)
+    # -- per pooled request (OpenAI's /v1/embeddings: one vector per input, so far larger requests) --------------
+    max_pooled_inputs: int = 2048  # OpenAI's own limit
+    max_pooled_tokens: int = 300_000  # all inputs together (OpenAI's per-request limit); embedded in chunks
     # -- queue and batching --------------------------------------------------------------------------------------
     max_queue_tokens: int = 65536  # tokens waiting across all requests; beyond: RESOURCE_EXHAUSTED "overloaded"
     max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
@@ -75,6 +78,8 @@ class Limits:
             raise ConfigError("--max-tokens-per-sentence must not exceed --max-tokens-per-request")
         if self.max_tokens_per_sentence > self.max_batch_tokens:
             raise ConfigError("--max-tokens-per-sentence must not exceed --max-batch-tokens (a sentence must fit)")
+        if self.max_pooled_tokens < self.max_tokens_per_sentence:
+            raise ConfigError("--max-pooled-tokens must be at least --max-tokens-per-sentence (a sentence must fit)")
         if self.max_tokens_per_request > self.max_queue_tokens:
             raise ConfigError("--max-tokens-per-request must not exceed --max-queue-tokens (a request must fit)")
         return self
@@ -95,6 +100,9 @@ _HELP = {
     "max_tokens_per_request": "tokens per request, all sentences together",
     "max_message_bytes": "largest request message in bytes",
     "max_response_bytes": "largest response message in bytes",
+    "max_pooled_inputs": "inputs per POST /v1/embeddings request (one pooled vector each)",
+    "max_pooled_tokens": "tokens per POST /v1/embeddings request, all inputs together (embedded in chunks of "
+    "--max-tokens-per-request, so memory is bounded by the answer, not the request)",
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
     "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",

@@ -86,6 +86,15 @@ def _background_embed(runtime: Any):
     return switching.PROCESS.wrap(embed)  # its Python parts hold the GIL for milliseconds: hand it over fast
 
 
+def parse_alias(value: str) -> tuple[str, tuple[str, str]]:
+    """``NAME=MODEL[:TASK]`` -> (NAME, (MODEL, TASK)); an empty MODEL is the default model."""
+    name, sep, target = value.partition("=")
+    model, _, task = target.partition(":")
+    if not sep or not name or not (model or task):
+        raise ConfigError(f"--model-alias {value}: expected NAME=MODEL or NAME=MODEL:TASK")
+    return name, (model, task)
+
+
 def serve_model(
     runtime: Any, directory: Path, limits: Limits, observer: BatcherObserver, name: str = ""
 ) -> ServedModel:
@@ -124,9 +133,11 @@ def serve_model(
 
 
 class ModelRegistry:
-    """Models by name; the first one registered is the default (empty ``model`` in a request)."""
+    """Models by name; the first one registered is the default (empty ``model`` in a request). Aliases
+    (``--model-alias NAME=MODEL[:TASK]``) are further names for a model, or for one of its task mixes, for clients
+    that cannot change the name they send (``text-embedding-3-small``)."""
 
-    def __init__(self, models: list[ServedModel]):
+    def __init__(self, models: list[ServedModel], aliases: dict[str, tuple[str, str]] | None = None):
         if not models:
             raise ConfigError("no model to serve (--model DIR)")
         self.models: dict[str, ServedModel] = {}
@@ -135,17 +146,43 @@ class ModelRegistry:
                 raise ConfigError(f"two models are named '{model.name}': give one another name with --model NAME=DIR")
             self.models[model.name] = model
         self.default = models[0].name
+        self.aliases: dict[str, tuple[str, str]] = {}
+        for alias, (model_name, task) in (aliases or {}).items():
+            self._check_alias(alias, model_name, task)
+            self.aliases[alias] = (model_name or self.default, task)
+
+    def _check_alias(self, alias: str, model_name: str, task: str) -> None:
+        where = f"--model-alias {alias}={model_name}{':' + task if task else ''}"
+        if alias in self.models:
+            raise ConfigError(f"{where}: '{alias}' is already a served model's name")
+        if model_name and model_name not in self.models:
+            raise ConfigError(f"{where}: no served model is named '{model_name}' (serving: {', '.join(self.models)})")
+        model = self.models[model_name or self.default]
+        if task and task not in model.tasks.names():
+            raise ConfigError(f"{where}: model '{model.name}' has no task '{task}' (tasks: "
+                              f"{', '.join(model.tasks.names()) or 'none'})")  # fmt: skip
 
     def get(self, name: str) -> ServedModel:
+        return self.resolve(name)[0]
+
+    def resolve(self, name: str) -> tuple[ServedModel, str]:
+        """A request's ``model`` -> (the model, the task an alias names, else "")."""
         if not name:
-            return self.models[self.default]
+            return self.models[self.default], ""
+        if name in self.aliases:
+            model_name, task = self.aliases[name]
+            return self.models[model_name], task
         try:
-            return self.models[name]
+            return self.models[name], ""
         except KeyError:
-            raise not_found(f"unknown model '{clip(name)}' (serving: {', '.join(self.models)})") from None
+            raise not_found(f"unknown model '{clip(name)}' (serving: {', '.join(self.names())})") from None
+
+    def names(self) -> list[str]:
+        """Served models' names, then aliases."""
+        return [*self.models, *self.aliases]
 
     def __iter__(self):
         return iter(self.models.values())
 
 
-__all__ = ["ModelRegistry", "ServedModel", "serve_model"]
+__all__ = ["ModelRegistry", "ServedModel", "parse_alias", "serve_model"]

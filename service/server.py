@@ -36,7 +36,7 @@ from service.errors import ServiceError
 from service.interceptors import AuthInterceptor, ObserverInterceptor
 from service.limits import Limits, add_limit_arguments, limits_from_args
 from service.metrics import ServiceMetrics
-from service.models import ModelRegistry, ServedModel, serve_model
+from service.models import ModelRegistry, ServedModel, parse_alias, serve_model
 from service.observe import RequestObserver
 from service.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 
@@ -77,8 +77,10 @@ class ElmoServer:
         tls: TlsFiles | None = None,
         auth_token: str | None = None,
         http_port: int | None = None,
+        aliases: dict[str, tuple[str, str]] | None = None,
+        normalize: bool = False,
     ):
-        self.registry = ModelRegistry(models)
+        self.registry = ModelRegistry(models, aliases)
         self.limits = limits
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
@@ -105,7 +107,7 @@ class ElmoServer:
         if http_port is not None:
             from service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
 
-            self.http = HttpFrontend(self.core, observer, auth_token, self._serving)
+            self.http = HttpFrontend(self.core, observer, auth_token, self._serving, normalize=normalize)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -211,6 +213,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also serve the HTTP/JSON API (OpenAI /v1/embeddings, /v1/embed, ...) and the web page on this port "
         "(default off; 0 = any free port)",
     )
+    parser.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL[:TASK]",
+        help="answer requests for model NAME with MODEL (or its TASK mix), e.g. text-embedding-3-small=default for "
+        "clients that cannot change the name they send (repeatable; none by default)",
+    )
+    parser.add_argument(
+        "--normalize",
+        action="store_true",
+        help="POST /v1/embeddings answers unit-length vectors unless a request says \"normalize\": false (then dot "
+        "product = cosine; the default answers the raw mean, as /v1/embed's layers are)",
+    )
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default off)")
     parser.add_argument("--metrics-host", default=None, help="address for /metrics (default: --host)")
     parser.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain (with --tls-key)")
@@ -288,6 +304,7 @@ def _tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
 async def serve(args: argparse.Namespace) -> int:
     limits = limits_from_args(args)
     tls = _tls_from_args(args)
+    aliases = dict(parse_alias(value) for value in args.model_alias)
     metrics = ServiceMetrics()
     models = load_models(args, limits, metrics)
     server = ElmoServer(
@@ -299,6 +316,8 @@ async def serve(args: argparse.Namespace) -> int:
         tls=tls,
         auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV) or None,
         http_port=args.http_port,
+        aliases=aliases,
+        normalize=args.normalize,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +31,8 @@ EDGE_LIMITS = Limits(
     max_tokens_per_request=60,
     max_message_bytes=16 * 1024,
     max_response_bytes=8 * 1024,
+    max_pooled_inputs=16,  # /v1/embeddings: more than one chunk of max_inputs / max_tokens_per_request
+    max_pooled_tokens=120,
     max_queue_tokens=64,
     max_batch_tokens=64,
     max_batch_sentences=16,
@@ -47,12 +51,16 @@ class ServerThread:
         auth_token: str | None = None,
         metrics_port: int | None = None,
         http: bool = False,
+        **server_options,
     ):
+        """``server_options``: more ElmoServer keywords (aliases, normalize)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-grpc-server", daemon=True)
         self.thread.start()
         self.metrics = ServiceMetrics()
-        self.server: ElmoServer = self.call(self._create(runtimes, limits, tls, auth_token, 0 if http else None))
+        self.server: ElmoServer = self.call(
+            self._create(runtimes, limits, tls, auth_token, 0 if http else None, server_options)
+        )
         self.port = self.call(self.server.start())
         scheme = "https" if tls else "http"
         self.http_url = f"{scheme}://127.0.0.1:{self.server.http_port}" if http else None
@@ -61,7 +69,7 @@ class ServerThread:
         )
         self.target = f"127.0.0.1:{self.port}"
 
-    async def _create(self, runtimes, limits, tls, auth_token, http_port) -> ElmoServer:
+    async def _create(self, runtimes, limits, tls, auth_token, http_port, options) -> ElmoServer:
         models = [
             serve_model(runtime, Path(runtime.info.model_dir), limits, self.metrics.observer(name), name=name)
             for name, runtime in runtimes.items()
@@ -75,6 +83,7 @@ class ServerThread:
             tls=tls,
             auth_token=auth_token,
             http_port=http_port,
+            **options,
         )
 
     def call(self, coro, timeout: float = 60.0):
@@ -185,3 +194,16 @@ def self_signed_cert(directory: Path) -> TlsFiles:
         timeout=60,
     )
     return TlsFiles(cert, key)
+
+
+def call(url: str, path: str, body=None, *, raw: bytes | None = None, headers=None, method=None, context=None):
+    """(status, parsed JSON body) for one request; HTTP errors are answers too."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"}, method=method)
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    try:
+        with urllib.request.urlopen(request, timeout=60, context=context) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -40,7 +40,6 @@ from service.core import (
     RequestCore,
     build_response,
     human_bytes,
-    pooled,
 )
 from service.errors import Kind, ServiceError, clip, http_status, invalid
 from service.http import schema
@@ -59,6 +58,7 @@ CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never sent (nobody 
 INLINE_BODY_BYTES = 16 * 1024  # a body this small is parsed and tokenized in place (cheaper than a thread hop)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Every answer: no MIME sniffing. The page: only its own inline script and style block (by hash), calls to this
 # origin, never framed, no referrer leaks. (Style attributes stay allowed: the page colours its heat map with them.)
@@ -116,6 +116,7 @@ def _is_json(content_type: str) -> bool:
 class _OpenAICall:
     parsed: schema.OpenAIRequest
     model_id: str
+    normalize: bool
 
 
 class HttpFrontend:
@@ -125,8 +126,10 @@ class HttpFrontend:
         observer: RequestObserver,
         auth_token: str | None,
         is_serving: Callable[[], bool],
+        normalize: bool = False,
     ):
         self.core, self.state, self.limits = core, core.state, core.limits
+        self.normalize = normalize  # /v1/embeddings' default when a request does not say
         self.observer = observer
         self._token = BearerToken(auth_token) if auth_token else None
         self._is_serving = is_serving
@@ -254,37 +257,53 @@ class HttpFrontend:
 
     # -- endpoints -----------------------------------------------------------------------------------------------
     async def _run_embed(
-        self, request: web.Request, prepare: Callable[[dict, str], tuple[T, PreparedEmbed]]
-    ) -> tuple[T, PreparedEmbed, EmbedResult]:
-        """Both embedding endpoints: read the body, admit, parse and prepare (``prepare(json, request id)``), embed."""
+        self,
+        request: web.Request,
+        prepare: Callable[[dict, str], tuple[T, PreparedEmbed]],
+        embed: Callable[[T, PreparedEmbed, float], Awaitable[R]],
+    ) -> tuple[T, PreparedEmbed, R]:
+        """Both embedding endpoints: read the body, admit, parse and prepare (``prepare(json, request id)``), then
+        ``embed(call, prepared, started)``."""
         body = await self._read(request)
         request_id = request.headers.get("X-Request-Id", "")
         with self.state.admit():
             started = time.monotonic()
             call, prepared = await self._parse(body, lambda value: prepare(value, request_id))
-            return call, prepared, await self.core.embed(prepared, None, started)
+            return call, prepared, await embed(call, prepared, started)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        call, prepared, result = await self._run_embed(request, self._prepare_openai)
+        call, prepared, vectors = await self._run_embed(
+            request,
+            self._prepare_openai,
+            lambda call, prepared, started: self.core.embed_pooled(prepared, None, started, call.normalize),
+        )
         return await self._json(
             request,
-            lambda: schema.openai_answer(call.parsed, pooled(result), prepared.n_tokens, call.model_id),
+            lambda: schema.openai_answer(call.parsed, vectors, prepared.n_tokens, call.model_id),
             prepared.answer_bytes,
         )
 
     def _prepare_openai(self, value: dict, request_id: str) -> tuple[_OpenAICall, PreparedEmbed]:
-        parsed = schema.parse_openai(value, request_id)
-        model = self.core.models.get(parsed.embed.model)
-        if parsed.embed.task:
-            model.tasks.get(parsed.embed.task)  # an unknown task is a 404 before any work
+        aliases = self.core.models.aliases
+        parsed = schema.parse_openai(value, request_id, aliases)
+        model, alias_task = self.core.models.resolve(parsed.embed.model)
+        task = parsed.embed.task or alias_task
+        if task:
+            model.tasks.get(task)  # an unknown task is a 404 before any work
         if parsed.dimensions is not None and parsed.dimensions != model.dim:
             raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{clip(model.name)}' has {model.dim}")
         prepared = self.core.prepare(parsed.embed, Encoding(parsed.encoding), pooled=True)
-        model_id = f"{model.name}:{parsed.embed.task}" if parsed.embed.task else model.name
-        return _OpenAICall(parsed, model_id), prepared
+        if parsed.embed.model in aliases:
+            model_id = parsed.embed.model  # the name the client asked for
+        else:
+            model_id = f"{model.name}:{task}" if task else model.name
+        normalize = self.normalize if parsed.normalize is None else parsed.normalize
+        return _OpenAICall(parsed, model_id, normalize), prepared
 
     async def embed(self, request: web.Request) -> web.StreamResponse:
-        call, prepared, result = await self._run_embed(request, self._prepare_embed)
+        call, prepared, result = await self._run_embed(
+            request, self._prepare_embed, lambda call, prepared, started: self.core.embed(prepared, None, started)
+        )
         return await self._json(request, lambda: self._embed_answer(call, result), prepared.answer_bytes)
 
     def _prepare_embed(self, value: dict, request_id: str) -> tuple[schema.EmbedCall, PreparedEmbed]:
@@ -307,10 +326,13 @@ class HttpFrontend:
 
     async def models(self, request: web.Request) -> web.Response:
         entries = [e for m in self.core.models for e in schema.model_entries(self.core.model_info(m.name))]
+        entries += [schema.alias_entry(alias, *target) for alias, target in self.core.models.aliases.items()]
         return web.json_response({"object": "list", "data": entries})
 
     async def one_model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
+        if model_id in self.core.models.aliases:
+            return web.json_response(schema.alias_entry(model_id, *self.core.models.aliases[model_id]))
         model, task = schema.split_model(model_id)
         entries = schema.model_entries(self.core.model_info(model))
         for entry in entries:

@@ -167,6 +167,10 @@ _SCHEMAS: dict[str, dict] = {
                 "description": "must equal the model's dim if given",
             },
             "overflow": _OVERFLOW,
+            "normalize": {
+                "type": "boolean",
+                "description": "unit-length vectors (dot product = cosine); default: the server's --normalize",
+            },
             "user": {"type": "string", "description": "accepted and ignored, as by OpenAI-compatible servers"},
         },
         required=("input",),
@@ -329,8 +333,22 @@ _SCHEMAS: dict[str, dict] = {
         required=("id", "object", "created", "owned_by", "parent", "task", "stale"),
         description="a task mix of a served model, usable as the model of /v1/embeddings",
     ),
+    "AliasModel": _obj(
+        {
+            "id": {"type": "string", "description": "the alias (--model-alias NAME=MODEL[:TASK])"},
+            "object": {"const": "model"},
+            "created": _INT,
+            "owned_by": _STRING,
+            "alias_of": {"type": "string", "description": "MODEL, or MODEL:TASK"},
+        },
+        required=("id", "object", "created", "owned_by", "alias_of"),
+        description="another name for a served model or one of its task mixes",
+    ),
     "ModelList": _obj(
-        {"object": {"const": "list"}, "data": _array({"oneOf": [_ref("Model"), _ref("TaskModel")]})},
+        {
+            "object": {"const": "list"},
+            "data": _array({"oneOf": [_ref("Model"), _ref("TaskModel"), _ref("AliasModel")]}),
+        },
         required=("object", "data"),
     ),
     "Health": _obj({"status": {"enum": ["SERVING", "NOT_SERVING"]}}, required=("status",)),

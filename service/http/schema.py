@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,9 +167,12 @@ def _overflow(body: dict) -> int:
     return OVERFLOW_VALUES[_choice(body, "overflow", list(OVERFLOW_VALUES), "")]
 
 
-def split_model(value: str) -> tuple[str, str]:
+def split_model(value: str, aliases: Container[str] = ()) -> tuple[str, str]:
     """OpenAI's ``model`` -> (served model, task): ``default``, ``default:pos_brown``, or ``:pos_brown`` for the task
-    of the default model. An empty model means the default one."""
+    of the default model. An empty model means the default one; an alias (``--model-alias``) stays whole (the
+    model registry resolves it, with its task)."""
+    if value in aliases:
+        return value, ""
     model, sep, task = value.rpartition(":")
     return (model, task) if sep else (value, "")
 
@@ -179,12 +183,17 @@ class OpenAIRequest:
     embed: pb.EmbedRequest
     encoding: str
     dimensions: int | None
+    normalize: bool | None  # None: the server's default (--normalize)
 
 
-def parse_openai(body: dict, request_id: str = "") -> OpenAIRequest:
-    """OpenAI's embeddings request. Unknown fields (``user``...) are ignored, as OpenAI-compatible servers do."""
+def parse_openai(body: dict, request_id: str = "", aliases: Container[str] = ()) -> OpenAIRequest:
+    """OpenAI's embeddings request, plus this service's ``normalize`` and ``overflow``. Unknown fields (``user``...)
+    are ignored, as OpenAI-compatible servers do."""
     texts = _openai_inputs(body.get("input"))
-    model, task = split_model(_get(body, "model", str, ""))
+    model, task = split_model(_get(body, "model", str, ""), aliases)
+    normalize = body.get("normalize")
+    if normalize is not None and not isinstance(normalize, bool):
+        raise invalid(f"'normalize' must be true or false, not {_json_type(normalize)}")
     dimensions = body.get("dimensions")
     if dimensions is not None:
         dimensions = _int32(dimensions, "dimensions", low=1, what="a positive 32-bit integer")
@@ -196,7 +205,7 @@ def parse_openai(body: dict, request_id: str = "") -> OpenAIRequest:
         overflow=_overflow(body),
         request_id=_header(request_id, "X-Request-Id"),
     )
-    return OpenAIRequest(request, _choice(body, "encoding_format", ENCODINGS, "float"), dimensions)
+    return OpenAIRequest(request, _choice(body, "encoding_format", ENCODINGS, "float"), dimensions, normalize)
 
 
 def _openai_inputs(value: Any) -> list[str]:
@@ -211,7 +220,8 @@ def _openai_inputs(value: Any) -> list[str]:
     for i, item in enumerate(value):
         if isinstance(item, (int, list)) and not isinstance(item, bool):
             raise invalid(
-                f"'input[{i}]' is a token id or a list of token ids: this service tokenizes text itself; send strings"
+                f"'input[{i}]' is a token id or a list of token ids: this service tokenizes text itself; send strings "
+                "(LangChain's OpenAIEmbeddings sends token ids unless check_embedding_ctx_length=False)"
             )
         _typed(item, str, f"input[{i}]")
     return value
@@ -363,7 +373,19 @@ def model_entries(info: pb.ModelInfo) -> list[dict]:
     return entries
 
 
+def alias_entry(alias: str, model: str, task: str) -> dict:
+    """OpenAI's model object for an alias (``--model-alias``)."""
+    return {
+        "id": alias,
+        "object": "model",
+        "created": 0,
+        "owned_by": "elmo",
+        "alias_of": f"{model}:{task}" if task else model,
+    }
+
+
 __all__ = [
+    "alias_entry",
     "EmbedCall",
     "OpenAIRequest",
     "embed_answer",

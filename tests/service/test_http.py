@@ -22,23 +22,10 @@ from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
 from service.http.openapi import openapi_document
 from service.limits import Limits
-from tests.service_helpers import ServerThread, limits_with, self_signed_cert
+from tests.service_helpers import ServerThread, call, limits_with, self_signed_cert
 
 TEXTS = ["The cat sat on the mat .", "苹果很好吃，苹果公司发布了新手机。", "naïve café 🙂", "a"]
 TOKEN = "s3cret"
-
-
-def call(url: str, path: str, body=None, *, raw: bytes | None = None, headers=None, method=None, context=None):
-    """(status, parsed JSON body) for one request; HTTP errors are answers too."""
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"}, method=method)
-    for key, value in (headers or {}).items():
-        request.add_header(key, value)
-    try:
-        with urllib.request.urlopen(request, timeout=60, context=context) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +119,9 @@ BAD = [
     ("/v1/embeddings", {"input": "x", "dimensions": 8}, 400, "'dimensions' is 8, but model 'tiny' has 16"),
     ("/v1/embeddings", {"input": "x", "model": "nope"}, 404, "unknown model 'nope'"),
     ("/v1/embeddings", {"input": "x", "model": "tiny:nope"}, 404, "unknown task 'nope'"),
-    ("/v1/embeddings", {"input": ["x"] * 9}, 413, "too many inputs: 9"),
+    ("/v1/embeddings", {"input": ["x"] * 17}, 413, "too many inputs: 17, limit 16 per request (--max-pooled-inputs)"),
     ("/v1/embeddings", {"input": " ".join(["w"] * 21)}, 413, "over the limit of 20 per sentence"),
-    ("/v1/embeddings", {"input": ["w " * 20] * 4}, 413, "request has 80 tokens"),
+    ("/v1/embeddings", {"input": ["w " * 20] * 7}, 413, "request has 140 tokens, over the limit of 120 (--max-pooled"),
     ("/v1/embeddings", {"input": "x", "overflow": "chop"}, 400, "'overflow' must be one of reject, truncate, window"),
     ("/v1/embed", {"inputs": ["x"], "layerz": [1]}, 400, "unknown field 'layerz'"),
     ("/v1/embed", {"inputs": ["x"], "layers": [7]}, 400, "layers[0] = 7 is out of range"),
