@@ -1,10 +1,12 @@
 # The two front doors (see README):
 #   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra, plus the
 #                `gpu` extra where `nvidia-smi -L` lists a GPU)
-#   make test    install everything the tests need into .venv (and Debian's chromium for the browser test), run them
+#   make test    install everything the tests need into .venv (the README's OpenAI-compatible clients into
+#                .venv-clients, Debian's chromium for the browser test), run them
 PYTHON ?= python3
 VENV ?= .venv
 SERVE_VENV ?= .venv-serve
+CLIENTS_VENV ?= .venv-clients
 MODEL ?= models/default
 PORT ?= 50051
 HTTP_PORT ?= 8080
@@ -15,6 +17,13 @@ METRICS_PORT ?= 9090
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch,manylangs-parity]'
+	touch $@
+
+# The OpenAI-compatible clients of the README's snippets, in a venv of their own (the `clients` extra): chromadb
+# brings the CPU onnxruntime, which must never share a venv with onnxruntime-gpu (tests/test_readme_commands.py).
+$(CLIENTS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q -e '.[clients]'
 	touch $@
 
 # The serving venv in two flavours: `cpu` = the `serve` extra; `gpu` adds the `gpu` extra (CUDA 13 + cuDNN 9 wheels,
@@ -36,7 +45,7 @@ browser:
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends chromium >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { echo "chromium could not be installed"; exit 1; }
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
 
@@ -57,4 +66,4 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(CLIENTS_VENV) .pytest_cache

@@ -462,7 +462,8 @@ def python_block_runner(block: str) -> str:
 def test_readme_python_blocks_run_against_the_served_model(served) -> None:
     """Each ```python block, as written, from the repo root, against `make serve`: in the torch-free serve venv, or,
     for the OpenAI client's block, in .venv (the `openai` package is the user's, not the service's: the dev extra)."""
-    blocks = fenced_blocks(README.read_text(), "python")
+    clients = set(client_snippets(README.read_text()).values())  # run in .venv-clients, below
+    blocks = [block for block in fenced_blocks(README.read_text(), "python") if block not in clients]
     assert blocks, "README.md has no Python block"
     found: dict = {}
     for block in blocks:
@@ -483,6 +484,112 @@ def test_readme_python_blocks_run_against_the_served_model(served) -> None:
     with EmbedderClient(f"127.0.0.1:{GRPC_PORT}") as client:
         layers = client.embed_texts(["我吃了一个苹果。"])[0]
     assert layers.shape == (3, 8, dim) and layers.dtype == np.float32
+
+
+# -- the OpenAI-compatible clients' snippets, in the clients' own environment, against `make serve` ----------------
+CLIENTS_VENV = REPO / ".venv-clients"  # `make test` creates it: the `clients` extra (pinned releases from PyPI)
+SNIPPET_RUNNER = REPO / "tests" / "clients" / "run_snippet.py"
+CLIENT_BLOCK = re.compile(r"^<!-- client: (\w+) -->\n```python\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+CLIENTS = ("openai", "langchain", "llamaindex", "litellm", "chroma")
+# what each raises for a model the server does not serve (404): the client's own exception type
+CLIENT_NOT_FOUND = {
+    "openai": "openai.NotFoundError",
+    "langchain": "openai.NotFoundError",  # langchain-openai lets the openai client's errors through
+    "llamaindex": "openai.NotFoundError",
+    "litellm": "litellm.exceptions.NotFoundError",
+    "chroma": "openai.NotFoundError",
+}
+N_DOCUMENTS = 300
+
+
+def client_snippets(text: str) -> dict[str, str]:
+    """README's client blocks, by the name in the ``<!-- client: NAME -->`` line above each."""
+    return dict(CLIENT_BLOCK.findall(text))
+
+
+def paragraphs(n: int = N_DOCUMENTS) -> list[str]:
+    """``n`` paragraph-length documents (40-60 words) of real prose: this repository's docs, cut into pieces."""
+    words = " ".join(
+        line for path in sorted((REPO / "docs").glob("*.md")) for line in path.read_text().splitlines()
+        if len(line.split()) > 8 and not line.startswith(("|", "```", "#", "    "))
+    ).split()  # fmt: skip
+    out, start = [], 0
+    for i in range(n):
+        size = 40 + (i * 7) % 21
+        if start + size > len(words):
+            start = 0
+        out.append(" ".join(words[start : start + size]))
+        start += size
+    return out
+
+
+def clients_python() -> Path:
+    python = CLIENTS_VENV / "bin" / "python"
+    if not python.is_file():
+        pytest.fail(
+            f"{CLIENTS_VENV.name} is missing: `make test` creates it (pip install -e '.[clients]' in its own venv: "
+            "the clients bring onnxruntime, which must not meet onnxruntime-gpu in .venv)",
+            pytrace=False,
+        )
+    return python
+
+
+def run_snippet(code: str, documents: list[str], folder: Path) -> tuple[np.ndarray | None, dict | None]:
+    """(vectors, None) or (None, the error the snippet raised) from tests/clients/run_snippet.py."""
+    snippet, documents_path, out = folder / "snippet.py", folder / "documents.json", folder / "vectors.npy"
+    snippet.write_text(code)
+    documents_path.write_text(json.dumps(documents, ensure_ascii=False))
+    finished = subprocess.run(
+        [str(clients_python()), str(SNIPPET_RUNNER), str(snippet), str(documents_path), str(out)],
+        cwd=folder,  # nothing the client writes lands in the repository
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=fresh_shell_environment(),
+    )
+    if finished.returncode == 0:
+        return np.load(out), None
+    lines = finished.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), f"the snippet runner failed:\n{finished.stdout}\n{finished.stderr}"
+    return None, json.loads(lines[-1])
+
+
+def pooled_answer(documents: list[str]) -> np.ndarray:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{HTTP_PORT}/v1/embeddings",
+        json.dumps({"model": "default", "input": documents}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        answer = json.loads(response.read())
+    return np.array([item["embedding"] for item in answer["data"]], dtype=np.float32)
+
+
+def test_readme_has_one_snippet_per_client_and_docs_show_the_same() -> None:
+    snippets = client_snippets(README.read_text())
+    assert tuple(snippets) == CLIENTS
+    docs = (REPO / "docs" / "service.md").read_text()
+    assert client_snippets(docs) == snippets  # docs/service.md shows exactly the tested snippets
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_readme_client_snippet_embeds_300_documents_as_the_server_does(served, client, tmp_path) -> None:
+    documents = paragraphs()
+    vectors, error = run_snippet(client_snippets(README.read_text())[client], documents, tmp_path)
+    assert error is None, error
+    direct = pooled_answer(documents)
+    assert vectors.shape == direct.shape == (N_DOCUMENTS, direct.shape[1])
+    np.testing.assert_allclose(vectors, direct, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_readme_client_snippet_errors_are_the_clients_own_types(served, client, tmp_path) -> None:
+    snippet = client_snippets(README.read_text())[client]
+    wrong = snippet.replace('"default"', '"no-such-model"').replace('"openai/default"', '"openai/no-such-model"')
+    assert wrong.count("no-such-model") == 1
+    vectors, error = run_snippet(wrong, paragraphs(3), tmp_path)
+    assert vectors is None and error["error"] == CLIENT_NOT_FOUND[client], error
+    assert "unknown model 'no-such-model'" in error["message"], error
 
 
 def test_readme_serve_command_serves_embeds_and_stops_cleanly(served) -> None:
