@@ -93,7 +93,7 @@ class Paths:
         return {key: float(t[key]) for key in ("queue_ms", "inference_ms", "total_ms")}
 
     def in_process(self, text: str) -> None:
-        ((_tokenized, layers),) = self.embedder.embed_texts([text])
+        (layers,) = self.embedder.embed_texts([text])
         assert layers.ndim == 3
         return None
 

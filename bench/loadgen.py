@@ -374,9 +374,9 @@ def measure_in_process(embedder, texts: list[str], duration: float, batch: int) 
         chunk = texts[position : position + batch] or texts[:batch]
         position = (position + batch) % len(texts)
         t0 = time.perf_counter()
-        results = embedder.embed_texts(chunk)
+        results = embedder.embed(chunk)
         latencies.append(time.perf_counter() - t0)
-        n_tokens += sum(len(tokenized.tokens) for tokenized, _ in results)
+        n_tokens += sum(len(result.tokens) for result in results)
         n_texts += len(chunk)
         calls += 1
     seconds = time.monotonic() - started

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from elmo.embedding import Embedding
 from elmo.errors import ElmoError, InputError
 from elmo.text.overflow import Overflow
 from elmo.v1 import embedder_pb2 as pb
@@ -39,15 +40,6 @@ class RemoteError(ElmoError):
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
-
-
-@dataclass
-class Embedding:
-    tokens: list[str]
-    offsets: list[tuple[int, int]] | None  # None for pre-tokenized input
-    layers: np.ndarray | None  # (n_selected_layers, n_tokens, dim), None with omit_layers
-    mix: np.ndarray | None  # (n_tokens, dim), None without a task
-    truncated_tokens: int = 0  # cut off the end under overflow 'truncate'
 
 
 def to_input(item: InputLike, index: int = 0) -> pb.Input:

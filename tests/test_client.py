@@ -47,11 +47,11 @@ def test_client_returns_numpy_arrays_like_the_runtime(client, runtime):
     expected = runtime.embed_texts(texts)
     arrays = client.embed_texts(texts)
     assert all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.writeable for a in arrays)
-    assert [a.tobytes() for a in arrays] == [v.tobytes() for _, v in expected]
-    sentences = [t.tokens for t, _ in expected]
-    assert [a.tobytes() for a in client.embed_tokens(sentences)] == [v.tobytes() for _, v in expected]
+    assert [a.tobytes() for a in arrays] == [v.tobytes() for v in expected]
+    sentences = [e.tokens for e in runtime.embed(texts)]
+    assert [a.tobytes() for a in client.embed_tokens(sentences)] == [v.tobytes() for v in expected]
     utf8 = client.embed_texts([text.encode("utf-8") for text in texts])  # bytes are accepted when UTF-8
-    assert [a.tobytes() for a in utf8] == [v.tobytes() for _, v in expected]
+    assert [a.tobytes() for a in utf8] == [v.tobytes() for v in expected]
 
 
 def test_client_refuses_undecodable_input_before_sending():
@@ -84,7 +84,7 @@ def test_elmo_embed_command(server, runtime, capsys):
     out = capsys.readouterr().out
     assert "'The cat sat .': 4 tokens ['The', 'cat', 'sat', '.']" in out
     assert "layers float32 (3, 4, 16)" in out and "layers float32 (3, 5, 16)" in out
-    ((_, vectors),) = runtime.embed_texts(["The cat sat ."])
+    (vectors,) = runtime.embed_texts(["The cat sat ."])
     assert f"{vectors[0, 0, 0]:.4f}"[:5] in out  # first number of layer 0, token 0
     assert (
         elmo_main(["embed", "--server", server.target, "--tokens", "--layers", "2", "--dtype", "float16", "a b"]) == 0
@@ -153,3 +153,17 @@ def test_node_client_from_the_proto_alone_gets_the_same_vectors(server, client, 
             "code": grpc.StatusCode.INVALID_ARGUMENT.value[0],
             "details": "inputs is empty: send at least one sentence",
         }
+
+
+def test_in_process_and_remote_apis_return_the_same_kind_of_value(client, runtime):
+    """The README's promise: ``Embedder`` and ``EmbedderClient`` answer the same call with the same kind of value
+    (``embed_texts``: arrays; ``embed``: Embedding objects with tokens and offsets), bit for bit."""
+    texts = ["The apple fell .", "苹果很好吃"]
+    local, remote = runtime.embed_texts(texts), client.embed_texts(texts)
+    assert [type(v) for v in local] == [type(v) for v in remote] == [np.ndarray, np.ndarray]
+    assert [v.tobytes() for v in local] == [v.tobytes() for v in remote]
+    inputs = [texts[0], ["pre", "tokenized"]]
+    for here, there in zip(runtime.embed(inputs), client.embed(inputs), strict=True):
+        assert type(here) is type(there)
+        assert (here.tokens, here.offsets, here.mix) == (there.tokens, there.offsets, there.mix)
+        assert here.layers.tobytes() == there.layers.tobytes()

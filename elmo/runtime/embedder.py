@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from elmo.embedding import Embedding
 from elmo.errors import ElmoError, InputError, ModelFileError
 from elmo.runtime.batching import (
     CPU_STEP_COST,
@@ -53,7 +54,7 @@ from elmo.runtime.providers import (
     requested_providers,
 )
 from elmo.text.chars import char_lengths
-from elmo.text.tokenize import Tokenized, tokenize
+from elmo.text.tokenize import tokenize
 
 log = logging.getLogger("elmo.runtime")
 
@@ -253,16 +254,32 @@ class Embedder:
         stats = EmbedStats(len(sentences), sum(len(s) for s in sentences), padded, len(batches))
         return [empty.copy() if r is None else r for r in results], stats
 
-    def embed_texts(self, texts: Sequence[str]) -> list[tuple[Tokenized, np.ndarray]]:
-        """Raw texts -> (tokens with offsets, layers) per text, tokenized by elmo.text.tokenize.tokenize."""
+    def embed_texts(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Raw texts -> per text its layers ``(n_layers, n_tokens, dim)``, tokenized by elmo.text.tokenize.tokenize
+        (what ``EmbedderClient.embed_texts`` returns for the same call; :meth:`embed` adds tokens and offsets)."""
+        return [embedding.layers for embedding in self.embed(self._texts(texts))]
+
+    def embed(self, inputs: Sequence[str | Sequence[str]]) -> list[Embedding]:
+        """Raw texts (tokenized here) or token lists -> per input its tokens, offsets (code points into the text;
+        None for token lists) and every layer: the value ``EmbedderClient.embed`` returns for the same call."""
+        if isinstance(inputs, str):
+            raise InputError("embed takes a list of texts or token lists, not one string")
+        tokenized = [tokenize(item) if isinstance(item, str) else None for item in inputs]
+        sentences = [t.tokens if t is not None else list(item) for t, item in zip(tokenized, inputs)]
+        vectors = self.embed_tokens(sentences)
+        return [
+            Embedding(tokens, t.offsets if t is not None else None, layers, None)
+            for t, tokens, layers in zip(tokenized, sentences, vectors)
+        ]
+
+    @staticmethod
+    def _texts(texts: Sequence[str]) -> list[str]:
         if isinstance(texts, str):
             raise InputError("embed_texts takes a list of texts, not one string")
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise InputError(f"text {i} is {type(text).__name__}, not str")
-        tokenized = [tokenize(text) for text in texts]
-        vectors = self.embed_tokens([t.tokens for t in tokenized])
-        return list(zip(tokenized, vectors))
+        return list(texts)
 
     def warmup(self) -> None:
         """Real forward passes (allocations, kernel selection) before the first request."""

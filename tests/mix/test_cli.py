@@ -73,7 +73,7 @@ def test_train_classification_from_tsv_with_test_file(model_dir, tmp_path, capsy
     task = TaskStore(model_dir).get("toy_sent")
     assert task.kind == "classification" and task.pooling == "mean" and task.metrics["eval_split"] == "test"
     assert task.layer_norm and task.metrics["mix"]["layer_norm"]
-    layers = Embedder(model_dir, intra_op_threads=1).embed_texts(["很好"])[0][1]
+    layers = Embedder(model_dir, intra_op_threads=1).embed_texts(["很好"])[0]
     assert task.predict(layers)[0] in ("neg", "pos")
 
 

@@ -89,10 +89,11 @@ def test_empty_inputs(embedder):
 
 def test_embed_texts_tokenizes_with_offsets(embedder):
     text = "Hello, world! 你好。"
-    ((tokenized, layers),) = embedder.embed_texts([text])
-    assert tokenized.tokens == ["Hello", ",", "world", "!", "你", "好", "。"]
-    assert [text[a:b] for a, b in tokenized.offsets] == tokenized.tokens
-    np.testing.assert_allclose(layers, embedder.embed_tokens([tokenized.tokens])[0], atol=1e-6, rtol=0)
+    (result,) = embedder.embed([text])
+    assert result.tokens == ["Hello", ",", "world", "!", "你", "好", "。"]
+    assert [text[a:b] for a, b in result.offsets] == result.tokens
+    np.testing.assert_allclose(result.layers, embedder.embed_tokens([result.tokens])[0], atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(embedder.embed_texts([text])[0], result.layers)  # the same layers, without tokens
 
 
 def test_info_describes_the_model(embedder, tiny_model_dir):

@@ -88,12 +88,12 @@ def rpc_error(fn, *args, **kwargs) -> RemoteError:
 # -- round trips ---------------------------------------------------------------------------------------------------
 def test_round_trip_texts_bit_equal_to_in_process_runtime(client, runtime):
     results = client.embed(TEXTS)
-    expected = runtime.embed_texts(TEXTS)
-    for result, (tokenized, vectors) in zip(results, expected, strict=True):
-        assert result.tokens == tokenized.tokens
-        assert result.offsets == tokenized.offsets
-        assert result.layers.dtype == np.float32 and result.layers.shape == vectors.shape
-        assert result.layers.tobytes() == vectors.tobytes()  # bit-equal float32
+    expected = runtime.embed(TEXTS)
+    for result, local in zip(results, expected, strict=True):
+        assert result.tokens == local.tokens
+        assert result.offsets == local.offsets
+        assert result.layers.dtype == np.float32 and result.layers.shape == local.layers.shape
+        assert result.layers.tobytes() == local.layers.tobytes()  # bit-equal float32
         assert result.mix is None
 
 
@@ -118,9 +118,9 @@ def test_embed_stream_answers_in_order(client, runtime):
     results = list(client.embed_stream(requests))
     assert len(results) == len(requests)
     for (result,), text in zip(results, TEXTS * 3, strict=True):
-        ((tokenized, vectors),) = runtime.embed_texts([text])
-        assert result.tokens == tokenized.tokens
-        assert_same_vectors(result.layers, vectors)  # batched with the other stream requests
+        (local,) = runtime.embed([text])
+        assert result.tokens == local.tokens
+        assert_same_vectors(result.layers, local.layers)  # batched with the other stream requests
 
 
 def test_tokenize_model_info_list_models(client, runtime):
@@ -435,7 +435,7 @@ def test_tls(runtime, tmp_path):
     srv.warm_up()
     try:
         with EmbedderClient(srv.target, tls_ca=tls.cert) as secure:
-            ((tokenized, vectors),) = runtime.embed_texts(["over TLS"])
+            (vectors,) = runtime.embed_texts(["over TLS"])
             assert secure.embed(["over TLS"])[0].layers.tobytes() == vectors.tobytes()
         with EmbedderClient(srv.target, timeout=5) as plaintext:
             assert rpc_error(plaintext.embed, ["no TLS"]).code == grpc.StatusCode.UNAVAILABLE

@@ -49,9 +49,9 @@ def test_served_mix_equals_the_offline_library(client, served, task_name):
     offline_runtime = Embedder(directory, intra_op_threads=1)
     served_embeddings = client.embed(TEXTS, task=task_name)
     for text, embedding in zip(TEXTS, served_embeddings):
-        tokens, layers = offline_runtime.embed_texts([text])[0]
-        assert embedding.tokens == tokens.tokens
-        offline = apply_task(layers, task)
+        (offline_result,) = offline_runtime.embed([text])
+        assert embedding.tokens == offline_result.tokens
+        offline = apply_task(offline_result.layers, task)
         assert embedding.mix.shape == offline.shape
         assert float(np.abs(embedding.mix - offline).max()) <= 1e-5
 
@@ -101,7 +101,7 @@ def test_shipped_tasks_are_served_exactly():
             for name in names:
                 task = TaskStore(model_dir).get(name)
                 for text, embedding in zip(TEXTS, client.embed(TEXTS[:3], task=name, omit_layers=True)):
-                    offline = apply_task(runtime.embed_texts([text])[0][1], task)
+                    offline = apply_task(runtime.embed_texts([text])[0], task)
                     assert float(np.abs(embedding.mix - offline).max()) <= 1e-5
     finally:
         server.stop()
