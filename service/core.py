@@ -224,6 +224,8 @@ class RequestCore:
         input (OpenAI's /v1/embeddings): the pooled limits hold, and the size limit counts one vector per input."""
         plan = self._plan(request, Bounds.of(self.limits, pooled))
         sentences, offsets, truncated = self._tokens(request, plan)
+        if pooled:  # one vector per input: the offsets are never sent, and 300,000 of them are worth freeing
+            offsets = [None] * len(sentences)
         prepared = PreparedEmbed(
             plan.model,
             sentences,
