@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -19,6 +20,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+from elmo.mix.store import Task, save_task
 from service.limits import Limits
 from service.metrics import ServiceMetrics
 from service.models import serve_model
@@ -207,3 +209,14 @@ def call(url: str, path: str, body=None, *, raw: bytes | None = None, headers=No
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+POS_DEMO = Task("pos_demo", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8, layer_norm=True)  # a fixed, uneven mix
+
+
+def model_with_pos_demo(tiny_model_dir: Path, folder: Path) -> Path:
+    """A copy of the tiny model in ``folder``/model with one stored task mix, POS_DEMO."""
+    directory = folder / "model"
+    shutil.copytree(tiny_model_dir, directory)
+    save_task(directory, POS_DEMO)
+    return directory

@@ -72,8 +72,8 @@ class PortServer(ServerThread):
         self._fixed_port = port
         super().__init__(runtimes, limits, metrics_port=metrics_port)
 
-    async def _create(self, runtimes, limits, tls, auth_token, http_port):
-        server = await super()._create(runtimes, limits, tls, auth_token, http_port)
+    async def _create(self, runtimes, limits, tls, auth_token, http_port, options):
+        server = await super()._create(runtimes, limits, tls, auth_token, http_port, options)
         server.port = self._fixed_port
         return server
 

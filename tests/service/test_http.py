@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import ssl
 import time
 import urllib.error
@@ -18,11 +17,10 @@ import numpy as np
 import pytest
 
 from elmo.client import EmbedderClient, RemoteError
-from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
 from service.http.openapi import openapi_document
 from service.limits import Limits
-from tests.service_helpers import ServerThread, call, limits_with, self_signed_cert
+from tests.service_helpers import ServerThread, call, limits_with, model_with_pos_demo, self_signed_cert
 
 TEXTS = ["The cat sat on the mat .", "苹果很好吃，苹果公司发布了新手机。", "naïve café 🙂", "a"]
 TOKEN = "s3cret"
@@ -30,10 +28,7 @@ TOKEN = "s3cret"
 
 @pytest.fixture(scope="module")
 def model_dir(tiny_model_dir, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("http") / "model"
-    shutil.copytree(tiny_model_dir, directory)
-    save_task(directory, Task("pos_demo", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8, layer_norm=True))
-    return directory
+    return model_with_pos_demo(tiny_model_dir, tmp_path_factory.mktemp("http"))
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,14 @@ exception types."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import openai
 import pytest
 
 from elmo.client import EmbedderClient
-from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
 from service.limits import Limits
-from tests.service_helpers import ServerThread
+from tests.service_helpers import ServerThread, model_with_pos_demo
 
 TEXTS = ["The cat sat on the mat.", "我买了一台苹果电脑。", "苹果很好吃", "naïve café 🙂", "a"]
 TOKEN = "open-sesame"
@@ -23,9 +20,7 @@ TOKEN = "open-sesame"
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("openai") / "model"
-    shutil.copytree(tiny_model_dir, directory)
-    save_task(directory, Task("pos_demo", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8, layer_norm=True))
+    directory = model_with_pos_demo(tiny_model_dir, tmp_path_factory.mktemp("openai"))
     server = ServerThread(
         {"tiny": Embedder(directory, intra_op_threads=1)}, Limits(drain_seconds=1.0), auth_token=TOKEN, http=True
     )

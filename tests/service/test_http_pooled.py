@@ -4,17 +4,14 @@ request or by default; model aliases on both protocols; any key when the server 
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
 from elmo.client import EmbedderClient
 from elmo.errors import ConfigError
-from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
 from service.models import parse_alias
-from tests.service_helpers import ServerThread, call, limits_with
+from tests.service_helpers import ServerThread, call, limits_with, model_with_pos_demo
 
 ALIASES = {"text-embedding-3-small": ("tiny", ""), "ada-pos": ("tiny", "pos_demo")}
 # 24 inputs of 3..14 tokens (~200 tokens): 3 times --max-inputs (8) and --max-tokens-per-request (60) of the limits
@@ -24,10 +21,7 @@ LIMITS = dict(max_pooled_inputs=32, max_pooled_tokens=400)
 
 @pytest.fixture(scope="module")
 def model_dir(tiny_model_dir, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("pooled") / "model"
-    shutil.copytree(tiny_model_dir, directory)
-    save_task(directory, Task("pos_demo", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8, layer_norm=True))
-    return directory
+    return model_with_pos_demo(tiny_model_dir, tmp_path_factory.mktemp("pooled"))
 
 
 @pytest.fixture(scope="module")

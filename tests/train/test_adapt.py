@@ -87,8 +87,8 @@ def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(trained
 
     # exported and verified; the runtime embeds with it; no optimizer state is left behind
     assert json.loads((out / "onnx.json").read_text())["verification"]["passed"] is True
-    (result,) = Embedder(out, intra_op_threads=1).embed(["The package manager installs it."])
-    assert result.layers.shape == (3, len(result.tokens), 32) and np.isfinite(result.layers).all()
+    (embedded,) = Embedder(out, intra_op_threads=1).embed(["The package manager installs it."])
+    assert embedded.layers.shape == (3, len(embedded.tokens), 32) and np.isfinite(embedded.layers).all()
     assert not (out / "optimizer.safetensors").exists()
 
     # the source's task came along, marked stale; the source's own copy is not
