@@ -213,9 +213,12 @@ class RequestCore:
                     lambda: pooled(result, normalize), heavy=part.n_tokens > INLINE_POOL_TOKENS
                 )
 
-        async with asyncio.TaskGroup() as group:  # one chunk failing cancels the others
-            for chunk in chunks:
-                group.create_task(run(chunk))
+        try:
+            async with asyncio.TaskGroup() as group:  # one chunk failing cancels the others
+                for chunk in chunks:
+                    group.create_task(run(chunk))
+        except BaseExceptionGroup as failed:  # the request fails as its first failing chunk did (429, 503, ...)
+            raise failed.exceptions[0] from None
         return vectors  # type: ignore[return-value]
 
     def prepare(self, request: pb.EmbedRequest, encoding: Encoding, pooled: bool = False) -> PreparedEmbed:

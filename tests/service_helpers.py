@@ -100,8 +100,8 @@ class ServerThread:
 
     @contextlib.contextmanager
     def hold_worker(self, name: str = ""):
-        """Occupy the model's runtime threads (the express one too): batches queue up behind them until the block
-        exits."""
+        """Occupy the model's runtime threads (the express and background ones too): batches queue up behind them
+        until the block exits."""
         batcher = self.model(name).batcher
         release = threading.Event()
         started = threading.Semaphore(0)
@@ -111,6 +111,8 @@ class ServerThread:
             release.wait(60)
 
         futures = [batcher.executor.submit(occupy) for _ in range(batcher.threads)]
+        if batcher.background is not None:
+            futures += [batcher.background.submit(occupy) for _ in range(batcher.workers)]
         for _ in futures:
             started.acquire(timeout=10)
         try:

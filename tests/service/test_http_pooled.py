@@ -11,6 +11,7 @@ from elmo.client import EmbedderClient
 from elmo.errors import ConfigError
 from elmo.runtime import Embedder
 from service.models import parse_alias
+from tests.serve_process import wait_until
 from tests.service_helpers import ServerThread, call, limits_with, model_with_pos_demo
 
 ALIASES = {"text-embedding-3-small": ("tiny", ""), "ada-pos": ("tiny", "pos_demo")}
@@ -127,3 +128,25 @@ def test_without_a_server_token_any_key_is_accepted(served):
 def test_token_ids_are_refused_naming_the_client_setting(served):
     status, answer = call(served.http_url, "/v1/embeddings", {"input": [[101, 2023]]})
     assert status == 400 and "check_embedding_ctx_length=False" in answer["error"]["message"]
+
+
+def test_a_chunk_refused_by_a_full_queue_is_a_429(runtime):
+    """A pooled request's chunks are admitted one by one: when one finds the queue full the request gets the
+    queue's own 429 (not a 500), and the server goes on serving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = ServerThread({"tiny": runtime}, limits_with(**LIMITS), http=True)
+    try:
+        server.warm_up()
+        filler = {"input": [" ".join(["w"] * 20)] * 3}  # 60 tokens, one chunk: the queue (64) is then all but full
+        with ThreadPoolExecutor(2) as pool, server.hold_worker():
+            running = pool.submit(call, server.http_url, "/v1/embeddings", filler)  # dispatched, waits for the runtime
+            wait_until(lambda: server.model().batcher.batches_running == 1, what="the first batch dispatched")
+            queued = pool.submit(call, server.http_url, "/v1/embeddings", filler)  # waits in the queue
+            wait_until(lambda: server.queued_tokens() == 60, what="60 tokens queued")
+            status, answer = call(server.http_url, "/v1/embeddings", {"input": DOCUMENTS})
+        assert status == 429 and answer["error"]["message"].startswith("overloaded"), answer
+        assert running.result(60)[0] == queued.result(60)[0] == 200
+        assert embeddings(server, {"input": DOCUMENTS}).shape == (len(DOCUMENTS), 16)
+    finally:
+        server.stop()
