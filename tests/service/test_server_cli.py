@@ -65,6 +65,14 @@ def _bad_command_lines(model: Path, tmp: Path) -> dict[str, tuple[list[str], str
             ["--model", str(model), "--tls-key", str(missing_key)],
             "elmo serve: error: --tls-cert and --tls-key go together",
         ),
+        "--model-alias without a target": (
+            ["--model", str(model), "--model-alias", "text-embedding-3-small"],
+            "elmo serve: error: --model-alias text-embedding-3-small: expected NAME=MODEL or NAME=MODEL:TASK",
+        ),
+        "--model-alias to a model not served": (
+            ["--model", str(model), "--model-alias", "ada=nope"],
+            f"elmo serve: error: --model-alias ada=nope: no served model is named 'nope' (serving: {name})",
+        ),
         "--background-nice out of range": (
             ["--model", str(model), "--background-nice", "20"],
             "elmo serve: error: limit --background-nice must be in 0..19 (got 20)",
