@@ -19,13 +19,13 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 import dockerfile
 import pytest
-import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 

@@ -320,7 +320,7 @@ async def read_body(request: web.Request, limits: Limits) -> bytes:
 async def _next_chunk(request: web.Request, timeout: float) -> bytes:
     try:
         return await asyncio.wait_for(request.content.readany(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise _stalled(timeout) from None
     except ConnectionError as exc:  # aiohttp cancels the body with ConnectionResetError when the connection drops
         raise ClientGone(f"client disconnected before the request body was complete ({exc})") from None
