@@ -57,10 +57,17 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def spawn_server(
-    model_dir: Path, threads: int | None, extra: list[str], timeout: float = 120.0, tree: Path | None = None
+    model_dir: Path,
+    threads: int | None,
+    extra: list[str],
+    timeout: float = 120.0,
+    tree: Path | None = None,
+    own_session: bool = False,
 ) -> tuple[subprocess.Popen, str, Path]:
     """``elmo serve`` on a free loopback port, SERVING -> (process, gRPC target, log path; the port file is beside
-    it). ``tree``: serve the code of that checkout (a git worktree of an older revision, bench.worktree) instead."""
+    it). ``tree``: serve the code of that checkout (a git worktree of an older revision, bench.worktree) instead.
+    ``own_session``: in a session of its own, as systemd or a container starts it (with the kernel's autogroup, its
+    threads then share the CPU among themselves, not with the benchmark's clients thread by thread)."""
     workdir = Path(tempfile.mkdtemp(prefix="loadgen-"))
     port_file, log_path = workdir / "port", workdir / "server.log"
     command = [
@@ -86,7 +93,7 @@ def spawn_server(
 
         options = {"cwd": tree, "env": tree_env(tree)}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **options)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session, **options)
     deadline = time.monotonic() + timeout
     while not (port_file.is_file() and port_file.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -144,7 +151,8 @@ def start_endpoint(args: argparse.Namespace, label: str, tree: Path | None, with
     extra = list(args.serve_arg)
     if with_http and not any(a.split("=")[0] == "--http-port" for a in extra):
         extra = ["--http-port", "0", *extra]
-    proc, target, log_path = spawn_server(args.model.resolve(), args.threads, extra, tree=tree)
+    own_session = getattr(args, "server_session", "shared") == "own"
+    proc, target, log_path = spawn_server(args.model.resolve(), args.threads, extra, tree=tree, own_session=own_session)
     http_address = None
     if with_http:
         lines = (log_path.parent / "port").read_text().split("\n")

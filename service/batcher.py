@@ -18,9 +18,10 @@ Batch formation, when the worker is free:
     meanwhile forms the next batch); while one runs and a worker is free (``workers`` > 1), a partial batch waits
     at most ``max_delay`` for company;
   * the batch goes to the runtime sorted by length, results go back to each caller in its own order;
-  * a batch that holds a long request (over ``express_tokens``) runs in the background: on threads of lower
-    priority (``background_nice``, elmo.runtime.priority) and through ``background_fn``, so that under load the OS
-    gives the cores to short requests first, while an idle machine runs long ones at full speed.
+  * while short requests are about (one arrived in the last ``SHORT_TRAFFIC_S``), a batch that holds a long request
+    (over ``express_tokens``) runs in the background: on threads of lower priority (``background_nice``,
+    elmo.runtime.priority) and through ``background_fn``, so that the OS gives the cores to the short ones first.
+    Under long requests only, nothing is waiting for the cores, and they run at the normal priority.
 Admission is per request and all-or-nothing: if the queued tokens would exceed ``max_queue_tokens`` the request
 is refused with OVERLOADED before any of it is queued.
 """
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 # (sentences of tokens) -> (per sentence float32 (n_layers, n_tokens, dim), what the call cost):
 # Embedder.embed_tokens_with_stats. The cost is the runtime's own, since only it knows how it padded the call.
 EmbedFn = Callable[[list[list[str]]], tuple[list[np.ndarray], EmbedStats]]
+SHORT_TRAFFIC_S = 1.0  # long batches yield the cores while a short request came within this many seconds
 
 
 @dataclass
@@ -118,6 +120,7 @@ class Batcher:
         self.background = (
             background_executor(workers, f"runtime-background-{name}", background_nice) if express_tokens else None
         )
+        self._last_short = float("-inf")  # time.monotonic() when the last short request arrived
         self._free = workers  # workers not running a batch
         self._express_free = 1 if express_tokens else 0
         self._long_running = 0  # running batches that hold a request over express_tokens (only those make it wait)
@@ -188,6 +191,8 @@ class Batcher:
                 f"limit {self.max_queue_tokens} (--max-queue-tokens); retry with backoff",
             )
         loop = asyncio.get_running_loop()
+        if n_tokens <= self.express_tokens:
+            self._last_short = time.monotonic()
         self._requests += 1
         request = self._requests
         items = [_Item(list(tokens), loop.create_future(), deadline, request) for tokens in sentences]
@@ -376,14 +381,19 @@ class Batcher:
         batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
         return batch
 
+    def _in_background(self, long: bool) -> bool:
+        """A batch with a long request, while short requests are about (and there is a background pool)."""
+        recent_short = time.monotonic() - self._last_short < SHORT_TRAFFIC_S
+        return long and recent_short and self.background is not None
+
     async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop, long: bool) -> None:
-        """``long``: the batch holds a request over ``express_tokens``, so it runs in the background."""
+        """``long``: the batch holds a request over ``express_tokens`` (it may run in the background)."""
         started = time.monotonic()
         sentences = [item.tokens for item in batch]
         real = sum(item.n_tokens for item in batch)
         self.batches_started += 1
         try:
-            if long and self.background is not None:
+            if self._in_background(long):
                 outputs, cost = await loop.run_in_executor(self.background, self._background_fn, sentences)
             else:
                 outputs, cost = await loop.run_in_executor(self.executor, self._embed_fn, sentences)

@@ -362,9 +362,14 @@ def test_short_requests_batch_among_themselves_ahead_of_a_long_one(runtime):
 
 
 @pytest.mark.skipif(not per_thread_priorities(), reason="per-thread priorities are Linux's")
-def test_a_long_request_runs_in_the_background_and_a_short_one_does_not(runtime):
+@pytest.mark.parametrize("short_traffic_s", [60.0, 0.0], ids=["short requests about", "short requests long gone"])
+def test_a_long_request_yields_to_short_ones_only_while_they_are_about(runtime, monkeypatch, short_traffic_s):
     """With an express lane, a batch holding a request over express_tokens runs on a lowered thread, through the
-    background embed function; short requests keep the normal priority and the normal function."""
+    background embed function, while a short request came within SHORT_TRAFFIC_S; otherwise (no short request yet,
+    or none for that long) it runs at the normal priority. Short requests always do."""
+    import service.batcher
+
+    monkeypatch.setattr(service.batcher, "SHORT_TRAFFIC_S", short_traffic_s)
     seen: list[tuple[str, int, int]] = []  # (function, tokens, the thread's nice value)
 
     def recording(name):
@@ -382,13 +387,15 @@ def test_a_long_request_runs_in_the_background_and_a_short_one_does_not(runtime)
         )  # fmt: skip
         batcher.start()
         try:
+            await batcher.embed([sentence(30, "long")])  # no short request yet
+            await batcher.embed([sentence(3, "short")])
             long_vectors, _ = await batcher.embed([sentence(30, "long")])
-            short_vectors, _ = await batcher.embed([sentence(3, "short")])
         finally:
             await batcher.close()
-        return long_vectors, short_vectors
+        return long_vectors
 
-    long_vectors, short_vectors = asyncio.run(scenario())
-    base = thread_nice()
-    assert seen == [("background", 30, min(19, base + 5)), ("foreground", 3, base)]
+    long_vectors = asyncio.run(scenario())
+    base, lowered = thread_nice(), min(19, thread_nice() + 5)
+    last = ("background", 30, lowered) if short_traffic_s else ("foreground", 30, base)
+    assert seen == [("foreground", 30, base), ("foreground", 3, base), last]
     np.testing.assert_allclose(long_vectors[0], runtime.embed_tokens([sentence(30, "long")])[0], rtol=0, atol=1e-6)
