@@ -114,9 +114,9 @@ _HELP = {
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
     "request_workers": "threads that tokenize requests and build answers, off the event loop",
-    "background_nice": "how much lower (nice) the threads run that work on long requests (over --express-tokens): "
-    "under load the cores go to short requests first; an idle machine runs long ones at full speed (0 = the same "
-    "priority; Linux only)",
+    "background_nice": "how much lower (nice) the threads run that work on long requests (over --express-tokens) "
+    "while short ones are about: the cores go to the short requests first; an idle machine runs long ones at full "
+    "speed (0 = the same priority; Linux only)",
     "switch_interval_ms": "longest a busy worker thread holds Python's GIL once the event loop wants it (Python's "
     "default is 5 ms: health checks and short requests then wait behind large answers being encoded)",
     "http_header_timeout": "seconds an HTTP request's headers may take to arrive",
