@@ -20,12 +20,11 @@ import argparse
 import asyncio
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 from bench.loadgen import build_requests, drive, make_texts
-from bench.server_process import rss_mib
+from bench.server_process import RssSampler, rss_mib
 from bench.serving import (
     RESULTS,
     bench_parser,
@@ -39,32 +38,6 @@ from bench.serving import (
 )
 
 TOLERANCE = 0.02  # window 3 within 2 % of window 2
-
-
-class RssSampler:
-    """VmRSS of ``pid`` every ``interval`` s in a thread: [(monotonic time, MiB)]."""
-
-    def __init__(self, pid: int, interval: float = 1.0):
-        self.pid, self.interval = pid, interval
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            value = rss_mib(self.pid)
-            if value is not None:
-                self.samples.append((time.monotonic(), value))
-            self._stop.wait(self.interval)
-
-    def start(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> list[tuple[float, float]]:
-        self._stop.set()
-        self._thread.join()
-        return self.samples
 
 
 def measure(args: argparse.Namespace, label: str, tree: Path | None, requests: list) -> dict:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
-from bench.server_process import rss_mib
+from bench.server_process import RssSampler, rss_mib
 from bench.serving import RESULTS, Http, bench_parser, fmt, machine, pyplot, save_result, sentences, start_server
 
 SAMPLE_S = 0.02
@@ -53,39 +52,16 @@ def reset_peak(pid: int) -> bool:
     return True
 
 
-class Sampler:
-    """VmRSS of ``pid`` every ``SAMPLE_S`` seconds, in a thread, while active."""
-
-    def __init__(self, pid: int):
-        self.pid, self.samples, self._stop = pid, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        while not self._stop.is_set():
-            value = rss_mib(self.pid)
-            if value is not None:
-                self.samples.append((round(time.monotonic() - start, 3), round(value, 1)))
-            time.sleep(SAMPLE_S)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 def one_request(served, http: Http, documents: list[str], n_layers: int, dim: int) -> dict:
     body = json.dumps({"model": "", "input": documents}).encode()
     before = rss_mib(served.pid)
     exact_peak = reset_peak(served.pid)
-    with Sampler(served.pid) as sampler:
-        began = time.perf_counter()
-        status, data = http.call("POST", "/v1/embeddings", body)
-        seconds = time.perf_counter() - began
-    peak = rss_mib(served.pid, "VmHWM") if exact_peak else max(v for _, v in sampler.samples)
+    sampler = RssSampler(served.pid, SAMPLE_S).start()
+    began, t0 = time.perf_counter(), time.monotonic()
+    status, data = http.call("POST", "/v1/embeddings", body)
+    seconds = time.perf_counter() - began
+    samples = [(round(t - t0, 3), round(v, 1)) for t, v in sampler.stop()]
+    peak = rss_mib(served.pid, "VmHWM") if exact_peak else max(v for _, v in samples)
     answer = json.loads(data) if status == "200" else {"error": data[:300].decode(errors="replace")}
     tokens = answer.get("usage", {}).get("prompt_tokens", 0)
     return {
@@ -104,7 +80,7 @@ def one_request(served, http: Http, documents: list[str], n_layers: int, dim: in
         "peak_is_exact": exact_peak,  # VmHWM, else the 20 ms samples' maximum
         "all_per_token_vectors_mib": round(tokens * n_layers * dim * 4 / 2**20, 1),
         "error": answer.get("error"),
-        "rss_samples": sampler.samples,
+        "rss_samples": samples,
     }
 
 

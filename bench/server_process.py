@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,32 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
     except OSError:
         return None
     return None
+
+
+class RssSampler:
+    """VmRSS of ``pid`` every ``interval`` s in a thread: [(monotonic time, MiB)]."""
+
+    def __init__(self, pid: int, interval: float = 1.0):
+        self.pid, self.interval = pid, interval
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = rss_mib(self.pid)
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
+            self._stop.wait(self.interval)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
 
 
 def cpu_seconds(pid: int) -> float | None:
