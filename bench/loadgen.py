@@ -440,13 +440,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rounds of (in-process, then each served phase: before and after per protocol); medians over rounds",
     )
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `elmo serve` argument (repeatable)")
-    parser.add_argument(
-        "--server-session",
-        choices=("shared", "own"),
-        default="shared",
-        help="with --model: start the server in this benchmark's session (default), or in its own, as systemd or a "
-        "container would (the kernel's autogroup then shares the CPU between the server and the clients as groups)",
-    )
+    parser.add_argument("--server-session", choices=("shared", "own"), default="shared",
+                        help="with --model: the server in this run's session, or in its own (as under systemd)")
     parser.add_argument("--auth-token", default=os.environ.get("ELMO_AUTH_TOKEN"))
     parser.add_argument("--json", type=Path, default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
