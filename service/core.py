@@ -249,8 +249,14 @@ class RequestCore:
             raise too_large(response_size_message(prepared.answer_bytes, self.limits, encoding))
         return prepared
 
-    def _plan(self, request: pb.EmbedRequest, bounds: Bounds) -> _Plan:
+    def model_and_task(self, request: pb.EmbedRequest) -> tuple[ServedModel, Task | None]:
+        """The request's model and task mix (its own ``task``, else the one its model alias names), or NOT_FOUND."""
         model, alias_task = self.models.resolve(request.model)
+        name = request.task or alias_task
+        return model, model.tasks.get(name) if name else None
+
+    def _plan(self, request: pb.EmbedRequest, bounds: Bounds) -> _Plan:
+        model, task = self.model_and_task(request)
         check_count(len(request.inputs), bounds)
         if request.dtype not in NUMPY_DTYPES:
             raise invalid(f"dtype {request.dtype} is not FLOAT32 (0) or FLOAT16 (1)")
@@ -260,8 +266,6 @@ class RequestCore:
                     f"layers[{i}] = {layer} is out of range: model '{clip(model.name)}' has {model.n_layers} "
                     f"layers (0..{model.n_layers - 1})"
                 )
-        task_name = request.task or alias_task
-        task = model.tasks.get(task_name) if task_name else None
         if request.omit_layers and task is None:
             raise invalid("omit_layers needs a task: without one the response would hold no vectors")
         max_per_sentence = min(self.limits.max_tokens_per_sentence, model.max_tokens_per_sentence)

@@ -15,6 +15,7 @@ from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
 TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout")
+NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "window_overlap", "express_tokens")  # the others must be positive
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Limits:
             value = getattr(self, f.name)
             if f.name == "overflow":
                 ok = True  # checked below, with its own message
-            elif f.name in ("max_delay_ms", "drain_seconds", "window_overlap", "express_tokens"):
+            elif f.name in NON_NEGATIVE:
                 ok = value >= 0
             elif f.name == "background_nice":
                 ok = isinstance(value, int) and 0 <= value <= MAX_NICE
@@ -86,10 +87,7 @@ class Limits:
 
 
 _RANGES = {
-    "max_delay_ms": ">= 0",
-    "drain_seconds": ">= 0",
-    "window_overlap": ">= 0",
-    "express_tokens": ">= 0",
+    **{name: ">= 0" for name in NON_NEGATIVE},
     "background_nice": f"in 0..{MAX_NICE}",
     "switch_interval_ms": "in (0, 1000]",
 }

@@ -55,10 +55,6 @@ class SwitchInterval:
 
         return heavy_work
 
-    @property
-    def in_flight(self) -> int:
-        return self._heavy
-
 
 # One per process, as the interval is: the server configures it (--switch-interval-ms) when it starts.
 PROCESS = SwitchInterval()

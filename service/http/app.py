@@ -286,17 +286,14 @@ class HttpFrontend:
     def _prepare_openai(self, value: dict, request_id: str) -> tuple[_OpenAICall, PreparedEmbed]:
         aliases = self.core.models.aliases
         parsed = schema.parse_openai(value, request_id, aliases)
-        model, alias_task = self.core.models.resolve(parsed.embed.model)
-        task = parsed.embed.task or alias_task
-        if task:
-            model.tasks.get(task)  # an unknown task is a 404 before any work
+        model, task = self.core.model_and_task(parsed.embed)  # an unknown model or task is a 404 before any work
         if parsed.dimensions is not None and parsed.dimensions != model.dim:
             raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{clip(model.name)}' has {model.dim}")
         prepared = self.core.prepare(parsed.embed, Encoding(parsed.encoding), pooled=True)
         if parsed.embed.model in aliases:
             model_id = parsed.embed.model  # the name the client asked for
         else:
-            model_id = f"{model.name}:{task}" if task else model.name
+            model_id = f"{model.name}:{task.name}" if task else model.name
         normalize = self.normalize if parsed.normalize is None else parsed.normalize
         return _OpenAICall(parsed, model_id, normalize), prepared
 
