@@ -6,7 +6,8 @@
 One ``elmo serve`` (127.0.0.1, ``--port 0 --http-port 0``, default limits) gets, one after another, a request of
 ``--inputs`` paragraph-length inputs for each ``--words`` size (real English sentences joined until the paragraph
 has that many words: bench.serving.sentences), each as one ``POST /v1/embeddings``; the first on the fresh server,
-the others on the server as the requests before left it. For each: the status, the
+the others on the server as the requests before left it. Throughout, ``GET /health`` is probed every 50 ms on a
+connection of its own: its worst wait during each request. For each: the status, the
 wall time, the tokens (``usage``), the answer's size, and the server's memory: its VmRSS before, and the peak
 (VmHWM, reset through /proc/PID/clear_refs just before the request, so the peak is this request's), sampled every
 20 ms too for the plot. Beside it, what the request's per-token vectors would take if they were all held at once
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from bench.server_process import RssSampler, rss_mib
 from bench.serving import RESULTS, Http, bench_parser, fmt, machine, pyplot, save_result, sentences, start_server
 
 SAMPLE_S = 0.02
+PROBE_S = 0.05
 
 
 def paragraphs(n: int, words: int, seed: int) -> list[str]:
@@ -52,14 +55,42 @@ def reset_peak(pid: int) -> bool:
     return True
 
 
+class HealthProber:
+    """``GET /health`` every PROBE_S on its own connection, in a thread: the worst wait while it runs."""
+
+    def __init__(self, host: str, port: int):
+        self.http, self.waits, self._stop = Http(host, port, 60), [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            self.http.call("GET", "/health")
+            self.waits.append(time.perf_counter() - began)
+            self._stop.wait(PROBE_S)
+
+    def start(self) -> HealthProber:
+        self._thread.start()
+        return self
+
+    def stop(self) -> float:
+        """The worst wait, in ms."""
+        self._stop.set()
+        self._thread.join(10)
+        self.http.close()
+        return round(1000 * max(self.waits, default=0.0), 1)
+
+
 def one_request(served, http: Http, documents: list[str], n_layers: int, dim: int) -> dict:
     body = json.dumps({"model": "", "input": documents}).encode()
     before = rss_mib(served.pid)
     exact_peak = reset_peak(served.pid)
     sampler = RssSampler(served.pid, SAMPLE_S).start()
+    prober = HealthProber(*served.http_host_port).start()
     began, t0 = time.perf_counter(), time.monotonic()
     status, data = http.call("POST", "/v1/embeddings", body)
     seconds = time.perf_counter() - began
+    health_worst_ms = prober.stop()
     samples = [(round(t - t0, 3), round(v, 1)) for t, v in sampler.stop()]
     peak = rss_mib(served.pid, "VmHWM") if exact_peak else max(v for _, v in samples)
     answer = json.loads(data) if status == "200" else {"error": data[:300].decode(errors="replace")}
@@ -79,6 +110,7 @@ def one_request(served, http: Http, documents: list[str], n_layers: int, dim: in
         "peak_growth_mib": round(peak - before, 1),
         "peak_is_exact": exact_peak,  # VmHWM, else the 20 ms samples' maximum
         "all_per_token_vectors_mib": round(tokens * n_layers * dim * 4 / 2**20, 1),
+        "health_worst_ms": health_worst_ms,
         "error": answer.get("error"),
         "rss_samples": samples,
     }
@@ -88,14 +120,15 @@ def print_table(result: dict) -> None:
     print(f"\n## /v1/embeddings, {result['config']['inputs']} inputs per request, default limits (MiB, s)")
     print(
         "| server | words per input | tokens | status | time | tokens/s | answer | RSS before | peak | peak growth | "
-        "all per-token vectors |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        "all per-token vectors | health worst (ms) |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for i, run in enumerate(result["runs"]):
         print(
             f"| {'fresh' if i == 0 else 'warm'} | {run['words_per_input']} | {run['tokens']:,} | {run['status']} | "
             f"{fmt(run['seconds'])} | "
             f"{run['tokens_per_s'] or 0:,} | {fmt(run['answer_mib'])} | {fmt(run['rss_before_mib'])} | "
-            f"{fmt(run['rss_peak_mib'])} | {fmt(run['peak_growth_mib'])} | {fmt(run['all_per_token_vectors_mib'])} |"
+            f"{fmt(run['rss_peak_mib'])} | {fmt(run['peak_growth_mib'])} | {fmt(run['all_per_token_vectors_mib'])} | "
+            f"{fmt(run['health_worst_ms'])} |"
         )
 
 
