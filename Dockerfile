@@ -45,7 +45,7 @@ COPY bench ./bench
 # The `serve` and `gpu` extras (torch-free; `gpu` is already satisfied by the layer above); then prove that the
 # serving path imports without torch.
 RUN pip install ".[serve,gpu]" \
-    && python -c "import sys, service.server; assert 'torch' not in sys.modules, 'torch leaked into the image'"
+    && python -c "import sys, elmo.service.server; assert 'torch' not in sys.modules, 'torch leaked into the image'"
 
 COPY scripts/healthcheck.py /app/scripts/healthcheck.py
 RUN groupadd --system --gid 10001 elmo \

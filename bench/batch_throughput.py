@@ -61,7 +61,7 @@ def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
 def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
     if args.model:
         return Path(args.model), str(args.model)
-    from export.random_model import cached_random_model
+    from elmo.export.random_model import cached_random_model
 
     directory = cached_random_model(REPO / "runs" / "bench-models" / f"elmo-{args.preset}", args.preset)
     return directory, f"ELMo-{args.preset} shape, random weights ({directory.relative_to(REPO)})"
@@ -246,7 +246,7 @@ def main() -> None:
 
 def compare_revisions(args: argparse.Namespace) -> None:
     """``--before REV``: this tree and REV's, alternating, each a subprocess of its own bench (``--repeat 1``)."""
-    from bench.worktree import revision_tree
+    from elmo.bench.worktree import revision_tree
 
     lines, corpus_name = corpus_lines(args.lines, args.text)
     with revision_tree(args.before, prefix="batch-bench-before-") as old:

@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from bench.batch_throughput import REPO, corpus_lines, prepare_model
+from elmo.bench.batch_throughput import REPO, corpus_lines, prepare_model
 
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"
 

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args)
         return 0
-    child = [sys.executable, "-m", "bench.grpc_floor", "--serve", *(argv if argv is not None else sys.argv[1:])]
+    child = [sys.executable, "-m", "elmo.bench.grpc_floor", "--serve", *(argv if argv is not None else sys.argv[1:])]
     server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())

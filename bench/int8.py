@@ -27,7 +27,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.batch_throughput import REPO, corpus_lines, prepare_model, time_embed_file, time_runtime
+from elmo.bench.batch_throughput import REPO, corpus_lines, prepare_model, time_embed_file, time_runtime
 
 TEXTS = ("data/handbook/handbook.en.txt", "data/handbook/handbook.zh.txt", "data/corpus/test.en.txt",
          "data/corpus/test.zh.txt")  # fmt: skip
@@ -36,7 +36,7 @@ TASK_DATA = {"pos_brown": "brown-pos", "ner_msra": "msra-ner", "sentiment_snownl
 
 def int8_copy(model: Path, heldout: Path | None) -> Path:
     """``elmo export --int8`` of ``model`` into runs/int8/<name> (again when the float32 export changed)."""
-    from export.onnx_export import export_model, heldout_sentences
+    from elmo.export.onnx_export import export_model, heldout_sentences
 
     out = REPO / "runs" / "int8" / model.resolve().name
     stamp = (model / "onnx.json").read_text()
@@ -48,8 +48,9 @@ def int8_copy(model: Path, heldout: Path | None) -> Path:
 
 
 def cosine_rows(float32, int8, lines: int) -> list[dict]:
+    from elmo.export.quantize import compare_cosine
+
     from elmo.text.tokenize import tokenize
-    from export.quantize import compare_cosine
 
     rows = []
     for name in TEXTS:

@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from bench.serving import (
+from elmo.bench.serving import (
     RESULTS,
     Http,
     bench_parser,

@@ -49,9 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from bench.loadgen_report import check_answers, print_table, summarize, summarize_phases
-from bench.server_process import (
+from elmo.bench.loadgen_report import check_answers, print_table, summarize, summarize_phases
+from elmo.bench.server_process import (
     REQUEST_TIMEOUT_S,
     Endpoint,
     check_loopback,
@@ -499,7 +498,7 @@ def run_phase(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_at_start = os.getloadavg()
-    from bench.serving import code_trees, machine, revision_info
+    from elmo.bench.serving import code_trees, machine, revision_info
 
     protocols = list(PROTOCOLS) if args.protocol == "both" else [args.protocol]
     with_http = "http" in protocols

@@ -7,8 +7,7 @@ import http.client
 import json
 
 import numpy as np
-
-from bench.server_process import REQUEST_TIMEOUT_S, split_address
+from elmo.bench.server_process import REQUEST_TIMEOUT_S, split_address
 
 
 def check_answers(

@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.loadgen import build_requests, drive, make_texts
-from bench.server_process import RssSampler, rss_mib
-from bench.serving import (
+from elmo.bench.loadgen import build_requests, drive, make_texts
+from elmo.bench.server_process import RssSampler, rss_mib
+from elmo.bench.serving import (
     RESULTS,
     bench_parser,
     code_trees,

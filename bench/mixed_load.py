@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from bench.loadgen import make_texts
-from bench.server_process import check_loopback, spawn_server, stop_server
+from elmo.bench.loadgen import make_texts
+from elmo.bench.server_process import check_loopback, spawn_server, stop_server
 
 TOLERANCE = 1e-5  # a sentence batched with others may differ from the same sentence alone by float rounding
 MAX_SECONDS = 600.0

@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.noisy_load import (
+from elmo.bench.noisy_load import (
     ABUSE_KINDS,
     HEALTH_BAR_MS,
     PROBE_INTERVAL_S,
@@ -59,7 +59,7 @@ from bench.noisy_load import (
     server_limits,
     single_requests,
 )
-from bench.serving import (
+from elmo.bench.serving import (
     RESULTS,
     Http,
     bench_parser,

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 
-from bench.serving import Http
+from elmo.bench.serving import Http
 
 PROBE_INTERVAL_S = 0.05
 HEALTH_BAR_MS = 250.0

@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.server_process import RssSampler, rss_mib
-from bench.serving import RESULTS, Http, bench_parser, fmt, machine, pyplot, save_result, sentences, start_server
+from elmo.bench.server_process import RssSampler, rss_mib
+from elmo.bench.serving import RESULTS, Http, bench_parser, fmt, machine, pyplot, save_result, sentences, start_server
 
 SAMPLE_S = 0.02
 PROBE_S = 0.05

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.loadgen import make_texts
-from bench.server_process import rss_mib, spawn_server, stop_server
+from elmo.bench.loadgen import make_texts
+from elmo.bench.server_process import rss_mib, spawn_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def run_step(name: str, argv: list[str], log: Path) -> dict:
 
 
 def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
-    from export.random_model import write_bilm_tf_files
+    from elmo.export.random_model import write_bilm_tf_files
 
     work.mkdir(parents=True, exist_ok=True)
     log = work / "chain.log"

@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+from elmo.export.context_graph import build_context_graph
 
 import elmo.model.bilm as elmo_model
 from elmo.model.checkpoint import load_model
-from export.context_graph import build_context_graph
 
 
 class TorchContext(torch.nn.Module):

@@ -83,7 +83,7 @@ def text_sentences(path: Path, n: int) -> list[list[str]]:
 
 def random_shape_model(shape: str) -> Path:
     """runs/bench-models/<shape>: random weights of a published shape, exported by this exporter (once)."""
-    from export.random_model import cached_random_model
+    from elmo.export.random_model import cached_random_model
 
     return cached_random_model(MODELS_CACHE / shape, shape)
 
@@ -133,8 +133,9 @@ def engine_bound(meta: dict, max_error: float | None = None, provider: str = "CP
 
     The export verifies on the CPU provider. On another (CUDA), cuBLAS/cuDNN may multiply float32 in TF32, which
     keeps fp16's 11 significant bits, so a float32 graph is held to the fp16 rule there (reasoned, not measured)."""
+    from elmo.export.onnx_export import export_bound
+
     from elmo.runtime import CPU
-    from export.onnx_export import export_bound
 
     return export_bound(meta.get("dtype") == "float16" or provider != CPU, max_error)
 
@@ -147,8 +148,9 @@ _REFERENCES: dict[tuple, object] = {}
 def float64_reference(model_dir: Path, model, sentences: list[list[str]]):
     """export.verify.Reference of ``sentences`` (``model`` in float64, and float32's error on them), cached by
     the checkpoint (path and modification time) and the sentences."""
+    from elmo.export.verify import references
+
     from elmo.runtime.modeldir import WEIGHTS_FILE
-    from export.verify import references
 
     weights = Path(model_dir).resolve() / WEIGHTS_FILE
     key = (str(weights), weights.stat().st_mtime_ns, tuple(map(tuple, sentences)))
@@ -161,7 +163,7 @@ def check_agreement(engines: dict, reference, batch_size: int, bound, dtype: str
     """Every engine's vectors for the ``reference``'s sentences (fed in batches of ``batch_size``) against the
     model in PyTorch float64, each judged by ``bound`` as the export's verification judges a case. Returns the
     figures per engine; raises EnginesDisagree naming ``label`` (model, batch size) and the engines off it."""
-    from export.verify import compare
+    from elmo.export.verify import compare
 
     figures, failed = {}, []
     for name, engine in engines.items():

@@ -116,7 +116,7 @@ def spawn_server(
         command += ["--threads", str(threads)]
     options: dict = {}
     if tree is not None:
-        from bench.worktree import tree_env
+        from elmo.bench.worktree import tree_env
 
         options = {"cwd": tree, "env": tree_env(tree)}
     with open(log_path, "w") as log:

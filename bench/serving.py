@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from bench.server_process import check_loopback, spawn_server, stop_server
-from bench.worktree import REPO, describe, revision_tree
+from elmo.bench.server_process import check_loopback, spawn_server, stop_server
+from elmo.bench.worktree import REPO, describe, revision_tree
 
 RESULTS = REPO / "bench" / "results"
 DEFAULT_MODEL = REPO / "models" / "default"

@@ -17,17 +17,17 @@ from elmo.errors import ElmoError
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("elmo.train.corpus", "fetch the corpora by package name and write train/valid/test splits"),
     "train": ("elmo.train.loop", "train the biLM language model"),
-    "adapt": ("elmo.train.adapt", "continue training a model on your own text (before/after perplexity)"),
+    "adapt": ("elmo.export.adapt", "continue training a model on your own text (before/after perplexity)"),
     "eval-lm": ("elmo.train.evaluate", "forward/backward perplexity of a model on a text file"),
     "baseline": ("elmo.train.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary"),
-    "export": ("export.onnx_export", "export a model directory to ONNX and verify it"),
-    "serve": ("service.server", "serve a model over gRPC"),
+    "export": ("elmo.export.onnx_export", "export a model directory to ONNX and verify it"),
+    "serve": ("elmo.service.server", "serve a model over gRPC"),
     "embed": ("elmo.client", "embed text through a running server"),
     "embed-file": ("elmo.batch.cli", "embed a file into hdf5 / Parquet"),
     "mix": ("elmo.mix.cli", "train / report task scalar mixes"),
     "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
     "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder"),
-    "bench": ("bench.run", "throughput / latency benchmarks"),
+    "bench": ("elmo.bench.run", "throughput / latency benchmarks"),
 }
 
 

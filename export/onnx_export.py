@@ -22,6 +22,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from elmo.export.context_graph import build_context_graph
+from elmo.export.graphs import EncoderGraph, PrefixGraph
+from elmo.export.quantize import QUANTIZATION, quantize_graph, verify_int8
+from elmo.export.verify import ErrorBound, verify_export
 from onnx import numpy_helper
 
 import elmo.model.bilm as elmo_model
@@ -43,10 +47,6 @@ from elmo.runtime.modeldir import (
 )
 from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
-from export.context_graph import build_context_graph
-from export.graphs import EncoderGraph, PrefixGraph
-from export.quantize import QUANTIZATION, quantize_graph, verify_int8
-from export.verify import ErrorBound, verify_export
 
 log = logging.getLogger("elmo.export")
 

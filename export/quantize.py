@@ -149,11 +149,11 @@ def verify_int8(model, directory: Path, threads: int = 1, heldout: Sentences = (
     against the PyTorch model in float32, on the verification sentences plus ``heldout``: one report, the worst
     figures of the three paths."""
     import onnxruntime as ort
+    from elmo.export.verify import full_graph_embedder, torch_layers, verification_cases
 
     from elmo.runtime import CPU, Embedder
     from elmo.runtime.modeldir import ONNX_FILE
     from elmo.text.chars import load_char_scheme
-    from export.verify import full_graph_embedder, torch_layers, verification_cases
 
     scheme = load_char_scheme(directory)
     sentences = [s for _, case in verification_cases() for s in case if s] + [s for s in heldout if s]

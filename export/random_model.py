@@ -68,7 +68,7 @@ def write_random_model(
     out = Path(out_dir)
     save_model(random_bilm(preset, seed, scale, **overrides), out)
     if export:
-        from export.onnx_export import export_model
+        from elmo.export.onnx_export import export_model
 
         export_model(out)
     return out

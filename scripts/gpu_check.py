@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.run import synthetic_sentences  # noqa: E402
+from elmo.bench.run import synthetic_sentences  # noqa: E402
+
 from elmo.errors import ElmoError  # noqa: E402
 from elmo.runtime import CPU, CUDA, Embedder, requested_providers  # noqa: E402
 
@@ -162,8 +163,9 @@ def in_process_throughput(gpu: Embedder, cpu: Embedder, args: argparse.Namespace
 def served_throughput(model: Path, seconds: float, clients: int, expect: str) -> dict:
     """`elmo serve --model MODEL` with default providers, driven by ``clients`` gRPC clients for ``seconds``; the
     server must report ``expect`` as its execution provider and answer every request."""
-    from bench.loadgen import MAX_REQUESTS, build_requests, drive, make_texts
-    from bench.server_process import spawn_server, stop_server
+    from elmo.bench.loadgen import MAX_REQUESTS, build_requests, drive, make_texts
+    from elmo.bench.server_process import spawn_server, stop_server
+
     from elmo.client import EmbedderClient
 
     requests = build_requests(make_texts(1024), SENTENCES_PER_REQUEST, [], "float32")

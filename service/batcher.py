@@ -36,13 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from elmo.service.errors import Kind, ServiceError, from_library_error
 
 from elmo.errors import ElmoError
 from elmo.runtime import EmbedStats
 from elmo.runtime.priority import background_executor
-from service.errors import Kind, ServiceError, from_library_error
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.batcher")  # the documented logger name (docs/operations.md)
 
 # (sentences of tokens) -> (per sentence float32 (n_layers, n_tokens, dim), what the call cost):
 # Embedder.embed_tokens_with_stats. The cost is the runtime's own, since only it knows how it padded the call.

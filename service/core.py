@@ -24,18 +24,18 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+from elmo.service import switching
+from elmo.service.batcher import BatchStats
+from elmo.service.errors import Kind, ServiceError, clip, invalid, too_large
+from elmo.service.limits import MIB, Limits
+from elmo.service.models import ModelRegistry, ServedModel
+from elmo.service.tasks import Task
 
 from elmo.runtime.priority import background_executor
 from elmo.text.overflow import Overflow, over_limit_message, windowed
 from elmo.text.tokenize import Tokenized, tokenize
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import NUMPY_DTYPES, OVERFLOW_VALUES, to_tensor
-from service import switching
-from service.batcher import BatchStats
-from service.errors import Kind, ServiceError, clip, invalid, too_large
-from service.limits import MIB, Limits
-from service.models import ModelRegistry, ServedModel
-from service.tasks import Task
 
 OVERFLOW_POLICIES = {value: Overflow(name) for name, value in OVERFLOW_VALUES.items()}
 T = TypeVar("T")

@@ -9,9 +9,8 @@ import inspect
 
 import grpc
 import grpc.aio
-
-from service.errors import ServiceError, grpc_code
-from service.observe import BearerToken, Observation, RequestObserver
+from elmo.service.errors import ServiceError, grpc_code
+from elmo.service.observe import BearerToken, Observation, RequestObserver
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 CLIENT_FAULT_CODES = {

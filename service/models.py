@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from elmo.service import switching
+from elmo.service.batcher import Batcher, BatcherObserver
+from elmo.service.errors import Kind, ServiceError, clip, not_found
+from elmo.service.limits import Limits
+from elmo.service.tasks import ModelTasks
 
 from elmo.errors import ConfigError
-from service import switching
-from service.batcher import Batcher, BatcherObserver
-from service.errors import Kind, ServiceError, clip, not_found
-from service.limits import Limits
-from service.tasks import ModelTasks
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.models")  # the documented logger name (docs/operations.md)
 
 
 @dataclass

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.errors import Kind, ServiceError
-from service.metrics import ServiceMetrics
+from elmo.service.errors import Kind, ServiceError
+from elmo.service.metrics import ServiceMetrics
 
 log = logging.getLogger("service.requests")
 

@@ -25,20 +25,20 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+from elmo.service import switching
+from elmo.service.core import RequestCore, ServerState
+from elmo.service.errors import ServiceError
+from elmo.service.interceptors import AuthInterceptor, ObserverInterceptor
+from elmo.service.limits import Limits, add_limit_arguments, limits_from_args
+from elmo.service.metrics import ServiceMetrics
+from elmo.service.models import ModelRegistry, ServedModel, parse_alias, serve_model
+from elmo.service.observe import RequestObserver
+from elmo.service.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from elmo.errors import ConfigError, ElmoError
-from service import switching
-from service.core import RequestCore, ServerState
-from service.errors import ServiceError
-from service.interceptors import AuthInterceptor, ObserverInterceptor
-from service.limits import Limits, add_limit_arguments, limits_from_args
-from service.metrics import ServiceMetrics
-from service.models import ModelRegistry, ServedModel, parse_alias, serve_model
-from service.observe import RequestObserver
-from service.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 
 log = logging.getLogger("service.server")
 
@@ -105,7 +105,7 @@ class ElmoServer:
         self.http_port = http_port
         self.http = None
         if http_port is not None:
-            from service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
+            from elmo.service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
 
             self.http = HttpFrontend(self.core, observer, auth_token, self._serving, normalize=normalize)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -12,11 +12,11 @@ import time
 
 import grpc
 import grpc.aio
+from elmo.service.core import RequestCore
+from elmo.service.decode import UndecodableRequest, lenient_parser
+from elmo.service.errors import ServiceError, grpc_code, invalid
 
 from elmo.v1 import embedder_pb2 as pb
-from service.core import RequestCore
-from service.decode import UndecodableRequest, lenient_parser
-from service.errors import ServiceError, grpc_code, invalid
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "elmo.v1.Embedder"
 # Tokenizing costs about this much per code point: larger Tokenize requests go to the core's workers.

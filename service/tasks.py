@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from elmo.service.errors import ServiceError, clip, from_library_error, not_found
 
 from elmo.errors import ElmoError
-from service.errors import ServiceError, clip, from_library_error, not_found
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.tasks")  # the documented logger name (docs/operations.md)
 
 
 class Task(Protocol):

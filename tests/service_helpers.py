@@ -20,11 +20,12 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+from elmo.service.limits import Limits
+from elmo.service.metrics import ServiceMetrics
+from elmo.service.models import serve_model
+from elmo.service.server import ElmoServer, TlsFiles
+
 from elmo.mix.store import Task, save_task
-from service.limits import Limits
-from service.metrics import ServiceMetrics
-from service.models import serve_model
-from service.server import ElmoServer, TlsFiles
 
 # Small limits so that every hard edge is cheap to reach with the tiny model (dim 16, 3 layers: 192 B per token).
 EDGE_LIMITS = Limits(

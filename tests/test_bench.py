@@ -1,6 +1,7 @@
 import json
 
-from bench.run import synthetic_sentences
+from elmo.bench.run import synthetic_sentences
+
 from elmo.cli import main
 
 

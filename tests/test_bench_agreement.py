@@ -11,9 +11,10 @@ import json
 import shutil
 from pathlib import Path
 
-import export.context_graph as context_graph
-import export.onnx_export as onnx_export
-from bench.run import ENGINES, TorchEngine
+import elmo.export.context_graph as context_graph
+import elmo.export.onnx_export as onnx_export
+from elmo.bench.run import ENGINES, TorchEngine
+
 from elmo.cli import main
 from elmo.runtime import TokenVectorCache
 

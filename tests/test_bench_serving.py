@@ -10,10 +10,9 @@ import subprocess
 import sys
 
 import pytest
-
-from bench import latency, loadgen, memory, noisy
-from bench.serving import sentences
-from bench.worktree import REPO, revision_tree, tree_env
+from elmo.bench import latency, loadgen, memory, noisy
+from elmo.bench.serving import sentences
+from elmo.bench.worktree import REPO, revision_tree, tree_env
 
 SMALL_LIMITS = [
     "--serve-arg=--max-message-bytes=60000",

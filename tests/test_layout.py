@@ -1,17 +1,33 @@
-"""The house's plan holds: no import cycle among the project's modules, no module over MAX_LINES, and the serving
-side (docs/architecture.md, "The torch line") imports without torch."""
+"""The house's plan holds: imports only go down the stage order (docs/architecture.md, "The stage order"), no import
+cycle among the project's modules, no module over MAX_LINES, the serving side (docs/architecture.md, "The torch
+line") imports without torch, and an install puts one package, `elmo`, into site-packages."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("elmo", "service", "export", "bench")
+# folder -> the dotted name an install gives it (pyproject.toml's package-dir): one package, `elmo`
+PACKAGES = {"elmo": "elmo", "service": "elmo.service", "export": "elmo.export", "bench": "elmo.bench"}
+# The stages, lowest first: a module may import its own stage and the ones before it, never a later one. The runtime
+# sits low because both sides stand on it: export verifies through it and training reads model directories with it.
+STAGES: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("elmo", "elmo.errors", "elmo.text", "elmo.embedding", "elmo.wire", "elmo.significance",
+              "elmo.model.config", "elmo.senses")),  # fmt: skip
+    ("runtime", ("elmo.runtime", "elmo.mix.store")),
+    ("model", ("elmo.model",)),
+    ("train", ("elmo.train", "elmo.importers")),
+    ("export", ("elmo.export",)),
+    ("tasks", ("elmo.mix",)),
+    ("callers", ("elmo.service", "elmo.batch", "elmo.client", "elmo.features")),
+    ("commands", ("elmo.cli", "elmo.bench")),
+]
 MAX_LINES = 600
 TORCH_FREE = [
     "elmo.text.chars",
@@ -26,16 +42,16 @@ TORCH_FREE = [
     "elmo.wire",
     "elmo.features",
     "elmo.cli",
-    "service.server",
+    "elmo.service.server",
 ]
 
 
 def project_modules(root: Path = REPO) -> dict[str, Path]:
     """Dotted name -> file, for every module of the project's packages (generated protobuf code left out)."""
     found = {}
-    for package in PACKAGES:
-        for path in (root / package).rglob("*.py"):
-            parts = path.relative_to(root).with_suffix("").parts
+    for folder, dotted in PACKAGES.items():
+        for path in (root / folder).rglob("*.py"):
+            parts = (*dotted.split("."), *path.relative_to(root / folder).with_suffix("").parts)
             if "v1" in parts:
                 continue
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -92,6 +108,51 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def stage_of(module: str) -> int:
+    """The index in STAGES of the longest prefix that names ``module``'s stage."""
+    best = max(
+        ((len(prefix), index) for index, (_, prefixes) in enumerate(STAGES) for prefix in prefixes
+         if module == prefix or module.startswith(prefix + ".")),
+        default=None,
+    )  # fmt: skip
+    assert best is not None, f"{module} belongs to no stage: add it to STAGES (and docs/architecture.md)"
+    return best[1]
+
+
+def imports_up_the_pipeline(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a later stage's module, as 'importer (stage) -> imported (stage)'."""
+    name = [stage for stage, _ in STAGES]
+    return sorted(
+        f"{module} ({name[stage_of(module)]}) -> {target} ({name[stage_of(target)]})"
+        for module, targets in graph.items() for target in targets if stage_of(target) > stage_of(module)
+    )  # fmt: skip
+
+
+def test_the_stage_checker_catches_an_import_up_the_pipeline():
+    """Before issue 30 the biLM imported the training vocabulary (model -> train); the checker names such an import."""
+    graph = {"elmo.model.bilm": {"elmo.train.vocab", "elmo.model.config"}, "elmo.train.vocab": {"elmo.text.chars"}}
+    assert imports_up_the_pipeline(graph) == ["elmo.model.bilm (model) -> elmo.train.vocab (train)"]
+    assert imports_up_the_pipeline({"elmo.train.loop": {"elmo.model.bilm"}}) == []
+
+
+def test_imports_only_go_down_the_pipeline():
+    assert imports_up_the_pipeline(import_graph(project_modules())) == []
+
+
+def test_an_install_holds_one_package_and_every_folder_of_it():
+    """pyproject.toml lists every package directory, each under `elmo` (the folders service/, export/, bench/
+    mapped into it), so a wheel has all the code and no generic top-level name."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert all(name == "elmo" or name.startswith("elmo.") for name in listed)
+    assert config["package-dir"] == {dotted: folder for folder, dotted in PACKAGES.items() if folder != dotted}
+    on_disk = {
+        ".".join((*dotted.split("."), *init.parent.relative_to(REPO / folder).parts))
+        for folder, dotted in PACKAGES.items() for init in (REPO / folder).rglob("*.py")
+    }  # fmt: skip
+    assert listed == on_disk
 
 
 def test_no_import_cycle_among_the_projects_modules():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from elmo.service.decode import UndecodableRequest, lenient_parser
 
 from elmo.errors import InputError
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import from_tensor, to_tensor
-from service.decode import UndecodableRequest, lenient_parser
 from tests.conftest import REPO
 
 GENERATED = ["elmo/v1/embedder_pb2.py", "elmo/v1/embedder_pb2.pyi", "elmo/v1/embedder_pb2_grpc.py"]

@@ -23,10 +23,19 @@ from pathlib import Path
 import numpy as np
 
 from elmo.errors import DataError, InputError
-from elmo.mix.significance import paired_bootstrap, score_counts, sentence_counts, verdict
 from elmo.mix.store import TaskStore, check_task_name, save_task
-from elmo.mix.task_data import BUILTIN, KINDS, LabelledSet, TaskData, entity_f1, load_builtin, read_user_data
+from elmo.mix.task_data import (
+    BUILTIN,
+    KINDS,
+    LabelledSet,
+    TaskData,
+    entity_f1,
+    load_builtin,
+    read_user_data,
+    sentence_counts,
+)
 from elmo.senses.benchmark import markdown_tables, occurrence_layers, parse_line, run_benchmark, word_vector
+from elmo.significance import paired_bootstrap, score_counts, verdict
 
 log = logging.getLogger("elmo.mix")
 
@@ -215,8 +224,8 @@ def model_key(model_dir: Path) -> str:
 
 
 def compute_features(args: argparse.Namespace, data: TaskData, cache_name: str) -> dict:
-    from elmo.features import cache_features
     from elmo.runtime import Embedder
+    from elmo.runtime.feature_cache import cache_features
 
     embedder = Embedder(args.model, intra_op_threads=args.threads, inter_op_threads=1)
     key = model_key(Path(args.model))
@@ -359,7 +368,7 @@ def train_command(args: argparse.Namespace) -> dict:
 
 def compare_with_best_layer(metric: str, gold: LabelledSet, labels: list[str], predictions: dict) -> dict:
     """The mix against the single layer that scored best on test: the difference, its paired-bootstrap 95 %
-    interval and the verdict ('at least as good', 'tie' or 'worse')."""
+    interval and the verdict (elmo.significance.verdict)."""
     counts = {tag: sentence_counts(metric, gold, predicted, labels) for tag, predicted in predictions.items()}
     singles = [tag for tag in counts if tag != "mix"]
     best = max(singles, key=lambda tag: float(score_counts(metric, counts[tag].sum(0))))
@@ -452,7 +461,7 @@ def results_table(tasks, split: str | None = None) -> str:
         if comparing:
             c = m.get("mix_vs_best_layer")
             line += (f" {c['difference']:+.4f} vs {c['layer']} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]: "
-                     f"{c['verdict']} |" if c else " |")  # fmt: skip
+                     f"{verdict(c)} |" if c else " |")  # fmt: skip
         lines.append(line)
     return "\n".join(lines)
 

@@ -26,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from elmo.errors import DataError
 from elmo.text.tokenize import tokenize
 
@@ -453,3 +455,17 @@ def load_builtin(name: str, corpus: Path = DEFAULT_CORPUS, sizes: dict | None = 
 def label_counts(data: LabelledSet) -> Counter:
     flat = [t for tags in data.labels for t in tags] if data.kind == "tagging" else list(data.labels)
     return Counter(flat)
+
+
+def sentence_counts(metric: str, gold: LabelledSet, predicted: list[np.ndarray], labels: list[str]) -> np.ndarray:
+    """(n_sentences, 3) int counts: (tp, n_pred, n_gold) for entity_f1, (correct, total, total) for accuracy."""
+    rows = []
+    for index, ids in enumerate(predicted):
+        if metric == "entity_f1":
+            g, p = bmes_entities(gold.labels[index]), bmes_entities([labels[i] for i in ids])
+            rows.append((len(g & p), len(p), len(g)))
+        else:
+            truth = gold.labels[index] if gold.kind == "tagging" else [gold.labels[index]]
+            correct = sum(labels[i] == t for i, t in zip(ids, truth))
+            rows.append((correct, len(truth), len(truth)))
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 3)

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from elmo.model.config import ModelConfig
+from elmo.model.config import IGNORE, ModelConfig
 from elmo.text.chars import BOS_IDS, EOS_IDS
-from elmo.train.vocab import IGNORE
 
 
 class Highway(nn.Module):

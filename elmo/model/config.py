@@ -10,6 +10,7 @@ from elmo.errors import ConfigError, ElmoError
 from elmo.text.chars import MAX_CHARS, N_CHAR_IDS
 
 CONFIG_FILE = "config.json"
+IGNORE = -100  # LM target id of padding and masked targets (F.cross_entropy's ignore_index)
 
 
 @dataclass

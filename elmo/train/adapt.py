@@ -36,6 +36,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -43,12 +44,12 @@ import numpy as np
 import torch
 
 from elmo.errors import ConfigError, DataError
-from elmo.mix.significance import paired_bootstrap, verdict
 from elmo.mix.store import TASKS_DIR, mark_tasks_stale
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_config, load_model, load_state, load_vocab, save_model
 from elmo.model.config import ModelConfig
 from elmo.runtime.modeldir import sha256_of
+from elmo.significance import paired_bootstrap, verdict
 from elmo.text.chars import load_char_scheme
 from elmo.train.config import DataConfig, OptimConfig, TrainConfig
 from elmo.train.evaluate import score_sentences, sense_results
@@ -145,7 +146,7 @@ def measure(model_dir: Path, vocab: list[str], heldout: list[list[str]]) -> dict
 
 def senses_change(before: dict, after: dict) -> dict:
     """Per language: best-layer accuracy after minus before, with a paired bootstrap 95 % interval over the
-    benchmark's sentences and its verdict ('at least as good', 'tie' when the interval holds 0, or 'worse')."""
+    benchmark's sentences and its verdict (elmo.significance.verdict)."""
     out = {}
     for language, hits_before in before["sense_hits"].items():
         counts = [np.stack([np.asarray(h, dtype=np.float64), np.ones(len(h)), np.ones(len(h))], axis=1)
@@ -154,6 +155,9 @@ def senses_change(before: dict, after: dict) -> dict:
         out[language] = {"difference": round(comparison["difference"], 4),
                          "ci95": [round(v, 4) for v in comparison["ci95"]], "verdict": verdict(comparison)}  # fmt: skip
     return out
+
+
+Exporter = Callable[[Path, "int | None"], dict]  # (model directory, threads) -> the verification summary
 
 
 # -- the steps -------------------------------------------------------------------------------------------------
@@ -258,17 +262,13 @@ class Adaptation:
         self.save()
         return True
 
-    def finish(self, export: bool = True) -> dict:
+    def finish(self, export: Exporter | None = None) -> dict:
         if "after" not in self.record:
             self.record["after"] = measure(self.out, self._vocab(), self._heldout())
             self.save()
         carried = self._carry_tasks()
-        if export and "export" not in self.record:
-            from export.onnx_export import export_model  # the last step of the pipeline; torch-side like this one
-
-            export_model(self.out, threads=self.s.threads or None)
-            meta = json.loads((self.out / "onnx.json").read_text())
-            self.record["export"] = meta["verification"]["summary"]
+        if export is not None and "export" not in self.record:
+            self.record["export"] = export(self.out, self.s.threads or None)
         (self.out / OPTIMIZER_FILE).unlink(missing_ok=True)  # a finished adaptation is not resumed
         self.record["finished"] = time.time()
         self.save()
@@ -332,9 +332,10 @@ class Adaptation:
 
 
 def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSettings, resume: bool,
-          export: bool = True, stop_after: int | None = None) -> dict:  # fmt: skip
+          export: Exporter | None = None, stop_after: int | None = None) -> dict:  # fmt: skip
     """Run (or continue) every step; returns the result line's content (``{"stopped_at": step}`` when
-    ``stop_after`` ended the training early)."""
+    ``stop_after`` ended the training early). ``export`` is the last step, given by the caller (`elmo adapt` passes
+    the export stage's exporter, elmo.export.adapt): training does not reach up the pipeline."""
     job = Adaptation(model, text, out, tokenized, settings)
     job.open(resume)
     if job.s.threads:
@@ -345,35 +346,6 @@ def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSe
     if not job.adapt(stop_after):
         return {"stopped_at": stop_after, "out": str(out), "resume": "elmo adapt ... --resume"}
     return job.finish(export)
-
-
-# -- CLI -------------------------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = AdaptSettings()
-    parser.add_argument("--model", required=True, type=Path, help="model directory to start from")
-    parser.add_argument("--text", required=True, type=Path, help="the domain's text, one sentence or paragraph a line")
-    parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
-    parser.add_argument("--out", required=True, type=Path, help="the adapted model directory (new, or --resume)")
-    parser.add_argument("--resume", action="store_true", help="continue the adaptation recorded in --out")
-    parser.add_argument("--minutes", type=float, default=d.minutes, help=f"time budget, all steps ({d.minutes})")
-    parser.add_argument("--epochs", type=float, default=d.epochs, help=f"at most this many passes (default {d.epochs})")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    parser.add_argument("--heldout-share", type=float, default=d.heldout_share,
-                        help=f"share of the text held out to measure (default {d.heldout_share})")  # fmt: skip
-    parser.add_argument("--heldout-tokens", type=int, default=d.heldout_tokens,
-                        help=f"held-out tokens at most (default {d.heldout_tokens})")  # fmt: skip
-    parser.add_argument("--tokens-per-batch", type=int, default=d.tokens_per_batch,
-                        help=f"padded tokens per training batch (default {d.tokens_per_batch})")  # fmt: skip
-    parser.add_argument("--calibrate-tokens", type=int, default=d.calibrate_tokens,
-                        help=f"softmax bias refit tokens, 0 = none (default {d.calibrate_tokens})")  # fmt: skip
-    parser.add_argument("--replay", default=d.replay, metavar="FILE",
-                        help="general text (tokenized lines, e.g. data/corpus/train.txt) to mix in")  # fmt: skip
-    parser.add_argument("--replay-share", type=float, default=d.replay_share,
-                        help=f"share of training tokens from --replay (default {d.replay_share})")  # fmt: skip
-    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = torch default)")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--no-export", action="store_true", help="skip the ONNX export (PyTorch weights only)")
-    parser.add_argument("--stop-after", type=int, default=None, help="end the training after this step (resumable)")
 
 
 def settings_from(args: argparse.Namespace) -> AdaptSettings:
@@ -390,11 +362,4 @@ def settings_from(args: argparse.Namespace) -> AdaptSettings:
     return s
 
 
-def run(args: argparse.Namespace) -> int:
-    result = adapt(args.model, args.text, args.out, args.tokenized, settings_from(args), args.resume,
-                   export=not args.no_export, stop_after=args.stop_after)  # fmt: skip
-    print(json.dumps(result, ensure_ascii=False))
-    return 0
-
-
-__all__ = ["ADAPT_FILE", "AdaptSettings", "adapt", "split_heldout"]
+__all__ = ["ADAPT_FILE", "AdaptSettings", "Exporter", "adapt", "settings_from", "split_heldout"]

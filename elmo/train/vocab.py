@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 
 from elmo.errors import DataError
+from elmo.model.config import IGNORE
 from elmo.text.chars import BOS_TOKEN, EOS_TOKEN
 
 UNK_TOKEN = "<UNK>"
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 BOS_ID, EOS_ID, UNK_ID = 0, 1, 2
-IGNORE = -100  # target id of padding and masked targets (F.cross_entropy's ignore_index)
 
 
 def read_sentences(path: Path, tokenized: bool = True) -> list[list[str]]:

@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
-
-from elmo.v1 import embedder_pb2 as pb
-from service.core import (
+from elmo.service.core import (
     INLINE_ANSWER_BYTES,
     EmbedResult,
     Encoding,
@@ -41,12 +39,14 @@ from service.core import (
     build_response,
     human_bytes,
 )
-from service.errors import Kind, ServiceError, clip, http_status, invalid
-from service.http import schema
-from service.http.connections import ClientGone, ConnectionGuard, read_body
-from service.http.encode import encode_json
-from service.http.openapi import openapi_document
-from service.observe import CLIENT_GONE, BearerToken, RequestObserver
+from elmo.service.errors import Kind, ServiceError, clip, http_status, invalid
+from elmo.service.http import schema
+from elmo.service.http.connections import ClientGone, ConnectionGuard, read_body
+from elmo.service.http.encode import encode_json
+from elmo.service.http.openapi import openapi_document
+from elmo.service.observe import CLIENT_GONE, BearerToken, RequestObserver
+
+from elmo.v1 import embedder_pb2 as pb
 
 log = logging.getLogger("service.http")
 

@@ -35,9 +35,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
+from elmo.service.limits import Limits
 
 from elmo.errors import ConfigError
-from service.limits import Limits
 
 log = logging.getLogger("service.http.connections")
 

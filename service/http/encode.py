@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from service.core import JSON_NUMBER_BYTES  # the size bound of the numbers written here
+from elmo.service.core import JSON_NUMBER_BYTES  # the size bound of the numbers written here
 
 PIECE_VALUES = 1 << 17  # numbers per piece
 

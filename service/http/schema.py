@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from elmo.service.errors import clip, invalid
+from elmo.service.http.encode import base64_json
 
 from elmo.v1 import embedder_pb2 as pb
 from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
-from service.errors import clip, invalid
-from service.http.encode import base64_json
 
 ENCODINGS = ("float", "base64")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the range of the contract's int32 fields (EmbedRequest.layers)

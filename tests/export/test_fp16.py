@@ -11,10 +11,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import elmo.export.context_graph as context_graph
+import elmo.export.onnx_export as onnx_export
 import pytest
 
-import export.context_graph as context_graph
-import export.onnx_export as onnx_export
 from elmo.errors import ModelFileError
 
 FP16_UNIT_ROUNDOFF = 2.0**-11

@@ -1,18 +1,18 @@
 import json
 import shutil
 
+import elmo.export.context_graph as context_graph
+import elmo.export.onnx_export as onnx_export
 import numpy as np
 import pytest
+from elmo.export.random_model import random_bilm, write_random_model
+from elmo.export.verify import verification_cases
 
-import export.context_graph as context_graph
-import export.onnx_export as onnx_export
 from elmo.cli import main
 from elmo.errors import ModelFileError
 from elmo.model.checkpoint import save_model
 from elmo.runtime import CPU, Embedder
 from elmo.runtime.modeldir import sha256_of
-from export.random_model import random_bilm, write_random_model
-from export.verify import verification_cases
 
 
 @pytest.fixture()

@@ -16,12 +16,12 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from elmo.export.onnx_export import FP32_BOUND
+from elmo.export.random_model import write_bilm_tf_files
+from elmo.export.verify import torch_layers
 
 from elmo.cli import main
 from elmo.model.checkpoint import load_model
-from export.onnx_export import FP32_BOUND
-from export.random_model import write_bilm_tf_files
-from export.verify import torch_layers
 from tests.importers.test_allennlp import reference_config, reference_weights
 from tests.numpy_reference import elmo_forward
 

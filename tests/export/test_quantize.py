@@ -3,16 +3,16 @@
 import json
 import shutil
 
+import elmo.export.onnx_export as onnx_export
 import numpy as np
 import onnx
 import pytest
+from elmo.export.quantize import INT8_MEAN_COSINE, compare_cosine, count_ops, token_cosines
 from onnx import numpy_helper
 
-import export.onnx_export as onnx_export
 from elmo.cli import main
 from elmo.errors import ModelFileError
 from elmo.runtime import CPU, Embedder
-from export.quantize import INT8_MEAN_COSINE, compare_cosine, count_ops, token_cosines
 
 SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["苹", "果", "很", "好", "吃"], ["a"], ["naïve", "😀"]]
 

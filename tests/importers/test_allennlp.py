@@ -514,7 +514,7 @@ def cpu_embedder(model_dir: Path, **kwargs):
 @pytest.fixture(scope="module")
 def imported_random_models(tmp_path_factory) -> dict[str, tuple[dict, dict, Path]]:
     """Every random shape imported with `elmo import-allennlp` and exported (verified) with `elmo export`."""
-    from export.onnx_export import export_model
+    from elmo.export.onnx_export import export_model
 
     models = {}
     for shape in SHAPES:
@@ -565,7 +565,7 @@ def test_import_export_embed_file_reproduces_the_reference(tmp_path):
 
 
 def test_exported_warm_state_reproduces_bilm_tf_carried_states(tmp_path, bilm_tf_fixture):
-    from export.onnx_export import export_model
+    from elmo.export.onnx_export import export_model
 
     group = fixture_sentences(bilm_tf_fixture)[0]
     warm_text = tmp_path / "warm.txt"
@@ -581,7 +581,7 @@ def test_exported_warm_state_reproduces_bilm_tf_carried_states(tmp_path, bilm_tf
 
 @pytest.mark.parametrize("warm", [False, True], ids=["zero state", "warm state"])
 def test_runtime_gives_a_sentence_the_same_vectors_in_any_batch(tmp_path, bilm_tf_fixture, warm):
-    from export.onnx_export import export_model
+    from elmo.export.onnx_export import export_model
 
     sentences = fixture_sentences(bilm_tf_fixture)[1]
     warm_text = None

@@ -119,7 +119,7 @@ def imported(request, tmp_path_factory):
     """(peer folder, our exported model directory) for each variant."""
     if not HAVE_PEER:
         pytest.skip("elmoformanylangs not installed (manylangs-parity extra)")
-    from export.onnx_export import export_model
+    from elmo.export.onnx_export import export_model
 
     root = tmp_path_factory.mktemp(f"manylangs{request.param}")
     folder = write_peer_folder(root / "peer", request.param)
@@ -199,8 +199,9 @@ def test_batch_job_on_pre_tokenized_chinese_matches_elmoformanylangs(imported, t
 
 
 def test_runtime_refuses_a_char_vocabulary_changed_after_export(tmp_path):
+    from elmo.export.onnx_export import export_model
+
     from elmo.runtime import CPU, Embedder
-    from export.onnx_export import export_model
 
     import_manylangs(write_synthetic_folder(tmp_path / "peer", word_dim=0), tmp_path / "ours")
     export_model(tmp_path / "ours", threads=1)

@@ -133,7 +133,7 @@ def test_report_writes_table_and_plots(model_dir, tmp_path, capsys):
     comparison = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mix_vs_best_layer"]
     assert comparison["layer"] in ("layer0", "layer1", "layer2") and comparison["resamples"] == 1000
     assert comparison["ci95"][0] <= comparison["difference"] <= comparison["ci95"][1]
-    assert comparison["verdict"] in ("at least as good", "tie", "worse")
+    assert comparison["verdict"] in ("better", "worse", "inconclusive", "tie (within ±0.01)")
     out = tmp_path / "report"
     assert main(["mix", "report", "--model", str(model_dir), "--out", str(out), "--threads", "1"]) == 0
     for name in ("report.md", "report.json", "mix_weights.png", "apple_similarity.png", "senses.png"):

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from elmo.service.batcher import Batcher, BatcherObserver, BatchStats
+from elmo.service.limits import add_limit_arguments, limits_from_args
+from elmo.service.models import serve_model
 
 from elmo.runtime import Embedder, EmbedStats
-from service.batcher import Batcher, BatcherObserver, BatchStats
-from service.limits import add_limit_arguments, limits_from_args
-from service.models import serve_model
 
 HANG_GUARD_S = 30.0  # only turns a batcher that never dispatches into a failure; far below the delays that test it
 FOREVER_S = 600.0  # a max delay no test waits out: whatever dispatches, the delay did not

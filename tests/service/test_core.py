@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.core import _give_way, _stay, gil_yielder
+from elmo.service.core import _give_way, _stay, gil_yielder
 
 
 def test_tokenizing_gives_the_gil_away_on_a_worker_but_not_on_the_event_loop():

@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 import schemathesis
+from elmo.service.http.openapi import openapi_document
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
@@ -37,7 +38,6 @@ from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
-from service.http.openapi import openapi_document
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
 TASK = "pos_demo"

@@ -22,10 +22,10 @@ from dataclasses import replace
 
 import pytest
 from aiohttp import web
+from elmo.service.http.connections import ClientGone, ConnectionGuard, over_capacity_response, read_body
+from elmo.service.limits import Limits
 
 from elmo.errors import ConfigError
-from service.http.connections import ClientGone, ConnectionGuard, over_capacity_response, read_body
-from service.limits import Limits
 from tests.service_helpers import self_signed_cert
 
 SHORT = 0.3  # a timeout meant to fire

@@ -8,9 +8,8 @@ import json
 
 import numpy as np
 import pytest
-
-from service.http import encode
-from service.http.encode import JSON_NUMBER_BYTES, base64_json, encode_json
+from elmo.service.http import encode
+from elmo.service.http.encode import JSON_NUMBER_BYTES, base64_json, encode_json
 
 
 def as_lists(value):

@@ -11,11 +11,11 @@ import urllib.request
 
 import grpc
 import pytest
+from elmo.service.errors import ServiceError
+from elmo.service.http import schema
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime import Embedder
-from service.errors import ServiceError
-from service.http import schema
 from tests.service_helpers import ServerThread, limits_with
 
 LONE = "\\ud800"  # as the JSON escape: the body itself is plain ASCII

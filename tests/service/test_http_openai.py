@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import openai
 import pytest
+from elmo.service.limits import Limits
 
 from elmo.client import EmbedderClient
 from elmo.runtime import Embedder
-from service.limits import Limits
 from tests.service_helpers import ServerThread, model_with_pos_demo
 
 TEXTS = ["The cat sat on the mat.", "我买了一台苹果电脑。", "苹果很好吃", "naïve café 🙂", "a"]

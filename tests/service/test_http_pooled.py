@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from elmo.service.models import parse_alias
 
 from elmo.client import EmbedderClient
 from elmo.errors import ConfigError
 from elmo.runtime import Embedder
-from service.models import parse_alias
 from tests.serve_process import wait_until
 from tests.service_helpers import ServerThread, call, limits_with, model_with_pos_demo
 

@@ -8,6 +8,9 @@ import copy
 import json
 
 import pytest
+from elmo.service.errors import Kind
+from elmo.service.http.app import OPEN_PATHS
+from elmo.service.http.openapi import openapi_document
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from referencing import Registry, Resource
@@ -15,9 +18,6 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from elmo.runtime import Embedder
-from service.errors import Kind
-from service.http.app import OPEN_PATHS
-from service.http.openapi import openapi_document
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
 DOCUMENT = json.loads(json.dumps(openapi_document()))  # as served: JSON, not Python tuples

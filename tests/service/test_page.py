@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from elmo.service.limits import Limits
 
 from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
-from service.limits import Limits
 from tests.browser import Browser
 from tests.service_helpers import ServerThread
 

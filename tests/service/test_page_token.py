@@ -10,9 +10,9 @@ import json
 import urllib.request
 
 import pytest
+from elmo.service.limits import Limits
 
 from elmo.runtime import Embedder
-from service.limits import Limits
 from tests.browser import Browser
 from tests.service_helpers import ServerThread
 

@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
+from elmo.service.limits import Limits
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime import Embedder
 from elmo.text.tokenize import tokenize
 from elmo.v1 import embedder_pb2 as pb
-from service.limits import Limits
 from tests.conftest import REPO
 from tests.service_helpers import (
     EDGE_LIMITS,
@@ -506,7 +506,8 @@ def test_operations_doc_lists_exactly_the_metrics_served(server):
 # -- process-level -------------------------------------------------------------------------------------------------
 def test_serving_path_imports_no_torch():
     code = (
-        "import sys, service.server, elmo.client, elmo.runtime, elmo.mix.store, service.servicer, bench.loadgen; "
+        "import sys, elmo.service.server, elmo.client, elmo.runtime, elmo.mix.store, elmo.service.servicer; "
+        "import elmo.bench.loadgen; "
         "sys.exit('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -580,7 +581,7 @@ def test_sigterm_drains_in_flight_stream_and_refuses_new_calls(tiny_model_dir, t
 def test_the_switch_interval_is_short_only_while_heavy_work_runs(runtime):
     """--switch-interval-ms holds while a large request is worked on (service.switching), and Python's own
     interval comes back once none is."""
-    from service import switching
+    from elmo.service import switching
 
     before = sys.getswitchinterval()
     seen = []

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from elmo.service.server import _model_specs
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime import Embedder
 from elmo.v1 import embedder_pb2 as pb
-from service.server import _model_specs
 from tests.conftest import REPO
 from tests.serve_process import AUTH_ENV, ServeProcess, clean_env, serve_until_exit
 

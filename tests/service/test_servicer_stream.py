@@ -18,11 +18,11 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from elmo.service.limits import Limits
 
 from elmo.runtime import Embedder
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
-from service.limits import Limits
 from tests.serve_process import wait_until
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 

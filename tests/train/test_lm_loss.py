@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from elmo.export.random_model import random_bilm
 
 from elmo.train.evaluate import score_sentences
 from elmo.train.objective import LMObjective
 from elmo.train.vocab import Piece, Vocab, lm_arrays
-from export.random_model import random_bilm
 
 VOCAB = Vocab(["<S>", "</S>", "<UNK>", "the", "cat", "sat", "on", "mat", ".", "a", "dog"])
 # Uneven lengths (padding in both directions), an out-of-vocabulary word (scored as <UNK>), and the two halves

@@ -1,12 +1,13 @@
-"""The paired bootstrap that says whether the mix is at least as good as the best single layer, or only tied."""
+"""The paired bootstrap (elmo.significance) and the verdict that says what its interval says; the per-sentence counts
+of a labelled set (elmo.mix.task_data.sentence_counts) it resamples."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from elmo.mix.significance import paired_bootstrap, score_counts, sentence_counts, verdict
-from elmo.mix.task_data import LabelledSet, entity_f1
+from elmo.mix.task_data import LabelledSet, entity_f1, sentence_counts
+from elmo.significance import TIE_MARGIN, paired_bootstrap, score_counts, verdict
 
 LABELS = ["B-PER", "E-PER", "O", "S-LOC"]
 
@@ -40,12 +41,33 @@ def test_bootstrap_interval_separates_a_real_gain_from_noise():
     better = np.where(rng.random(n) < 0.3, 1, base)  # flips 30 % of the sentences to correct
     as_counts = lambda c: np.stack([c, np.ones(n, int), np.ones(n, int)], axis=1)  # noqa: E731
     gain = paired_bootstrap("accuracy", as_counts(better), as_counts(base))
-    assert gain["difference"] > 0 and gain["ci95"][0] > 0 and verdict(gain) == "at least as good"
+    assert gain["difference"] > 0 and gain["ci95"][0] > 0 and verdict(gain) == "better"
     same = paired_bootstrap("accuracy", as_counts(base), as_counts(base))
     assert same["difference"] == 0 and same["ci95"] == [0.0, 0.0]
     noise = np.where(rng.random(n) < 0.02, 1 - base, base)  # a few changes either way
     tie = paired_bootstrap("accuracy", as_counts(noise), as_counts(base), seed=1)
-    if tie["difference"] < 0:
-        assert verdict(tie) == "tie"
+    assert tie["ci95"][0] <= 0 <= tie["ci95"][1]
+    inside = max(map(abs, tie["ci95"])) <= TIE_MARGIN
+    assert verdict(tie) == (f"tie (within ±{TIE_MARGIN:g})" if inside else "inconclusive")
     loss = paired_bootstrap("accuracy", as_counts(base), as_counts(better))
     assert verdict(loss) == "worse" and loss["ci95"][1] < 0
+
+
+@pytest.mark.parametrize(
+    "ci95, expected",
+    [
+        ([0.007, 0.021], "better"),  # wholly above 0, however small
+        ([-0.021, -0.007], "worse"),
+        ([-0.0003, 0.0035], "tie (within ±0.01)"),  # the README's POS row: inside the margin
+        ([-0.059, 0.072], "inconclusive"),  # docs/adapt.md's senses row: holds 0, reaches far past the margin
+        ([-0.032, 0.006], "inconclusive"),  # a negative point difference is not called a tie either
+    ],
+)
+def test_the_verdict_says_what_the_interval_says_whatever_the_point_difference(ci95, expected):
+    for difference in (ci95[0], sum(ci95) / 2, ci95[1]):  # the verdict reads the interval, not the point
+        assert verdict({"difference": difference, "ci95": ci95}) == expected
+
+
+def test_the_tie_margin_is_stated_in_the_verdict_and_can_be_set():
+    assert verdict({"difference": 0.0, "ci95": [-0.03, 0.03]}, margin=0.05) == "tie (within ±0.05)"
+    assert verdict({"difference": 0.0, "ci95": [-0.03, 0.03]}, margin=0.01) == "inconclusive"

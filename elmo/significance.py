@@ -1,29 +1,19 @@
-"""Is the mix better than the best single layer, or only tied? A paired bootstrap over test sentences.
+"""Is one system better than another, worse, or tied? A paired bootstrap over sentences, and a verdict that says
+what its interval says.
 
 Each sentence contributes counts from which the metric is rebuilt for any resample: entity F1 from (true
 positives, predicted, gold entities), accuracy from (correct, total). Both systems are scored on the same
 resampled sentences, so the interval is that of the difference (Koehn 2004; Berg-Kirkpatrick et al. 2012).
+Numpy only: the training side (`elmo adapt`'s word-sense change) and the task mixes (`elmo mix`) both use it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from elmo.mix.task_data import LabelledSet, bmes_entities
-
-
-def sentence_counts(metric: str, gold: LabelledSet, predicted: list[np.ndarray], labels: list[str]) -> np.ndarray:
-    """(n_sentences, 3) int counts: (tp, n_pred, n_gold) for entity_f1, (correct, total, total) for accuracy."""
-    rows = []
-    for index, ids in enumerate(predicted):
-        if metric == "entity_f1":
-            g, p = bmes_entities(gold.labels[index]), bmes_entities([labels[i] for i in ids])
-            rows.append((len(g & p), len(p), len(g)))
-        else:
-            truth = gold.labels[index] if gold.kind == "tagging" else [gold.labels[index]]
-            correct = sum(labels[i] == t for i, t in zip(ids, truth))
-            rows.append((correct, len(truth), len(truth)))
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+# A difference inside ±TIE_MARGIN (one point of accuracy or F1) is too small to matter: an interval that lies
+# wholly inside it is a tie. Wider intervals that hold 0 decide nothing (inconclusive).
+TIE_MARGIN = 0.01
 
 
 def score_counts(metric: str, counts: np.ndarray) -> np.ndarray:
@@ -51,9 +41,14 @@ def paired_bootstrap(
     return {"difference": difference, "ci95": [float(low), float(high)], "resamples": resamples}
 
 
-def verdict(comparison: dict) -> str:
-    """'at least as good' (difference >= 0), 'tie' (below, but the interval holds 0) or 'worse'."""
-    if comparison["difference"] >= 0:
-        return "at least as good"
+def verdict(comparison: dict, margin: float = TIE_MARGIN) -> str:
+    """What the 95 % interval says: 'better' (wholly above 0), 'worse' (wholly below), 'tie (within ±m)' (wholly
+    inside ±margin) or 'inconclusive' (it holds 0 but reaches past the margin: more data would be needed)."""
     low, high = comparison["ci95"]
-    return "tie" if low <= 0 <= high else "worse"
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    if -margin <= low and high <= margin:
+        return f"tie (within ±{margin:g})"
+    return "inconclusive"
