@@ -7,28 +7,43 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import logging
 import sys
 
 from elmo.errors import ElmoError
 
-# name -> (module, one-line help). Modules are imported lazily.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("elmo.train.corpus", "fetch the corpora by package name and write train/valid/test splits"),
-    "train": ("elmo.train.loop", "train the biLM language model"),
-    "adapt": ("elmo.export.adapt", "continue training a model on your own text (before/after perplexity)"),
-    "eval-lm": ("elmo.train.evaluate", "forward/backward perplexity of a model on a text file"),
-    "baseline": ("elmo.train.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary"),
-    "export": ("elmo.export.onnx_export", "export a model directory to ONNX and verify it"),
-    "serve": ("elmo.service.server", "serve a model over gRPC"),
-    "embed": ("elmo.client", "embed text through a running server"),
-    "embed-file": ("elmo.batch.cli", "embed a file into hdf5 / Parquet"),
-    "mix": ("elmo.mix.cli", "train / report task scalar mixes"),
-    "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5"),
-    "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder"),
-    "bench": ("elmo.bench.run", "throughput / latency benchmarks"),
+# name -> (module, one-line help, extra). Modules are imported lazily. ``extra``: the pyproject extra whose packages
+# the command needs beyond the core; the serving install (`serve`) has no torch, so it lists only what it can run.
+TRAIN = "train"
+COMMANDS: dict[str, tuple[str, str, str | None]] = {
+    "data": ("elmo.train.corpus", "fetch the corpora by package name and write train/valid/test splits", None),
+    "train": ("elmo.train.loop", "train the biLM language model", TRAIN),
+    "adapt": ("elmo.export.adapt", "continue training a model on your own text (before/after perplexity)", TRAIN),
+    "eval-lm": ("elmo.train.evaluate", "forward/backward perplexity of a model on a text file", TRAIN),
+    "baseline": ("elmo.train.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary", TRAIN),
+    "export": ("elmo.export.onnx_export", "export a model directory to ONNX and verify it", TRAIN),
+    "serve": ("elmo.service.server", "serve a model over gRPC and HTTP", None),
+    "embed": ("elmo.client", "embed text through a running server", None),
+    "embed-file": ("elmo.batch.cli", "embed a file into hdf5 / Parquet", None),
+    "mix": ("elmo.mix.cli", "train / report task scalar mixes", TRAIN),
+    "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5", TRAIN),
+    "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder", TRAIN),
+    "bench": ("elmo.bench.run", "throughput / latency benchmarks", TRAIN),
 }
+# what each extra brings that the core does not (checked without importing it)
+EXTRA_MODULES = {TRAIN: ("torch", "onnx", "safetensors")}
+
+
+def missing_for(extra: str | None) -> list[str]:
+    """The modules of ``extra`` this environment lacks (none for a core command)."""
+    return [name for name in EXTRA_MODULES.get(extra or "", ()) if importlib.util.find_spec(name) is None]
+
+
+def install_hint(extra: str) -> str:
+    return (f"install the `{extra}` extra (pip install -e '.[{extra}]' in the repository), or use .venv/bin/elmo, "
+            "which `make test` creates")  # fmt: skip
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -57,7 +72,14 @@ def configure_logging(level: str, fmt: str) -> None:
 
 def _usage() -> str:
     lines = ["usage: elmo COMMAND [options]", "", "commands:"]
-    lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    unavailable = []
+    for name, (_, help_, extra) in COMMANDS.items():
+        if missing_for(extra):
+            unavailable.append(name)
+        else:
+            lines.append(f"  {name:<16} {help_}")
+    if unavailable:
+        lines += ["", f"not in this environment: {', '.join(unavailable)}: {install_hint(TRAIN)}"]
     lines += ["", "`elmo COMMAND --help` for a command's options."]
     return "\n".join(lines)
 
@@ -71,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"elmo: unknown command '{name}'\n\n{_usage()}", file=sys.stderr)
         return 2
-    module_name, help_ = COMMANDS[name]
+    module_name, help_, extra = COMMANDS[name]
+    if missing := missing_for(extra):
+        print(f"elmo {name}: needs {', '.join(missing)} (the `{extra}` extra), not in this environment: "
+              f"{install_hint(extra)}", file=sys.stderr)  # fmt: skip
+        return 2
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")

@@ -1,5 +1,6 @@
 import json
 import logging
+import sys
 
 from elmo.cli import JsonLogFormatter, main
 
@@ -28,3 +29,18 @@ def test_library_errors_print_one_line_not_a_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("elmo export: error:") and "Traceback" not in err
+
+
+def test_an_environment_without_torch_lists_only_what_it_can_run(monkeypatch, capsys):
+    """The serving install (.venv-serve) has no torch: `elmo` lists the commands it can run and names the extra for
+    the others; a training command is one line and exit 2, not a ModuleNotFoundError, even for --help."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed: find_spec answers None
+    assert main([]) == 0
+    usage = capsys.readouterr().out
+    listed = {line.split()[0] for line in usage.split("commands:")[1].split("\n\n")[0].splitlines() if line.strip()}
+    assert {"serve", "embed", "embed-file"} <= listed and not listed & {"train", "adapt", "export", "mix", "eval-lm"}
+    assert "not in this environment: train, adapt" in usage and "'.[train]'" in usage
+    for argv in (["train", "--help"], ["adapt", "--model", "m", "--text", "t", "--out", "o"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "needs torch" in err and "Traceback" not in err

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from elmo.errors import DataError
+from elmo.text.files import read_user_lines
 from elmo.text.tokenize import tokenize
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ def read_conll(path: Path, source: str | None = None) -> LabelledSet:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     sentences, labels, tokens, tags = [], [], [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_user_lines(path), 1):
         parts = line.split()
         if not parts:
             if tokens:
@@ -369,9 +370,7 @@ def _extract(corpus: Path, pattern: str, member_suffix: str) -> Path:
 
 # -- user files ------------------------------------------------------------------------------------------------
 def read_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    return path.read_text(encoding="utf-8").splitlines()
+    return read_user_lines(path, "file")
 
 
 def read_user_data(path: Path, kind: str, labels: Path | None = None, tokenized: bool = True) -> LabelledSet:

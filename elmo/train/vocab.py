@@ -15,6 +15,7 @@ import numpy as np
 from elmo.errors import DataError
 from elmo.model.config import IGNORE
 from elmo.text.chars import BOS_TOKEN, EOS_TOKEN
+from elmo.text.files import read_user_lines
 
 UNK_TOKEN = "<UNK>"
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -37,7 +38,7 @@ def read_sentences(path: Path, tokenized: bool = True) -> list[list[str]]:
         def split(line: str) -> list[str]:
             return tokenize(line).tokens
 
-    sentences = [tokens for line in path.read_text(encoding="utf-8").splitlines() if (tokens := split(line))]
+    sentences = [tokens for line in read_user_lines(path) if (tokens := split(line))]
     if not sentences:
         raise DataError(f"{path}: file has no sentences (empty)")
     return sentences
