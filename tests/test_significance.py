@@ -71,3 +71,20 @@ def test_the_verdict_says_what_the_interval_says_whatever_the_point_difference(c
 def test_the_tie_margin_is_stated_in_the_verdict_and_can_be_set():
     assert verdict({"difference": 0.0, "ci95": [-0.03, 0.03]}, margin=0.05) == "tie (within ±0.05)"
     assert verdict({"difference": 0.0, "ci95": [-0.03, 0.03]}, margin=0.01) == "inconclusive"
+
+
+def test_every_verdict_written_in_the_docs_is_what_the_code_says_of_its_interval():
+    """README, docs, the model card and the report quote intervals with verdicts; each must be verdict() of it."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    verdicts = r"better|worse|inconclusive|tie \(within ±[\d.]+\)|at least as good|tie"  # the old ones too
+    quoted = re.compile(rf"\[([+−-]?\d\.\d+), ([+−-]?\d\.\d+)\]:\s+\**({verdicts})")
+    found = 0
+    for path in [repo / "README.md", *sorted((repo / "docs").glob("*.md")), *sorted((repo / "models").rglob("*.md"))]:
+        for low, high, said in quoted.findall(path.read_text(encoding="utf-8")):
+            interval = [float(x.replace("−", "-")) for x in (low, high)]
+            assert said == verdict({"ci95": interval}), f"{path.name}: [{low}, {high}]: {said}"
+            found += 1
+    assert found >= 10  # the README's task and sense tables, docs/tasks.md, docs/adapt.md, the model card, report.md
