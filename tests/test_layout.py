@@ -5,9 +5,11 @@ line") imports without torch, and an install puts one package, `elmo`, into site
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,25 @@ def test_the_serving_side_imports_no_torch(module):
     code = f"import sys, {module}; sys.exit(2 if 'torch' in sys.modules else 0)"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{module} imported torch\n{result.stderr}"
+
+
+def test_the_wheel_puts_only_elmo_into_site_packages(tmp_path):
+    """A real wheel, built from a copy of the sources (nothing written into the checkout): its only top-level
+    package is `elmo`, and the mapped folders and package data are inside it."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in PACKAGES:
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
+        cwd=source, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"elmo"}
+    for inside in ("elmo/service/server.py", "elmo/service/http/page/index.html", "elmo/export/onnx_export.py",
+                   "elmo/bench/run.py", "elmo/senses/en.tsv", "elmo/v1/embedder_pb2.py"):  # fmt: skip
+        assert inside in names
