@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,36 @@ class TlsFiles:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.cert, self.key)
         return context
+
+
+def check_port_free(host: str, port: int | None, what: str = "") -> None:
+    """ConfigError naming the address when nothing could listen on it (in use, not ours to take).
+
+    Checked before gRPC binds, because gRPC's core logs its own ``E... add_port.cc`` line to stderr before it
+    raises, and a user would see that instead of (or before) the one clear line. The check binds as gRPC does
+    (SO_REUSEADDR, every address the host resolves to; one that binds is enough, as for gRPC). The port can still
+    be taken between this check and gRPC's bind: then gRPC's line comes too, and the clear error still follows.
+    """
+    if not port:  # None: not asked for; 0: any free port
+        return
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen{what} on {host}:{port}: cannot resolve {host!r} ({exc.strerror})") from None
+    failure: OSError | None = None
+    for family, kind, protocol, _, sockaddr in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+                return
+            except OSError as exc:
+                if failure is None or exc.errno == errno.EADDRINUSE:  # "in use" is the failure worth naming
+                    failure = exc
+    if failure is not None:
+        in_use = failure.errno == errno.EADDRINUSE
+        why = "the port is in use (stop what listens there or pick another port)" if in_use else failure.strerror
+        raise ConfigError(f"cannot listen{what} on {host}:{port}: {why}")
 
 
 class ElmoServer:
@@ -124,6 +156,7 @@ class ElmoServer:
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.host}:{self.port}"
+        check_port_free(self.host, self.port)
         try:
             if self.tls is not None:
                 self.port = self.server.add_secure_port(address, self.tls.credentials())
@@ -306,6 +339,10 @@ async def serve(args: argparse.Namespace) -> int:
     tls = _tls_from_args(args)
     aliases = dict(parse_alias(value) for value in args.model_alias)
     metrics = ServiceMetrics()
+    # before the models load: a taken port fails in a second, and with one line (see check_port_free)
+    check_port_free(args.host, args.port)
+    check_port_free(args.host, args.http_port, " for HTTP")
+    check_port_free(args.metrics_host or args.host, args.metrics_port, " for metrics")
     models = load_models(args, limits, metrics)
     server = ElmoServer(
         models,
@@ -325,7 +362,11 @@ async def serve(args: argparse.Namespace) -> int:
     port = await server.start()
     metrics_port = None
     if args.metrics_port is not None:
-        metrics_port = metrics.serve_http(args.metrics_port, args.metrics_host or args.host)
+        try:
+            metrics_port = metrics.serve_http(args.metrics_port, args.metrics_host or args.host)
+        except OSError as exc:  # taken since the check above
+            await server.drain(grace=0)
+            raise ConfigError(f"cannot listen for metrics on port {args.metrics_port}: {exc.strerror}") from None
         log.info("metrics on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
     if args.port_file is not None:
         args.port_file.write_text(f"{port}\n{metrics_port or ''}\n{server.http_port or ''}\n")

@@ -4,6 +4,7 @@ A bad command line must end in exit 2 with one `elmo serve: error:` line and no 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -177,3 +178,21 @@ def test_auth_token_flag_wins_over_the_environment(tiny_model_dir: Path, tmp_pat
             assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
         server.sigterm()
         assert server.wait(30) == 0
+
+
+TAKEN = [("--port", ""), ("--http-port", " for HTTP"), ("--metrics-port", " for metrics")]
+
+
+@pytest.mark.parametrize(("flag", "what"), TAKEN)
+def test_a_taken_port_is_one_error_line_and_exit_2(tiny_model_dir: Path, tmp_path: Path, flag: str, what: str) -> None:
+    """Before the fix gRPC's core printed its own `E... add_port.cc` line first (and a taken metrics port ended in a
+    traceback after the server had started): the whole of stderr must be the one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))  # a free port, then held: nothing else can listen there now
+        taken.listen()
+        port = taken.getsockname()[1]
+        finished = serve_until_exit(["--model", str(tiny_model_dir), flag, str(port)], tmp_path / "serve")
+    assert finished.returncode == 2, finished.stderr
+    expected = f"elmo serve: error: cannot listen{what} on 127.0.0.1:{port}: the port is in use (stop what listens "
+    expected += "there or pick another port)"
+    assert finished.stderr.splitlines() == [expected]
