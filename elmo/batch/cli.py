@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from elmo.batch.job import run_job
-from elmo.batch.layout import DTYPES, HDF5, PARQUET, parse_layers
-from elmo.batch.plan import JSONL, PARQUET_SUFFIXES, TEXT
+from elmo.batch.layout import DTYPES, HDF5, PARQUET, output_format, parse_layers
+from elmo.batch.plan import JSONL, TEXT
 from elmo.batch.state import DEFAULT_SHARD_LINES, JobOptions
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
@@ -20,7 +20,10 @@ log = logging.getLogger("elmo.batch")
 # -- the command ---------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, help="text file (one sentence per line) or JSONL with 'id' and 'text'")
-    parser.add_argument("output", type=Path, help="output .hdf5 file, or Parquet directory")
+    # a str, not a Path: Path("out/") drops the trailing slash that says "a directory" (Parquet)
+    parser.add_argument(
+        "output", help="output .h5/.hdf5 file, or Parquet directory (.parquet, or a name ending in /)"
+    )
     source = parser.add_argument_group("where vectors come from (one of)")
     source.add_argument("--model", type=Path, help="model directory (local onnxruntime)")
     source.add_argument("--server", help="HOST:PORT of a running `elmo serve` (remote mode)")
@@ -34,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--layers", default="all", help="all (n_layers, n, dim) | top | average | mix:TASK -> (n, dim); default all"
     )
-    parser.add_argument("--format", choices=[HDF5, PARQUET], help="default: parquet for a .parquet OUTPUT, else hdf5")
+    parser.add_argument(
+        "--format",
+        choices=[HDF5, PARQUET],
+        help="default: from OUTPUT's name (.h5/.hdf5: hdf5; .parquet, a trailing / or a directory: parquet)",
+    )
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--tokenized", action="store_true", help="lines are whitespace-separated tokens, untouched")
     parser.add_argument("--input-format", choices=["auto", TEXT, JSONL], default="auto", help="auto: .jsonl -> jsonl")
@@ -78,15 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> JobOptions:
     from elmo.client import connection_from_args
 
-    output_format = args.format or (PARQUET if args.output.suffix.lower() in PARQUET_SUFFIXES else HDF5)
     return JobOptions(
         input=args.input,
-        output=args.output,
+        output=Path(args.output),
         model=args.model,
         server=args.server,
         server_model=args.server_model,
         spec=parse_layers(args.layers),
-        output_format=output_format,
+        output_format=output_format(str(args.output), args.format),
         dtype=args.dtype,
         tokenized=args.tokenized,
         input_format=args.input_format,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,48 @@ log = logging.getLogger("elmo.batch")
 
 
 HDF5, PARQUET = "hdf5", "parquet"
+HDF5_SUFFIXES = (".h5", ".hdf5")
+PARQUET_SUFFIXES = (".parquet", ".pq")
 DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+# -- which format ----------------------------------------------------------------------------------------------
+def _format_by_path(output: str) -> str | None:
+    """What OUTPUT's name says: .h5/.hdf5 -> hdf5; .parquet/.pq, a trailing slash or an existing directory -> Parquet
+    (always a directory); an existing file -> hdf5 (a Parquet output is never a file); else None. A name that says
+    both (``out.h5/``) is an InputError."""
+    path = Path(output)
+    suffix = path.suffix.lower()
+    directory = output.endswith(("/", os.sep)) or path.is_dir()
+    if suffix in HDF5_SUFFIXES and directory:
+        raise InputError(
+            f"{output}: an hdf5 name ({suffix}) for a directory; an hdf5 output is one file (name it without the "
+            "trailing slash), Parquet is a directory (name it .parquet)"
+        )
+    if suffix in HDF5_SUFFIXES:
+        return HDF5
+    if suffix in PARQUET_SUFFIXES or directory:
+        return PARQUET
+    return HDF5 if path.is_file() else None
+
+
+def output_format(output: str, requested: str | None) -> str:
+    """The output format: OUTPUT's name decides (see _format_by_path); ``--format`` may confirm it, or decide for a
+    name that says nothing. A name that says nothing without --format, or one --format contradicts, is one
+    InputError: guessing wrong costs a whole job (an hdf5 *file* named ``out`` where a directory was meant)."""
+    by_path = _format_by_path(output)
+    if requested and by_path and requested != by_path:
+        what = "an hdf5 file" if by_path == HDF5 else "a Parquet directory"
+        raise InputError(
+            f"--format {requested} contradicts OUTPUT {output}, which names {what}; drop --format or rename OUTPUT "
+            "(.h5/.hdf5: an hdf5 file; .parquet or a trailing /: a Parquet directory)"
+        )
+    if requested or by_path:
+        return requested or by_path
+    raise InputError(
+        f"{output}: cannot tell the output format from the name; end it in .h5/.hdf5 for an hdf5 file, in .parquet "
+        "or / for a Parquet directory, or pass --format hdf5|parquet"
+    )
 
 
 # -- what to write -------------------------------------------------------------------------------------------------

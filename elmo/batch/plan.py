@@ -19,7 +19,6 @@ log = logging.getLogger("elmo.batch")
 
 TEXT, JSONL = "text", "jsonl"
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
 # One runtime call gets a length-sorted *window* of a shard: as many tokens as make WINDOW_BYTES of float32
 # vectors (at least one batch). The runtime plans its batches over the whole window (the more it sees, the less
 # padding), and memory holds at most PREFETCH + 2 windows, whatever the input's size.
@@ -73,9 +72,11 @@ def _line_text(raw: bytes, line_index: int, path: Path) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        # the same way out as elmo.text.files gives (which reads whole files: this scan streams, line by line)
         raise InputError(
             f"{path}: line {line_index + 1} is not valid UTF-8 (byte {exc.start + 1} of the line is "
-            f"{raw[exc.start : exc.start + 1]!r})"
+            f"{raw[exc.start : exc.start + 1]!r}); convert it first, e.g. `iconv -f GB18030 -t UTF-8 {path} > "
+            f"{path.stem}.utf8{path.suffix}` for Chinese text"
         ) from None
     if text.endswith("\n"):
         text = text[:-1]

@@ -8,6 +8,11 @@ which holds one runtime session per actor (created once, in ``__init__``) and ru
 temporary name, rename. The driver commits each shard to the log as its result streams back, so a killed Ray job
 resumes like a local one. Actors ask for one GPU each when the cluster has GPUs, else ``--threads`` CPUs.
 
+Actors are not restarted by Ray (``max_restarts=0``): Ray Data's default (restart forever, retry forever) would loop
+on a shard that kills its actor (out of memory) and makes the driver's core worker print an ``E ... core_worker.cc``
+line on every job (an actor restarted with constructor arguments in the object store, ray#53727). A dead actor
+ends the job with one line instead; the committed shards stay, and the same command resumes from them.
+
 Paths must be visible to every node (a shared filesystem), as for any Ray Data file source. Imports no torch.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -98,27 +104,54 @@ def embed_shards_on_ray(
         ray.init(address=options.ray_address, include_dashboard=False, logging_level=logging.WARNING)
         log.info("ray: connected in %.1f s (%s)", time.perf_counter() - began, ray.cluster_resources())
     try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # ours (tqdm, in the driver) already counts sentences
-        context.print_on_execution_start = False
+        _quiet_ray_data(ray.data.DataContext.get_current())
         workers, resources = _actor_resources(options, ray.cluster_resources())
         workers = min(workers, len(pending))
         log.info("ray: %d shards on %d actors, %s each", len(pending), workers, resources)
         options = _absolute(options)
         light_plan = dataclasses.replace(plan, path=plan.path.resolve(), shards=[])
         rows = [dataclasses.asdict(shard) for shard in pending]
-        results = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            ShardEmbedder,
-            fn_constructor_kwargs={
-                "plan": light_plan,
-                "options": options,
-                "layout": layout,
-                "directory": str(job.path.resolve()),
-            },
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=workers),
-            **resources,
-        )
+        with warnings.catch_warnings():
+            # Ray 2.60 has no named parameter for max_restarts yet and calls the generic way deprecated; the
+            # pinned ray[data]==2.60.0 takes it (Ray Data's own comment names map_batches(..., max_restarts=0)).
+            warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated", DeprecationWarning)
+            results = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+                ShardEmbedder,
+                fn_constructor_kwargs={
+                    "plan": light_plan,
+                    "options": options,
+                    "layout": layout,
+                    "directory": str(job.path.resolve()),
+                },
+                batch_size=1,
+                compute=ray.data.ActorPoolStrategy(size=workers),
+                max_restarts=0,  # see the module's docstring: a rerun resumes; Ray's endless restarts may not end
+                **resources,
+            )
+        _commit_rows(results, job, progress)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _quiet_ray_data(context) -> None:
+    """Ray Data's own progress output off: ours (tqdm, in the driver) already counts sentences. Ray Data warns that
+    its bars are off, advice for a choice made here on purpose: that one warning is dropped, nothing else."""
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data._internal.progress").addFilter(
+        lambda record: not record.getMessage().startswith("Progress bars disabled")
+    )
+
+
+def _commit_rows(results, job: JobDirectory, progress: Progress) -> None:
+    """Commit each shard as its row streams back; a user error from an actor, or an actor that died (out of
+    memory, a lost node), ends the job with one line."""
+    import ray.exceptions
+
+    died = (ray.exceptions.ActorDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+            ray.exceptions.OutOfMemoryError)  # fmt: skip
+    try:
         for row in results.iter_rows():
             if row["error"]:
                 kind, _, message = str(row["error"]).partition("\t")
@@ -126,6 +159,9 @@ def embed_shards_on_ray(
             entry = {name: (str(row[name]) if name == "file" else int(row[name])) for name in _ENTRY_FIELDS}
             job.commit(entry)
             progress(entry["n_lines"], entry["tokens"])
-    finally:
-        if started_here:
-            ray.shutdown()
+    except died as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ElmoError(
+            f"a Ray actor died ({type(exc).__name__}: {first[:300]}); {len(job.committed)} shards are committed in "
+            f"{job.path}: run the same command again to resume"
+        ) from None

@@ -407,7 +407,9 @@ def test_batch_job_imports_no_torch(tmp_path, tiny_model_dir):
 
 
 # -- Ray -----------------------------------------------------------------------------------------------------------
-def test_ray_engine_matches_local(tmp_path, tiny_model_dir, capsys):
+def test_ray_engine_matches_local(tmp_path, tiny_model_dir, capfd):
+    """capfd, not capsys: the driver's core worker (C++) writes to file descriptor 2 itself. Its `E... core_worker.cc`
+    line (Ray Data's actors restarted with constructor arguments in the object store) came on every job."""
     ray = pytest.importorskip("ray")
     source = write_lines(tmp_path / "in.txt", corpus(90))
     too_long = write_lines(tmp_path / "long.txt", ["fine", "a " * (LOCAL_MAX_TOKENS_PER_SENTENCE + 1)])
@@ -415,19 +417,21 @@ def test_ray_engine_matches_local(tmp_path, tiny_model_dir, capsys):
     assert embed_file(source, tmp_path / "local.parquet", *args) == 0
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
-        assert embed_file(source, tmp_path / "ray.parquet", *args, "--engine", "ray") == 0
+        capfd.readouterr()
+        assert embed_file(source, f"{tmp_path / 'ray'}/", *args, "--engine", "ray") == 0  # a directory: Parquet
         assert embed_file(source, tmp_path / "ray.h5", *args, "--engine", "ray") == 0
-        capsys.readouterr()
+        err = capfd.readouterr().err
+        assert "core_worker.cc" not in err and "Progress bars disabled" not in err, err
         assert embed_file(too_long, tmp_path / "long.h5", *args, "--engine", "ray") == 2  # raised inside an actor
-        (line,) = error_lines(capsys.readouterr().err)
+        (line,) = error_lines(capfd.readouterr().err)
         assert line.startswith(
             f"elmo embed-file: error: {too_long.resolve()}: line 2 has 100001 tokens, over the limit of 100000 "
             "per sentence; split it, or ask for overflow 'window'"
         )
     finally:
         ray.shutdown()
-    assert_same_output(tmp_path / "ray.parquet", tmp_path / "local.parquet", "parquet")
-    manifest = json.loads((tmp_path / "ray.parquet" / "_manifest.json").read_text())
+    assert_same_output(tmp_path / "ray", tmp_path / "local.parquet", "parquet")
+    manifest = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
     assert [s["first_line"] for s in manifest["shards"]] == [0, 20, 40, 60, 80]
     local_rows = {r[0]: r[3] for r in iter_parquet(tmp_path / "local.parquet")}
     for key, vectors in read_hdf5(tmp_path / "ray.h5").items():
@@ -538,16 +542,6 @@ def test_connection_flags_need_a_server(tmp_path, tiny_model_dir, capsys):
     (err,) = error_lines(capsys.readouterr().err)
     assert f"{missing}: cannot read the TLS root certificate" in err
     assert list(tmp_path.glob("o.h5*")) == []
-
-
-def test_empty_input_gives_an_empty_but_complete_output(tmp_path, tiny_model_dir):
-    source = tmp_path / "empty.txt"
-    source.write_bytes(b"")
-    assert embed_file(source, tmp_path / "e.h5", "--model", tiny_model_dir) == 0
-    assert read_hdf5(tmp_path / "e.h5") == {"sentence_to_index": np.array([b"{}"], dtype=object)}
-    assert embed_file(source, tmp_path / "e.parquet", "--model", tiny_model_dir) == 0
-    assert json.loads((tmp_path / "e.parquet" / "_manifest.json").read_text())["shards"] == []
-    assert list(iter_parquet(tmp_path / "e.parquet")) == []
 
 
 def test_ray_actors_ask_for_a_gpu_each_when_the_cluster_has_gpus(tmp_path):
