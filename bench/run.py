@@ -1,6 +1,7 @@
 """``elmo bench``: tokens/s and latency of the project's PyTorch eager BiLM vs the onnxruntime runtime.
 
     elmo bench                                   # models/default (if present) + ELMo-small + ELMo-original shapes
+                                                 # -> ./bench-results/cpu.json and cpu.md (--out, --name, --force)
     elmo bench --model DIR --shapes small --batch-sizes 1 8 64 --threads 2 --seconds 20
 
 For every model and batch size the same sentences (batches of B, in order) go through: ``torch eager``
@@ -9,8 +10,10 @@ on the batch sorted by length and cut by the runtime's own batch planner: PyTorc
 ``ort`` (``Embedder.embed_tokens`` with the token cache off: the distinct-token char-CNN + Scan biLSTM path)
 and ``ort+cache`` (the same with a warm LRU cache of token vectors, as a long-running server has it). The
 engines take turns batch by batch, so the machine's load hits them alike. Random-weight models of the
-published shapes are written and exported once under runs/bench-models/. Results: bench/results/<name>.json
-and .md (a Markdown table). Benchmarks, not tests.
+published shapes are written and exported once under ``--models-cache`` (default OUT/models/). Results:
+OUT/<name>.json and .md (a Markdown table), OUT being ``--out`` (default ./bench-results/, in the current
+directory: never inside the installed package); an existing result is kept unless ``--force``. Benchmarks, not
+tests.
 
 Before anything is timed, every engine embeds the first ``--check-sentences`` sentences (in batches of the size
 being measured, after the token cache's warm-up) and each is compared with the same model in PyTorch float64 under
@@ -31,12 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from elmo.errors import ElmoError
+from elmo.errors import ElmoError, InputError
 from elmo.text.chars import batch_to_char_ids
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
-MODELS_CACHE = REPO / "runs" / "bench-models"
+DEFAULT_OUT = Path("bench-results")  # relative: under the directory the user runs `elmo bench` in
 DEFAULT_MODEL = REPO / "models" / "default"
 ENGINES = ("torch eager", "torch sorted", "ort", "ort+cache")
 
@@ -81,11 +83,11 @@ def text_sentences(path: Path, n: int) -> list[list[str]]:
     return [tokenize(line).tokens for line in lines[:n] if tokenize(line).tokens]
 
 
-def random_shape_model(shape: str) -> Path:
-    """runs/bench-models/<shape>: random weights of a published shape, exported by this exporter (once)."""
+def random_shape_model(shape: str, cache: Path) -> Path:
+    """``cache``/<shape>: random weights of a published shape, exported by this exporter (once)."""
     from elmo.export.random_model import cached_random_model
 
-    return cached_random_model(MODELS_CACHE / shape, shape)
+    return cached_random_model(cache / shape, shape)
 
 
 # -- measurement ---------------------------------------------------------------------------------------------------
@@ -298,13 +300,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="absolute bound for that check in place of the export's rule for the graph's dtype",
     )
     parser.add_argument("--text", type=Path, default=None, help="one sentence per line instead of synthetic text")
-    parser.add_argument("--name", default="cpu", help="results file name under bench/results/")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="cpu", help="results file name: OUT/NAME.json and OUT/NAME.md")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default ./{DEFAULT_OUT}/ in this directory)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite OUT/NAME.json and .md if they exist")
+    parser.add_argument(
+        "--models-cache", type=Path, default=None, help="random-weight shapes exported here (default OUT/models)"
+    )
+
+
+def result_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    """OUT/NAME.json and OUT/NAME.md, refused before anything is measured (a run can take an hour) when NAME is not
+    a plain file name or a result is already there and --force was not given."""
+    if not args.name or Path(args.name).name != args.name or args.name in (".", ".."):
+        raise InputError(f"--name {args.name!r}: a file name, without folders (the folder is --out)")
+    paths = (args.out / f"{args.name}.json", args.out / f"{args.name}.md")
+    existing = [path for path in paths if path.exists()]
+    if existing and not args.force:
+        raise InputError(f"{existing[0]} already exists; pass --force to overwrite it, or choose another --name")
+    return paths
 
 
 def run(args: argparse.Namespace) -> int:
+    json_path, md_path = result_paths(args)
     models = list(args.model or ([DEFAULT_MODEL] if (DEFAULT_MODEL / "onnx.json").is_file() else []))
-    models += [random_shape_model(shape) for shape in args.shapes]
+    models += [random_shape_model(shape, args.models_cache or args.out / "models") for shape in args.shapes]
     if args.text:
         sentences, workload = text_sentences(args.text, args.sentences), f"{args.text.name} (first lines)"
     else:
@@ -337,9 +358,9 @@ def run(args: argparse.Namespace) -> int:
         results["models"].append(entry)
     results["environment"]["load_after"] = [round(v, 1) for v in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
-    (args.out / f"{args.name}.md").write_text(table)
+    md_path.write_text(table)
     print(table)
-    print(f"wrote {args.out / (args.name + '.json')} and {args.out / (args.name + '.md')}")
+    print(f"wrote {json_path.resolve()} and {md_path.resolve()}")
     return 0
