@@ -149,3 +149,50 @@ def test_report_writes_table_and_plots(model_dir, tmp_path, capsys):
     assert apple["layers"][0]["within_sense"] == pytest.approx(1.0, abs=1e-5)
     assert apple["layers"][0]["across_sense"] == pytest.approx(1.0, abs=1e-5)
     assert len(apple["layers"]) == 3 and len(apple["sentences"]) == 8
+
+
+# Every user file `elmo mix train` reads, saved as GB18030 (Chinese text from Windows tools often is): one line
+# naming the file, the byte, the line and iconv; exit 2, nothing stored, nothing cached. Was a UnicodeDecodeError.
+CHINESE_FILES = {  # case -> (files: name -> text, the arguments); the last file in the arguments is in GB18030
+    "conll --data": ({"train.conll": "苹果 NN\n很 AD\n\n好 VA\n"}, ["--data", "train.conll", "--kind", "tagging"]),
+    "tokens --data": (
+        {"t.labels": "DET NOUN\nNN AD\n", "t.txt": "the cat\n苹果 很\n"},
+        ["--labels", "t.labels", "--data", "t.txt", "--kind", "tagging"],
+    ),
+    "tsv --data": ({"s.tsv": "pos\tgood\nneg\t很难吃\n"}, ["--data", "s.tsv", "--kind", "classification"]),
+    "--labels": (
+        {"s.txt": "good\nbad\n", "s.labels": "正面\n负面\n"},
+        ["--data", "s.txt", "--labels", "s.labels", "--kind", "classification"],
+    ),
+    "--dev": (
+        {"s.tsv": "pos\tgood\nneg\tbad\n", "dev.tsv": "pos\t好吃\n"},
+        ["--data", "s.tsv", "--dev", "dev.tsv", "--kind", "classification"],
+    ),
+    "--test": (
+        {"s.tsv": "pos\tgood\nneg\tbad\n", "test.tsv": "pos\tfine\nneg\t难吃\n"},
+        ["--data", "s.tsv", "--test", "test.tsv", "--kind", "classification"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CHINESE_FILES))
+def test_a_gb18030_file_is_one_line_naming_it(model_dir, tmp_path, capsys, case):
+    files, args = CHINESE_FILES[case]
+    chinese = [name for name in args if name in files][-1]
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(text.encode("gb18030" if name == chinese else "utf-8"))
+    arguments = [str(tmp_path / value) if value in files else value for value in args]
+    code = _train(model_dir, tmp_path, "--task", "zh", *arguments)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    path = tmp_path / chinese
+    bad = files[chinese].encode("gb18030")
+    with pytest.raises(UnicodeDecodeError) as decoding:  # (some GB18030 byte pairs are valid UTF-8 by chance)
+        bad.decode("utf-8")
+    start = decoding.value.start
+    line = bad.count(b"\n", 0, start) + 1
+    assert err.splitlines() == [
+        f"elmo mix: error: {path}: not UTF-8 (byte 0x{bad[start]:02x} on line {line}); convert it first, e.g. "
+        f"`iconv -f GB18030 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}` for Chinese text"
+    ]
+    assert not (model_dir / "tasks" / "zh").exists() and not (tmp_path / "cache").exists()
