@@ -101,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
     train.add_argument("--dry-run", action="store_true", help="train and print metrics but store nothing")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar (features, on stderr)")
 
     listing = sub.add_parser("list", help="list the tasks of a model directory")
     listing.add_argument("--model", required=True)
@@ -224,6 +225,10 @@ def model_key(model_dir: Path) -> str:
 
 
 def compute_features(args: argparse.Namespace, data: TaskData, cache_name: str) -> dict:
+    """Each split through the biLM once (the long part of a first run: minutes for MSRA NER), with a tqdm bar on
+    stderr per split; chunks of 256 sentences so that the bar moves on a small file too."""
+    from tqdm import tqdm
+
     from elmo.runtime import Embedder
     from elmo.runtime.feature_cache import cache_features
 
@@ -232,10 +237,13 @@ def compute_features(args: argparse.Namespace, data: TaskData, cache_name: str) 
     out = {}
     for split, part in data.splits.items():
         started = time.perf_counter()
+        bar = tqdm(total=len(part), unit="sent", desc=f"features {split}", disable=args.no_progress, dynamic_ncols=True)
         out[split] = cache_features(
-            embedder.embed_tokens, part.sentences, args.cache, f"{cache_name}.{split}", key,
-            progress=lambda done, total, s=split: log.info("features %s: %d/%d sentences", s, done, total),
+            embedder.embed_tokens, part.sentences, args.cache, f"{cache_name}.{split}", key, chunk=256,
+            progress=lambda done, total, bar=bar: bar.update(done - bar.n),
         )  # fmt: skip
+        bar.update(len(part) - bar.n)  # a cached split: complete at once
+        bar.close()
         log.info("features %s/%s: %d sentences, %d tokens, %.1fs", cache_name, split, len(part), part.n_tokens,
                  time.perf_counter() - started)  # fmt: skip
     return out

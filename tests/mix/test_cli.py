@@ -196,3 +196,14 @@ def test_a_gb18030_file_is_one_line_naming_it(model_dir, tmp_path, capsys, case)
         f"`iconv -f GB18030 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}` for Chinese text"
     ]
     assert not (model_dir / "tasks" / "zh").exists() and not (tmp_path / "cache").exists()
+
+
+def test_features_show_a_progress_bar_unless_asked_not_to(model_dir, tmp_path, capsys):
+    """The biLM pass over each split (minutes on a real data set) was silent: a tqdm bar per split on stderr."""
+    tokens, labels = _tagging_files(tmp_path, n=300)  # dev: every 10th sentence (30), train: the other 270
+    args = ["--task", "bar", "--data", str(tokens), "--labels", str(labels), "--kind", "tagging", "--dry-run"]
+    assert _train(model_dir, tmp_path, *args) == 0
+    err = capsys.readouterr().err.replace("\r", "\n")
+    assert "features train: 100%" in err and "270/270" in err and "features dev: 100%" in err and "30/30" in err
+    assert _train(model_dir, tmp_path, *args, "--no-progress") == 0  # from the cache: a bar would be 100 % at once
+    assert "features train:" not in capsys.readouterr().err
