@@ -78,7 +78,8 @@ def check_options(options: JobOptions) -> None:
 def run_job(options: JobOptions) -> JobResult:
     """The whole job: scan, resume or start, embed the pending shards (local or Ray), finish. Idempotent."""
     check_options(options)
-    plan = scan_input(options.input, detect_input_format(options.input, options.input_format), options.shard_lines)
+    input_format = detect_input_format(options.input, options.input_format)
+    plan = scan_input(options.input, input_format, options.shard_lines, options.progress)
     if plan.n_lines == 0:  # an empty output that exits 0 reads as success; a wrong or truncated INPUT is likelier
         raise InputError(f"{options.input}: the input is empty (no lines to embed); nothing written")
     backend = make_backend(options)

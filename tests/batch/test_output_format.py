@@ -131,3 +131,15 @@ def test_a_gb18030_input_is_one_line_with_the_way_out(tmp_path, tiny_model_dir, 
         f"first, e.g. `iconv -f GB18030 -t UTF-8 {source} > zh.utf8.txt` for Chinese text"
     )
     assert written(tmp_path, source) == []
+
+
+def test_the_input_check_shows_progress(tmp_path, tiny_model_dir, capsys):
+    """The scan that checks every line before any work (40 s for a 1 GB corpus) was silent: a bar over its bytes,
+    then the embedding's bar; neither with --no-progress."""
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES), encoding="utf-8")
+    assert cli(["embed-file", str(source), str(tmp_path / "a.h5"), "--model", str(tiny_model_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "checking input" in err and "embed-file" in err and "sent/s" in err
+    assert embed_file(source, tmp_path / "b.h5", "--model", tiny_model_dir) == 0
+    assert "checking input" not in capsys.readouterr().err

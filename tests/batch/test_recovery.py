@@ -524,6 +524,7 @@ def test_ray_job_killed_mid_way_resumes_without_recomputing(tmp_path, tiny_model
         ray.shutdown()
     assert result.returncode == 0, result.stderr[-3000:]
     assert "core_worker.cc" not in result.stderr, result.stderr[-3000:]  # Ray's E line on every job (issue 30)
+    assert f"ray: connecting to {address} ..." in result.stderr  # said before the seconds ray.init takes
     resumed_lines = sum(entry["n_lines"] for entry in entries)
     assert f"this run embedded {120 - resumed_lines} sentences" in result.stdout
     assert f"{resumed_lines} resumed from an earlier run" in result.stdout
