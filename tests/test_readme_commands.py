@@ -8,6 +8,10 @@ cannot drift from what is tested. README's Python blocks run against the served 
   written (the `served` fixture), and must reach grpc.health SERVING; while it is up the tour's commands (client
   CLI, health probe, curl of /metrics) and the Python snippet run against it; the last test stops it with SIGTERM,
   which must drain and exit 0.
+- Those commands name `make serve`'s own ports, 50051/8080/9090, so they cannot move to free ones. When something
+  already holds one (most likely the user's own `make serve`), every test that needs them skips with the one reason
+  readme_ports_decision gives, and the rest of the file runs; in CI (a fresh machine) that is a failure instead, so
+  the README's serving commands are never silently dropped there. Every other server in the suite picks a free port.
 - The tour's batch-job and mix lines run in a scratch folder holding the files a user would have (a corpus, a
   CoNLL file) and a copy of models/default, so the new task is not written into the shipped model.
 - The pipeline block (fetch, train, the whole recipe, eval, baseline, export, serve) runs in
@@ -27,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -41,6 +46,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
 from elmo.wire import from_tensor
+from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -299,13 +305,43 @@ def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
 
 
 def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """Nothing listens on ``port``: it binds on IPv4's and (where the host has IPv6) IPv6's any-address, as a server
+    would. SO_REUSEADDR: a connection of an earlier run left in TIME_WAIT does not count as taken."""
+    families = [(socket.AF_INET, "0.0.0.0")] + ([(socket.AF_INET6, "::")] if socket.has_ipv6 else [])
+    for family, host in families:
         try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # IPv6 compiled in but switched off on this host
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
     return True
+
+
+README_PORTS = (GRPC_PORT, HTTP_PORT, METRICS_PORT)  # `make serve`'s, as the README's commands name them
+
+
+def readme_ports_decision(ports: tuple[int, ...] = README_PORTS, ci: bool | None = None) -> tuple[str, str] | None:
+    """Whether the README's port-bound commands (`make serve` and what talks to it on ``ports``) can run here: None
+    when every port is free; else ("skip", why) on a developer's machine, where the taken port is most likely their
+    own `make serve`, and ("fail", why) in CI (``ci``: None reads the environment), where a fresh machine has
+    nothing there and a skip would silently drop the README's serving commands."""
+    taken = [port for port in ports if not port_is_free(port)]
+    if not taken:
+        return None
+    held, listed = "/".join(map(str, taken)), "/".join(map(str, ports))
+    plural = len(taken) > 1
+    subject = f"port{'s' if plural else ''} {held}" + (f" of {listed}" if len(taken) < len(ports) else "")
+    subject += " are" if plural else " is"
+    if in_ci() if ci is None else ci:
+        return "fail", f"{subject} in use: CI is set, so the README's port-bound commands must run, not skip"
+    return "skip", f"{subject} in use (your own `make serve`?): the README's port-bound commands are skipped"
 
 
 def fresh_shell_environment() -> dict[str, str]:
@@ -390,14 +426,94 @@ def health_status(address: str) -> int | None:
         return None
 
 
+def listening_socket(family: socket.AddressFamily = socket.AF_INET, host: str = "127.0.0.1") -> socket.socket:
+    """A socket listening on a port the system picks, as another server on this machine would hold it."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, 0))
+    sock.listen()
+    return sock
+
+
+def released_port() -> int:
+    """A port that was free a moment ago: bound, then let go (nothing listens there now)."""
+    with listening_socket() as sock:
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::1")]
+)
+def test_a_port_held_by_another_server_is_not_free(family, host) -> None:
+    try:
+        held = listening_socket(family, host)
+    except OSError as error:  # a host without IPv6
+        pytest.skip(f"cannot listen on {host}: {error}")
+    with held:
+        port = held.getsockname()[1]
+        assert not port_is_free(port)
+    assert port_is_free(port)  # let go: free again
+
+
+def test_readme_ports_held_elsewhere_skip_with_one_message_and_fail_in_ci() -> None:
+    free = released_port()
+    with listening_socket() as first, listening_socket() as second:
+        a, b = first.getsockname()[1], second.getsockname()[1]
+        skipped = "(your own `make serve`?): the README's port-bound commands are skipped"
+        assert readme_ports_decision((a, b), ci=False) == ("skip", f"ports {a}/{b} are in use {skipped}")
+        assert readme_ports_decision((free, a), ci=False) == ("skip", f"port {a} of {free}/{a} is in use {skipped}")
+        verdict, why = readme_ports_decision((free, a, b), ci=True)
+        assert verdict == "fail" and why.startswith(f"ports {a}/{b} of {free}/{a}/{b} are in use: CI is set"), why
+    assert readme_ports_decision((free, a, b), ci=False) is None  # all let go: the port-bound tests run
+    assert readme_ports_decision((free, a, b), ci=True) is None
+
+
+HELD_PORTS_PLUGIN = """\
+def pytest_collection_modifyitems(items):
+    import tests.test_readme_commands as readme
+
+    readme.README_PORTS = {ports!r}  # stand-ins for 50051/8080/9090, held by the test that runs this
+"""
+
+
+@pytest.mark.parametrize("ci", [None, "1"])
+def test_taken_readme_ports_skip_only_the_served_tests(tmp_path, ci) -> None:
+    """End to end, in a pytest of its own: with the ports held, the `served` fixture's test skips with the one
+    message (an error in CI) and a test of the same file that needs no server still passes."""
+    with listening_socket() as grpc_, listening_socket() as http, listening_socket() as metrics:
+        ports = tuple(sock.getsockname()[1] for sock in (grpc_, http, metrics))
+        (tmp_path / "held_ports.py").write_text(HELD_PORTS_PLUGIN.format(ports=ports))
+        env = {key: value for key, value in os.environ.items() if key not in ("CI", "PYTEST_ADDOPTS")}
+        env["CI"] = ci or ""
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO)])
+        tests = ("test_readme_serve_command_serves_embeds_and_stops_cleanly", "test_ci_runs_the_readme_test_command")
+        nodes = [f"{Path(__file__).relative_to(REPO)}::{name}" for name in tests]
+        command = [sys.executable, "-m", "pytest", "-p", "held_ports", "-p", "no:cacheprovider", "-rsE", *nodes]
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    listed = "/".join(map(str, ports))
+    if ci:
+        assert done.returncode == 1 and "1 passed, 1 error" in out, out
+        assert f"ports {listed} are in use: CI is set" in out, out
+    else:
+        assert done.returncode == 0 and "1 passed, 1 skipped" in out, out
+        skipped = "(your own `make serve`?): the README's port-bound commands are skipped"
+        assert f"ports {listed} are in use {skipped}" in out, out
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[tuple[subprocess.Popen, Path]]:
     """The README's serve command running in the background until SERVING; stopped (hard) at the end if still up."""
     assert (DEFAULT_MODEL / "model.onnx").is_file(), (
         f"{DEFAULT_MODEL}/model.onnx is missing: `make serve` serves the shipped default model"
     )
-    for port in (GRPC_PORT, HTTP_PORT, METRICS_PORT):
-        assert port_is_free(port), f"port {port} is taken: stop whatever listens there before running this test"
+    decision = readme_ports_decision(README_PORTS)  # taken (the user's own `make serve`?): one skip, all its tests
+    if decision is not None:
+        verdict, why = decision
+        if verdict == "fail":
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
     command = readme_command(README.read_text(), "make serve")
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log_path, "wb") as log:
