@@ -2,7 +2,11 @@
 #   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra, plus the
 #                `gpu` extra where `nvidia-smi -L` lists a GPU)
 #   make test    install everything the tests need into .venv (the README's OpenAI-compatible clients into
-#                .venv-clients, Debian's chromium for the browser test), run them
+#                .venv-clients, Debian's chromium for the browser test), run them all (what CI runs), then list the
+#                25 slowest
+# and, for the inner loop:
+#   make check   ruff and the fast tier, `pytest -m "not slow"` (under 3 minutes on 2 cores; .venv only: no
+#                .venv-clients, no chromium). tests/conftest.py says which tests are slow and how that was chosen.
 PYTHON ?= python3
 VENV ?= .venv
 SERVE_VENV ?= .venv-serve
@@ -12,7 +16,7 @@ PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
-.PHONY: test serve lint clean proto browser
+.PHONY: test check serve lint clean proto browser
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +51,11 @@ browser:
 
 test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=25
+
+check: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -m "not slow"
 
 # The flavour is decided when `make serve` runs (SERVE_FLAVOUR=cpu|gpu overrides): nvidia-smi ships with the driver.
 serve:
