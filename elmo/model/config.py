@@ -6,8 +6,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from elmo.errors import ConfigError, ElmoError
+from elmo.errors import ConfigError, DataError, ElmoError
 from elmo.text.chars import MAX_CHARS, N_CHAR_IDS
+from elmo.text.files import read_user_text
 
 CONFIG_FILE = "config.json"
 IGNORE = -100  # LM target id of padding and masked targets (F.cross_entropy's ignore_index)
@@ -130,10 +131,12 @@ class ModelConfig:
 
 def read_json_config(path: Path, what: str, error: type[ElmoError] = ConfigError) -> dict:
     """A JSON file's contents; a missing file or bad JSON raises ``error`` naming the file."""
-    if not path.is_file():
-        raise error(f"{path}: {what} not found")
     try:
-        return json.loads(path.read_text())
+        text = read_user_text(path, what)  # not found, or not UTF-8: one line naming the file
+    except DataError as exc:
+        raise error(str(exc)) from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc})") from None
 

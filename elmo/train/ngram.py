@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,10 @@ import numpy as np
 
 from elmo.errors import DataError
 from elmo.model.checkpoint import load_vocab
+from elmo.text.files import read_user_text
 from elmo.train.vocab import BOS_ID, EOS_ID, Vocab, read_sentences
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -166,14 +171,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     corpus = Path(args.corpus)
     vocab = Vocab(load_vocab(args.vocab or corpus / "vocab.txt"))
-    model = Directional.train(vocab, read_sentences(Path(args.train or corpus / "train.txt")), args.order)
+    train_path = Path(args.train or corpus / "train.txt")
+    started = time.perf_counter()
+    train_sentences = read_sentences(train_path)
+    log.info("counting %d-grams of %s (%d sentences)", args.order, train_path, len(train_sentences))
+    model = Directional.train(vocab, train_sentences, args.order)
+    del train_sentences
+    log.info("Kneser-Ney %d-gram ready in %.0f s; scoring", args.order, time.perf_counter() - started)
     # Without --text: the corpus' test splits, per language like `elmo eval-lm --report` (always tokenized); a
     # language the corpus has no test text for (e.g. `elmo data fetch --sources brown`) is left out, not scored.
     if args.text:
         texts = [(text, read_sentences(Path(text), tokenized=args.tokenized)) for text in args.text]
     else:
         splits = [corpus / f"test.{lang}.txt" for lang in ("en", "zh")]
-        present = [path for path in splits if path.is_file() and path.read_text(encoding="utf-8").strip()]
+        present = [path for path in splits if path.is_file() and read_user_text(path, "test split").strip()]
         texts = [(str(path), read_sentences(path)) for path in present]
         if not texts:
             raise DataError(f"{corpus}: test.en.txt and test.zh.txt hold no sentences")
