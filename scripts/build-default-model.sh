@@ -110,7 +110,7 @@ for i in $(seq 1 "$LAST"); do
     cp "${CONFIGS[$i]}" "$MODEL/train_config.stage$(( i + 1 )).json"
 done
 "$ELMO" export --model "$MODEL"
-"$ELMO" eval-lm --model "$MODEL" --report "$REPORT_CORPUS" --train-dir "${STAGES[$LAST]}"
+"$ELMO" eval-lm --model "$MODEL" --report "$REPORT_CORPUS" --train-dir "${STAGES[$LAST]}" --update-metrics
 
 "$ELMO" mix train --model "$MODEL" --task pos_brown --data brown-pos ${MIX_ARGS[@]+"${MIX_ARGS[@]}"}
 # MSRA NER trains on the package's whole split (49 K sentences): fewer, longer epochs; layer norm made no difference

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +22,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from elmo.errors import InputError
+from elmo.errors import DataError, InputError
 from elmo.model.bilm import BiLM, backward_targets
 from elmo.senses.benchmark import run_benchmark, summary
 from elmo.text.chars import BYTES, load_char_scheme
 from elmo.train.vocab import IGNORE, Vocab, length_batches, lm_arrays, read_sentences
 
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.json"
 
 @dataclass
 class LMScore:
@@ -59,16 +63,19 @@ def summed_nll(logits_source: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 @torch.no_grad()
 def score_sentences(
-    model: BiLM, vocab: Vocab, sentences: Sequence[Sequence[str]], tokens_per_batch: int = 4000
-) -> LMScore:
-    """Full-softmax forward/backward NLL sums over tokenized sentences (model put in eval mode temporarily)."""
+    model: BiLM, vocab: Vocab, sentences: Sequence[Sequence[str]], tokens_per_batch: int = 4000,
+    progress: str | None = None,
+) -> LMScore:  # fmt: skip
+    """Full-softmax forward/backward NLL sums over tokenized sentences (model put in eval mode temporarily).
+    ``progress``: the label of a progress bar over the sentences (a command's; training's validation has none)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     weight, bias = model.softmax.weight, model.softmax.bias
     fwd_total = bwd_total = 0.0
     tokens = 0
-    for batch in length_batches([len(s) for s in sentences], tokens_per_batch):
+    batches = length_batches([len(s) for s in sentences], tokens_per_batch)
+    for batch in _with_bar(batches, progress, len(sentences)):
         char_ids, targets = (torch.from_numpy(a).to(device) for a in lm_arrays([sentences[i] for i in batch], vocab))
         fwd_h, bwd_h, lengths = model.lm_hidden(char_ids)
         fwd_total += summed_nll(fwd_h[:, :-1].flatten(0, 1), weight, bias, targets[:, 1:].flatten())
@@ -76,6 +83,20 @@ def score_sentences(
         tokens += int((lengths - 1).sum())
     model.train(was_training)
     return LMScore(fwd_total, bwd_total, tokens)
+
+
+def _with_bar(batches: list, label: str | None, sentences: int):
+    """The batches, with a tqdm bar counting their sentences when ``label`` is given (a test split of the default
+    model takes minutes on 2 cores: without a bar the command looked hung)."""
+    if label is None:
+        yield from batches
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=sentences, desc=label, unit="sentence", mininterval=2, dynamic_ncols=True) as bar:
+        for batch in batches:
+            yield batch
+            bar.update(len(batch))
 
 
 def sense_scores(model: BiLM, char_scheme=BYTES, sentences_per_batch: int = 64) -> dict:
@@ -130,13 +151,17 @@ def test_report(
     on cut sentences can fail past the cut only), plus the training summary when the directory has one."""
     from elmo.train.ngram import Directional
 
-    baseline = Directional.train(vocab, read_sentences(corpus / "train.txt"), order=3)
+    train_text = read_sentences(corpus / "train.txt")
+    log.info("training the Kneser-Ney trigram baseline on %s (%d sentences)", corpus / "train.txt", len(train_text))
+    baseline = Directional.train(vocab, train_text, order=3)
+    del train_text
     report: dict = {"test": {}, "vocab_size": len(vocab), "oov": "targets outside vocab.txt are scored as <UNK>"}
     for lang in ("en", "zh"):
         path = corpus / f"test.{lang}.txt"
         sentences = read_sentences(path)
         parts = split_by_length(sentences)
-        scores = {name: score_sentences(model, vocab, part, tokens_per_batch) for name, part in parts.items()}
+        scores = {name: score_sentences(model, vocab, part, tokens_per_batch, progress=f"biLM test.{lang} {name}")
+                  for name, part in parts.items()}  # fmt: skip
         report["test"][lang] = {
             "file": str(path),
             "oov_rate": round(vocab.oov_rate(sentences), 5),
@@ -175,11 +200,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report",
         metavar="CORPUS",
-        help="instead of --text: test.{en,zh}.txt of this corpus folder, biLM vs KN trigram, JSON to --report-out",
+        help="instead of --text: test.{en,zh}.txt of this corpus folder, biLM vs KN trigram; the report is printed "
+        "(one JSON line) unless --report-out or --update-metrics says where to write it",
     )
-    parser.add_argument(
-        "--report-out", default=None, help="where --report writes its JSON (default MODEL/metrics.json)"
-    )
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--report-out", default=None, metavar="FILE", help="--report: write the report to FILE")
+    out.add_argument("--update-metrics", action="store_true",
+                     help="--report: merge the report into MODEL/metrics.json (other sections are kept)")  # fmt: skip
     parser.add_argument("--train-dir", default=None, help="--report: training run folder with train_state.json")
     parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
     parser.add_argument("--tokens-per-batch", type=int, default=4000)
@@ -191,27 +218,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.text and not args.report:
+        raise InputError("give --text FILE [FILE ...] or --report CORPUS")
+    if (args.report_out or args.update_metrics) and not args.report:
+        raise InputError("--report-out and --update-metrics go with --report CORPUS")
     model, tokens = load_model_and_vocab(args.model)
     vocab = Vocab(tokens, load_char_scheme(args.model))
     if args.report:
-        report = test_report(
-            model,
-            vocab,
-            Path(args.report),
-            Path(args.model),
-            args.tokens_per_batch,
-            args.train_dir and Path(args.train_dir),
-        )
-        out = Path(args.report_out or Path(args.model) / "metrics.json")
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        systems = ("bilm", "kn3_baseline")
-        print(json.dumps({lang: {k: r[k]["avg_ppl"] for k in systems} for lang, r in report["test"].items()}))
-        return 0
-    if not args.text:
-        raise InputError("give --text FILE [FILE ...] or --report CORPUS")
+        report = test_report(model, vocab, Path(args.report), Path(args.model), args.tokens_per_batch,
+                             args.train_dir and Path(args.train_dir))  # fmt: skip
+        return _write_report(report, args)
     for text in args.text:
         sentences = read_sentences(Path(text), tokenized=args.tokenized)
-        result = score_sentences(model, vocab, sentences, args.tokens_per_batch).report()
+        label = f"biLM {Path(text).name}"
+        result = score_sentences(model, vocab, sentences, args.tokens_per_batch, progress=label).report()
         if len(args.text) > 1:
             result["file"] = text
         result["oov_rate"] = round(vocab.oov_rate(sentences), 5)
@@ -219,4 +239,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["LMScore", "score_sentences", "test_report"]
+def _write_report(report: dict, args: argparse.Namespace) -> int:
+    """Only where the user pointed: stdout by default, ``--report-out FILE``, or merged into the model's own
+    metrics.json (``--update-metrics``). The summary (avg ppl per language and system) ends stdout when the report
+    went to a file."""
+    if args.report_out is None and not args.update_metrics:
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    if args.update_metrics:
+        out = Path(args.model) / METRICS_FILE
+        report = merge_metrics(out, report)
+    else:
+        out = Path(args.report_out)
+    write_json_atomically(out, report)
+    log.info("report written to %s", out)
+    systems = ("bilm", "kn3_baseline")
+    print(json.dumps({lang: {k: r[k]["avg_ppl"] for k in systems} for lang, r in report["test"].items()}))
+    return 0
+
+
+def merge_metrics(path: Path, report: dict) -> dict:
+    """``path``'s sections with the report's in their place: a section the report lacks (``training`` when the
+    model folder has no train_state.json, as the shipped models/default) is kept, never dropped."""
+    if not path.is_file():
+        return report
+    try:
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: not a JSON metrics file ({exc}); move it away or use --report-out") from None
+    if not isinstance(existing, dict):
+        raise DataError(f"{path}: not a JSON object; move it away or use --report-out")
+    return {**existing, **report}
+
+
+def write_json_atomically(path: Path, value: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+__all__ = ["LMScore", "merge_metrics", "score_sentences", "test_report"]

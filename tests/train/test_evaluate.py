@@ -106,3 +106,35 @@ def test_report_compares_both_languages_with_the_trigram(trained_tiny_lm, brown_
     assert list(report["test"]["zh"]["by_length"]) == ["<= 50 tokens"]
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["en"]["bilm"] == report["test"]["en"]["bilm"]["avg_ppl"]
+
+
+def test_report_writes_only_where_the_user_points(tmp_path, capsys):
+    """`eval-lm --report` prints; the tracked models/default/metrics.json was rewritten (its `training` section
+    dropped) by the README's command before issue 30. --update-metrics merges, --report-out writes a new file."""
+    torch.manual_seed(2)
+    model_dir = tmp_path / "model"
+    save_model(BiLM(tiny(vocab_size=len(TOKENS))), model_dir, TOKENS)
+    shipped = {"test": {"en": {"stale": True}}, "training": {"steps": 7, "tokens": 99}, "note": "kept"}
+    (model_dir / "metrics.json").write_text(json.dumps(shipped))
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("the cat sat\nthe cat\n" * 5)
+    (corpus / "test.en.txt").write_text("the cat sat\ncat sat the\n")
+    (corpus / "test.zh.txt").write_text("猫\n")
+
+    assert main(["eval-lm", "--model", str(model_dir), "--report", str(corpus)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert set(report["test"]) == {"en", "zh"} and report["test"]["en"]["bilm"]["tokens"] == 8
+    assert "biLM test.en" in captured.err  # a progress bar over the sentences, not minutes of silence
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before  # nothing written
+
+    assert main(["eval-lm", "--model", str(model_dir), "--report", str(corpus), "--update-metrics"]) == 0
+    merged = json.loads((model_dir / "metrics.json").read_text())
+    assert merged["test"] == report["test"] and merged["training"] == shipped["training"] and merged["note"] == "kept"
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["en"]["bilm"] == report["test"]["en"]["bilm"]["avg_ppl"]
+
+    assert main(["eval-lm", "--model", str(model_dir), "--text", str(corpus / "test.zh.txt"), "--update-metrics"]) == 2
+    assert "go with --report" in capsys.readouterr().err
