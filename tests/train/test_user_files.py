@@ -80,7 +80,8 @@ def test_train_text_and_config(files, tmp_path, capsys):
     corpus = files["corpus"]
     config = {"model": {"char_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "projection_dim": 8,
                         "cell_dim": 16, "n_layers": 2},
-              "data": {"train": str(files["gb"]), "valid": str(corpus / "train.txt"), "vocab": str(corpus / "vocab.txt")},
+              "data": {"train": str(files["gb"]), "valid": str(corpus / "train.txt"),
+                       "vocab": str(corpus / "vocab.txt")},
               "train": {"max_steps": 1}}  # fmt: skip
     path = tmp_path / "train.json"
     path.write_text(json.dumps(config), encoding="utf-8")
