@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 from pathlib import Path
 
 from elmo.export.onnx_export import export_model
@@ -51,4 +53,9 @@ def run(args: argparse.Namespace) -> int:
     result = adapt(args.model, args.text, args.out, args.tokenized, settings_from(args), args.resume,
                    export=exporter, stop_after=args.stop_after)  # fmt: skip
     print(json.dumps(result, ensure_ascii=False))
-    return 0
+    if "stopped_by" not in result:
+        return 0
+    print(f"elmo adapt: stopped by {result['stopped_by']}; the adaptation so far is saved in {args.out} "
+          f"({result['spent_s']:.0f} s of the budget used); continue with: {result['resume']}",
+          file=sys.stderr)  # fmt: skip
+    return 128 + int(getattr(signal, result["stopped_by"]))

@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -51,17 +52,18 @@ from elmo.model.config import ModelConfig
 from elmo.runtime.modeldir import sha256_of
 from elmo.significance import paired_bootstrap, verdict
 from elmo.text.chars import load_char_scheme
+from elmo.train.budget import CommandClock, reserve_s, spent_in_earlier_runs, training_time_s
 from elmo.train.config import DataConfig, OptimConfig, TrainConfig
 from elmo.train.evaluate import score_sentences, sense_results
-from elmo.train.loop import OPTIMIZER_FILE, STATE_FILE, train
+from elmo.train.loop import OPTIMIZER_FILE, STATE_FILE, read_train_state, train
 from elmo.train.objective import init_bias_from_unigram, target_frequencies
+from elmo.train.stopping import StopRequest
 from elmo.train.vocab import Vocab, build_vocab, chunk_long, length_batches, read_sentences, write_vocab_file
 
 log = logging.getLogger(__name__)
 
 ADAPT_FILE = "adapt.json"
 WORK_DIR = "adapt"  # inside --out: the text split, the vocabulary, the softmax-fit run
-EXPORT_RESERVE_S = 120  # of the time budget, kept for the final scoring and the ONNX export
 MIN_TOKENS = 2000  # less text than this cannot both adapt a model and measure it
 
 
@@ -168,6 +170,8 @@ class Adaptation:
         self.model, self.text, self.out, self.tokenized, self.s = model, text, out, tokenized, settings
         self.work = out / WORK_DIR
         self.record: dict = {}
+        self.clock = CommandClock(settings.minutes * 60)
+        self.stop = StopRequest("elmo adapt")  # entered by adapt(); a bare Adaptation (the benchmark) ignores it
 
     # -- the record ----------------------------------------------------------------------------------------
     def open(self, resume: bool) -> None:
@@ -182,6 +186,9 @@ class Adaptation:
                 raise ConfigError(f"{path}: --resume needs the same --model and --text as the run it continues")
             # the schedule the run started with; only the thread count (which changes no result) may differ
             self.s = replace(AdaptSettings(**self.record["settings"]), threads=self.s.threads)
+            mark = self.record.get("training_mark")
+            elapsed = _train_elapsed(Path(mark["run"])) if mark else None
+            self.clock = CommandClock(self.s.minutes * 60, spent_in_earlier_runs(self.record, elapsed))
             return
         if path.is_file():
             raise ConfigError(f"{path}: {self.out} already holds an adaptation: --resume continues it, or choose "
@@ -193,6 +200,7 @@ class Adaptation:
                        "tokenized": self.tokenized, "settings": asdict(self.s), "started": time.time()}  # fmt: skip
 
     def save(self) -> None:
+        self.record["spent_s"] = round(self.clock.spent_s(), 1)
         self.out.mkdir(parents=True, exist_ok=True)
         tmp = self.out / (ADAPT_FILE + ".tmp")
         tmp.write_text(json.dumps(self.record, indent=1, ensure_ascii=False) + "\n")
@@ -230,37 +238,83 @@ class Adaptation:
     def measure_before(self) -> None:
         if "before" in self.record or self.record["split"]["new_softmax"]:
             return
-        self.record["before"] = measure(self.model, self._vocab(), self._heldout())
+        self._measure_before(self.model)
+
+    def _measure_before(self, model_dir: Path) -> None:
+        """The "before" scores, and how long they took: the final scoring repeats the same work (the reserve)."""
+        started = time.monotonic()
+        self.record["before"] = measure(model_dir, self._vocab(), self._heldout())
+        self.record["scoring_s"] = round(time.monotonic() - started, 1)
         self.save()
 
     def fit_softmax(self) -> None:
         if not self.record["split"]["new_softmax"] or "before" in self.record:
             return
         run = self.work / "softmax-fit"
-        budget = self.s.softmax_share * self._training_budget_s()
+        if "softmax_fit_budget_s" not in self.record:  # fixed when the fit starts, so that a resume keeps it
+            trainable = training_time_s(self.clock, reserve_s(None, self.clock.budget_s), 0.0)
+            self.record["softmax_fit_budget_s"] = round(self.s.softmax_share * trainable, 1)
         cfg = self._train_config(self.work / "start", lr=self.s.softmax_lr, epochs=min(self.s.epochs, 2.0),
-                                 max_time_s=budget, softmax_only=True)  # fmt: skip
-        state = train(cfg, run, resume=(run / STATE_FILE).is_file())
+                                 max_time_s=self.record["softmax_fit_budget_s"], softmax_only=True)  # fmt: skip
+        state = self._train(cfg, run)
+        if "stopped_by" in state:
+            return
         self.record["softmax_fit"] = {"steps": state["step"], "tokens": state["tokens"],
                                       "elapsed_s": round(state["elapsed_s"], 1)}  # fmt: skip
-        self.record["before"] = measure(run, self._vocab(), self._heldout())
-        self.save()
+        self._measure_before(run)
 
     def adapt(self, stop_after: int | None = None) -> bool:
         """Train; False when ``stop_after`` ended the run early (it is then resumable, like a killed one)."""
         if "adapt" in self.record:
             return True
-        start = self.work / "softmax-fit" if self.record["split"]["new_softmax"] else self.model
-        spent = self.record.get("softmax_fit", {}).get("elapsed_s", 0.0)
-        max_time_s = max(60.0, self._training_budget_s() - spent)
-        cfg = self._train_config(start, lr=self.s.lr, epochs=self.s.epochs, max_time_s=max_time_s)
-        state = train(cfg, self.out, resume=(self.out / STATE_FILE).is_file(), stop_after=stop_after)
+        cfg = self.adapt_config()
+        max_time_s = cfg.train.max_time_s
+        state = self._train(cfg, self.out, stop_after)
+        if "stopped_by" in state:
+            return False
         if stop_after is not None and state["step"] < cfg.train.max_steps and state["elapsed_s"] < max_time_s:
             return False
         self.record["adapt"] = {"steps": state["step"], "tokens": state["tokens"],
                                 "elapsed_s": round(state["elapsed_s"], 1)}  # fmt: skip
         self.save()
         return True
+
+    def adapt_config(self) -> TrainConfig:
+        """The training configuration of the adapt step (also what elmo.bench.wait_policy times). Its time budget
+        is what the command's budget still holds after the reserve for the final scoring and the export, plus what
+        an earlier run of this adaptation already trained (the loop counts its seconds across a resume)."""
+        start = self.work / "softmax-fit" if self.record["split"]["new_softmax"] else self.model
+        trained = _train_elapsed(self.out) or 0.0
+        reserve = reserve_s(self.record.get("scoring_s"), self.clock.budget_s)
+        max_time_s = training_time_s(self.clock, reserve, trained)
+        return self._train_config(start, lr=self.s.lr, epochs=self.s.epochs, max_time_s=max_time_s)
+
+    def _train(self, cfg: TrainConfig, run: Path, stop_after: int | None = None) -> dict:
+        """The training loop in ``run``, resumed when it holds a state; the record notes where the command's clock
+        stood when this training (re)started, so that a run killed mid-training is still counted on resume."""
+        elapsed = _train_elapsed(run)
+        self.record["training_mark"] = {"run": str(run), "spent_s": round(self.clock.spent_s(), 1),
+                                        "elapsed_s": elapsed or 0.0}  # fmt: skip
+        self.save()
+        state = train(cfg, run, resume=elapsed is not None, stop_after=stop_after, stop=self.stop)
+        self.record.pop("training_mark")
+        self.save()
+        return state
+
+    def resume_line(self) -> str:
+        """What a resumed adaptation says first: what is done and what is left of the budget."""
+        done = [name for name in ("split", "before", "softmax_fit", "adapt", "after", "export") if name in self.record]
+        trained = _train_elapsed(self.out)
+        training = f"; training trained {trained:.0f} s so far" if trained is not None and "adapt" not in done else ""
+        return (f"elmo adapt: resuming {self.out} (done: {', '.join(done) or 'nothing'}{training}); "
+                f"{self.clock.spent_s():.0f} s of the {self.clock.budget_s:.0f} s budget used, "
+                f"{max(0.0, self.clock.left_s()):.0f} s left")  # fmt: skip
+
+    def stopped(self) -> dict:
+        """The record saved; the result line of a run stopped by Ctrl-C / SIGTERM."""
+        self.save()
+        return {"stopped_by": self.stop.name, "out": str(self.out), "spent_s": self.record["spent_s"],
+                "resume": f"elmo adapt --model {self.model} --text {self.text} --out {self.out} --resume"}  # fmt: skip
 
     def finish(self, export: Exporter | None = None) -> dict:
         if "after" not in self.record:
@@ -272,6 +326,9 @@ class Adaptation:
         (self.out / OPTIMIZER_FILE).unlink(missing_ok=True)  # a finished adaptation is not resumed
         self.record["finished"] = time.time()
         self.save()
+        if self.record["spent_s"] > self.clock.budget_s * 1.1:
+            log.warning("the adaptation took %.1f minutes, over the --minutes %g budget: scoring and export alone "
+                        "took longer than the budget allowed", self.record["spent_s"] / 60, self.s.minutes)  # fmt: skip
         before, after = self.record["before"], self.record["after"]
         return {
             "before_ppl": before["avg_ppl"], "after_ppl": after["avg_ppl"],
@@ -281,7 +338,7 @@ class Adaptation:
             "senses_before": before["senses"], "senses_after": after["senses"],
             "senses_change": senses_change(before, after),
             "softmax_fitted": self.record["split"]["new_softmax"], "stale_tasks": carried,
-            "minutes": round((self.record["finished"] - self.record["started"]) / 60, 1), "out": str(self.out),
+            "minutes": round(self.record["spent_s"] / 60, 1), "out": str(self.out),
         }  # fmt: skip
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -301,9 +358,6 @@ class Adaptation:
         sample = [general[int(i * step)] for i in range(int(len(general) / step))]
         _write_lines(self.work / "replay.txt", sample)
         return sample
-
-    def _training_budget_s(self) -> float:
-        return max(60.0, self.s.minutes * 60 - EXPORT_RESERVE_S)
 
     def _train_config(self, start: Path, lr: float, epochs: float, max_time_s: float, softmax_only: bool = False):
         split = self.record["split"]
@@ -338,14 +392,27 @@ def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSe
     the export stage's exporter, elmo.export.adapt): training does not reach up the pipeline."""
     job = Adaptation(model, text, out, tokenized, settings)
     job.open(resume)
+    if resume:
+        print(job.resume_line(), file=sys.stderr, flush=True)
     if job.s.threads:
         torch.set_num_threads(job.s.threads)
-    job.prepare()
-    job.measure_before()
-    job.fit_softmax()
-    if not job.adapt(stop_after):
-        return {"stopped_at": stop_after, "out": str(out), "resume": "elmo adapt ... --resume"}
-    return job.finish(export)
+    with job.stop:  # Ctrl-C / SIGTERM: the step in progress ends, the record is saved, --resume continues
+        for step in (job.prepare, job.measure_before, job.fit_softmax):
+            step()
+            if job.stop.requested:
+                return job.stopped()
+        finished = job.adapt(stop_after)
+        if job.stop.requested:
+            return job.stopped()
+        if not finished:
+            job.save()
+            return {"stopped_at": stop_after, "out": str(out), "resume": "elmo adapt ... --resume"}
+        return job.finish(export)
+
+
+def _train_elapsed(run: Path) -> float | None:
+    """The training seconds of the run folder's last checkpoint; None when it has none (nothing to resume)."""
+    return read_train_state(run)["elapsed_s"] if (run / STATE_FILE).is_file() else None
 
 
 def settings_from(args: argparse.Namespace) -> AdaptSettings:

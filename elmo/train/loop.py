@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from elmo.train.objective import (
     target_frequencies,
     use_distinct_token_encoder,
 )
+from elmo.train.stopping import StopRequest
 from elmo.train.vocab import IGNORE, Vocab, evenly_spaced, length_batches, lm_arrays, read_sentences, slice_by_tokens
 
 log = logging.getLogger(__name__)
@@ -217,7 +219,8 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("perplexity")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a run stopped before its first log line has no curve yet
+        ax.legend()
     if senses:
         _plot_senses(axes[0][1], senses, stage_ends)
     fig.tight_layout()
@@ -258,10 +261,19 @@ def validate(bilm: BiLM, vocab: Vocab, valid: list[list[str]], d: Dist) -> dict:
     }
 
 
-def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = None, d: Dist | None = None) -> dict:
+def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = None, d: Dist | None = None,
+          stop: StopRequest | None = None) -> dict:  # fmt: skip
     """Run (or continue) training; returns the final train state. ``stop_after`` ends the process after that
-    global step (for tests and for splitting a run) without changing the schedule."""
-    d = d or Dist()
+    global step (for tests and for splitting a run) without changing the schedule. Ctrl-C / SIGTERM (``stop``, or
+    one of its own) end it after the step in progress with a checkpoint; the state returned then says
+    ``stopped_by`` (the signal's name)."""
+    if stop is not None:
+        return _train(cfg, out, resume, stop_after, d or Dist(), stop)
+    with StopRequest("elmo train") as own:
+        return _train(cfg, out, resume, stop_after, d or Dist(), own)
+
+
+def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None, d: Dist, stop: StopRequest) -> dict:
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -288,6 +300,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
     freqs = target_frequencies(train_sentences, vocab)
     if resume:
         state = _restore(out, bilm, optimizer, names)
+        if d.main:
+            print(resume_line(out, state, t), file=sys.stderr, flush=True)
     elif t.init_from:
         state["init_from"] = _init_from(Path(t.init_from), bilm, vocab_tokens)
     elif t.init_bias_unigram:
@@ -311,9 +325,10 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         )  # fmt: skip
 
     last_step = min(t.max_steps, stop_after) if stop_after is not None else t.max_steps
-    progress = _progress_bar(d, state["step"], t.max_steps)
+    progress = _progress_bar(d, state["step"], last_step)
     window_loss, window_tokens, window_start = 0.0, 0, time.time()
     run_start, elapsed_before = time.time(), state["elapsed_s"]  # wall time, validation and checkpoints included
+    first_step, stopping = state["step"], False
     bilm.train()
     while state["step"] < last_step and not _out_of_time(state, t, d):
         step = state["step"]
@@ -332,7 +347,10 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
         optimizer.step()
 
         n_tokens = int((targets[:, 1:] != IGNORE).sum())
-        loss_value, step_tokens = all_reduce_sum([loss.item() * n_tokens, float(n_tokens)], d)
+        # the stop request travels with the step's sums, so that every rank stops after the same step
+        loss_value, step_tokens, stops = all_reduce_sum([loss.item() * n_tokens, float(n_tokens),
+                                                         float(stop.requested)], d)  # fmt: skip
+        stopping = stops > 0
         state["step"] = step + 1
         state["tokens"] += int(step_tokens)
         state["elapsed_s"] = _shared_elapsed(elapsed_before + time.time() - run_start, t, d)
@@ -358,9 +376,11 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
                 )  # fmt: skip
             window_loss, window_tokens, window_start = 0.0, 0, now
         if progress is not None:
+            _set_total(progress, expected_last_step(state, t, last_step, state["step"] - first_step,
+                                                    time.time() - run_start))  # fmt: skip
             progress.update(1)
         out_of_time = _out_of_time(state, t, d)
-        finished = state["step"] >= last_step or out_of_time
+        finished = state["step"] >= last_step or out_of_time or stopping
         if state["step"] % t.valid_every == 0 or (finished and state["step"] >= t.max_steps) or out_of_time:
             scores = {"step": state["step"], "tokens": state["tokens"], **validate(bilm, vocab, valid_sentences, d)}
             if cfg.data.sense_benchmark and d.main:
@@ -374,8 +394,12 @@ def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = No
             if d.main:
                 log.info("time budget of %.0f s reached at step %d", t.max_time_s, state["step"])
             break
+        if stopping:
+            break
     if progress is not None:
         progress.close()
+    if stopping:  # not written into train_state.json: a resumed run is not a stopped one
+        return {**state, "stopped_by": stop.name or "a signal on another rank"}
     done = state["step"] >= t.max_steps or _out_of_time(state, t, d)
     if done and t.calibrate_bias_tokens > 0 and not state.get("bias_calibrated"):
         before = validate(bilm, vocab, valid_sentences, d)
@@ -440,6 +464,22 @@ def _progress_bar(d: Dist, initial: int, total: int):
     return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=5, dynamic_ncols=True)
 
 
+def expected_last_step(state: dict, t: OptimConfig, last_step: int, run_steps: int, run_s: float) -> int:
+    """The step this run will end at: ``last_step``, or sooner when the time budget runs out first at the pace of
+    the ``run_steps`` steps this process took in ``run_s`` seconds. The bar's total, so that its ETA is the time
+    budget's and not the step cap's (default.json: 6,000 steps, but 4,800 s)."""
+    if t.max_time_s <= 0 or run_steps <= 0 or run_s <= 0:
+        return last_step
+    left_s = max(0.0, t.max_time_s - state["elapsed_s"])
+    return min(last_step, state["step"] + math.ceil(left_s * run_steps / run_s))
+
+
+def _set_total(progress, total: int) -> None:
+    if progress.total != total:
+        progress.total = total
+        progress.refresh()
+
+
 def _load_weights(path: Path, bilm: BiLM) -> None:
     try:
         bilm.load_state_dict({k: v.float() for k, v in load_state(path).items()})
@@ -472,9 +512,16 @@ def _restore(out: Path, bilm: BiLM, optimizer, names: list[str]) -> dict:
         raise DataError(f"{state_file}: nothing to resume (no train state in {out})")
     _load_weights(out / "model.safetensors", bilm)
     load_optimizer_tensors(optimizer, names, load_state(out / OPTIMIZER_FILE))
-    state = read_train_state(out)
-    log.info("resuming from step %d (%d tokens)", state["step"], state["tokens"])
-    return state
+    return read_train_state(out)
+
+
+def resume_line(out: Path, state: dict, t: OptimConfig) -> str:
+    """What a resumed run says first: where it continues and what is left of the step cap and the time budget."""
+    line = f"resuming {out} from step {state['step']} of {t.max_steps} ({state['tokens']:,} tokens seen"
+    if t.max_time_s > 0:
+        left = max(0.0, t.max_time_s - state["elapsed_s"])
+        line += f"; {state['elapsed_s']:.0f} s of the {t.max_time_s:.0f} s time budget used, {left:.0f} s left"
+    return line + ")"
 
 
 # -- CLI ---------------------------------------------------------------------------------------------------------
@@ -491,13 +538,20 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         cfg.train.threads = args.threads
     d = setup_distributed()
-    try:
-        state = train(cfg, Path(args.out), args.resume, args.stop_after, d)
-    finally:
-        if d.active:
-            dist.destroy_process_group()
+    with StopRequest("elmo train") as stop:
+        try:
+            state = train(cfg, Path(args.out), args.resume, args.stop_after, d, stop)
+        finally:
+            if d.active:
+                dist.destroy_process_group()
     if d.main:
         last_valid = next((h for h in reversed(state["history"]) if "valid_avg_ppl" in h), {})
         print(json.dumps({"out": args.out, "step": state["step"], "tokens": state["tokens"],
                           "elapsed_s": round(state["elapsed_s"], 1), **last_valid}))  # fmt: skip
-    return 0
+    if "stopped_by" not in state:
+        return 0
+    if d.main:
+        print(f"elmo train: stopped by {state['stopped_by']} at step {state['step']} of {cfg.train.max_steps}; "
+              f"checkpoint in {args.out}; resume with: elmo train --config {args.config} --out {args.out} --resume",
+              file=sys.stderr)  # fmt: skip
+    return stop.exit_code

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -210,3 +214,49 @@ def test_the_fresh_softmax_depends_on_the_seed_only(bilm_tf_fixture, tmp_path):
         softmax[run] = load_state(tmp_path / f"start{run}" / "model.safetensors")["softmax.weight"]
     assert torch.equal(softmax[0], softmax[1])  # another global state, the same seed: the same softmax
     assert not torch.equal(softmax[0], softmax[2])  # another seed: another softmax
+
+
+def _random_lm(directory: Path, text: Path) -> Path:
+    """A tiny untrained model with a softmax over the text's 500 commonest words: enough to stop and resume."""
+    import torch
+
+    from elmo.model.bilm import BiLM
+    from elmo.model.checkpoint import save_model
+    from elmo.train.vocab import SPECIALS, count_tokens, read_sentences
+
+    words = [w for w, _ in count_tokens(read_sentences(text, tokenized=False)).most_common(500) if w not in SPECIALS]
+    torch.manual_seed(0)
+    vocab = [*SPECIALS, *words]
+    save_model(BiLM(tiny(vocab_size=len(vocab))), directory, vocab)
+    return directory
+
+
+def test_a_signal_stops_an_adaptation_that_resumes_on_the_same_clock(domain_text, tmp_path, capsys):
+    """issue 30: a kill + --resume of `adapt --minutes 3` took 4.3 minutes and never said that it resumed."""
+    model, out = _random_lm(tmp_path / "model", domain_text), tmp_path / "adapted"
+    args = ["--model", str(model), "--text", str(domain_text), "--out", str(out), "--minutes", "30", "--epochs", "50",
+            "--tokens-per-batch", "400", "--threads", "1", "--no-export"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "elmo.cli", "adapt", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    for line in proc.stderr:  # the training loop logs the model's size as it starts (split and "before" are done)
+        if "parameters" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    stdout, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["stopped_by"] == "SIGTERM"
+    assert f"continue with: elmo adapt --model {model} --text {domain_text} --out {out} --resume" in err
+    assert "Warning" not in err and "Traceback" not in err
+    first = json.loads((out / "adapt.json").read_text())
+    stopped = json.loads((out / "train_state.json").read_text())
+    step = stopped["step"]
+    assert step >= 1 and first["spent_s"] > 0 and "before" in first and "adapt" not in first
+
+    assert main(["adapt", *args, "--resume", "--stop-after", str(step + 2)]) == 0
+    err = capsys.readouterr().err
+    assert f"elmo adapt: resuming {out} (done: split, before; training trained" in err
+    assert "of the 1800 s budget used" in err and f"from step {step} of" in err
+    second = json.loads((out / "adapt.json").read_text())
+    trained = json.loads((out / "train_state.json").read_text())["elapsed_s"] - stopped["elapsed_s"]
+    # the clock went on from where the stopped run left it, and counts the training this run did
+    assert second["spent_s"] >= first["spent_s"] + trained

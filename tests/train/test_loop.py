@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from elmo.model.checkpoint import load_model_and_vocab, load_state
 from elmo.model.config import ModelConfig, tiny
 from elmo.train.config import DataConfig, OptimConfig, load_train_config, read_train_sentences
 from elmo.train.evaluate import score_sentences
-from elmo.train.loop import lr_at, plot_stages
+from elmo.train.loop import expected_last_step, lr_at, plot_stages, resume_line
 from elmo.train.objective import LMObjective, NegativeSampler, target_frequencies, use_distinct_token_encoder
 from elmo.train.vocab import BOS_ID, EOS_ID, SPECIALS, Vocab, read_sentences, slice_by_tokens
 from tests.lm_fixtures import REPO, write_train_config
@@ -61,6 +62,51 @@ def test_resume_continues_exactly(tmp_path, brown_corpus):
     a = load_state(tmp_path / "straight" / "model.safetensors")
     b = load_state(tmp_path / "split" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_training_with_a_checkpoint_and_resume_continues_exactly(tmp_path, brown_corpus, capsys, sig):
+    # issue 30: stopped before its first checkpoint (step 250 of configs/default.json), a run left nothing to resume
+    overrides = {"max_steps": 100000, "log_every": 1, "valid_every": 100000, "checkpoint_every": 100000}
+    config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
+    stopped_dir = tmp_path / "stopped"
+    cmd = [sys.executable, "-m", "elmo.cli", "train", "--config", str(config), "--out", str(stopped_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stderr:  # the model's size is logged when the data is read, just before the first step
+        if "parameters" in line:
+            break
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    step = json.loads((stopped_dir / "train_state.json").read_text())["step"]
+    assert step >= 1 and (stopped_dir / "optimizer.safetensors").is_file()
+    assert f"stopped by {sig.name} at step {step} of 100000; checkpoint in {stopped_dir}" in err
+    assert f"elmo train --config {config} --out {stopped_dir} --resume" in err and "Traceback" not in err
+    assert "Warning" not in err  # nothing a user cannot act on (issue 30)
+
+    end = str(step + 2)
+    assert main(["train", "--config", str(config), "--out", str(stopped_dir), "--resume", "--stop-after", end]) == 0
+    assert f"resuming {stopped_dir} from step {step} of 100000" in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "straight"), "--stop-after", end]) == 0
+    runs = (stopped_dir, tmp_path / "straight")
+    losses = [[(e["step"], e["loss"]) for e in _history(run) if "loss" in e] for run in runs]
+    assert losses[0] == losses[1] and len(losses[0]) == step + 2
+    a, b = (load_state(run / "model.safetensors") for run in runs)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_progress_bar_ends_where_the_time_budget_does():
+    # configs/default.json: 6,000 steps or 4,800 s; the bar showed 6,000 steps' ETA (23-33 h on a busy machine)
+    budget = OptimConfig(max_steps=6000, max_time_s=4800)
+    state = {"step": 100, "elapsed_s": 800.0}  # 8 s a step so far: 4,000 s left are 500 more steps
+    assert expected_last_step(state, budget, 6000, run_steps=100, run_s=800.0) == 600
+    assert expected_last_step(state, budget, 300, run_steps=100, run_s=800.0) == 300  # --stop-after comes first
+    assert expected_last_step(state, OptimConfig(max_steps=6000), 6000, 100, 800.0) == 6000  # no time budget
+    assert expected_last_step(state, budget, 6000, run_steps=0, run_s=0.0) == 6000  # no pace yet
+    line = resume_line(Path("runs/x"), {"step": 100, "tokens": 2048, "elapsed_s": 800.0}, budget)
+    assert line == ("resuming runs/x from step 100 of 6000 (2,048 tokens seen; 800 s of the 4800 s time budget used, "
+                    "4000 s left)")  # fmt: skip
 
 
 def test_init_from_starts_from_another_runs_weights(tmp_path, brown_corpus):
