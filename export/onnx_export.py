@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,7 +90,12 @@ def load_bilm(model_dir: Path) -> elmo_model.BiLM:
 def _trace(module: torch.nn.Module, args: tuple, path: Path, inputs: dict, outputs: dict) -> onnx.ModelProto:
     """Trace ``module`` to ONNX (legacy exporter: the dynamo exporter fixes the token axis silently) and load it.
     ``inputs`` / ``outputs``: name -> {axis: symbolic name} for the dynamic axes."""
-    with torch.no_grad():
+    # The tracer warns that torch.as_tensor(BOS_IDS / EOS_IDS) becomes a constant of the trace "which might cause the
+    # trace to be incorrect": they are constants (the byte scheme's boundary ids), and every export is verified
+    # numerically against PyTorch float64 on inputs the tracer never saw before it is moved into place, so a wrong
+    # trace cannot pass unnoticed. Only that category, only around this call; every other warning still shows.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(
             module.eval(),
             args,

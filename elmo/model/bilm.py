@@ -170,7 +170,10 @@ def add_sentence_boundaries(char_ids: Tensor, boundary_ids: Tensor | None = None
     token, (B,) lengths counting both boundaries). Written with tensor ops so it exports to ONNX.
     ``boundary_ids`` (2, W): the <S> and </S> rows of a vocab scheme (CharEncoder.boundary_ids); None = bytes."""
     lengths = (char_ids > 0).any(dim=-1).sum(dim=-1)  # (B,)
-    padded = F.pad(char_ids, (0, 0, 1, 1))  # (B, T+2, W)
+    # one zero row either side by concatenation: F.pad exports its pads through a reversing Slice that the ONNX
+    # exporter cannot fold, and it said so on every `elmo export` ("Only steps=1 can be constant folded")
+    edge = char_ids.new_zeros((char_ids.shape[0], 1, char_ids.shape[2]))  # (B, 1, W), also when T is 0
+    padded = torch.cat([edge, char_ids, edge], dim=1)  # (B, T+2, W)
     positions = torch.arange(padded.shape[1], device=char_ids.device)
     if boundary_ids is None:
         bos = torch.as_tensor(BOS_IDS, dtype=char_ids.dtype, device=char_ids.device)
