@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import dockerfile
@@ -442,9 +441,10 @@ def project_build_inputs(pyproject: dict) -> list[str]:
     readme = pyproject["project"].get("readme")
     if isinstance(readme, str):
         needed.append(readme)
-    patterns = pyproject.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {}).get("include", [])
-    packages = [p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()]
-    needed += sorted(p for p in packages if any(fnmatchcase(p, pattern) for pattern in patterns))
+    setuptools = pyproject.get("tool", {}).get("setuptools", {})
+    folders = {name: name for name in setuptools.get("packages", []) if "." not in name}  # top-level packages
+    folders |= setuptools.get("package-dir", {})  # elmo.service -> service/, ...
+    needed += sorted(set(folders.values()))
     return needed
 
 
