@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elmo {name}: needs {', '.join(missing)} (the `{extra}` extra), not in this environment: "
               f"{install_hint(extra)}", file=sys.stderr)  # fmt: skip
         return 2
+    from elmo.train.threads import apply_wait_policy  # torch-free: libgomp reads it once, as the module loads torch
+
+    apply_wait_policy()
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")

@@ -26,7 +26,8 @@ CONFIGS=(configs/default.json configs/default-stage2.json configs/default-stage3
 LAST=$(( ${#STAGES[@]} - 1 ))
 REPORT_CORPUS=data/corpus
 MIX_ARGS=()
-export OMP_WAIT_POLICY=PASSIVE
+# No OMP_WAIT_POLICY here: `elmo` sets its measured choice itself before torch loads (elmo/train/threads.py,
+# docs/training.md "Threads on a busy machine"); a value exported by the caller is kept.
 
 [ -f data/corpus/train.txt ] || "$ELMO" data fetch --out data/corpus
 
