@@ -161,7 +161,10 @@ def prepare_adapt(args: argparse.Namespace, work: Path) -> dict:
     cmd = [sys.executable, "-m", "elmo.cli", "adapt", "--model", str(args.model), "--text", str(args.text),
            "--out", str(adaptation), "--stop-after", "0", "--no-export"]  # fmt: skip
     cmd += ["--tokenized"] if args.tokenized else []
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    print(f"preparing the adaptation in {adaptation} (split, vocabulary, the 'before' scores)", flush=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"wait_policy: elmo adapt --stop-after 0 failed:\n{proc.stderr[-3000:]}")
     return {"workload": "adapt", "model": str(args.model), "text": str(args.text), "tokenized": args.tokenized,
             "adaptation": str(adaptation)}  # fmt: skip
 

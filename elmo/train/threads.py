@@ -19,8 +19,9 @@ from collections.abc import MutableMapping
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 SPIN_COUNT = "GOMP_SPINCOUNT"  # libgomp's own knob: set by the user, it decides the spinning whatever the policy
-# Measured (docs/training.md, "Threads on a busy machine"): PASSIVE wins on a busy machine by far and costs little or
-# nothing on an idle one.
+# Measured (docs/training.md, "Threads on a busy machine", 2 cores): with a busy-looping process per core, PASSIVE
+# made `elmo train` 1.95x and `elmo adapt` 3.1x faster than libgomp's default, and 5-11 % slower on an idle machine;
+# shorter spins (GOMP_SPINCOUNT 1,000 / 10,000) cost as much idle and recovered less when busy.
 CHOSEN: dict[str, str] = {WAIT_POLICY: "PASSIVE"}
 
 
