@@ -14,10 +14,11 @@ def _clock(budget_s: float, spent_s: float) -> CommandClock:
 
 def test_a_three_minute_budget_trains_for_what_is_left_after_a_measured_reserve():
     # issue 30: `--minutes 3` trained ~60 s (180 - a fixed 120 s). Split and first scoring took 15 s, the scoring
-    # itself 10 s: the reserve is two scorings (the second one and the export), the rest trains.
+    # itself 10 s: the reserve is three scorings (the loop's last validation, the final scoring, the export), the
+    # rest trains.
     clock = _clock(180.0, 15.0)
-    assert reserve_s(10.0, 180.0) == 20.0
-    assert training_time_s(clock, reserve_s(10.0, 180.0), trained_s=0.0) == pytest.approx(145.0)
+    assert reserve_s(10.0, 180.0) == 30.0
+    assert training_time_s(clock, reserve_s(10.0, 180.0), trained_s=0.0) == pytest.approx(135.0)
     # a resumed run adds what it trained before (the loop counts its own seconds across the resume)
     assert training_time_s(_clock(180.0, 95.0), 20.0, trained_s=80.0) == pytest.approx(80.0 + 65.0)
 
