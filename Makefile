@@ -4,6 +4,8 @@
 #   make test    install everything the tests need into .venv (the README's OpenAI-compatible clients into
 #                .venv-clients, Debian's chromium for the browser test), run them all (what CI runs), then list the
 #                25 slowest
+#   make dev     only create .venv (what `make test` installs first): the serving install plus torch, for the
+#                training commands (train, adapt, mix train, export, imports) of the README
 # and, for the inner loop:
 #   make check   ruff and the fast tier, `pytest -m "not slow"` (under 3 minutes on 2 cores; .venv only: no
 #                .venv-clients, no chromium). tests/conftest.py says which tests are slow and how that was chosen.
@@ -16,7 +18,7 @@ PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
-.PHONY: test check serve lint clean proto browser
+.PHONY: test check dev serve lint clean proto browser
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +54,9 @@ browser:
 test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q --durations=25
+
+dev: $(VENV)/.installed
+	@echo "$(VENV) is ready: $(VENV)/bin/elmo --help lists its commands"
 
 check: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -43,7 +43,7 @@ def missing_for(extra: str | None) -> list[str]:
 
 def install_hint(extra: str) -> str:
     return (f"install the `{extra}` extra (pip install -e '.[{extra}]' in the repository), or use .venv/bin/elmo, "
-            "which `make test` creates")  # fmt: skip
+            "which `make dev` creates")  # fmt: skip
 
 
 class JsonLogFormatter(logging.Formatter):

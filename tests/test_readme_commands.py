@@ -59,6 +59,7 @@ SENTENCE = "The cat sat on the mat ."
 
 # -- the table: how each README bash command is covered --------------------------------------------------------------
 FIXTURE, CI, SERVED, USER_FILES, PIPELINE, NOT_RUN = "fixture", "ci", "served", "user files", "pipeline", "not run"
+REPO_ROOT = "repo root"  # as written, in the checkout
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Coverage:
     own (every such substitution is here, in this one table, with its reason in ``why``); ``expect``: a string
     the command's output must contain."""
 
-    how: str  # FIXTURE | CI | SERVED (repo root, while `make serve` is up) | USER_FILES | PIPELINE | NOT_RUN
+    how: str  # FIXTURE | CI | SERVED (repo root, `make serve` up) | REPO_ROOT | USER_FILES | PIPELINE | NOT_RUN
     run_as: str | None = None
     why: str = ""
     expect: str = ""
@@ -93,9 +94,10 @@ README_COMMANDS: dict[str, Coverage] = {
         SERVED, expect='"tokens":["苹","果","很","好","吃"]'
     ),
     # tour: batch job and a new task mix, in a scratch folder with the user's files and a copy of models/default
-    ".venv/bin/elmo embed-file corpus.txt out.hdf5 --model models/default --layers all": Coverage(USER_FILES),
-    ".venv/bin/elmo embed-file corpus.jsonl out/ --model models/default --format parquet --layers mix:pos_brown "
+    ".venv-serve/bin/elmo embed-file corpus.txt out.hdf5 --model models/default --layers all": Coverage(USER_FILES),
+    ".venv-serve/bin/elmo embed-file corpus.jsonl out/ --model models/default --layers mix:pos_brown "
     "--dtype float16": Coverage(USER_FILES),
+    "make dev": Coverage(REPO_ROOT, expect=".venv"),
     ".venv/bin/elmo mix train --model models/default --task my_task --kind tagging --data train.conll": Coverage(
         USER_FILES
     ),
@@ -199,7 +201,7 @@ def test_every_readme_command_is_run_or_listed() -> None:
     )
     assert not stale, f"README_COMMANDS lists commands that are no longer in README.md: {stale}"
     for command, coverage in README_COMMANDS.items():
-        assert coverage.how in (FIXTURE, CI, SERVED, USER_FILES, PIPELINE, NOT_RUN), command
+        assert coverage.how in (FIXTURE, CI, SERVED, REPO_ROOT, USER_FILES, PIPELINE, NOT_RUN), command
         if coverage.run_as is not None or coverage.how in (FIXTURE, CI, NOT_RUN):
             assert coverage.why, f"{command!r}: a substituted, fixture-run or unrun command needs its reason"
 
@@ -268,16 +270,34 @@ def write_user_files(folder: Path) -> None:
     write_synthetic_folder(folder / "zhs.model")
 
 
+def serving_venv() -> Path:
+    """The checkout's .venv-serve, built as `make serve` builds it (the CPU flavour) when no test has yet."""
+    venv = REPO / ".venv-serve"
+    if not (venv / "bin" / "elmo").exists():
+        run_command("make --no-print-directory .venv-serve/.installed-cpu", REPO, timeout=SERVING_DEADLINE_S)
+    return venv
+
+
+def test_readme_repo_root_commands_run_as_written() -> None:
+    """`make dev`: in a checkout where `make test` (CI) or `make check` built .venv, it finds it up to date."""
+    commands = commands_covered_by(REPO_ROOT)
+    assert commands == ["make dev"], commands
+    for command in commands:
+        output = run_command(command, REPO, timeout=900)
+        assert README_COMMANDS[command].expect in output, output
+
+
 def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
     """The tour's embed-file and mix lines, as written, in a folder with the user's files and models/default.
 
     models/default is a copy: `mix train` stores the new task inside the model directory, and the shipped model
-    must not gain a test task. .venv is the checkout's (a symlink), as in a user's clone."""
+    must not gain a test task. .venv and .venv-serve are the checkout's (symlinks), as in a user's clone."""
     import h5py
     import pyarrow.parquet as pq
 
     assert (DEFAULT_MODEL / "model.onnx").is_file(), f"{DEFAULT_MODEL}/model.onnx is missing"
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / ".venv-serve").symlink_to(serving_venv())
     shutil.copytree(DEFAULT_MODEL, tmp_path / "models" / "default")
     write_user_files(tmp_path)
     commands = commands_covered_by(USER_FILES)
