@@ -1,0 +1,235 @@
+"""The model repository (elmo.runtime.repository): ROOT/NAME/VERSION/ folders, what counts as a version, and
+publishing a new one atomically, also with other publishers and a poller at work at the same time."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import stat
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from elmo.errors import ConfigError, ModelFileError
+from elmo.runtime import Embedder
+from elmo.runtime.repository import (
+    INCOMING_PREFIX,
+    ModelRef,
+    check_model_name,
+    complete_versions,
+    incomplete_reason,
+    is_complete,
+    numbered_folders,
+    publish_copy,
+    publishing,
+    scan,
+    verification_passed,
+    version_dir,
+)
+
+GRAPHS = {"model": "model.onnx", "encoder": "encoder.onnx", "context": "context.onnx"}
+
+
+def fake_export(folder: Path, passed: object = True, data: bytes = b"w" * 64, chunks: int = 1) -> Path:
+    """Only the layout matters here: the graph files, the weights file and onnx.json's records of them. The
+    weights are written in ``chunks`` pieces (a writer that takes a while)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in GRAPHS.values():
+        (folder / file).write_bytes(b"graph")
+    with open(folder / "model.onnx.data", "wb") as handle:
+        step = max(1, len(data) // chunks)
+        for start in range(0, len(data), step):
+            handle.write(data[start : start + step])
+            handle.flush()
+    meta = {"graphs": GRAPHS, "weights_data": {"file": "model.onnx.data", "bytes": len(data)},
+            "verification": {"passed": passed}}  # fmt: skip
+    (folder / "onnx.json").write_text(json.dumps(meta))
+    return folder
+
+
+# -- names -------------------------------------------------------------------------------------------------------
+def test_model_refs_parse_and_print():
+    assert ModelRef.parse("default") == ModelRef("default") and ModelRef.parse("default").version is None
+    assert ModelRef.parse("default@2") == ModelRef("default", 2)
+    assert ModelRef.parse("zh.small-v2@10").version == 10
+    assert str(ModelRef("default", 2)) == "default@2" and str(ModelRef.parse("default")) == "default"
+    for bad in ("default@0", "default@02", "default@x", "default@", "default@-1", "default@2@3", "default@ 2"):
+        with pytest.raises(ConfigError, match="whole number from 1, like default@2"):
+            ModelRef.parse(bad)
+    with pytest.raises(ConfigError, match="no model name"):
+        ModelRef.parse("@2")
+
+
+def test_model_names():
+    for good in ("default", "zhs", "elmo-small_2.1", "A" * 64):
+        assert check_model_name(good) == good
+    for bad in ("", ".hidden", "-x", "a/b", "a@2", "a b", "A" * 65, "..", "模型"):
+        with pytest.raises(ConfigError, match="letters, digits"):
+            check_model_name(bad)
+
+
+# -- what counts ---------------------------------------------------------------------------------------------------
+def test_scan_counts_only_complete_verified_numbered_versions(tmp_path):
+    root = tmp_path / "root"
+    fake_export(root / "default" / "1")
+    fake_export(root / "default" / "3")
+    fake_export(root / "default" / "2", passed=False)  # verification failed
+    fake_export(root / "default" / "4", passed="yes")  # not a JSON true
+    fake_export(root / "default" / "5").joinpath("onnx.json").unlink()  # no verification record
+    fake_export(root / "default" / "6").joinpath("encoder.onnx").unlink()  # a graph missing
+    with open(fake_export(root / "default" / "7") / "model.onnx.data", "r+b") as handle:
+        handle.truncate(10)  # the weights still being copied
+    (root / "default" / "8").mkdir()  # empty
+    (root / "default" / "9").mkdir()
+    (root / "default" / "9" / "onnx.json").write_text("{not json")
+    fake_export(root / "default" / "010")  # leading zero: not a version number
+    fake_export(root / "default" / "latest")
+    fake_export(root / "default" / f"{INCOMING_PREFIX}123-abc")  # being published
+    fake_export(root / "default" / ".11")
+    (root / "default" / "12").write_text("a file, not a folder")
+    fake_export(root / "zhs" / "1")
+    fake_export(root / ".hidden" / "1")
+    fake_export(root / "bad name" / "1")
+    (root / "empty").mkdir()
+    (root / "notes.txt").write_text("not a model")
+
+    assert scan(root) == {"default": [1, 3], "empty": [], "zhs": [1]}
+    assert numbered_folders(root / "default") == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert complete_versions(root / "default") == [1, 3] and complete_versions(root / "missing") == []
+    assert is_complete(version_dir(root, "default", 3)) and not is_complete(root / "default" / "010")
+    assert verification_passed(root / "default" / "1") and not verification_passed(root / "default" / "4")
+    reasons = {v: incomplete_reason(root / "default" / str(v)) for v in (2, 5, 6, 7, 8, 9)}
+    assert "no passed verification record" in reasons[2]
+    assert "onnx.json: missing or not a JSON object" in reasons[5] and "not a JSON object" in reasons[9]
+    assert reasons[6].endswith("6: missing encoder.onnx")
+    assert "model.onnx.data: 10 bytes, onnx.json records 64 (still copying?)" in reasons[7]
+    assert incomplete_reason(root / "default" / "1") is None
+
+    with pytest.raises(ModelFileError, match="model root not found"):
+        scan(tmp_path / "nowhere")
+
+
+def test_a_real_export_counts_and_loads(tiny_model_dir, tmp_path):
+    published = publish_copy(tiny_model_dir, tmp_path / "root", "tiny")
+    assert (published.version, published.path) == (1, tmp_path / "root" / "tiny" / "1")
+    assert scan(tmp_path / "root") == {"tiny": [1]}
+    (embedded,) = Embedder(published.path, intra_op_threads=1).embed(["The cat sat ."])
+    assert embedded.layers.shape[:2] == (3, 4)  # 3 layers, 4 tokens
+
+
+# -- publishing --------------------------------------------------------------------------------------------------
+def test_publishing_numbers_versions_one_more_than_the_highest(tiny_model_dir, tmp_path):
+    root = tmp_path / "root"  # created on the first publication
+    for expected in (1, 2, 3):
+        with publishing(root, "tiny") as publication:
+            assert publication.folder.parent == root / "tiny" and publication.folder.name.startswith(INCOMING_PREFIX)
+            assert scan(root) == {"tiny": list(range(1, expected))}  # not visible while it is written
+            shutil.copytree(tiny_model_dir, publication.folder, dirs_exist_ok=True)
+        assert publication.version == expected and publication.path == root / "tiny" / str(expected)
+        assert not publication.folder.exists()
+    assert scan(root) == {"tiny": [1, 2, 3]}
+    assert sorted(p.name for p in (root / "tiny").iterdir()) == ["1", "2", "3"]  # no temporary folder left
+
+    shutil.rmtree(root / "tiny" / "2")  # a gap stays a gap; a folder by hand with a higher number counts
+    (root / "tiny" / "7").mkdir()
+    assert publish_copy(tiny_model_dir, root, "tiny").version == 8
+    assert scan(root) == {"tiny": [1, 3, 8]}
+
+
+def test_a_published_version_is_as_readable_as_a_plain_folder(tmp_path):
+    # tempfile.mkdtemp makes 0700 folders: a server running as another user could not read the version
+    publication = publish_copy(fake_export(tmp_path / "export"), tmp_path / "root", "m")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert stat.S_IMODE(publication.path.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
+
+
+def test_an_error_while_writing_publishes_nothing(tiny_model_dir, tmp_path):
+    root = tmp_path / "root"
+    with pytest.raises(RuntimeError, match="export crashed"), publishing(root, "tiny") as publication:
+        shutil.copytree(tiny_model_dir, publication.folder, dirs_exist_ok=True)
+        raise RuntimeError("export crashed")
+    assert publication.version is None and not publication.folder.exists()
+    assert list((root / "tiny").iterdir()) == [] and scan(root) == {"tiny": []}
+    with pytest.raises(KeyboardInterrupt), publishing(root, "tiny") as publication:  # Ctrl-C too
+        raise KeyboardInterrupt
+    assert list((root / "tiny").iterdir()) == []
+    assert publish_copy(tiny_model_dir, root, "tiny").version == 1
+
+
+def test_an_incomplete_export_is_refused(tiny_model_dir, tmp_path):
+    root = tmp_path / "root"
+    with pytest.raises(ModelFileError, match=r"not a complete export, nothing was published to .*onnx.json: missing"):
+        with publishing(root, "m") as publication:
+            (publication.folder / "model.onnx").write_bytes(b"graph")
+    with pytest.raises(ModelFileError, match="no passed verification record"):
+        publish_copy(fake_export(tmp_path / "failed", passed=False), root, "m")
+    with pytest.raises(ModelFileError, match="missing model.onnx"):
+        publish_copy(tiny_model_dir, root, "m", ignore=shutil.ignore_patterns("model.onnx"))
+    assert list((root / "m").iterdir()) == []
+    with pytest.raises(ConfigError, match="model name '.m'"):
+        publish_copy(tiny_model_dir, root, ".m")
+
+
+def test_concurrent_publishers_get_distinct_versions_and_a_poller_never_sees_half_a_version(tmp_path):
+    root, name = tmp_path / "root", "m"
+    source = fake_export(tmp_path / "export", data=os.urandom(1 << 20), chunks=64)
+    stop, seen, problems = threading.Event(), set(), []
+
+    def poll() -> None:
+        model_dir = root / name
+        while not stop.is_set():
+            numbered = numbered_folders(model_dir)  # then complete: versions only appear, never go, here
+            complete = complete_versions(model_dir)
+            if not set(numbered) <= set(complete):  # a numbered folder that was not (yet) a whole version
+                problems.append((numbered, complete))
+            seen.update(complete)
+            for version in complete:  # a version seen complete is whole: the same bytes as the source
+                data = version_dir(root, name, version) / "model.onnx.data"
+                if data.read_bytes() != (source / "model.onnx.data").read_bytes():
+                    problems.append(version)
+
+    barrier = threading.Barrier(8)
+
+    def publish(_: int) -> list[int]:
+        barrier.wait()
+        return [_publish_in_chunks(source, root, name) for _ in range(3)]
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    threads, results = [], []
+    for i in range(8):
+        threads.append(threading.Thread(target=lambda i=i: results.extend(publish(i))))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(60)
+    # and from other processes, at the same time as a thread of this one
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_publish_three, str(source), str(root), name) for _ in range(3)]
+        results.extend(_publish_in_chunks(source, root, name) for _ in range(3))
+        for future in futures:
+            results.extend(future.result(timeout=120))
+    stop.set()
+    poller.join(30)
+
+    assert sorted(results) == list(range(1, 8 * 3 + 3 * 3 + 3 + 1))  # each its own number, none lost
+    assert scan(root) == {name: sorted(results)}
+    assert sorted(p.name for p in (root / name).iterdir()) == sorted(str(v) for v in results)  # no leftovers
+    assert not problems, problems[:5]
+    assert seen  # the poller did see versions appear
+
+
+def _publish_in_chunks(source: Path, root: Path, name: str) -> int:
+    """A publisher that writes its files one by one (the weights last), as an export does."""
+    with publishing(root, name) as publication:
+        for file in sorted(source.iterdir(), key=lambda p: p.name == "model.onnx.data"):
+            shutil.copyfile(file, publication.folder / file.name)
+    return publication.version
+
+
+def _publish_three(source: str, root: str, name: str) -> list[int]:
+    return [_publish_in_chunks(Path(source), Path(root), name) for _ in range(3)]
