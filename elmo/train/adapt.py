@@ -15,6 +15,8 @@ after a kill picks up where it stopped:
    follows the time budget, checkpoints; the training state lives in ``<out>``, so ``<out>`` is a run folder too).
 4. **after**: held-out perplexity and senses again; task mixes of the source model are copied, marked stale.
 5. **export**: ONNX export verified against PyTorch, like ``elmo export``.
+6. **publish** (``elmo adapt --publish ROOT/NAME``): the finished directory copied in as the next version of NAME in a
+   model repository (elmo.runtime.repository), recorded so that a resume does not publish it twice.
 
 Words outside the vocabulary: the model's vocabulary is kept (the softmax rows are tied to it), so an unknown word
 is predicted, and scored, as ``<UNK>`` both before and after, which keeps the two perplexities comparable; its
@@ -160,6 +162,8 @@ def senses_change(before: dict, after: dict) -> dict:
 
 
 Exporter = Callable[[Path, "int | None"], dict]  # (model directory, threads) -> the verification summary
+# (the finished model directory, the record of an earlier publication or None) -> the record of where it is published
+Publisher = Callable[[Path, "dict | None"], dict]
 
 
 # -- the steps -------------------------------------------------------------------------------------------------
@@ -316,7 +320,7 @@ class Adaptation:
         return {"stopped_by": self.stop.name, "out": str(self.out), "spent_s": self.record["spent_s"],
                 "resume": f"elmo adapt --model {self.model} --text {self.text} --out {self.out} --resume"}  # fmt: skip
 
-    def finish(self, export: Exporter | None = None) -> dict:
+    def finish(self, export: Exporter | None = None, publish: Publisher | None = None) -> dict:
         if "after" not in self.record:
             self.record["after"] = measure(self.out, self._vocab(), self._heldout())
             self.save()
@@ -326,6 +330,11 @@ class Adaptation:
         (self.out / OPTIMIZER_FILE).unlink(missing_ok=True)  # a finished adaptation is not resumed
         self.record["finished"] = time.time()
         self.save()
+        if publish is not None:
+            published = publish(self.out, self.record.get("published"))
+            if published != self.record.get("published"):
+                self.record["published"] = published
+                self.save()
         if self.record["spent_s"] > self.clock.budget_s * 1.1:
             log.warning("the adaptation took %.1f minutes, over the --minutes %g budget: scoring and export alone "
                         "took longer than the budget allowed", self.record["spent_s"] / 60, self.s.minutes)  # fmt: skip
@@ -339,6 +348,7 @@ class Adaptation:
             "senses_change": senses_change(before, after),
             "softmax_fitted": self.record["split"]["new_softmax"], "stale_tasks": carried,
             "minutes": round(self.record["spent_s"] / 60, 1), "out": str(self.out),
+            **({"published": self.record["published"]} if publish is not None else {}),
         }  # fmt: skip
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -386,10 +396,11 @@ class Adaptation:
 
 
 def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSettings, resume: bool,
-          export: Exporter | None = None, stop_after: int | None = None) -> dict:  # fmt: skip
+          export: Exporter | None = None, stop_after: int | None = None,
+          publish: Publisher | None = None) -> dict:  # fmt: skip
     """Run (or continue) every step; returns the result line's content (``{"stopped_at": step}`` when
-    ``stop_after`` ended the training early). ``export`` is the last step, given by the caller (`elmo adapt` passes
-    the export stage's exporter, elmo.export.adapt): training does not reach up the pipeline."""
+    ``stop_after`` ended the training early). ``export`` and ``publish`` are the last steps, given by the caller
+    (`elmo adapt` passes the export stage's, elmo.export.adapt): training does not reach up the pipeline."""
     job = Adaptation(model, text, out, tokenized, settings)
     job.open(resume)
     if resume:
@@ -407,7 +418,7 @@ def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSe
         if not finished:
             job.save()
             return {"stopped_at": stop_after, "out": str(out), "resume": "elmo adapt ... --resume"}
-        return job.finish(export)
+        return job.finish(export, publish)
 
 
 def _train_elapsed(run: Path) -> float | None:
@@ -429,4 +440,13 @@ def settings_from(args: argparse.Namespace) -> AdaptSettings:
     return s
 
 
-__all__ = ["ADAPT_FILE", "AdaptSettings", "Exporter", "adapt", "settings_from", "split_heldout"]
+__all__ = [
+    "ADAPT_FILE",
+    "WORK_DIR",
+    "AdaptSettings",
+    "Exporter",
+    "Publisher",
+    "adapt",
+    "settings_from",
+    "split_heldout",
+]
