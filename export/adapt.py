@@ -80,8 +80,9 @@ def publisher(target: Path):
     root, name = publish_target(target)
 
     def publish(model_dir: Path, earlier: dict | None) -> dict:
-        if earlier and earlier.get("model") == str(target) and is_complete(Path(earlier["path"])):
-            return earlier
+        if earlier and Path(earlier["path"]).resolve().parent == (root / name).resolve():
+            if is_complete(Path(earlier["path"])):  # published by an earlier run of this adaptation (and still there)
+                return earlier
         publication = publish_copy(model_dir, root, name, ignore=_not_published)
         return {"model": str(target), "name": name, "version": publication.version, "path": str(publication.path)}
 
