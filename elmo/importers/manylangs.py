@@ -44,6 +44,7 @@ import logging
 import pickle
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from elmo.errors import ConfigError, ModelFileError
@@ -312,7 +313,8 @@ def import_manylangs(model_dir: str | Path, out: str | Path) -> BiLM:
         )
     cfg = network_to_config(net, net_source, n_chars + 1, n_words + 1)
     state = convert_state(cfg, token_state, encoder_state, paths)
-    state["encoder.boundary_ids"] = torch.as_tensor([scheme.bos_ids, scheme.eos_ids], dtype=torch.int64)
+    # one array first: a list of arrays makes torch warn (slow path) on every import
+    state["encoder.boundary_ids"] = torch.as_tensor(np.stack([scheme.bos_ids, scheme.eos_ids]), dtype=torch.int64)
     model = BiLM(cfg)
     model.load_state_dict(state, strict=True)
     model.eval()

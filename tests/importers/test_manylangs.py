@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -268,7 +269,9 @@ def write_synthetic_folder(directory: Path, word_dim: int = 6) -> Path:
 
 
 def test_a_well_formed_synthetic_folder_imports(tmp_path):
-    model = import_manylangs(write_synthetic_folder(tmp_path / "peer"), tmp_path / "ours")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing a user cannot act on (torch's slow-path UserWarning was one)
+        model = import_manylangs(write_synthetic_folder(tmp_path / "peer"), tmp_path / "ours")
     assert model.cfg.char_scheme == "vocab" and model.cfg.word_dim == 6 and model.cfg.token_width == 51
     assert load_model(tmp_path / "ours").cfg == model.cfg
 
