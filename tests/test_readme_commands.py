@@ -131,10 +131,10 @@ README_COMMANDS: dict[str, Coverage] = {
     ),
     ".venv/bin/elmo baseline --corpus data/corpus": Coverage(PIPELINE),
     ".venv/bin/elmo export --model runs/default": Coverage(PIPELINE),
-    ".venv/bin/elmo serve --model runs/default --port 50051": Coverage(
+    ".venv/bin/elmo serve --model runs/default --port 50052": Coverage(
         PIPELINE,
         run_as=".venv/bin/elmo serve --model runs/default --port 0 --port-file serve.port",
-        why="port 50051 belongs to `make serve` (the `served` fixture, or whatever else runs on the machine); any "
+        why="50052 may be taken on a test machine (the README picks it to sit beside `make serve`'s 50051); any "
         "free port instead, read back from --port-file",
     ),
 }
