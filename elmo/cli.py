@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "mix": ("elmo.mix.cli", "train / report task scalar mixes", TRAIN),
     "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5", TRAIN),
     "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder", TRAIN),
+    "pull": ("elmo.export.pull", "download a published ELMo by name, check it, import, export (servable)", TRAIN),
     "bench": ("elmo.bench.run", "throughput / latency benchmarks", TRAIN),
 }
 # what each extra brings that the core does not (checked without importing it)

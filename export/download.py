@@ -1,0 +1,217 @@
+"""Resumable, checked downloads for ``elmo pull`` (standard library HTTP, a tqdm bar). Torch-free.
+
+- **Resume**: bytes arrive in ``FILE.part``; a transfer that breaks off keeps them, and the next attempt (in the same
+  run, ``retries`` times, or a later run of the same command) asks for the rest with ``Range: bytes=N-``. A server
+  that ignores the range (200 instead of 206) is read from the start again.
+- **Size**: the size the catalogue lists, else the size pinned by the first download, must be the size the server
+  announces (Content-Length / Content-Range) and the size on disk at the end; a shorter (truncated) or longer file
+  is refused before anything reads it.
+- **Pins**: the first complete download of a file records its SHA-256 and size in the pins file (JSON, keyed by
+  ``NAME/FILE``, so a mirror's copy is checked against the same pin); every later download, and every reuse of the
+  cached file, must match it. A file that does not is removed and refused: it is never imported.
+
+Every refusal is a DataError (one line, ``elmo pull: error: ...``, exit status 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from elmo.errors import DataError
+
+CHUNK = 1 << 16
+TIMEOUT_S = 60.0
+USER_AGENT = "elmo-pull/1 (+https://github.com/allenai/bilm-tf compatible importer)"
+PART_SUFFIX = ".part"
+CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Pins:
+    """The pins file: ``{"NAME/FILE": {"sha256": ..., "bytes": ..., "url": ..., "pinned_at": ...}}``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.entries: dict[str, dict] = {}
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{self.path}: unreadable pins file ({exc}); fix or remove it") from None
+            if not isinstance(data, dict) or not all(isinstance(v, dict) and "sha256" in v for v in data.values()):
+                raise DataError(f"{self.path}: not a pins file (NAME/FILE -> {{sha256, bytes}}); fix or remove it")
+            self.entries = data
+
+    def get(self, key: str) -> dict | None:
+        return self.entries.get(key)
+
+    def record(self, key: str, sha256: str, size: int, url: str) -> None:
+        self.entries[key] = {"sha256": sha256, "bytes": size, "url": url,
+                             "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.entries, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class Fetched:
+    """One file in the download cache, checked: ``pinned`` is "recorded" (first download) or "verified"."""
+
+    key: str
+    path: Path
+    url: str
+    sha256: str
+    size: int
+    pinned: str
+    downloaded: bool
+
+
+class _Interrupted(Exception):
+    """The transfer broke off (network error, early close): the .part file keeps what arrived."""
+
+
+def _expected(size: int | None, pin: dict | None) -> tuple[int | None, str]:
+    if size is not None:
+        return size, "the catalogue lists"
+    if pin is not None and isinstance(pin.get("bytes"), int):
+        return pin["bytes"], "the pin recorded on first download says"
+    return None, ""
+
+
+def fetch(
+    url: str,
+    dest: Path,
+    key: str,
+    pins: Pins,
+    size: int | None = None,
+    retries: int = 3,
+    progress: bool = True,
+    retry_wait_s: float = 1.0,
+) -> Fetched:
+    """``dest`` complete and checked (size, SHA-256 against the pin; the pin recorded when there is none yet):
+    reused when already in the cache, else downloaded (resuming ``dest.part``). Raises DataError on a refusal."""
+    dest = Path(dest)
+    pin = pins.get(key)
+    expected, why = _expected(size, pin)
+    downloaded = False
+    if not dest.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(dest.name + PART_SUFFIX)
+        for attempt in range(retries + 1):
+            try:
+                _transfer(url, part, expected, why, progress)
+                break
+            except _Interrupted as exc:
+                have = part.stat().st_size if part.is_file() else 0
+                of = f" of {expected:,}" if expected else ""
+                if attempt == retries:
+                    raise DataError(
+                        f"{url}: the transfer broke off at {have:,}{of} bytes ({exc}); what arrived is kept in "
+                        f"{part}: run the same command again to resume"
+                    ) from None
+                time.sleep(retry_wait_s * 2**attempt)
+        _check_size(part, expected, why, url)
+        os.replace(part, dest)
+        downloaded = True
+    else:
+        _check_size(dest, expected, why, url, cached=True)
+    digest = sha256_file(dest)
+    actual = dest.stat().st_size
+    if pin is None:
+        pins.record(key, digest, actual, url)
+        return Fetched(key, dest, url, digest, actual, "recorded", downloaded)
+    if digest != pin["sha256"]:
+        dest.unlink()
+        raise DataError(
+            f"{dest.name}: sha256 {digest} differs from the pin {pin['sha256']} recorded on first download "
+            f"({pins.path}, key {key}): refused and removed, not imported (if the publisher really replaced the "
+            "file, delete that key from the pins file)"
+        )
+    return Fetched(key, dest, url, digest, actual, "verified", downloaded)
+
+
+def _check_size(path: Path, expected: int | None, why: str, url: str, cached: bool = False) -> None:
+    actual = path.stat().st_size
+    if expected is None or actual == expected:
+        return
+    path.unlink()
+    what = "truncated" if actual < expected else "too long"
+    where = f"the cached {path}" if cached else f"{url}"
+    raise DataError(f"{where}: {what}: {actual:,} bytes, {why} {expected:,}: refused and removed, not imported")
+
+
+def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bool) -> None:
+    """One attempt: append the rest of ``url`` to ``part`` (Range from its size), or start over on a 200."""
+    offset = part.stat().st_size if part.is_file() else 0
+    if expected is not None and offset >= expected:
+        if offset == expected:
+            return  # already whole: the size and pin checks decide
+        part.unlink()
+        offset = 0
+    headers = {"User-Agent": USER_AGENT}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and offset and expected is None:
+            return  # nothing after the offset: the part is the whole file (the pin decides)
+        raise DataError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise _Interrupted(f"{getattr(exc, 'reason', exc)}") from None
+    with response:
+        total = _announced_total(response, offset, url)
+        if response.status != 206:
+            offset = 0  # the whole file again: the server ignored (or does not support) the range
+        if expected is not None and total is not None and total != expected:
+            raise DataError(
+                f"{url}: the server offers {total:,} bytes, {why} {expected:,}: refused (a truncated or different "
+                "file), nothing imported"
+            )
+        with open(part, "ab" if offset else "wb") as out, tqdm(
+            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=part.name[:-5],
+            disable=None if progress else True, leave=False,
+        ) as bar:  # fmt: skip
+            while True:
+                try:
+                    block = response.read(CHUNK)
+                except (http.client.HTTPException, OSError) as exc:
+                    raise _Interrupted(type(exc).__name__) from None
+                if not block:
+                    break
+                out.write(block)
+                bar.update(len(block))
+    have = part.stat().st_size
+    if total is not None and have < total:
+        raise _Interrupted("the connection closed early")
+
+
+def _announced_total(response, offset: int, url: str) -> int | None:
+    """The whole file's size as the server announces it (None when it does not say)."""
+    if response.status == 206:
+        match = CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
+        if not match or int(match.group(1)) != offset:
+            raise DataError(f"{url}: the server answered the range request from byte {offset:,} with Content-Range "
+                            f"{response.headers.get('Content-Range')!r}")  # fmt: skip
+        return None if match.group(3) == "*" else int(match.group(3))
+    length = response.headers.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
