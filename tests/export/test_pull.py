@@ -153,6 +153,7 @@ def test_an_unknown_name_is_one_line(capsys, tmp_path):
 
 
 # -- download: resume, truncation, pins ------------------------------------------------------------------------------
+@pytest.mark.slow  # 4.5 s (two imports + exports, 2 busy cores): the slow tier's rule is a call of 2 s or more
 def test_an_interrupted_download_resumes_and_the_model_serves(server, allennlp_files, bilm_tf_fixture, tmp_path,
                                                               capsys):  # fmt: skip
     weights = SMALL.files[1]
@@ -249,6 +250,7 @@ def zip_flat(folder: Path, archive: Path) -> bytes:
     return archive.read_bytes()
 
 
+@pytest.mark.slow  # 2.8 s (import + export + a 1 s retry wait)
 def test_a_manylangs_zip_is_published_as_the_next_version_and_serves(server, tmp_path, capsys):
     folder = write_synthetic_folder(tmp_path / "peer", word_dim=0)
     server.files[path_of(ZH.files[0])] = zip_flat(folder, tmp_path / "179.zip")
