@@ -173,8 +173,12 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
     try:
         response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
-        if exc.code == 416 and offset and expected is None:
-            return  # nothing after the offset: the part is the whole file (the pin decides)
+        if exc.code == 416 and offset:
+            if expected is None:
+                return  # nothing after the offset: the part is the whole file (the pin decides)
+            part.unlink()
+            raise DataError(f"{url}: the server's file is shorter than the {offset:,} bytes already downloaded, "
+                            f"{why} {expected:,} (HTTP 416): refused; the partial download was removed") from None
         raise DataError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Interrupted(f"{getattr(exc, 'reason', exc)}") from None
