@@ -15,6 +15,8 @@ Every refusal is a DataError (one line, ``elmo pull: error: ...``, exit status 2
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import http.client
 import json
@@ -64,12 +66,16 @@ class Pins:
         return self.entries.get(key)
 
     def record(self, key: str, sha256: str, size: int, url: str) -> None:
-        self.entries[key] = {"sha256": sha256, "bytes": size, "url": url,
-                             "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        """Add one pin: under a lock, the file re-read first, so pulls of other models at the same time keep theirs."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.entries, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.entries = {**Pins(self.path).entries, **self.entries}
+            self.entries[key] = {"sha256": sha256, "bytes": size, "url": url,
+                                 "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.entries, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
 
 
 @dataclass
@@ -108,8 +114,28 @@ def fetch(
     retry_wait_s: float = 1.0,
 ) -> Fetched:
     """``dest`` complete and checked (size, SHA-256 against the pin; the pin recorded when there is none yet):
-    reused when already in the cache, else downloaded (resuming ``dest.part``). Raises DataError on a refusal."""
+    reused when already in the cache, else downloaded (resuming ``dest.part``). Raises DataError on a refusal, and
+    when another process is fetching the same file (``dest.lock``)."""
     dest = Path(dest)
+    with _locked(dest):
+        return _fetch(url, dest, key, pins, size, retries, progress, retry_wait_s)
+
+
+@contextlib.contextmanager
+def _locked(dest: Path):
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = dest.with_name(dest.name + ".lock")
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"{dest}: another elmo pull is fetching this file now ({lock_path}); let it finish, "
+                            "then run this command again (it reuses the file)") from None  # fmt: skip
+        yield
+
+
+def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries: int, progress: bool,
+           retry_wait_s: float) -> Fetched:  # fmt: skip
     pin = pins.get(key)
     expected, why = _expected(size, pin)
     downloaded = False

@@ -8,6 +8,7 @@ as NLPL's zips are, as `zh`. It logs every request's Range header and can drop t
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import re
@@ -231,6 +232,17 @@ def test_a_server_that_ignores_the_range_is_read_from_the_start(server, allennlp
     fetched = download(SMALL, tmp_path / "cache", pins, server.url, retries=0, progress=False)
     assert server.ranges(path_of(weights)) == [None, "bytes=5000-"]  # asked from the offset, got the whole file
     assert fetched[1].path.read_bytes() == allennlp_files[weights.file] and fetched[1].pinned == "recorded"
+
+
+def test_a_file_another_pull_is_fetching_is_left_alone(server, allennlp_files, tmp_path):
+    options = SMALL.files[0]
+    dest = tmp_path / "cache" / "small" / options.file
+    dest.parent.mkdir(parents=True)
+    with open(dest.with_name(dest.name + ".lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a running `elmo pull small` holds it
+        with pytest.raises(DataError, match="another elmo pull is fetching this file now"):
+            download(SMALL, tmp_path / "cache", Pins(tmp_path / "cache" / "pins.json"), server.url, progress=False)
+    assert not dest.exists() and server.log == []
 
 
 def test_an_altered_file_is_refused_against_its_pin(server, allennlp_files, tmp_path, capsys, monkeypatch):
