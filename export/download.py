@@ -65,14 +65,25 @@ class Pins:
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)
 
+    def forget(self, key: str) -> None:
+        self._update(key, None)
+
     def record(self, key: str, sha256: str, size: int, url: str) -> None:
-        """Add one pin: under a lock, the file re-read first, so pulls of other models at the same time keep theirs."""
+        pin = {"sha256": sha256, "bytes": size, "url": url,
+               "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        self._update(key, pin)
+
+    def _update(self, key: str, pin: dict | None) -> None:
+        """Set (or with None remove) one pin: under a lock, the file re-read first, so that pulls of other models at
+        the same time keep theirs."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.entries = {**Pins(self.path).entries, **self.entries}
-            self.entries[key] = {"sha256": sha256, "bytes": size, "url": url,
-                                 "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            if pin is None:
+                self.entries.pop(key, None)
+            else:
+                self.entries[key] = pin
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(self.entries, indent=2, sort_keys=True) + "\n")
             os.replace(tmp, self.path)

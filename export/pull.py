@@ -30,7 +30,7 @@ from elmo.export.catalogue import ALLENNLP, CATALOGUE, Entry, markdown_table, re
 from elmo.export.download import Fetched, Pins, fetch
 from elmo.export.onnx_export import export_model
 
-from elmo.errors import ConfigError, DataError, ModelFileError
+from elmo.errors import ConfigError, DataError, ElmoError, ModelFileError
 from elmo.importers.allennlp import import_allennlp
 from elmo.importers.manylangs import import_manylangs
 from elmo.runtime.repository import check_model_name, publishing
@@ -94,17 +94,30 @@ def extract_zip(archive: Path, into: Path) -> Path:
     return folders[0]
 
 
-def build(entry: Entry, files: list[Fetched], folder: Path, work: Path, threads: int | None) -> None:
+def build(entry: Entry, files: list[Fetched], pins: Pins, folder: Path, work: Path, threads: int | None) -> None:
     """Import ``files`` into the model directory ``folder``, export and verify it, and record the provenance."""
-    with torch.no_grad():
-        if entry.kind == ALLENNLP:
-            options, weights = (f.path for f in files)
-            import_allennlp(options, weights, folder)
-        else:
-            try:
-                import_manylangs(extract_zip(files[0].path, work), folder)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+    try:
+        with torch.no_grad():
+            if entry.kind == ALLENNLP:
+                options, weights = (f.path for f in files)
+                import_allennlp(options, weights, folder)
+            else:
+                try:
+                    import_manylangs(extract_zip(files[0].path, work), folder)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+    except ElmoError as exc:
+        # Files first downloaded by this run that do not import are not what the publisher meant to serve: their
+        # pins and the files go, so that a rerun does not verify against a bad pin forever.
+        fresh = [f for f in files if f.pinned == "recorded"]
+        for f in fresh:
+            pins.forget(f.key)
+            f.path.unlink(missing_ok=True)
+        if not fresh:
+            raise
+        names = ", ".join(f.path.name for f in fresh)
+        why = f"removed what this run downloaded first, {names}, and its new pins: a rerun downloads afresh"
+        raise type(exc)(f"{exc} ({why})") from None
     card = folder / "README.md"
     if card.is_file():  # the importer titles the card with the folder's (temporary) name
         lines = card.read_text().splitlines()
@@ -154,12 +167,12 @@ def pull(
     }
     if model_root is not None:
         with publishing(Path(model_root), repo_name) as publication:
-            build(entry, files, publication.folder, work, threads)
+            build(entry, files, pins, publication.folder, work, threads)
         return {**summary, "out": str(publication.path), "model": repo_name, "version": publication.version}
     staging = out.parent / f".{out.name}.pulling-{os.getpid()}-{secrets.token_hex(4)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        build(entry, files, staging, work, threads)
+        build(entry, files, pins, staging, work, threads)
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         os.rename(staging, out)

@@ -221,6 +221,14 @@ def test_a_truncated_file_is_refused(server, allennlp_files, tmp_path, capsys, m
     assert len(error) == 1 and "truncated" in error[0] and "the pin recorded on first download" in error[0]
     assert not cached.exists() and not out.exists()
 
+    # with neither (a first download, the size unknown) the importer refuses it, and the new pins go with the files
+    (tmp_path / "cache" / "pins.json").unlink()
+    server.files[path_of(weights)] = whole[: len(whole) // 2]
+    assert elmo_main(pull_args("small", server, tmp_path, "--out", str(out))) == 2
+    error = last_error(capsys)
+    assert len(error) == 1 and f"downloaded first, {options.file}, {weights.file}, and its new pins" in error[0]
+    assert json.loads((tmp_path / "cache" / "pins.json").read_text()) == {} and not cached.exists()
+
 
 def test_a_server_that_ignores_the_range_is_read_from_the_start(server, allennlp_files, tmp_path):
     weights = SMALL.files[1]
