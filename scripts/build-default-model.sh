@@ -18,6 +18,7 @@
 # only under runs/tiny-build (the model to runs/tiny-build/model unless OUT_MODEL_DIR is given): never to the real
 # stage folders, whose tiny "finished" runs would stop a real build from training, nor to models/default.
 set -euo pipefail
+trap 'status=$?; [ "$status" = 0 ] || echo "build-default-model.sh: stopped (exit $status); run it again to go on: finished stages are kept, a stopped one resumes from its checkpoint" >&2' EXIT
 ELMO=${ELMO:-.venv/bin/elmo}
 PY=${PY:-.venv/bin/python}
 STAGES=(runs/default-stage1 runs/default-s2 runs/default-s3 runs/default-s4 runs/default-s5 runs/default-s6)
