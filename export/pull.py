@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -35,6 +36,7 @@ from elmo.importers.allennlp import import_allennlp
 from elmo.importers.manylangs import import_manylangs
 from elmo.runtime.repository import check_model_name, publishing
 
+log = logging.getLogger(__name__)
 BASE_URL_ENV = "ELMO_PULL_BASE_URL"
 CACHE_ENV = "ELMO_PULL_CACHE"
 PINS_FILE = "pins.json"
@@ -129,6 +131,7 @@ def build(entry: Entry, files: list[Fetched], pins: Pins, folder: Path, work: Pa
         "files": [{"file": f.path.name, "url": f.url, "sha256": f.sha256, "bytes": f.size} for f in files],
     }
     (folder / PULL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    log.info("%s imported; exporting and verifying", entry.name)
     export_model(folder, threads=threads)
 
 
@@ -159,6 +162,9 @@ def pull(
     cache = Path(cache) if cache is not None else default_cache()
     pins = Pins(Path(pins_path) if pins_path is not None else cache / PINS_FILE)
     files = download(entry, cache, pins, base_url, retries, progress)
+    for f in files:
+        how = "downloaded" if f.downloaded else "in the cache"
+        log.info("%s: %s, %s bytes, sha256 %s (pin %s)", f.key, how, f"{f.size:,}", f.sha256, f.pinned)
     work = cache / entry.name / f".extract-{os.getpid()}-{secrets.token_hex(4)}"
     summary = {
         "name": entry.name,
