@@ -155,6 +155,7 @@ class RequestCore:
         self.models = models
         self.limits = limits
         self.state = state
+        self.manager = None  # service.versions.ModelManager under --model-root (versions for ListModels)
         # Only large requests reach the workers (small ones run in place): they run in the background too
         self.workers = background_executor(limits.request_workers, "request", limits.background_nice)
 
@@ -174,7 +175,8 @@ class RequestCore:
         prepared = await self.run(
             lambda: self.prepare(request, Encoding.PROTOBUF), heavy=request_chars(request) > INLINE_CHARS
         )
-        result = await self.embed(prepared, deadline, started)
+        with released(prepared):
+            result = await self.embed(prepared, deadline, started)
         response = await self.run(lambda: build_response(result), heavy=prepared.answer_bytes > INLINE_MESSAGE_BYTES)
         response.request_id = request.request_id
         return response
@@ -226,6 +228,13 @@ class RequestCore:
         ServiceError. Thread-safe: runs on a worker for large requests. ``pooled``: the answer is one vector per
         input (OpenAI's /v1/embeddings): the pooled limits hold, and the size limit counts one vector per input."""
         plan = self._plan(request, Bounds.of(self.limits, pooled))
+        try:
+            return self._prepared(request, plan, encoding, pooled)
+        except BaseException:
+            plan.model.release()
+            raise
+
+    def _prepared(self, request: pb.EmbedRequest, plan: _Plan, encoding: Encoding, pooled: bool) -> PreparedEmbed:
         sentences, offsets, truncated = self._tokens(request, plan)
         if pooled:  # one vector per input: the offsets are never sent, and 300,000 of them are worth freeing
             offsets = [None] * len(sentences)
@@ -256,7 +265,17 @@ class RequestCore:
         return model, model.tasks.get(name) if name else None
 
     def _plan(self, request: pb.EmbedRequest, bounds: Bounds) -> _Plan:
-        model, task = self.model_and_task(request)
+        """The cheap checks. The model version the request resolves to counts it in flight (so that a swap does not
+        release it under the request) until :func:`release` is called with the prepared request."""
+        model, alias_task = self.models.acquire(request.model)
+        try:
+            name = request.task or alias_task
+            return self._checked_plan(request, bounds, model, model.tasks.get(name) if name else None)
+        except BaseException:
+            model.release()
+            raise
+
+    def _checked_plan(self, request: pb.EmbedRequest, bounds: Bounds, model: ServedModel, task: Task | None) -> _Plan:
         check_count(len(request.inputs), bounds)
         if request.dtype not in NUMPY_DTYPES:
             raise invalid(f"dtype {request.dtype} is not FLOAT32 (0) or FLOAT16 (1)")
@@ -340,12 +359,19 @@ class RequestCore:
             out.offsets.extend(pb.Span(start=s, end=e) for s, e in tokenized.offsets)
         return response
 
+    def statuses(self) -> list[pb.ModelStatus]:
+        """Every served model's loaded versions (ListModels, /v1/models)."""
+        from elmo.service.versions import served_status
+
+        return [served_status(self.models, name, self.manager) for name in list(self.models.models)]
+
     def model_info(self, name: str) -> pb.ModelInfo:
         model = self.models.get(name)
         lim = self.limits
         return pb.ModelInfo(
             name=model.name,
             version=model.version,
+            model_version=model.number,
             n_layers=model.n_layers,
             dim=model.dim,
             max_tokens_per_sentence=min(lim.max_tokens_per_sentence, model.max_tokens_per_sentence),
@@ -360,6 +386,15 @@ class RequestCore:
                 max_response_bytes=lim.max_response_bytes,
             ),
         )
+
+
+@contextlib.contextmanager
+def released(prepared: PreparedEmbed):
+    """Give back the in-flight count ``prepare`` took on the request's model version once the block ends."""
+    try:
+        yield prepared
+    finally:
+        prepared.model.release()
 
 
 # -- checks and messages --------------------------------------------------------------------------------------------
@@ -486,7 +521,11 @@ def pooled_bytes(n_inputs: int, dim: int, encoding: Encoding) -> int:
 
 def build_response(result: EmbedResult) -> pb.EmbedResponse:
     prepared = result.prepared
-    response = pb.EmbedResponse(model=prepared.model.name)
+    response = pb.EmbedResponse(
+        model=prepared.model.name,
+        model_version=prepared.model.number,
+        task_stale=bool(prepared.task is not None and getattr(prepared.task, "stale", False)),
+    )
     response.layers.extend(prepared.layers or range(prepared.model.n_layers))
     for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
         embedding = response.embeddings.add()
@@ -557,5 +596,6 @@ __all__ = [
     "pooled",
     "input_chunks",
     "pooled_bytes",
+    "released",
     "request_chars",
 ]

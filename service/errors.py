@@ -23,6 +23,8 @@ class Kind(enum.Enum):
     UNAVAILABLE = "unavailable"  # warming up or draining; retry on another replica
     UNAUTHENTICATED = "unauthenticated"  # missing or wrong bearer token
     UNSUPPORTED_MEDIA = "unsupported media type"  # HTTP: a body that is not JSON
+    PERMISSION_DENIED = "permission denied"  # a token, but not the one this API needs (the admin API)
+    REFUSED = "refused"  # admin: a model version that failed to load or its checks, or over --max-model-memory
     INTERNAL = "internal"  # a bug or a broken model; logged with a traceback
 
 
@@ -35,6 +37,8 @@ _GRPC_CODES: dict[Kind, grpc.StatusCode] = {
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Kind.UNSUPPORTED_MEDIA: grpc.StatusCode.INVALID_ARGUMENT,
+    Kind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Kind.REFUSED: grpc.StatusCode.FAILED_PRECONDITION,
     Kind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
@@ -49,6 +53,8 @@ _HTTP_STATUSES: dict[Kind, int] = {
     Kind.UNAVAILABLE: 503,
     Kind.UNAUTHENTICATED: 401,
     Kind.UNSUPPORTED_MEDIA: 415,
+    Kind.PERMISSION_DENIED: 403,
+    Kind.REFUSED: 409,
     Kind.INTERNAL: 500,
 }
 

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,28 @@ class ServedModel:
     provider: str
     version: str
     ready: bool = field(default=False)
+    number: int = 0  # the version's folder number under --model-root (0: a model served with --model DIR)
+    memory_bytes: int = 0  # what it counts against --max-model-memory
+    _in_flight: int = field(default=0, repr=False)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def ref(self) -> str:
+        """``name@number`` (the answer's X-Elmo-Model header), or ``name`` for a model served with --model."""
+        return f"{self.name}@{self.number}" if self.number else self.name
+
+    @property
+    def in_flight(self) -> int:
+        """Requests that resolved to this version and have not finished: its release waits for 0."""
+        return self._in_flight
+
+    def acquire(self) -> None:
+        with self._count_lock:
+            self._in_flight += 1
+
+    def release(self) -> None:
+        with self._count_lock:
+            self._in_flight -= 1
 
     async def warm_up(self) -> None:
         """runtime.warmup() in the worker thread, then one real forward through the batcher (checked)."""
@@ -135,21 +158,43 @@ def serve_model(
 class ModelRegistry:
     """Models by name; the first one registered is the default (empty ``model`` in a request). Aliases
     (``--model-alias NAME=MODEL[:TASK]``) are further names for a model, or for one of its task mixes, for clients
-    that cannot change the name they send (``text-embedding-3-small``)."""
+    that cannot change the name they send (``text-embedding-3-small``).
 
-    def __init__(self, models: list[ServedModel], aliases: dict[str, tuple[str, str]] | None = None):
-        if not models:
+    Under ``--model-root`` a name may have several loaded versions (service.versions adds and removes them while
+    serving): ``models[NAME]`` is the one that takes new requests (the highest loaded), ``versions[NAME][N]`` every
+    loaded one, and a request may pin one as ``NAME@N``. Lookups and the in-flight count a request takes
+    (:meth:`acquire`) happen under one lock with the changes, so a version taken out of service is never handed to a
+    new request after :meth:`remove_version` returns."""
+
+    def __init__(
+        self,
+        models: list[ServedModel],
+        aliases: dict[str, tuple[str, str]] | None = None,
+        allow_empty: bool = False,
+    ):
+        if not models and not allow_empty:
             raise ConfigError("no model to serve (--model DIR)")
+        self._lock = threading.Lock()
         self.models: dict[str, ServedModel] = {}
+        self.versions: dict[str, dict[int, ServedModel]] = {}
         for model in models:
             if model.name in self.models:
                 raise ConfigError(f"two models are named '{model.name}': give one another name with --model NAME=DIR")
             self.models[model.name] = model
-        self.default = models[0].name
+            self.versions[model.name] = {model.number: model}
+        self._default = models[0].name if models else ""
         self.aliases: dict[str, tuple[str, str]] = {}
         for alias, (model_name, task) in (aliases or {}).items():
             self._check_alias(alias, model_name, task)
             self.aliases[alias] = (model_name or self.default, task)
+
+    @property
+    def default(self) -> str:
+        """The model an empty ``model`` names: the first registered, else (under --model-root, once that one is
+        unloaded) the first in name order."""
+        if self._default in self.models or not self.models:
+            return self._default
+        return sorted(self.models)[0]
 
     def _check_alias(self, alias: str, model_name: str, task: str) -> None:
         where = f"--model-alias {alias}={model_name}{':' + task if task else ''}"
@@ -157,6 +202,8 @@ class ModelRegistry:
             raise ConfigError(f"{where}: '{alias}' is already a served model's name")
         if model_name and model_name not in self.models:
             raise ConfigError(f"{where}: no served model is named '{model_name}' (serving: {', '.join(self.models)})")
+        if not self.models:
+            raise ConfigError(f"{where}: no model is loaded yet")
         model = self.models[model_name or self.default]
         if task and task not in model.tasks.names():
             raise ConfigError(f"{where}: model '{model.name}' has no task '{task}' (tasks: "
@@ -166,23 +213,77 @@ class ModelRegistry:
         return self.resolve(name)[0]
 
     def resolve(self, name: str) -> tuple[ServedModel, str]:
-        """A request's ``model`` -> (the model, the task an alias names, else "")."""
+        """A request's ``model`` -> (the model, the task an alias names, else ""). ``NAME@N`` pins version N."""
+        with self._lock:
+            return self._resolve(name)
+
+    def acquire(self, name: str) -> tuple[ServedModel, str]:
+        """:meth:`resolve`, counting the request in the version's in-flight count (give it back with
+        ``model.release()``): the version is not released while the count is above 0."""
+        with self._lock:
+            model, task = self._resolve(name)
+            model.acquire()
+            return model, task
+
+    def _resolve(self, name: str) -> tuple[ServedModel, str]:
         if not name:
-            return self.models[self.default], ""
+            name = self.default
         if name in self.aliases:
-            model_name, task = self.aliases[name]
-            return self.models[model_name], task
+            name, task = self.aliases[name]
+        else:
+            task = ""
+        base, sep, number = name.partition("@")
+        if sep:
+            loaded = self.versions.get(base, {})
+            if not number.isdigit() or int(number) not in loaded:
+                have = ", ".join(m.ref for m in sorted(loaded.values(), key=lambda m: m.number)) or "none"
+                raise not_found(f"model version '{clip(name)}' is not loaded (loaded versions of '{clip(base)}': "
+                                f"{have})")  # fmt: skip
+            return loaded[int(number)], task
         try:
-            return self.models[name], ""
+            return self.models[name], task
         except KeyError:
-            raise not_found(f"unknown model '{clip(name)}' (serving: {', '.join(self.names())})") from None
+            raise not_found(f"unknown model '{clip(name)}' (serving: {', '.join(self.names()) or 'none'})") from None
+
+    def add_version(self, model: ServedModel) -> ServedModel | None:
+        """Register a loaded, warmed-up version; it takes new requests when it is the name's highest loaded version.
+        Returns the version that served new requests before, if this one replaces it."""
+        with self._lock:
+            versions = self.versions.setdefault(model.name, {})
+            versions[model.number] = model
+            before = self.models.get(model.name)
+            if before is None or model.number >= before.number:
+                self.models[model.name] = model
+                if not self._default:
+                    self._default = model.name
+                return before if before is not model else None
+            return None
+
+    def remove_version(self, model: ServedModel) -> None:
+        """Take a version out of service: no request resolves to it afterwards (those that did keep their count)."""
+        with self._lock:
+            versions = self.versions.get(model.name, {})
+            if versions.get(model.number) is model:
+                del versions[model.number]
+            if self.models.get(model.name) is model:
+                if versions:
+                    self.models[model.name] = versions[max(versions)]
+                else:
+                    del self.models[model.name]
+            if not versions:
+                self.versions.pop(model.name, None)
+
+    def loaded(self) -> list[ServedModel]:
+        """Every loaded version of every model (the ones that take new requests and the pinned older ones)."""
+        with self._lock:
+            return [m for versions in self.versions.values() for m in versions.values()]
 
     def names(self) -> list[str]:
         """Served models' names, then aliases."""
         return [*self.models, *self.aliases]
 
     def __iter__(self):
-        return iter(self.models.values())
+        return iter(list(self.models.values()))
 
 
 __all__ = ["ModelRegistry", "ServedModel", "parse_alias", "serve_model"]

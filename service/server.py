@@ -2,6 +2,11 @@
 
     elmo serve --model DIR [--model NAME=DIR ...] --port 50051 [--http-port 8080] [--metrics-port 9090]
                [--tls-cert FILE --tls-key FILE] [--auth-token TOKEN | env ELMO_AUTH_TOKEN] [limits flags]
+    elmo serve --model-root DIR [--poll-interval-s 5] [--keep-versions 1] [--max-model-memory 8GiB]
+               [--admin-token TOKEN | env ELMO_ADMIN_TOKEN] ...
+
+``--model-root DIR`` serves a model repository (``DIR/NAME/VERSION/``) whose versions change while serving
+(service.versions; the admin API in service.admin and on HTTP under /admin/).
 
 ``--http-port`` adds the HTTP/JSON API and the web page (service.http) on the same event loop, sharing models,
 batchers, limits, token, TLS, metrics and drain.
@@ -22,15 +27,17 @@ import os
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
 from elmo.service import switching
 from elmo.service.core import RequestCore, ServerState
 from elmo.service.errors import ServiceError
-from elmo.service.interceptors import AuthInterceptor, ObserverInterceptor
+from elmo.service.interceptors import HEALTH_PREFIX, AuthInterceptor, ObserverInterceptor
 from elmo.service.limits import Limits, add_limit_arguments, limits_from_args
 from elmo.service.metrics import ServiceMetrics
 from elmo.service.models import ModelRegistry, ServedModel, parse_alias, serve_model
@@ -45,6 +52,19 @@ from elmo.errors import ConfigError, ElmoError
 log = logging.getLogger("service.server")
 
 AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
+ADMIN_TOKEN_ENV = "ELMO_ADMIN_TOKEN"
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """``--model-root`` and its flags (service.versions.ModelManager's arguments)."""
+
+    root: Path
+    open_runtime: Callable[[Path], Any]
+    poll_interval_s: float = 0.0
+    keep_versions: int = 1
+    max_memory: int | None = None
+    release_timeout_s: float = 60.0
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" = the whole server
 
 
@@ -111,18 +131,36 @@ class ElmoServer:
         http_port: int | None = None,
         aliases: dict[str, tuple[str, str]] | None = None,
         normalize: bool = False,
+        repository: RepositoryOptions | None = None,
+        admin_token: str | None = None,
     ):
-        self.registry = ModelRegistry(models, aliases)
+        from elmo.service.admin import ADMIN_PREFIX, ADMIN_SERVICE_NAME, AdminAuthInterceptor
+
+        self.registry = ModelRegistry(models, aliases, allow_empty=repository is not None)
         self.limits = limits
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
         self.state = ServerState()
         self.core = RequestCore(self.registry, limits, self.state)
+        self.manager = None
+        if repository is not None:
+            from elmo.service.versions import ModelManager
+
+            self.manager = ModelManager(
+                repository.root, self.registry, limits, metrics, repository.open_runtime,
+                poll_interval_s=repository.poll_interval_s, keep_versions=repository.keep_versions,
+                max_memory=repository.max_memory, release_timeout_s=repository.release_timeout_s,
+            )  # fmt: skip
+            self.core.manager = self.manager
+        if admin_token and self.manager is None:
+            raise ConfigError("--admin-token controls a model repository: serve one with --model-root DIR")
         self.health = health_aio.HealthServicer()
         observer = RequestObserver(metrics)
         interceptors: list[grpc.aio.ServerInterceptor] = [ObserverInterceptor(observer)]
-        if auth_token:
-            interceptors.append(AuthInterceptor(auth_token))
+        if auth_token:  # the clients' token: not on health checks, nor on the admin API (its own token)
+            interceptors.append(AuthInterceptor(auth_token, exempt_prefixes=(HEALTH_PREFIX, ADMIN_PREFIX)))
+        if admin_token:
+            interceptors.append(AdminAuthInterceptor(admin_token))
         self.server = grpc.aio.server(
             interceptors=interceptors,
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
@@ -134,15 +172,24 @@ class ElmoServer:
         )
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
+        services = [SERVICE_NAME]
+        if admin_token and self.manager is not None:
+            from elmo.service.admin import ModelAdminServicer, admin_handler
+
+            self.server.add_generic_rpc_handlers((admin_handler(ModelAdminServicer(self.manager)),))
+            services.append(ADMIN_SERVICE_NAME)
         self.http_port = http_port
         self.http = None
         if http_port is not None:
             from elmo.service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
 
-            self.http = HttpFrontend(self.core, observer, auth_token, self._serving, normalize=normalize)
+            self.http = HttpFrontend(
+                self.core, observer, auth_token, self._serving, normalize=normalize,
+                admin_token=admin_token if self.manager is not None else None,
+            )  # fmt: skip
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
         self._stopped = asyncio.Event()
@@ -190,9 +237,16 @@ class ElmoServer:
         return self.port
 
     async def warm_up(self) -> None:
-        """A real forward pass per model through its batcher; then SERVING."""
+        """A real forward pass per model through its batcher (under --model-root: the latest complete version of
+        every model loaded, checked and warmed up, then polling starts); then SERVING."""
+        if self.manager is not None:
+            await self.manager.start()
+            if not self.registry.models:
+                log.warning("no model version under %s could be loaded: serving none until one is published or "
+                            "loaded through the admin API", self.manager.root)  # fmt: skip
         for model in self.registry:
-            await model.warm_up()
+            if not model.ready:
+                await model.warm_up()
             self.metrics.ready.labels(model.name).set(1)
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -217,8 +271,11 @@ class ElmoServer:
         await self.server.stop(1.0)
         if self.http is not None:
             await self.http.stop()
-        for model in self.registry:
-            await model.batcher.close()
+        if self.manager is not None:
+            await self.manager.close()
+        else:
+            for model in self.registry:
+                await model.batcher.close()
         self.core.close()
         self.metrics.close()
         log.info("drained and stopped")
@@ -233,9 +290,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         action="append",
-        required=True,
+        default=None,
         metavar="[NAME=]DIR",
-        help="model directory to serve (repeat for several; the first is the default)",
+        help="model directory to serve (repeat for several; the first is the default); or --model-root",
+    )
+    parser.add_argument(
+        "--model-root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve a model repository, DIR/NAME/VERSION/ exported model directories: the latest complete version "
+        "of every NAME; versions change while serving (--poll-interval-s, the admin API); see docs/models.md",
+    )
+    parser.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=0.0,
+        help="with --model-root: look for new, removed and repaired versions this often (default 0 = never: only "
+        "the admin API changes what is loaded)",
+    )
+    parser.add_argument(
+        "--keep-versions",
+        type=int,
+        default=1,
+        help="with --model-root: keep the N highest complete versions of every model loaded, each one pinnable as "
+        "NAME@VERSION (default 1: the latest; new requests always go to the highest)",
+    )
+    parser.add_argument(
+        "--max-model-memory",
+        default=None,
+        metavar="SIZE",
+        help="with --model-root: refuse a load that would take the models' memory over SIZE (2GiB, 512MiB, 4GB; "
+        "estimated from the model files, see docs/models.md; default no limit)",
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=None,
+        help=f"with --model-root: serve the admin API (gRPC elmo.v1.ModelAdmin, HTTP /admin/...) to callers with "
+        f"'authorization: Bearer TOKEN' (default: env {ADMIN_TOKEN_ENV}; none = no admin API)",
+    )
+    parser.add_argument(
+        "--release-timeout-s",
+        type=float,
+        default=60.0,
+        help="with --model-root: a version taken out of service is released once its requests are done, or after "
+        "this long at most (default 60)",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free port)")
@@ -307,25 +406,55 @@ def _model_specs(values: list[str]) -> list[tuple[str, Path]]:
     return specs
 
 
-def load_models(args: argparse.Namespace, limits: Limits, metrics: ServiceMetrics) -> list[ServedModel]:
+def runtime_opener(args: argparse.Namespace, limits: Limits) -> Callable[[Path], Any]:
+    """``open(directory)`` -> an elmo.runtime.Embedder with the command line's runtime flags."""
     from elmo.runtime import Embedder
 
     providers = [p.strip() for p in args.providers.split(",")] if args.providers else None
-    models = []
-    for name, directory in _model_specs(args.model):
-        runtime_options = {} if args.token_cache is None else {"cache_size": args.token_cache}
-        if args.runtime_batch_tokens is not None:
-            runtime_options["max_batch_tokens"] = args.runtime_batch_tokens
-        runtime = Embedder(
+    runtime_options = {} if args.token_cache is None else {"cache_size": args.token_cache}
+    if args.runtime_batch_tokens is not None:
+        runtime_options["max_batch_tokens"] = args.runtime_batch_tokens
+
+    def open_runtime(directory: Path) -> Any:
+        return Embedder(
             directory,
             **runtime_options,
             providers=providers,
             intra_op_threads=args.threads,
             max_tokens_per_sentence=limits.max_tokens_per_sentence,
         )
+
+    return open_runtime
+
+
+def load_models(args: argparse.Namespace, limits: Limits, metrics: ServiceMetrics) -> list[ServedModel]:
+    open_runtime = runtime_opener(args, limits)
+    models = []
+    for name, directory in _model_specs(args.model or []):
+        runtime = open_runtime(directory)
         served_name = name or runtime.info.name
         models.append(serve_model(runtime, directory, limits, metrics.observer(served_name), name=served_name))
     return models
+
+
+def _repository_from_args(args: argparse.Namespace, limits: Limits) -> RepositoryOptions | None:
+    if bool(args.model) == (args.model_root is not None):
+        raise ConfigError("serve either --model DIR (repeatable) or --model-root DIR (a model repository)")
+    if args.model_root is None:
+        for flag in ("max_model_memory", "admin_token"):
+            if getattr(args, flag):
+                raise ConfigError(f"--{flag.replace('_', '-')} goes with --model-root DIR")
+        return None
+    from elmo.service.versions import parse_bytes
+
+    return RepositoryOptions(
+        args.model_root,
+        runtime_opener(args, limits),
+        poll_interval_s=args.poll_interval_s,
+        keep_versions=args.keep_versions,
+        max_memory=parse_bytes(args.max_model_memory) if args.max_model_memory else None,
+        release_timeout_s=args.release_timeout_s,
+    )
 
 
 def _tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
@@ -343,6 +472,7 @@ async def serve(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
     check_port_free(args.host, args.http_port, " for HTTP")
     check_port_free(args.metrics_host or args.host, args.metrics_port, " for metrics")
+    repository = _repository_from_args(args, limits)
     models = load_models(args, limits, metrics)
     server = ElmoServer(
         models,
@@ -355,6 +485,8 @@ async def serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         aliases=aliases,
         normalize=args.normalize,
+        repository=repository,
+        admin_token=args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -384,4 +516,4 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(serve(args))
 
 
-__all__ = ["ElmoServer", "TlsFiles", "add_arguments", "run", "serve"]
+__all__ = ["ElmoServer", "RepositoryOptions", "TlsFiles", "add_arguments", "run", "serve"]

@@ -111,7 +111,7 @@ class EmbedderServicer:
 
     @_answer
     async def ListModels(self, request, context):  # noqa: N802
-        return pb.ListModelsResponse(models=[m.name for m in self.core.models])
+        return pb.ListModelsResponse(models=[m.name for m in self.core.models], statuses=self.core.statuses())
 
 
 def embedder_handler(servicer: EmbedderServicer) -> grpc.GenericRpcHandler:

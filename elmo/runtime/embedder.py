@@ -186,6 +186,16 @@ class Embedder:
             # other way round: each pool's threads keep the priority they were made with.
             self._background_pool = background_executor(runs, "elmo-run-background", self.background_nice)
 
+    def close(self) -> None:
+        """Release the sessions and thread pools (a server unloading this model version); unusable afterwards. The
+        memory comes back once the last reference to the Embedder is gone (then ``gc`` and ``malloc_trim``)."""
+        for pool in (self._pool, self._background_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._background_pool = None
+        self.encoder = self.context = self._parallel = None
+        self.cache = TokenVectorCache(0)
+
     def _active_provider(self, request: ProviderRequest) -> str:
         active = {self.encoder.get_providers()[0], self.context.get_providers()[0]}
         if len(active) > 1:

@@ -18,12 +18,27 @@ class Overflow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OVERFLOW_REJECT: _ClassVar[Overflow]
     OVERFLOW_TRUNCATE: _ClassVar[Overflow]
     OVERFLOW_WINDOW: _ClassVar[Overflow]
+
+class VersionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERSION_STATE_UNSPECIFIED: _ClassVar[VersionState]
+    VERSION_LOADING: _ClassVar[VersionState]
+    VERSION_READY: _ClassVar[VersionState]
+    VERSION_UNLOADING: _ClassVar[VersionState]
+    VERSION_UNLOADED: _ClassVar[VersionState]
+    VERSION_FAILED: _ClassVar[VersionState]
 FLOAT32: DType
 FLOAT16: DType
 OVERFLOW_DEFAULT: Overflow
 OVERFLOW_REJECT: Overflow
 OVERFLOW_TRUNCATE: Overflow
 OVERFLOW_WINDOW: Overflow
+VERSION_STATE_UNSPECIFIED: VersionState
+VERSION_LOADING: VersionState
+VERSION_READY: VersionState
+VERSION_UNLOADING: VersionState
+VERSION_UNLOADED: VersionState
+VERSION_FAILED: VersionState
 
 class Tokens(_message.Message):
     __slots__ = ("tokens",)
@@ -106,18 +121,22 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., inference_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_sentences: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "model", "timing", "layers", "request_id")
+    __slots__ = ("embeddings", "model", "timing", "layers", "request_id", "model_version", "task_stale")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASK_STALE_FIELD_NUMBER: _ClassVar[int]
     embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
     model: str
     timing: Timing
     layers: _containers.RepeatedScalarFieldContainer[int]
     request_id: str
-    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., model: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., layers: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    model_version: int
+    task_stale: bool
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., model: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., layers: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., model_version: _Optional[int] = ..., task_stale: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("texts", "model")
@@ -162,7 +181,7 @@ class Limits(_message.Message):
     def __init__(self, max_inputs: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "n_layers", "dim", "max_tokens_per_sentence", "tasks", "execution_provider", "limits", "stale_tasks")
+    __slots__ = ("name", "version", "n_layers", "dim", "max_tokens_per_sentence", "tasks", "execution_provider", "limits", "stale_tasks", "model_version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     N_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +191,7 @@ class ModelInfo(_message.Message):
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     STALE_TASKS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     n_layers: int
@@ -181,14 +201,67 @@ class ModelInfo(_message.Message):
     execution_provider: str
     limits: Limits
     stale_tasks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., dim: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., stale_tasks: _Optional[_Iterable[str]] = ...) -> None: ...
+    model_version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., dim: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., stale_tasks: _Optional[_Iterable[str]] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ListModelsResponse(_message.Message):
+    __slots__ = ("models", "statuses")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedScalarFieldContainer[str]
+    statuses: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    def __init__(self, models: _Optional[_Iterable[str]] = ..., statuses: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...) -> None: ...
+
+class VersionStatus(_message.Message):
+    __slots__ = ("version", "state", "reason", "serving", "memory_bytes", "in_flight")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    state: VersionState
+    reason: str
+    serving: bool
+    memory_bytes: int
+    in_flight: int
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[_Union[VersionState, str]] = ..., reason: _Optional[str] = ..., serving: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class ModelStatus(_message.Message):
+    __slots__ = ("name", "versions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    versions: _containers.RepeatedCompositeFieldContainer[VersionStatus]
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ...) -> None: ...
+
+class LoadModelRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class UnloadModelRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class RepositoryIndexRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RepositoryIndexResponse(_message.Message):
     __slots__ = ("models",)
     MODELS_FIELD_NUMBER: _ClassVar[int]
-    models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, models: _Optional[_Iterable[str]] = ...) -> None: ...
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...) -> None: ...

@@ -93,7 +93,7 @@ class EmbedderServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """Names of every served model (the first one is the default).
+        """Names of every served model (the first one is the default), and the versions each has loaded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -263,6 +263,176 @@ class Embedder:
             '/elmo.v1.Embedder/ListModels',
             elmo_dot_v1_dot_embedder__pb2.ListModelsRequest.SerializeToString,
             elmo_dot_v1_dot_embedder__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ModelAdminStub:
+    """Explicit control of a model repository (`elmo serve --model-root DIR`): load, unload and list versions. Served only
+    when the server has an admin token (`--admin-token`), which every call must carry as `authorization: Bearer
+    <admin token>` (the clients' `--auth-token` does not open it).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.LoadModel = channel.unary_unary(
+                '/elmo.v1.ModelAdmin/LoadModel',
+                request_serializer=elmo_dot_v1_dot_embedder__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=elmo_dot_v1_dot_embedder__pb2.ModelStatus.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/elmo.v1.ModelAdmin/UnloadModel',
+                request_serializer=elmo_dot_v1_dot_embedder__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=elmo_dot_v1_dot_embedder__pb2.ModelStatus.FromString,
+                _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/elmo.v1.ModelAdmin/RepositoryIndex',
+                request_serializer=elmo_dot_v1_dot_embedder__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=elmo_dot_v1_dot_embedder__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
+
+
+class ModelAdminServicer:
+    """Explicit control of a model repository (`elmo serve --model-root DIR`): load, unload and list versions. Served only
+    when the server has an admin token (`--admin-token`), which every call must carry as `authorization: Bearer
+    <admin token>` (the clients' `--auth-token` does not open it).
+    """
+
+    def LoadModel(self, request, context):
+        """Load a version (0 = the latest complete one) of a model in the repository; answers once it serves (or failed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Stop serving a version (0 = every version) of a model: requests in flight finish, then its memory is freed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryIndex(self, request, context):
+        """Every model in the repository and every version on disk or loaded, with its state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ModelAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=elmo_dot_v1_dot_embedder__pb2.LoadModelRequest.FromString,
+                    response_serializer=elmo_dot_v1_dot_embedder__pb2.ModelStatus.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=elmo_dot_v1_dot_embedder__pb2.UnloadModelRequest.FromString,
+                    response_serializer=elmo_dot_v1_dot_embedder__pb2.ModelStatus.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=elmo_dot_v1_dot_embedder__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=elmo_dot_v1_dot_embedder__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'elmo.v1.ModelAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('elmo.v1.ModelAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ModelAdmin:
+    """Explicit control of a model repository (`elmo serve --model-root DIR`): load, unload and list versions. Served only
+    when the server has an admin token (`--admin-token`), which every call must carry as `authorization: Bearer
+    <admin token>` (the clients' `--auth-token` does not open it).
+    """
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elmo.v1.ModelAdmin/LoadModel',
+            elmo_dot_v1_dot_embedder__pb2.LoadModelRequest.SerializeToString,
+            elmo_dot_v1_dot_embedder__pb2.ModelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elmo.v1.ModelAdmin/UnloadModel',
+            elmo_dot_v1_dot_embedder__pb2.UnloadModelRequest.SerializeToString,
+            elmo_dot_v1_dot_embedder__pb2.ModelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elmo.v1.ModelAdmin/RepositoryIndex',
+            elmo_dot_v1_dot_embedder__pb2.RepositoryIndexRequest.SerializeToString,
+            elmo_dot_v1_dot_embedder__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,7 +10,10 @@ timeouts and a cap on open connections.
     POST /v1/embeddings   OpenAI's schema: one pooled vector per input
     POST /v1/embed        per-token, per-layer vectors and task mixes (JSON numbers or base64)
     POST /v1/tokenize     the service's tokens and offsets
-    GET  /v1/models       served models, and one ``model:task`` entry per task mix
+    GET  /v1/models       served models (with their loaded versions), and one ``model:task`` entry per task mix
+    GET  /admin/models                  (--model-root, --admin-token) every model and version, with states
+    POST /admin/models/{name}/load      load a version ({"version": N}; none = the latest)
+    POST /admin/models/{name}/unload    unload a version ({"version": N}; none = every version)
     GET  /health          200 SERVING / 503 NOT_SERVING (no token needed)
     GET  /openapi.json    this API's OpenAPI description
     GET  /                the layer explorer page (service/http/page/index.html)
@@ -38,6 +41,7 @@ from elmo.service.core import (
     RequestCore,
     build_response,
     human_bytes,
+    released,
 )
 from elmo.service.errors import Kind, ServiceError, clip, http_status, invalid
 from elmo.service.http import schema
@@ -52,6 +56,9 @@ log = logging.getLogger("service.http")
 
 PAGE = Path(__file__).resolve().parent / "page" / "index.html"
 OPEN_PATHS = ("/", "/health", "/openapi.json")  # no token: the page holds no data, probes carry no secrets
+ADMIN_PATH = "/admin/"  # the admin token (--admin-token) instead of the clients' token
+MODEL_HEADER = "X-Elmo-Model"  # every embedding answer: the model and version that computed it, "default@3"
+STALE_HEADER = "X-Elmo-Task-Stale"  # an answer that applied a stale task mix: the mix's name
 JSON_TYPE = "application/json"
 SEND_PIECE_BYTES = 256 * 1024  # larger answers are written in pieces of this size
 CLIENT_GONE_STATUS = 499  # nginx's "client closed request": never sent (nobody is there), counted as CLIENT_GONE
@@ -95,10 +102,12 @@ def error_response(status: int, message: str, kind: str, headers: dict[str, str]
     return web.json_response(body, status=status, headers=headers or None)
 
 
-async def send_in_pieces(request: web.Request, body: bytes) -> web.StreamResponse:
+async def send_in_pieces(
+    request: web.Request, body: bytes, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
     """A large body written a piece at a time, each after the last has drained: the event loop never copies or holds
     the whole answer in one step (asyncio's transport would buffer tens of MB in one call)."""
-    response = web.StreamResponse(headers={**COMMON_HEADERS, "Content-Type": JSON_TYPE})
+    response = web.StreamResponse(headers={**COMMON_HEADERS, **(headers or {}), "Content-Type": JSON_TYPE})
     response.content_length = len(body)
     await response.prepare(request)
     view = memoryview(body)
@@ -127,12 +136,18 @@ class HttpFrontend:
         auth_token: str | None,
         is_serving: Callable[[], bool],
         normalize: bool = False,
+        admin_token: str | None = None,
     ):
         self.core, self.state, self.limits = core, core.state, core.limits
         self.normalize = normalize  # /v1/embeddings' default when a request does not say
         self.observer = observer
         self._token = BearerToken(auth_token) if auth_token else None
         self._is_serving = is_serving
+        self._admin = None
+        if admin_token:
+            from elmo.service.admin import AdminToken
+
+            self._admin = AdminToken(admin_token)
         self.guard = ConnectionGuard(core.limits)
         observer.metrics.watch_connections(self.guard)
         self.app = web.Application(
@@ -151,6 +166,14 @@ class HttpFrontend:
                 web.get("/", self.page),
             ]
         )
+        if self._admin is not None:
+            self.app.add_routes(
+                [
+                    web.get("/admin/models", self.admin_index),
+                    web.post("/admin/models/{name}/load", self.admin_load),
+                    web.post("/admin/models/{name}/unload", self.admin_unload),
+                ]
+            )
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -230,7 +253,10 @@ class HttpFrontend:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Bearer token (as on gRPC), then the drain switch, for everything but the open paths; a POST must be JSON
         (so that no web page can start work with a plain form)."""
-        if request.path not in OPEN_PATHS:
+        if request.path.startswith(ADMIN_PATH) and self._admin is not None:
+            self._admin.check(request.headers.get("Authorization"), "header")
+            self.state.check_open()
+        elif request.path not in OPEN_PATHS:
             if self._token is not None:
                 self._token.check(request.headers.get("Authorization"), "header")
             self.state.check_open()
@@ -244,12 +270,18 @@ class HttpFrontend:
     async def _read(self, request: web.Request) -> bytes:
         return await read_body(request, self.limits)
 
-    async def _json(self, request: web.Request, payload: Callable[[], Any], size_bound: int) -> web.StreamResponse:
+    async def _json(
+        self,
+        request: web.Request,
+        payload: Callable[[], Any],
+        size_bound: int,
+        headers: dict[str, str] | None = None,
+    ) -> web.StreamResponse:
         """Build and serialize an answer, off the event loop when it is large; send a large one in pieces."""
         body = await self.core.run(lambda: encode_json(payload()), heavy=size_bound > INLINE_ANSWER_BYTES)
         if len(body) <= SEND_PIECE_BYTES:
-            return web.Response(body=body, content_type=JSON_TYPE)
-        return await send_in_pieces(request, body)
+            return web.Response(body=body, content_type=JSON_TYPE, headers=headers)
+        return await send_in_pieces(request, body, headers)
 
     async def _parse(self, body: bytes, parse: Callable[[dict], Any]) -> Any:
         """``parse(json object)`` for a request body, on a worker when the body is large."""
@@ -269,7 +301,8 @@ class HttpFrontend:
         with self.state.admit():
             started = time.monotonic()
             call, prepared = await self._parse(body, lambda value: prepare(value, request_id))
-            return call, prepared, await embed(call, prepared, started)
+            with released(prepared):  # the model version's in-flight count, taken by prepare
+                return call, prepared, await embed(call, prepared, started)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         call, prepared, vectors = await self._run_embed(
@@ -279,8 +312,11 @@ class HttpFrontend:
         )
         return await self._json(
             request,
-            lambda: schema.openai_answer(call.parsed, vectors, prepared.n_tokens, call.model_id),
+            lambda: schema.openai_answer(
+                call.parsed, vectors, prepared.n_tokens, call.model_id, prepared.model.number, _stale(prepared)
+            ),
             prepared.answer_bytes,
+            answer_headers(prepared),
         )
 
     def _prepare_openai(self, value: dict, request_id: str) -> tuple[_OpenAICall, PreparedEmbed]:
@@ -301,7 +337,9 @@ class HttpFrontend:
         call, prepared, result = await self._run_embed(
             request, self._prepare_embed, lambda call, prepared, started: self.core.embed(prepared, None, started)
         )
-        return await self._json(request, lambda: self._embed_answer(call, result), prepared.answer_bytes)
+        return await self._json(
+            request, lambda: self._embed_answer(call, result), prepared.answer_bytes, answer_headers(prepared)
+        )
 
     def _prepare_embed(self, value: dict, request_id: str) -> tuple[schema.EmbedCall, PreparedEmbed]:
         call = schema.parse_embed(value, request_id)
@@ -322,7 +360,12 @@ class HttpFrontend:
         return web.json_response(response)
 
     async def models(self, request: web.Request) -> web.Response:
-        entries = [e for m in self.core.models for e in schema.model_entries(self.core.model_info(m.name))]
+        statuses = {status.name: status for status in self.core.statuses()}
+        entries = [
+            e
+            for m in self.core.models
+            for e in schema.model_entries(self.core.model_info(m.name), statuses.get(m.name))
+        ]
         entries += [schema.alias_entry(alias, *target) for alias, target in self.core.models.aliases.items()]
         return web.json_response({"object": "list", "data": entries})
 
@@ -337,6 +380,29 @@ class HttpFrontend:
                 return web.json_response(entry)
         raise ServiceError(Kind.NOT_FOUND, f"unknown task '{clip(task)}' of model '{clip(entries[0]['id'])}'")
 
+    # -- admin (--model-root with --admin-token) -------------------------------------------------------------------
+    async def admin_index(self, request: web.Request) -> web.Response:
+        manager = self.core.manager
+        return web.json_response({"models": [schema.status_json(status) for status in manager.index()]})
+
+    async def _admin_version(self, request: web.Request) -> int:
+        body = await self._read(request)
+        value = schema.parse_json(body) if body.strip() else {}
+        version = value.get("version", 0) if isinstance(value, dict) else None
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise invalid('the body is {"version": N} (a whole number; 0 or none = the latest, or every version)')
+        return version
+
+    async def admin_load(self, request: web.Request) -> web.Response:
+        version = await self._admin_version(request)
+        status = await self.core.manager.load(request.match_info["name"], version)
+        return web.json_response(schema.status_json(status))
+
+    async def admin_unload(self, request: web.Request) -> web.Response:
+        version = await self._admin_version(request)
+        status = await self.core.manager.unload(request.match_info["name"], version)
+        return web.json_response(schema.status_json(status))
+
     async def health(self, request: web.Request) -> web.Response:
         serving = self._is_serving() and not self.state.draining
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
@@ -349,4 +415,16 @@ class HttpFrontend:
         return web.Response(text=html, content_type="text/html", charset="utf-8", headers=page_headers(html))
 
 
-__all__ = ["HttpFrontend", "error_response"]
+def _stale(prepared: PreparedEmbed) -> bool:
+    return bool(prepared.task is not None and getattr(prepared.task, "stale", False))
+
+
+def answer_headers(prepared: PreparedEmbed) -> dict[str, str]:
+    """What weights computed the answer (``X-Elmo-Model: default@3``), and the stale task mix it applied, if so."""
+    headers = {MODEL_HEADER: prepared.model.ref}
+    if _stale(prepared):
+        headers[STALE_HEADER] = prepared.task.name  # type: ignore[union-attr]
+    return headers
+
+
+__all__ = ["HttpFrontend", "answer_headers", "error_response"]

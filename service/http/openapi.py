@@ -73,6 +73,8 @@ _ERROR_TYPES = [  # service.errors.Kind, spaces as underscores; and "timeout" fo
     "unavailable",
     "unauthenticated",
     "unsupported_media_type",
+    "permission_denied",
+    "refused",
     "internal",
     "timeout",
 ]
@@ -123,6 +125,21 @@ _OVERFLOW = {
     "enum": ["reject", "truncate", "window"],
     "description": "sentences over max_tokens_per_sentence: refuse (413), keep the first tokens, or embed "
     "overlapping windows stitched back; default: the server's --overflow",
+}
+_MODEL_VERSION = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "the version (folder number under --model-root) of the model that computed the answer; 0 for a "
+    "model served with --model DIR. The X-Elmo-Model header says the same: MODEL@VERSION",
+}
+_TASK_STALE = {
+    "type": "boolean",
+    "description": "the task mix applied was carried over from earlier weights by `elmo adapt` and not retrained "
+    "(the X-Elmo-Task-Stale header names it): run `elmo mix train` again",
+}
+_VERSION = {
+    "type": "object",
+    "description": "a loaded version: state loading, ready, unloading, unloaded or failed (with a reason)",
 }
 _USAGE = _obj({"prompt_tokens": _COUNT, "total_tokens": _COUNT}, required=("prompt_tokens", "total_tokens"))
 
@@ -184,6 +201,8 @@ _SCHEMAS: dict[str, dict] = {
         {
             "object": {"const": "list"},
             "model": {"type": "string", "description": "MODEL, or MODEL:TASK when a task's mix was pooled"},
+            "model_version": _MODEL_VERSION,
+            "task_stale": _TASK_STALE,
             "usage": _USAGE,
             "data": _array(
                 _obj(
@@ -200,7 +219,7 @@ _SCHEMAS: dict[str, dict] = {
                 )
             ),
         },
-        required=("object", "data", "model", "usage"),
+        required=("object", "data", "model", "model_version", "task_stale", "usage"),
     ),
     "EmbedRequest": _obj(
         {
@@ -242,6 +261,8 @@ _SCHEMAS: dict[str, dict] = {
         {
             "object": {"const": "embed"},
             "model": _STRING,
+            "model_version": _MODEL_VERSION,
+            "task_stale": _TASK_STALE,
             "layers": _array(_COUNT, description="the layer indices returned, in order"),
             "request_id": _STRING,
             "usage": _USAGE,
@@ -273,7 +294,8 @@ _SCHEMAS: dict[str, dict] = {
                 required=("queue_ms", "inference_ms", "total_ms", "batch_sentences", "batch_tokens"),
             ),
         },
-        required=("object", "model", "layers", "request_id", "usage", "embeddings", "timing"),
+        required=("object", "model", "model_version", "task_stale", "layers", "request_id", "usage", "embeddings",
+                  "timing"),  # fmt: skip
     ),
     "TokenizeRequest": _obj(
         {
@@ -298,6 +320,8 @@ _SCHEMAS: dict[str, dict] = {
             "n_layers": _COUNT,
             "dim": _COUNT,
             "version": {"type": "string", "description": "onnx.json's version, else sha256: of the checkpoint"},
+            "model_version": _MODEL_VERSION,
+            "versions": _array(_VERSION, description="its loaded versions (--model-root); pin one as MODEL@VERSION"),
             "execution_provider": _STRING,
             "max_tokens_per_sentence": _COUNT,
             "tasks": _STRINGS,
@@ -312,6 +336,8 @@ _SCHEMAS: dict[str, dict] = {
             "n_layers",
             "dim",
             "version",
+            "model_version",
+            "versions",
             "execution_provider",
             "max_tokens_per_sentence",
             "tasks",

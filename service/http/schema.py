@@ -227,8 +227,16 @@ def _openai_inputs(value: Any) -> list[str]:
     return value
 
 
-def openai_answer(parsed: OpenAIRequest, vectors: list[np.ndarray], n_tokens: int, model_id: str) -> dict:
-    """OpenAI's embeddings answer from one pooled float32 vector per input (service.core.pooled)."""
+def openai_answer(
+    parsed: OpenAIRequest,
+    vectors: list[np.ndarray],
+    n_tokens: int,
+    model_id: str,
+    model_version: int = 0,
+    task_stale: bool = False,
+) -> dict:
+    """OpenAI's embeddings answer from one pooled float32 vector per input (service.core.pooled), with the version
+    of the model that computed it (0: served with --model) and whether the task mix applied is stale."""
     data = []
     for index, vector in enumerate(vectors):
         encoded = base64_json(vector.astype("<f4").tobytes()) if parsed.encoding == "base64" else None
@@ -237,6 +245,8 @@ def openai_answer(parsed: OpenAIRequest, vectors: list[np.ndarray], n_tokens: in
         "object": "list",
         "data": data,
         "model": model_id,
+        "model_version": model_version,
+        "task_stale": task_stale,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     }
 
@@ -313,6 +323,8 @@ def embed_answer(response: pb.EmbedResponse, encoding: str) -> dict:
     return {
         "object": "embed",
         "model": response.model,
+        "model_version": response.model_version,
+        "task_stale": response.task_stale,
         "layers": list(response.layers),
         "request_id": response.request_id,
         "embeddings": embeddings,
@@ -345,13 +357,16 @@ def tokenize_answer(response: pb.TokenizeResponse) -> dict:
 
 
 # -- GET /v1/models ------------------------------------------------------------------------------------------------
-def model_entries(info: pb.ModelInfo) -> list[dict]:
-    """OpenAI's model objects for one served model: the model itself, then one ``model:task`` per task mix."""
+def model_entries(info: pb.ModelInfo, status: pb.ModelStatus | None = None) -> list[dict]:
+    """OpenAI's model objects for one served model: the model itself (with its loaded versions, from ``status``),
+    then one ``model:task`` per task mix."""
     limits = info.limits
     details = {
         "n_layers": info.n_layers,
         "dim": info.dim,
         "version": info.version,
+        "model_version": info.model_version,
+        "versions": [version_json(v) for v in status.versions] if status is not None else [],
         "execution_provider": info.execution_provider,
         "max_tokens_per_sentence": info.max_tokens_per_sentence,
         "tasks": list(info.tasks),
@@ -371,6 +386,24 @@ def model_entries(info: pb.ModelInfo) -> list[dict]:
             {"id": f"{info.name}:{task}", **base, "parent": info.name, "task": task, "stale": task in info.stale_tasks}
         )
     return entries
+
+
+def version_json(version: pb.VersionStatus) -> dict:
+    """One version of a model, as /v1/models and the admin API list it."""
+    item = {
+        "version": version.version,
+        "state": pb.VersionState.Name(version.state).removeprefix("VERSION_").lower(),
+        "serving": version.serving,
+        "memory_bytes": version.memory_bytes,
+        "in_flight": version.in_flight,
+    }
+    if version.reason:
+        item["reason"] = version.reason
+    return item
+
+
+def status_json(status: pb.ModelStatus) -> dict:
+    return {"name": status.name, "versions": [version_json(v) for v in status.versions]}
 
 
 def alias_entry(alias: str, model: str, task: str) -> dict:
@@ -396,6 +429,8 @@ __all__ = [
     "parse_openai",
     "parse_tokenize",
     "split_model",
+    "status_json",
     "tensor_json",
     "tokenize_answer",
+    "version_json",
 ]

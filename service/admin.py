@@ -1,0 +1,92 @@
+"""The ``elmo.v1.ModelAdmin`` servicer: explicit control of a model repository (service.versions) over gRPC.
+
+Served only with ``--model-root`` and ``--admin-token``; every call must carry ``authorization: Bearer <admin
+token>`` (:class:`AdminAuthInterceptor`): none is UNAUTHENTICATED, another token (a client's) PERMISSION_DENIED.
+"""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+from elmo.service.decode import lenient_parser
+from elmo.service.errors import Kind, ServiceError, grpc_code
+from elmo.service.interceptors import _aborting, _metadata
+from elmo.service.observe import BearerToken
+from elmo.service.servicer import _answer
+from elmo.service.versions import ModelManager
+
+from elmo.v1 import embedder_pb2 as pb
+
+ADMIN_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ModelAdmin"].full_name  # "elmo.v1.ModelAdmin"
+ADMIN_PREFIX = f"/{ADMIN_SERVICE_NAME}/"
+
+
+class AdminToken:
+    """The admin token's check, for gRPC metadata and HTTP headers alike: missing -> UNAUTHENTICATED, another
+    token -> PERMISSION_DENIED."""
+
+    def __init__(self, token: str):
+        self._token = BearerToken(token)
+
+    def check(self, presented: str | None, where: str) -> None:
+        try:
+            self._token.check(presented, where)
+        except ServiceError as exc:
+            if presented is None:
+                raise ServiceError(Kind.UNAUTHENTICATED, f"{exc.message} (the admin API needs --admin-token)") from None
+            raise ServiceError(Kind.PERMISSION_DENIED, "not the admin token (--admin-token)") from None
+
+
+class AdminAuthInterceptor(grpc.aio.ServerInterceptor):
+    """The admin token on ``elmo.v1.ModelAdmin`` calls (and only there)."""
+
+    def __init__(self, token: str):
+        self._token = AdminToken(token)
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(ADMIN_PREFIX):
+            return handler
+        try:
+            self._token.check(_metadata(details, "authorization"), "metadata")
+        except ServiceError as exc:
+            return _aborting(handler, grpc_code(exc.kind), exc.message)
+        return handler
+
+
+class ModelAdminServicer:
+    def __init__(self, manager: ModelManager):
+        self.manager = manager
+
+    @_answer
+    async def LoadModel(self, request, context):  # noqa: N802 - gRPC method names
+        return await self.manager.load(request.name, int(request.version))
+
+    @_answer
+    async def UnloadModel(self, request, context):  # noqa: N802
+        return await self.manager.unload(request.name, int(request.version))
+
+    @_answer
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        return pb.RepositoryIndexResponse(models=self.manager.index())
+
+
+def admin_handler(servicer: ModelAdminServicer) -> grpc.GenericRpcHandler:
+    methods = {
+        "LoadModel": (pb.LoadModelRequest, pb.ModelStatus),
+        "UnloadModel": (pb.UnloadModelRequest, pb.ModelStatus),
+        "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    }
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=lenient_parser(request),
+            response_serializer=response.SerializeToString,
+        )
+        for name, (request, response) in methods.items()
+    }
+    return grpc.method_handlers_generic_handler(ADMIN_SERVICE_NAME, handlers)
+
+
+__all__ = ["ADMIN_PREFIX", "ADMIN_SERVICE_NAME", "AdminAuthInterceptor", "AdminToken", "ModelAdminServicer",
+           "admin_handler"]  # fmt: skip

@@ -1,0 +1,470 @@
+"""Serving a model repository (``elmo serve --model-root DIR``): versions loaded, swapped and released while serving.
+
+``DIR/NAME/VERSION/`` is an exported model directory (elmo.runtime.repository: a version counts once it is complete
+and its verification record passed). The :class:`ModelManager` keeps, for every model name, the versions its policy
+wants loaded: the ``--keep-versions`` highest complete versions that did not fail (default 1: the latest), plus the
+versions an admin loaded by number. It reconciles at start, every ``--poll-interval-s`` seconds (0 = never: then
+only the admin API changes what is loaded), and on every admin command.
+
+A swap, in order:
+
+1. the new version is opened in a worker thread (never on the event loop), its batcher started, and its warm-up
+   forward run through the batcher and checked (shape, finite values; the folder's verification record was checked
+   before opening it); until then it takes no request;
+2. it is registered: new requests without a pinned version go to it (``ModelRegistry.add_version``);
+3. the old version is taken out of the registry, so no new request resolves to it; the requests that already did
+   hold its in-flight count (``ServedModel.acquire``, taken when a request is prepared) and finish on it;
+4. once its count is 0 its batcher stops, its onnxruntime sessions are closed, ``gc`` runs and, on glibc,
+   ``malloc_trim(0)`` hands the freed heap back to the system, so the process's RSS comes down.
+
+A version that fails at step 1 is refused with one log line (``service.models``) and
+``elmo_model_load_failures_total{model}``; whatever served before keeps serving. The poller does not try a failed
+version again until its folder changes (or an admin loads it by hand).
+
+Memory guard (``--max-model-memory``): a version is counted at ``MODEL_MEMORY_FACTOR`` times the size of its graph
+and weight files (``*.onnx``, ``*.data``) from the moment it starts loading until it is released; a load that would
+take the total over the limit is refused, naming what is loaded and its size. During a swap both versions are
+loaded, so a swap of a model of size S needs 2 x S under the limit (use ``--keep-versions 1`` and unload first when
+that does not fit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elmo.service.errors import Kind, ServiceError, clip, not_found
+from elmo.service.limits import Limits
+from elmo.service.metrics import ServiceMetrics
+from elmo.service.models import ModelRegistry, ServedModel, serve_model
+
+from elmo.errors import ConfigError
+from elmo.runtime.repository import NAME_PATTERN, incomplete_reason, numbered_folders, scan, version_dir
+from elmo.v1 import embedder_pb2 as pb
+
+log = logging.getLogger("service.models")
+
+# RSS a loaded version adds per byte of its graph and weight files, measured with bench/swap.py --rss (an
+# ELMo-original-shape model, 4096/512, CPU, two sessions of the context graph for parallel runs): see docs/models.md.
+MODEL_MEMORY_FACTOR = 2.0
+MODEL_FILE_SUFFIXES = (".onnx", ".data")
+RELEASE_POLL_S = 0.02
+LOADED_STATES = (pb.VERSION_LOADING, pb.VERSION_READY, pb.VERSION_UNLOADING)
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}  # fmt: skip
+
+
+def parse_bytes(text: str) -> int:
+    """``2GiB``, ``1.5 GB``, ``512MiB``, ``1000000`` -> bytes (KiB/MiB/GiB are powers of 1024, kB/MB/GB of 1000)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"{text!r}: expected a size like 2GiB, 512MiB, 1.5GB or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def model_file_bytes(directory: Path) -> int:
+    """Bytes of a model directory's graphs and weights (what onnxruntime reads into memory)."""
+    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file() and p.name.endswith(MODEL_FILE_SUFFIXES))
+
+
+def estimate_memory(directory: Path) -> int:
+    return int(model_file_bytes(directory) * MODEL_MEMORY_FACTOR)
+
+
+def trim_heap() -> bool:
+    """glibc's ``malloc_trim(0)``: give freed heap pages back to the system (False where there is no glibc)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def _signature(directory: Path) -> tuple:
+    """What changes when a version folder is replaced or repaired (a failed load is tried again then)."""
+    try:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()))
+    except OSError:
+        return ()
+
+
+@dataclass
+class VersionRecord:
+    name: str
+    number: int
+    state: int = pb.VERSION_UNLOADED
+    reason: str = ""
+    model: ServedModel | None = None
+    memory_bytes: int = 0
+    failed_signature: tuple | None = None  # the folder as it was when it failed (None: not failed)
+
+
+class ModelManager:
+    """Loads, swaps and releases the versions of the models under ``root`` (see the module's description)."""
+
+    def __init__(
+        self,
+        root: Path,
+        registry: ModelRegistry,
+        limits: Limits,
+        metrics: ServiceMetrics,
+        open_runtime: Callable[[Path], Any],
+        poll_interval_s: float = 0.0,
+        keep_versions: int = 1,
+        max_memory: int | None = None,
+        release_timeout_s: float = 60.0,
+    ):
+        if keep_versions < 1:
+            raise ConfigError(f"--keep-versions {keep_versions}: keep at least 1 (the latest)")
+        if poll_interval_s < 0:
+            raise ConfigError(f"--poll-interval-s {poll_interval_s}: 0 (off) or more seconds")
+        self.root = Path(root)
+        scan(self.root)  # ModelFileError naming the folder when it is not there
+        self.registry = registry
+        self.limits = limits
+        self.metrics = metrics
+        self.open_runtime = open_runtime
+        self.poll_interval_s = poll_interval_s
+        self.keep_versions = keep_versions
+        self.max_memory = max_memory
+        self.release_timeout_s = release_timeout_s
+        self.records: dict[tuple[str, int], VersionRecord] = {}
+        self.pinned: dict[str, set[int]] = {}  # loaded by number through the admin API: kept loaded
+        self.excluded: dict[str, set[int]] = {}  # unloaded by number through the admin API: not loaded again
+        self.unwanted: set[str] = set()  # unloaded whole through the admin API: the poller leaves it alone
+        self._ops: asyncio.Lock | None = None
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-load")
+        self._poller: asyncio.Task | None = None
+        self._releases: set[asyncio.Task] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load what the policy wants (the latest complete version of every model), then poll if asked to."""
+        self._ops = asyncio.Lock()
+        await self.reconcile()
+        if self.poll_interval_s > 0:
+            self._poller = asyncio.get_running_loop().create_task(self._poll(), name="model-root-poll")
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                await self.reconcile()
+            except Exception:  # a bad moment on disk must not stop the polling
+                log.exception("polling %s failed; trying again in %.1f s", self.root, self.poll_interval_s)
+
+    async def close(self) -> None:
+        """Stop polling, release every version (the server is draining: its requests are done or cut)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for record in list(self.records.values()):
+            if record.model is not None and record.state == pb.VERSION_READY:
+                self._retire(record, timeout_s=0.0)
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    async def wait_released(self) -> None:
+        """Wait until every version taken out of service has been released (tests, benchmarks)."""
+        while self._releases:
+            await asyncio.gather(*list(self._releases), return_exceptions=True)
+
+    # -- the policy ----------------------------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Bring what is loaded in line with the disk and the policy (one change at a time)."""
+        assert self._ops is not None, "start() first"
+        async with self._ops:
+            found = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
+            for name, complete in found.items():
+                if name not in self.unwanted:
+                    await self._settle(name, complete)
+
+    def _wanted(self, name: str, complete: list[int]) -> set[int]:
+        excluded = self.excluded.get(name, set())
+        usable = [v for v in complete if v not in excluded and not self._failed(name, v)]
+        return set(usable[-self.keep_versions :]) | (self.pinned.get(name, set()) & set(complete))
+
+    def _failed(self, name: str, number: int) -> bool:
+        record = self.records.get((name, number))
+        if record is None or record.failed_signature is None:
+            return False
+        if record.failed_signature != _signature(version_dir(self.root, name, number)):
+            record.failed_signature = None  # the folder changed: worth another try
+            return False
+        return True
+
+    async def _settle(self, name: str, complete: list[int]) -> None:
+        """Load the wanted versions of ``name`` that are not loaded (newest first; one that fails drops out of the
+        wanted set, so the next older one is wanted instead), then release the loaded ones no longer wanted. A
+        model's last serving version is never released for a failed successor."""
+        while True:
+            wanted = self._wanted(name, complete)
+            missing = sorted((v for v in wanted if not self._loaded(name, v)), reverse=True)
+            if not missing:
+                break
+            await self._load(name, missing[0])
+        wanted = self._wanted(name, complete)
+        for record in self._loaded_records(name):
+            if record.number not in wanted and any(self._loaded(name, v) for v in wanted):
+                self._retire(record)
+
+    def _loaded(self, name: str, number: int) -> bool:
+        record = self.records.get((name, number))
+        return record is not None and record.state == pb.VERSION_READY
+
+    def _loaded_records(self, name: str) -> list[VersionRecord]:
+        return [r for (n, _), r in sorted(self.records.items()) if n == name and r.state == pb.VERSION_READY]
+
+    # -- loading -------------------------------------------------------------------------------------------------
+    def _memory_in_use(self) -> tuple[int, list[str]]:
+        loaded = [r for r in self.records.values() if r.state in LOADING_OR_LOADED]
+        described = [f"{r.name}@{r.number} ({human(r.memory_bytes)}, {_state_word(r.state)})" for r in loaded]
+        return sum(r.memory_bytes for r in loaded), described
+
+    async def _load(self, name: str, number: int) -> VersionRecord:
+        """Open, check and warm up one version; register it once it passed. Never raises: a failure is recorded."""
+        record = self.records.setdefault((name, number), VersionRecord(name, number))
+        directory = version_dir(self.root, name, number)
+        record.reason, record.failed_signature = "", None
+        reason = incomplete_reason(directory) if directory.is_dir() else f"{directory}: no such folder"
+        if reason is not None:
+            return self._refuse(record, directory, f"not a complete export: {reason}")
+        estimate = estimate_memory(directory)
+        if self.max_memory is not None:
+            used, described = self._memory_in_use()
+            if used + estimate > self.max_memory:
+                return self._refuse(
+                    record,
+                    directory,
+                    f"needs about {human(estimate)} (x{MODEL_MEMORY_FACTOR:g} its model files), and "
+                    f"{human(used)} of --max-model-memory {human(self.max_memory)} is taken by "
+                    f"{', '.join(described) or 'nothing'}: unload a version first or raise the limit",
+                    memory=True,
+                )
+        record.state, record.memory_bytes = pb.VERSION_LOADING, estimate
+        started = time.monotonic()
+        model: ServedModel | None = None
+        try:
+            runtime = await asyncio.get_running_loop().run_in_executor(self._loader, self.open_runtime, directory)
+            model = serve_model(runtime, directory, self.limits, self.metrics.observer(name), name=name)
+            model.number, model.memory_bytes = number, estimate
+            model.batcher.start()
+            await model.warm_up()  # a real forward through the batcher, its shape and values checked
+        except Exception as exc:  # noqa: BLE001 - any failure refuses this version and nothing else
+            message = exc.message if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
+            if model is not None:
+                await self._free(model)
+            return self._refuse(record, directory, message.splitlines()[0] if message else type(exc).__name__)
+        serving = self.registry.models.get(name)
+        if serving is not None and (serving.n_layers, serving.dim) != (model.n_layers, model.dim):
+            log.warning(
+                "model %s version %d has %d layers of %d, version %d had %d of %d: clients see the change",
+                name, number, model.n_layers, model.dim, serving.number, serving.n_layers, serving.dim,
+            )  # fmt: skip
+        record.model, record.state = model, pb.VERSION_READY
+        replaced = self.registry.add_version(model)
+        self.metrics.model_loads.labels(name).inc()
+        self.metrics.ready.labels(name).set(1)
+        if self.registry.models.get(name) is model:
+            self.metrics.serving_version.labels(name).set(number)
+        log.info(
+            "model %s version %d loaded in %.1f s (%s, about %s)%s",
+            name, number, time.monotonic() - started, model.provider, human(estimate),
+            f"; it takes new requests from version {replaced.number}" if replaced is not None else "",
+        )  # fmt: skip
+        return record
+
+    def _refuse(self, record: VersionRecord, directory: Path, reason: str, memory: bool = False) -> VersionRecord:
+        record.state, record.reason, record.model, record.memory_bytes = pb.VERSION_FAILED, reason, None, 0
+        # a memory refusal is tried again when memory frees up, so it is not remembered as a broken folder
+        record.failed_signature = None if memory else _signature(directory)
+        self.metrics.load_failures.labels(record.name).inc()
+        serving = self.registry.models.get(record.name)
+        still = f"; version {serving.number} keeps serving" if serving is not None else ""
+        log.error("model %s version %d refused: %s%s", record.name, record.number, reason, still)
+        return record
+
+    # -- releasing -----------------------------------------------------------------------------------------------
+    def _retire(self, record: VersionRecord, timeout_s: float | None = None) -> None:
+        """Take a version out of service now; release it once its last request is done (in the background)."""
+        model = record.model
+        assert model is not None
+        record.state = pb.VERSION_UNLOADING
+        self.registry.remove_version(model)
+        serving = self.registry.models.get(record.name)
+        if serving is not None:
+            self.metrics.serving_version.labels(record.name).set(serving.number)
+        else:
+            self.metrics.ready.labels(record.name).set(0)
+            self.metrics.serving_version.labels(record.name).set(0)
+        timeout = self.release_timeout_s if timeout_s is None else timeout_s
+        task = asyncio.get_running_loop().create_task(self._release(record, model, timeout))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, record: VersionRecord, model: ServedModel, timeout_s: float) -> None:
+        started = time.monotonic()
+        while model.in_flight > 0 and time.monotonic() - started < timeout_s:
+            await asyncio.sleep(RELEASE_POLL_S)
+        if model.in_flight > 0 and timeout_s > 0:
+            log.warning("model %s version %d: %d requests still in flight after %.0f s; releasing it under them",
+                        record.name, record.number, model.in_flight, timeout_s)  # fmt: skip
+        waited = time.monotonic() - started
+        record.model = None
+        await self._free(model)
+        del model
+        await asyncio.get_running_loop().run_in_executor(None, _collect)
+        if record.state == pb.VERSION_UNLOADING:
+            record.state, record.memory_bytes = pb.VERSION_UNLOADED, 0
+        self.metrics.model_unloads.labels(record.name).inc()
+        log.info("model %s version %d released (%.2f s after it stopped taking requests)",
+                 record.name, record.number, waited)  # fmt: skip
+
+    async def _free(self, model: ServedModel) -> None:
+        await model.batcher.close()
+        runtime, model.runtime = model.runtime, None
+        if hasattr(runtime, "close"):
+            await asyncio.get_running_loop().run_in_executor(None, runtime.close)
+        model.batcher = None  # type: ignore[assignment]  (it holds the runtime's bound methods)
+
+    # -- explicit control (the admin API) --------------------------------------------------------------------------
+    def _check_name(self, name: str) -> Path:
+        if not NAME_PATTERN.fullmatch(name or ""):
+            raise ServiceError(Kind.INVALID_INPUT, f"model name {clip(name)!r} is not a model folder's name")
+        folder = self.root / name
+        if not folder.is_dir():
+            raise not_found(f"no model '{clip(name)}' under {self.root}")
+        return folder
+
+    async def load(self, name: str, version: int = 0) -> pb.ModelStatus:
+        """Load a version (0: the latest complete one) and keep it loaded; the policy then releases what it no longer
+        wants. ServiceError: NOT_FOUND (no such model or version), REFUSED (it failed; the reason is given)."""
+        folder = self._check_name(name)
+        assert self._ops is not None
+        async with self._ops:
+            complete = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
+            versions = complete.get(name, [])
+            if version == 0:
+                if not versions:
+                    present = numbered_folders(folder)
+                    why = f" (folders {', '.join(map(str, present))} are not complete exports)" if present else ""
+                    raise not_found(f"model '{name}' has no complete version under {folder}{why}")
+                version = versions[-1]
+            elif version not in numbered_folders(folder):
+                raise not_found(f"model '{name}' has no version {version} under {folder}")
+            self.unwanted.discard(name)
+            self.excluded.get(name, set()).discard(version)
+            if version != (versions[-1] if versions else 0):
+                self.pinned.setdefault(name, set()).add(version)
+            if not self._loaded(name, version):
+                record = await self._load(name, version)
+                if record.state != pb.VERSION_READY:
+                    self.pinned.get(name, set()).discard(version)
+                    raise ServiceError(Kind.REFUSED, f"model {name} version {version} refused: {record.reason}")
+            await self._settle(name, versions)
+        return self.status(name)
+
+    async def unload(self, name: str, version: int = 0) -> pb.ModelStatus:
+        """Stop serving a version (0: every version; the poller then leaves the model alone until it is loaded
+        again); its requests in flight finish first. NOT_FOUND when it is not loaded."""
+        self._check_name(name)
+        assert self._ops is not None
+        async with self._ops:
+            loaded = self._loaded_records(name)
+            chosen = loaded if version == 0 else [r for r in loaded if r.number == version]
+            if not chosen:
+                have = ", ".join(f"{name}@{r.number}" for r in loaded) or "none"
+                what = f"model '{name}'" if version == 0 else f"model version {name}@{version}"
+                raise not_found(f"{what} is not loaded (loaded: {have})")
+            if version == 0:
+                self.unwanted.add(name)
+                self.pinned.pop(name, None)
+            else:
+                self.excluded.setdefault(name, set()).add(version)
+                self.pinned.get(name, set()).discard(version)
+            for record in chosen:
+                self._retire(record)
+        return self.status(name)
+
+    # -- listing -------------------------------------------------------------------------------------------------
+    def status(self, name: str, on_disk: bool = True) -> pb.ModelStatus:
+        """A model's versions and their states: loaded ones, failed ones, and (``on_disk``) the rest of its folders
+        (UNLOADED, with the reason a folder does not count yet)."""
+        serving = self.registry.models.get(name)
+        versions: dict[int, pb.VersionStatus] = {}
+        if on_disk:
+            for number in numbered_folders(self.root / name):
+                reason = incomplete_reason(version_dir(self.root, name, number)) or ""
+                versions[number] = pb.VersionStatus(version=number, state=pb.VERSION_UNLOADED, reason=reason)
+        for (record_name, number), record in self.records.items():
+            if record_name != name or (not on_disk and record.state not in LOADING_OR_LOADED):
+                continue
+            model = record.model
+            versions[number] = pb.VersionStatus(
+                version=number,
+                state=record.state,
+                reason=record.reason,
+                serving=serving is not None and model is serving,
+                memory_bytes=record.memory_bytes,
+                in_flight=model.in_flight if model is not None else 0,
+            )
+        return pb.ModelStatus(name=name, versions=[versions[v] for v in sorted(versions)])
+
+    def index(self) -> list[pb.ModelStatus]:
+        names = set(scan(self.root)) | {name for name, _ in self.records}
+        return [self.status(name) for name in sorted(names)]
+
+
+LOADING_OR_LOADED = LOADED_STATES
+
+
+def _state_word(state: int) -> str:
+    return pb.VersionState.Name(state).removeprefix("VERSION_").lower()
+
+
+def _collect() -> None:
+    gc.collect()
+    trim_heap()
+
+
+def served_status(registry: ModelRegistry, name: str, manager: ModelManager | None) -> pb.ModelStatus:
+    """The loaded versions of a served model (ListModels, /v1/models): from the manager under --model-root, else
+    the one version a --model DIR serves."""
+    if manager is not None:
+        return manager.status(name, on_disk=False)
+    model = registry.models[name]
+    return pb.ModelStatus(
+        name=name,
+        versions=[
+            pb.VersionStatus(
+                version=model.number, state=pb.VERSION_READY if model.ready else pb.VERSION_LOADING, serving=True,
+                in_flight=model.in_flight,
+            )
+        ],
+    )  # fmt: skip
+
+
+__all__ = ["MODEL_MEMORY_FACTOR", "ModelManager", "estimate_memory", "parse_bytes", "served_status", "trim_heap"]
