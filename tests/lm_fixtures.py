@@ -26,6 +26,18 @@ TINY_TRAIN = {
 }  # fmt: skip
 
 
+# `elmo adapt` in a few seconds: half an epoch of small batches, one thread, no softmax-bias calibration
+ADAPT_FAST = ["--minutes", "5", "--epochs", "0.5", "--lr", "0.01", "--tokens-per-batch", "400", "--threads", "1",
+              "--calibrate-tokens", "0"]  # fmt: skip
+
+
+def write_domain_text(path: Path) -> Path:
+    """The docs of this repository as one text file: real technical English, far from Brown's 1961 prose."""
+    lines = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
+    path.write_text("\n".join(line for line in lines if line) + "\n")
+    return path
+
+
 def build_brown_corpus(out: Path) -> Path:
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)

@@ -12,18 +12,14 @@ import pytest
 from elmo.cli import main
 from elmo.runtime import Embedder
 from elmo.runtime.repository import scan
-from tests.lm_fixtures import REPO
+from tests.lm_fixtures import ADAPT_FAST, write_domain_text
 
-FAST = ["--minutes", "5", "--epochs", "0.5", "--lr", "0.01", "--tokens-per-batch", "400", "--threads", "1",
-        "--calibrate-tokens", "0"]  # fmt: skip
+FAST = ADAPT_FAST
 
 
 @pytest.fixture(scope="module")
 def domain_text(tmp_path_factory) -> Path:
-    lines = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
-    path = tmp_path_factory.mktemp("domain") / "docs.txt"
-    path.write_text("\n".join(line for line in lines if line) + "\n")
-    return path
+    return write_domain_text(tmp_path_factory.mktemp("domain") / "docs.txt")
 
 
 @pytest.fixture(scope="module")

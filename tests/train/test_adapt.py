@@ -23,19 +23,14 @@ from elmo.model.checkpoint import load_state
 from elmo.model.config import tiny
 from elmo.runtime import Embedder
 from elmo.train.adapt import split_heldout
-from tests.lm_fixtures import REPO
+from tests.lm_fixtures import ADAPT_FAST, REPO, write_domain_text
 
-FAST = ["--minutes", "5", "--epochs", "0.5", "--lr", "0.01", "--tokens-per-batch", "400", "--threads", "1",
-        "--calibrate-tokens", "0"]  # fmt: skip
+FAST = ADAPT_FAST
 
 
 @pytest.fixture(scope="module")
 def domain_text(tmp_path_factory) -> Path:
-    """The docs of this repository: real technical English, far from Brown's 1961 prose."""
-    lines = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
-    path = tmp_path_factory.mktemp("domain") / "docs.txt"
-    path.write_text("\n".join(line for line in lines if line) + "\n")
-    return path
+    return write_domain_text(tmp_path_factory.mktemp("domain") / "docs.txt")
 
 
 def _run(capsys, *args: str) -> dict:
