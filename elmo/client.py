@@ -12,6 +12,7 @@ Inputs are ``str`` (raw text), ``bytes`` (UTF-8 text, checked here) or a list of
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,50 @@ from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
 AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
+# gRPC's own retries (gRFC A6), on by default: a call answered UNAVAILABLE (a replica warming up or draining, a
+# connection refused or reset, a balancer with no healthy backend) is sent again after a random wait of up to 0.1,
+# 0.2, 0.4, 0.8 s, at most 5 attempts in all. Nothing else is retried: an INVALID_ARGUMENT would fail again, and
+# retrying RESOURCE_EXHAUSTED ("overloaded") would add load to a saturated fleet. docs/scaling.md gives the same
+# service config for other clients (grpcurl, Go, Node) and the HTTP clients' equivalents.
+RETRY_POLICY: dict = {
+    "maxAttempts": 5,
+    "initialBackoff": "0.1s",
+    "maxBackoff": "2s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+# gRPC keeps a call's request to send it again only up to this size (its default is 256 KiB): the server's default
+# --max-message-bytes, so every request a server accepts can be retried.
+RETRY_BUFFER_BYTES = 8 * 1024 * 1024
+
 InputLike = str | bytes | Sequence[str]
+
+
+def service_config(retry_policy: dict | None = RETRY_POLICY) -> str:
+    """The gRPC service config (JSON) that applies ``retry_policy`` to every method of elmo.v1.Embedder."""
+    method = {"name": [{"service": "elmo.v1.Embedder"}]}
+    if retry_policy:
+        method["retryPolicy"] = dict(retry_policy)
+    return json.dumps({"methodConfig": [method]})
+
+
+def channel_options(retry_policy: dict | None = RETRY_POLICY, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    """The channel options EmbedderClient uses: message limits, and gRPC retries with ``retry_policy`` (None or
+    an empty dict: retries off)."""
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if retry_policy:
+        options += [
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", service_config(retry_policy)),
+            ("grpc.service_config_disable_resolution", 1),  # ours, not one a DNS TXT record would bring
+            ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
+        ]
+    else:
+        options.append(("grpc.enable_retries", 0))
+    return options
 
 
 class RemoteError(ElmoError):
@@ -72,7 +116,10 @@ def _check_encodable(text: str, where: str) -> None:
 
 
 class EmbedderClient:
-    """A channel to one server. Thread-safe (gRPC channels are); use one per process and share it."""
+    """A channel to one server. Thread-safe (gRPC channels are); use one per process and share it.
+
+    ``retry_policy``: gRPC's retryPolicy for every call (default :data:`RETRY_POLICY`: UNAVAILABLE retried with
+    exponential backoff, 5 attempts); pass another dict to change it, ``None`` to turn retries off."""
 
     def __init__(
         self,
@@ -83,11 +130,9 @@ class EmbedderClient:
         tls_server_name: str | None = None,
         timeout: float | None = 60.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        retry_policy: dict | None = RETRY_POLICY,
     ):
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
+        options = channel_options(retry_policy, max_message_bytes)
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls_ca is not None:
@@ -298,9 +343,12 @@ __all__ = [
     "Connection",
     "Embedding",
     "EmbedderClient",
+    "RETRY_POLICY",
     "RemoteError",
     "add_connection_arguments",
+    "channel_options",
     "connection_from_args",
     "decode_response",
+    "service_config",
     "to_input",
 ]
