@@ -118,6 +118,7 @@ class VersionRecord:
     model: ServedModel | None = None
     memory_bytes: int = 0
     failed_signature: tuple | None = None  # the folder as it was when it failed (None: not failed)
+    refused_at_memory: int | None = None  # refused by the memory guard with this much in use (tried again below it)
 
 
 class ModelManager:
@@ -209,7 +210,11 @@ class ModelManager:
 
     def _failed(self, name: str, number: int) -> bool:
         record = self.records.get((name, number))
-        if record is None or record.failed_signature is None:
+        if record is None or record.state != pb.VERSION_FAILED:
+            return False
+        if record.refused_at_memory is not None:  # worth another try once memory was freed
+            return self._memory_in_use()[0] >= record.refused_at_memory
+        if record.failed_signature is None:
             return False
         if record.failed_signature != _signature(version_dir(self.root, name, number)):
             record.failed_signature = None  # the folder changed: worth another try
@@ -220,11 +225,13 @@ class ModelManager:
         """Load the wanted versions of ``name`` that are not loaded (newest first; one that fails drops out of the
         wanted set, so the next older one is wanted instead), then release the loaded ones no longer wanted. A
         model's last serving version is never released for a failed successor."""
+        tried: set[int] = set()
         while True:
             wanted = self._wanted(name, complete)
-            missing = sorted((v for v in wanted if not self._loaded(name, v)), reverse=True)
+            missing = sorted((v for v in wanted if not self._loaded(name, v) and v not in tried), reverse=True)
             if not missing:
                 break
+            tried.add(missing[0])
             await self._load(name, missing[0])
         wanted = self._wanted(name, complete)
         for record in self._loaded_records(name):
@@ -248,7 +255,7 @@ class ModelManager:
         """Open, check and warm up one version; register it once it passed. Never raises: a failure is recorded."""
         record = self.records.setdefault((name, number), VersionRecord(name, number))
         directory = version_dir(self.root, name, number)
-        record.reason, record.failed_signature = "", None
+        record.reason, record.failed_signature, record.refused_at_memory = "", None, None
         reason = incomplete_reason(directory) if directory.is_dir() else f"{directory}: no such folder"
         if reason is not None:
             return self._refuse(record, directory, f"not a complete export: {reason}")
@@ -256,6 +263,7 @@ class ModelManager:
         if self.max_memory is not None:
             used, described = self._memory_in_use()
             if used + estimate > self.max_memory:
+                record.refused_at_memory = used
                 return self._refuse(
                     record,
                     directory,
@@ -299,7 +307,7 @@ class ModelManager:
 
     def _refuse(self, record: VersionRecord, directory: Path, reason: str, memory: bool = False) -> VersionRecord:
         record.state, record.reason, record.model, record.memory_bytes = pb.VERSION_FAILED, reason, None, 0
-        # a memory refusal is tried again when memory frees up, so it is not remembered as a broken folder
+        # a memory refusal is tried again once memory frees up (refused_at_memory), not when the folder changes
         record.failed_signature = None if memory else _signature(directory)
         self.metrics.load_failures.labels(record.name).inc()
         serving = self.registry.models.get(record.name)
