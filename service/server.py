@@ -65,6 +65,8 @@ class RepositoryOptions:
     keep_versions: int = 1
     max_memory: int | None = None
     release_timeout_s: float = 60.0
+
+
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" = the whole server
 
 
@@ -356,7 +358,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--normalize",
         action="store_true",
-        help="POST /v1/embeddings answers unit-length vectors unless a request says \"normalize\": false (then dot "
+        help='POST /v1/embeddings answers unit-length vectors unless a request says "normalize": false (then dot '
         "product = cosine; the default answers the raw mean, as /v1/embed's layers are)",
     )
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default off)")

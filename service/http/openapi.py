@@ -294,8 +294,17 @@ _SCHEMAS: dict[str, dict] = {
                 required=("queue_ms", "inference_ms", "total_ms", "batch_sentences", "batch_tokens"),
             ),
         },
-        required=("object", "model", "model_version", "task_stale", "layers", "request_id", "usage", "embeddings",
-                  "timing"),  # fmt: skip
+        required=(
+            "object",
+            "model",
+            "model_version",
+            "task_stale",
+            "layers",
+            "request_id",
+            "usage",
+            "embeddings",
+            "timing",
+        ),  # fmt: skip
     ),
     "TokenizeRequest": _obj(
         {

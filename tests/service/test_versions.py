@@ -133,7 +133,7 @@ def test_queued_requests_finish_on_the_version_they_started_on(tiny_model_dir, s
     root = tmp_path / "models"
     publish_copy(tiny_model_dir, root, "default")
     server = repository_server(root, http=False)
-    want = {1: open_runtime(tiny_model_dir).embed_texts([TEXT])[0], 2: open_runtime(second_model).embed_texts([TEXT])[0]}
+    want = {v: open_runtime(d).embed_texts([TEXT])[0] for v, d in ((1, tiny_model_dir), (2, second_model))}
     try:
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.EmbedderStub(channel)
