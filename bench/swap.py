@@ -347,7 +347,7 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
         thread.join(120)
     index = server.index()["default"]
     code = server.stop()
-    log_tail = server.log_path.read_text()[-4000:]
+    model_log = [line for line in server.log_path.read_text().splitlines() if "service.models" in line]
     shutil.rmtree(root, ignore_errors=True)
 
     outcomes = load.outcomes
@@ -377,7 +377,7 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
         },  # fmt: skip
         "final_versions": {str(v): entry["state"] for v, entry in index.items()},
         "server_exit_code": code,
-        "server_log_tail": log_tail.splitlines()[-12:],
+        "server_model_log": model_log[-20:],
     }
 
 
