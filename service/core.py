@@ -175,7 +175,7 @@ class RequestCore:
         prepared = await self.run(
             lambda: self.prepare(request, Encoding.PROTOBUF), heavy=request_chars(request) > INLINE_CHARS
         )
-        with released(prepared):
+        with prepared.model.counted():
             result = await self.embed(prepared, deadline, started)
         response = await self.run(lambda: build_response(result), heavy=prepared.answer_bytes > INLINE_MESSAGE_BYTES)
         response.request_id = request.request_id
@@ -388,15 +388,6 @@ class RequestCore:
         )
 
 
-@contextlib.contextmanager
-def released(prepared: PreparedEmbed):
-    """Give back the in-flight count ``prepare`` took on the request's model version once the block ends."""
-    try:
-        yield prepared
-    finally:
-        prepared.model.release()
-
-
 # -- checks and messages --------------------------------------------------------------------------------------------
 def overflow_policy(value: int, limits: Limits) -> Overflow:
     """The request's policy, or the server's default (``--overflow``) when it names none."""
@@ -596,6 +587,5 @@ __all__ = [
     "pooled",
     "input_chunks",
     "pooled_bytes",
-    "released",
     "request_chars",
 ]

@@ -41,7 +41,6 @@ from elmo.service.core import (
     RequestCore,
     build_response,
     human_bytes,
-    released,
 )
 from elmo.service.errors import Kind, ServiceError, clip, http_status, invalid
 from elmo.service.http import schema
@@ -301,7 +300,7 @@ class HttpFrontend:
         with self.state.admit():
             started = time.monotonic()
             call, prepared = await self._parse(body, lambda value: prepare(value, request_id))
-            with released(prepared):  # the model version's in-flight count, taken by prepare
+            with prepared.model.counted():  # the model version's in-flight count, taken by prepare
                 return call, prepared, await embed(call, prepared, started)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
