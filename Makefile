@@ -2,8 +2,8 @@
 #   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra, plus the
 #                `gpu` extra where `nvidia-smi -L` lists a GPU)
 #   make test    install everything the tests need into .venv (the README's OpenAI-compatible clients into
-#                .venv-clients, Debian's chromium for the browser test), run them all (what CI runs), then list the
-#                25 slowest
+#                .venv-clients, Debian's chromium and haproxy for the browser and balancer tests), run them all
+#                (what CI runs), then list the 25 slowest
 #   make dev     only create .venv (what `make test` installs first): the serving install plus torch, for the
 #                training commands (train, adapt, mix train, export, imports) of the README
 # and, for the inner loop:
@@ -18,7 +18,7 @@ PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
-.PHONY: test check dev serve lint clean proto browser
+.PHONY: test check dev serve lint clean proto browser haproxy
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,16 @@ browser:
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends chromium >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { echo "chromium could not be installed"; exit 1; }
 
-test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser
+# The balancer test runs deploy/haproxy.cfg in Debian's HAProxy (tests/deploy/test_haproxy.py): installed when missing.
+haproxy:
+	@command -v haproxy >/dev/null 2>&1 || { \
+		echo "installing Debian's haproxy for the balancer test (tests/deploy/test_haproxy.py)"; \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends haproxy >/dev/null; }
+	@command -v haproxy >/dev/null 2>&1 || { echo "haproxy could not be installed"; exit 1; }
+
+test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser haproxy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q --durations=25
 

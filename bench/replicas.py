@@ -1,0 +1,383 @@
+"""Three `elmo serve` replicas behind HAProxy (deploy/haproxy.cfg) on loopback, under faults (issue 32).
+
+    .venv/bin/python -m elmo.bench.replicas --model models/default --seconds 60            # both modes
+    .venv/bin/python -m elmo.bench.replicas --model models/default --seconds 20 --mode no-balancer-retries
+
+16 clients (by default 8 gRPC through elmo.client with its retry policy, 8 HTTP `POST /v1/embeddings` through
+urllib3 with `Retry`, docs/scaling.md's settings) send requests for --seconds. At one third of the run one replica
+gets SIGTERM (it drains), at two thirds another gets SIGKILL. Reported per event window (the --window seconds after
+each event, and the time before and after): requests, failed requests (after the client's retries), client retries
+(HTTP: urllib3's retry history; gRPC: the attempts HAProxy logged beyond the calls the clients made, since gRPC
+retries inside its core, out of the application's sight), the balancer's own retries, and p50/p99 latency.
+
+Modes: `balancer-retries` runs deploy/haproxy.cfg as shipped (retries 3, redispatch, retry-on);
+`no-balancer-retries` sets ELMO_LB_RETRIES=0, a balancer that never retries, as a Kubernetes Service does not.
+JSON and Markdown go to --out (default ./bench-results/), replicas-<mode>.json / .md. Loopback only; needs
+`haproxy` on PATH (`make haproxy`). The helpers (Replica, Balancer) are what tests/deploy/test_haproxy.py uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from elmo.client import RETRY_POLICY
+
+REPO = Path(__file__).resolve().parents[1]
+HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
+REPLICAS = 3  # deploy/haproxy.cfg names elmo1..elmo3
+MODES = ("balancer-retries", "no-balancer-retries")
+HTTP_RETRY = {"total": 4, "backoff_factor": 0.1, "status_forcelist": (502, 503, 504), "allowed_methods": None}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not reached within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+# -- replicas --------------------------------------------------------------------------------------------------------
+@dataclass
+class Replica:
+    """One `elmo serve --host 127.0.0.1 --port 0 --http-port 0` child process."""
+
+    name: str
+    proc: subprocess.Popen
+    port_file: Path
+    log_path: Path
+    grpc_port: int = 0
+    http_port: int = 0
+
+    def read_ports(self) -> bool:
+        lines = self.port_file.read_text().split("\n") if self.port_file.is_file() else []
+        if len(lines) < 3 or not lines[0].strip() or not lines[2].strip():
+            return False
+        self.grpc_port, self.http_port = int(lines[0]), int(lines[2])
+        return True
+
+    def health(self) -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=5) as reply:
+                return json.loads(reply.read())["status"]
+        except OSError as error:
+            return getattr(error, "code", None) and "NOT_SERVING" or "DOWN"
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def start_replicas(model: Path, workdir: Path, n: int = REPLICAS, threads: int = 1, extra=()) -> list[Replica]:
+    """``n`` replicas started at once, returned once every one answers /health SERVING."""
+    replicas = []
+    for i in range(1, n + 1):
+        port_file, log_path = workdir / f"elmo{i}.port", workdir / f"elmo{i}.log"
+        command = [sys.executable, "-m", "elmo.cli", "serve", "--model", str(Path(model).resolve())]
+        command += ["--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--port-file", str(port_file)]
+        command += ["--threads", str(threads), *extra]
+        env = {k: v for k, v in os.environ.items() if k != "ELMO_AUTH_TOKEN"}
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        replicas.append(Replica(f"elmo{i}", proc, port_file, log_path))
+    try:
+        for replica in replicas:
+            wait_until(lambda r=replica: r.proc.poll() is not None or r.read_ports(), 120, f"{replica.name} port")
+            if replica.proc.poll() is not None:
+                raise RuntimeError(f"{replica.name} exited: {replica.log_path.read_text()[-2000:]}")
+            wait_until(lambda r=replica: r.health() == "SERVING", 120, f"{replica.name} SERVING")
+    except BaseException:
+        for replica in replicas:
+            replica.proc.kill()
+        raise
+    return replicas
+
+
+# -- the balancer ----------------------------------------------------------------------------------------------------
+class Balancer:
+    """Debian's haproxy running deploy/haproxy.cfg as shipped, its addresses set through the environment."""
+
+    def __init__(self, replicas: list[Replica], workdir: Path, retries: bool = True, config: Path = HAPROXY_CFG):
+        if shutil.which("haproxy") is None:
+            raise FileNotFoundError("haproxy is not installed (make haproxy: Debian's package)")
+        self.grpc_port, self.http_port, self.stats_port = free_port(), free_port(), free_port()
+        env = dict(os.environ)
+        for i, replica in enumerate(replicas, 1):
+            env[f"ELMO{i}_HOST"] = "127.0.0.1"
+            env[f"ELMO{i}_GRPC_PORT"], env[f"ELMO{i}_HTTP_PORT"] = str(replica.grpc_port), str(replica.http_port)
+        env["ELMO_LB_GRPC"] = f"127.0.0.1:{self.grpc_port}"
+        env["ELMO_LB_HTTP"] = f"127.0.0.1:{self.http_port}"
+        env["ELMO_LB_STATS"] = f"127.0.0.1:{self.stats_port}"
+        if not retries:
+            env["ELMO_LB_RETRIES"] = "0"
+        self.log_path = workdir / ("haproxy.log" if retries else "haproxy-no-retries.log")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=log, stderr=log, env=env)
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+
+    def states(self) -> dict[tuple[str, str], str]:
+        """(backend, server) -> UP / DOWN / ... from the stats page's CSV."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5) as reply:
+            rows = csv.DictReader(io.StringIO(reply.read().decode().lstrip("# ")))
+            return {(r["pxname"], r["svname"]): r["status"] for r in rows if r["pxname"].startswith("elmo_")}
+
+    def wait_states(self, wanted: dict[str, str], timeout: float = 30) -> None:
+        """Until every server named in ``wanted`` has that state in both backends."""
+
+        def reached() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                states = self.states()
+            except OSError:
+                return False
+            return all(states.get((b, s)) == v for s, v in wanted.items() for b in ("elmo_grpc", "elmo_http"))
+
+        wait_until(reached, timeout, f"haproxy servers {wanted}")
+
+    def log_lines(self) -> list[str]:
+        return [line for line in self.log_path.read_text().splitlines() if " elmo_" in line]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+# HAProxy's httplog line: `IP:PORT [03/Dec/2026:06:50:11.297] grpc elmo_grpc/elmo1 0/0/0/2/2 200 ... 1/1/0/0/+1 ...`
+LOG_LINE = re.compile(
+    r"\[(?P<when>\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d\.\d{3})\] (?P<frontend>\S+) (?P<backend>[^/\s]+)/(?P<server>\S+) "
+    r"\S+ (?P<status>-?\d+) .*? \d+/\d+/\d+/\d+/(?P<retries>\+?\d+) "
+)
+
+
+def parse_log(lines: list[str]) -> list[dict]:
+    out = []
+    for line in lines:
+        match = LOG_LINE.search(line)
+        if match:
+            when = datetime.strptime(match["when"], "%d/%b/%Y:%H:%M:%S.%f").timestamp()
+            out.append({**match.groupdict(), "when": when, "retries": int(match["retries"].lstrip("+"))})
+    return out
+
+
+# -- the load --------------------------------------------------------------------------------------------------------
+@dataclass
+class Call:
+    protocol: str
+    start: float  # wall clock (time.time), to line up with HAProxy's log
+    seconds: float
+    ok: bool
+    retries: int = 0  # client retries seen by the client (HTTP only)
+    error: str = ""
+
+
+@dataclass
+class Load:
+    balancer: Balancer
+    texts: list[str]
+    grpc_clients: int
+    http_clients: int
+    calls: list[Call] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _grpc(self, seed: int) -> None:
+        from elmo.client import EmbedderClient
+
+        rng = random.Random(seed)
+        with EmbedderClient(self.balancer.grpc_target, timeout=30) as client:
+            while not self.stop.is_set():
+                batch = rng.sample(self.texts, 4)
+                start, t0 = time.time(), time.perf_counter()
+                try:
+                    client.embed(batch, layers=[2], dtype="float16")
+                    call = Call("grpc", start, time.perf_counter() - t0, True)
+                except Exception as error:  # noqa: BLE001 - a failed request is what is counted
+                    call = Call("grpc", start, time.perf_counter() - t0, False, error=str(error)[:200])
+                with self.lock:
+                    self.calls.append(call)
+
+    def _http(self, seed: int) -> None:
+        import urllib3
+
+        rng = random.Random(seed)
+        pool = urllib3.PoolManager(retries=urllib3.Retry(**HTTP_RETRY, raise_on_status=False), timeout=30)
+        url = f"{self.balancer.http_url}/v1/embeddings"
+        while not self.stop.is_set():
+            body = {"model": "", "input": rng.sample(self.texts, 4)}
+            start, t0 = time.time(), time.perf_counter()
+            try:
+                reply = pool.request("POST", url, json=body)
+                retries = len(reply.retries.history) if reply.retries else 0
+                ok = reply.status == 200 and len(json.loads(reply.data)["data"]) == 4
+                call = Call("http", start, time.perf_counter() - t0, ok, retries, "" if ok else f"HTTP {reply.status}")
+            except Exception as error:  # noqa: BLE001
+                call = Call("http", start, time.perf_counter() - t0, False, error=str(error)[:200])
+            with self.lock:
+                self.calls.append(call)
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._grpc, args=(i,), daemon=True) for i in range(self.grpc_clients)]
+        threads += [threading.Thread(target=self._http, args=(100 + i,), daemon=True) for i in range(self.http_clients)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+
+def window_report(calls: list[Call], log: list[dict], start: float, end: float) -> dict:
+    inside = [c for c in calls if start <= c.start < end]
+    logged = [e for e in log if start <= e["when"] < end]
+    grpc_calls = sum(c.protocol == "grpc" for c in inside)
+    grpc_attempts = sum(e["backend"] == "elmo_grpc" for e in logged)
+    report = {"seconds": round(end - start, 1), "requests": len(inside), "failed": sum(not c.ok for c in inside)}
+    report["client_retries"] = {
+        "grpc": max(0, grpc_attempts - grpc_calls),
+        "http": sum(c.retries for c in inside if c.protocol == "http"),
+    }
+    report["balancer_retries"] = sum(e["retries"] for e in logged)
+    for protocol in ("grpc", "http"):
+        seconds = [c.seconds for c in inside if c.protocol == protocol and c.ok]
+        if seconds:
+            report[f"{protocol}_p50_ms"] = round(1000 * float(np.percentile(seconds, 50)), 1)
+            report[f"{protocol}_p99_ms"] = round(1000 * float(np.percentile(seconds, 99)), 1)
+    report["errors"] = sorted({c.error for c in inside if not c.ok})[:5]
+    return report
+
+
+def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
+    from elmo.bench.loadgen import make_texts
+
+    (workdir / mode).mkdir()
+    replicas = start_replicas(args.model, workdir / mode, threads=args.threads)
+    balancer = Balancer(replicas, workdir / mode, retries=mode == "balancer-retries")
+    try:
+        balancer.wait_states({r.name: "UP" for r in replicas})
+        load = Load(balancer, make_texts(400, seed=1, max_tokens=24), args.grpc_clients, args.http_clients)
+        t0 = time.time()
+        threads = load.start()
+        events = [("sigterm", replicas[1], signal.SIGTERM), ("sigkill", replicas[2], signal.SIGKILL)]
+        marks = [("start", t0)]
+        for k, (name, replica, signum) in enumerate(events, 1):
+            time.sleep(max(0.0, t0 + k * args.seconds / 3 - time.time()))
+            marks.append((f"{name} {replica.name}", time.time()))
+            replica.signal(signum)
+        time.sleep(max(0.0, t0 + args.seconds - time.time()))
+        load.stop.set()
+        for thread in threads:
+            thread.join(60)
+        t_end = time.time()
+        time.sleep(1.5)  # HAProxy writes a request's line when it ends
+        log = parse_log(balancer.log_lines())
+        windows = {"before": (t0, marks[1][1])}
+        for i, (name, t) in enumerate(marks[1:], 1):
+            next_t = marks[i + 1][1] if i + 1 < len(marks) else t_end
+            windows[name] = (t, min(t + args.window, next_t))
+        if t_end - args.window > marks[-1][1] + args.window:
+            windows[f"after (last {args.window:.0f} s)"] = (t_end - args.window, t_end)
+        calls = load.calls
+        return {
+            "mode": mode,
+            "replicas": REPLICAS,
+            "clients": {"grpc": args.grpc_clients, "http": args.http_clients},
+            "seconds": round(t_end - t0, 1),
+            "events": {name: round(t - t0, 1) for name, t in marks[1:]},
+            "total": window_report(calls, log, t0, t_end),
+            "windows": {name: window_report(calls, log, a, b) for name, (a, b) in windows.items()},
+            "exit_codes": {r.name: r.proc.poll() for r in replicas},
+            "grpc_retry_policy": RETRY_POLICY,
+            "http_retry": dict(HTTP_RETRY),
+            "command": " ".join(sys.argv),
+        }
+    finally:
+        balancer.stop()
+        for replica in replicas:
+            replica.stop()
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"## {result['mode']}: {result['replicas']} replicas, {sum(result['clients'].values())} clients "
+        f"({result['clients']['grpc']} gRPC, {result['clients']['http']} HTTP), {result['seconds']} s",
+        "",
+        "events at " + ", ".join(f"{name} +{t} s" for name, t in result["events"].items()),
+        "",
+        "| window | s | requests | failed | client retries gRPC / HTTP | balancer retries | p99 ms gRPC / HTTP |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, w in [*result["windows"].items(), ("whole run", result["total"])]:
+        retries = f"{w['client_retries']['grpc']} / {w['client_retries']['http']}"
+        lines.append(
+            f"| {name} | {w['seconds']} | {w['requests']} | {w['failed']} | {retries} | {w['balancer_retries']} "
+            f"| {w.get('grpc_p99_ms', '-')} / {w.get('http_p99_ms', '-')} |"
+        )
+    errors = sorted({e for w in result["windows"].values() for e in w["errors"]})
+    if errors:
+        lines += ["", "errors seen: " + "; ".join(errors)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m elmo.bench.replicas", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=REPO / "models" / "default")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--window", type=float, default=5.0, help="seconds after each event reported on their own")
+    parser.add_argument("--grpc-clients", type=int, default=8)
+    parser.add_argument("--http-clients", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per replica (default 1)")
+    parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="replicas-"))
+    for mode in MODES if args.mode == "both" else (args.mode,):
+        result = run_mode(args, mode, workdir)
+        (args.out / f"replicas-{mode}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / f"replicas-{mode}.md").write_text(markdown(result))
+        print(markdown(result))
+    print(f"logs: {workdir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
