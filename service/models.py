@@ -194,7 +194,8 @@ class ModelRegistry:
         self._default = models[0].name if models else ""
         self.aliases: dict[str, tuple[str, str]] = {}
         for alias, (model_name, task) in (aliases or {}).items():
-            self._check_alias(alias, model_name, task)
+            if models:  # under --model-root the models load later: an alias to a missing one answers NOT_FOUND
+                self._check_alias(alias, model_name, task)
             self.aliases[alias] = (model_name or self.default, task)
 
     @property
@@ -211,8 +212,6 @@ class ModelRegistry:
             raise ConfigError(f"{where}: '{alias}' is already a served model's name")
         if model_name and model_name not in self.models:
             raise ConfigError(f"{where}: no served model is named '{model_name}' (serving: {', '.join(self.models)})")
-        if not self.models:
-            raise ConfigError(f"{where}: no model is loaded yet")
         model = self.models[model_name or self.default]
         if task and task not in model.tasks.names():
             raise ConfigError(f"{where}: model '{model.name}' has no task '{task}' (tasks: "
@@ -235,12 +234,10 @@ class ModelRegistry:
             return model, task
 
     def _resolve(self, name: str) -> tuple[ServedModel, str]:
-        if not name:
-            name = self.default
+        task = ""
         if name in self.aliases:
             name, task = self.aliases[name]
-        else:
-            task = ""
+        name = name or self.default
         base, sep, number = name.partition("@")
         if sep:
             loaded = self.versions.get(base, {})
