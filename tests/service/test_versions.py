@@ -271,3 +271,26 @@ def test_flags():
         parse_bytes("two gigs")
     with pytest.raises(ConfigError, match="keep at least 1"):
         ModelManager(Path("."), None, None, None, open_runtime, keep_versions=0)  # type: ignore[arg-type]
+
+
+def test_serve_flags_take_one_source_of_models(tmp_path):
+    import argparse
+
+    from elmo.service.limits import limits_from_args
+    from elmo.service.server import _repository_from_args, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def repository(*argv: str):
+        args = parser.parse_args(list(argv))
+        return _repository_from_args(args, limits_from_args(args))
+
+    with pytest.raises(ConfigError, match="either --model DIR"):
+        repository("--model", "a", "--model-root", str(tmp_path))
+    with pytest.raises(ConfigError, match="either --model DIR"):
+        repository()
+    with pytest.raises(ConfigError, match="--admin-token goes with --model-root"):
+        repository("--model", "a", "--admin-token", "x")
+    options = repository("--model-root", str(tmp_path), "--max-model-memory", "2GiB", "--poll-interval-s", "5")
+    assert options.max_memory == 2 << 30 and options.poll_interval_s == 5 and options.keep_versions == 1
