@@ -6,6 +6,7 @@ every call it receives: the count server-side is what shows a retry happened (th
 from __future__ import annotations
 
 import json
+import re
 import threading
 from concurrent import futures
 
@@ -15,6 +16,7 @@ import pytest
 from elmo.client import RETRY_POLICY, EmbedderClient, RemoteError, channel_options, service_config
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
+from tests.conftest import REPO
 
 
 class Flaky(pb_grpc.EmbedderServicer):
@@ -98,3 +100,11 @@ def test_the_service_config_is_the_documented_json():
     assert config == {"methodConfig": [{"name": [{"service": "elmo.v1.Embedder"}], "retryPolicy": RETRY_POLICY}]}
     options = dict(channel_options())
     assert options["grpc.enable_retries"] == 1 and json.loads(options["grpc.service_config"]) == config
+
+
+def test_docs_give_the_same_service_config_for_other_clients():
+    """docs/scaling.md's JSON block (after `<!-- service-config -->`) is what elmo.client sends."""
+    text = (REPO / "docs" / "scaling.md").read_text()
+    block = re.search(r"<!-- service-config -->\n```json\n(.*?)\n```", text, re.S)
+    assert block, "docs/scaling.md lost its service-config block"
+    assert json.loads(block.group(1)) == json.loads(service_config())
