@@ -55,9 +55,10 @@ from elmo.v1 import embedder_pb2 as pb
 
 log = logging.getLogger("service.models")
 
-# RSS a loaded version adds per byte of its graph and weight files, measured with bench/swap.py --rss (an
-# ELMo-original-shape model, 4096/512, CPU, two sessions of the context graph for parallel runs): see docs/models.md.
-MODEL_MEMORY_FACTOR = 2.0
+# RSS a loaded version adds per byte of its graph and weight files, measured with bench/swap.py --rss-model after a few
+# requests (CPU; the context graph is opened twice, for parallel runs): 2.9 for an ELMo-original-shape model
+# (4096/512, 357 MiB of files), 2.2 for the small preset. See docs/models.md.
+MODEL_MEMORY_FACTOR = 3.0
 MODEL_FILE_SUFFIXES = (".onnx", ".data")
 RELEASE_POLL_S = 0.02
 LOADED_STATES = (pb.VERSION_LOADING, pb.VERSION_READY, pb.VERSION_UNLOADING)
