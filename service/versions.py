@@ -342,7 +342,8 @@ class ModelManager:
             log.warning("model %s version %d: %d requests still in flight after %.0f s; releasing it under them",
                         record.name, record.number, model.in_flight, timeout_s)  # fmt: skip
         waited = time.monotonic() - started
-        record.model = None
+        if record.model is model:  # (not when the same version was loaded again meanwhile)
+            record.model = None
         await self._free(model)
         del model
         await asyncio.get_running_loop().run_in_executor(None, _collect)

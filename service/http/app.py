@@ -374,6 +374,8 @@ class HttpFrontend:
             return web.json_response(schema.alias_entry(model_id, *self.core.models.aliases[model_id]))
         model, task = schema.split_model(model_id)
         entries = schema.model_entries(self.core.model_info(model))
+        if "@" in model and not task:  # a pinned version: the model's entry, with that version's model_version
+            return web.json_response(entries[0])
         for entry in entries:
             if entry["id"] == model_id or (not model and entry.get("task") == task):
                 return web.json_response(entry)

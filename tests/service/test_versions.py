@@ -294,3 +294,20 @@ def test_serve_flags_take_one_source_of_models(tmp_path):
         repository("--model", "a", "--admin-token", "x")
     options = repository("--model-root", str(tmp_path), "--max-model-memory", "2GiB", "--poll-interval-s", "5")
     assert options.max_memory == 2 << 30 and options.poll_interval_s == 5 and options.keep_versions == 1
+
+
+def test_keep_versions_keeps_older_ones_pinnable(tiny_model_dir, second_model, tmp_path):
+    root = tmp_path / "models"
+    publish_copy(tiny_model_dir, root, "default")
+    publish_copy(second_model, root, "default")
+    server = repository_server(root, keep_versions=2)
+    try:
+        assert embed(server).model_version == 2 and embed(server, "default@1").model_version == 1
+        assert http(server, "/v1/models/default@1")[2]["model_version"] == 1
+        status, headers, _ = http(server, "/v1/embeddings", {"input": TEXT, "model": "default@1"})
+        assert status == 200 and headers["X-Elmo-Model"] == "default@1"
+        with pytest.raises(grpc.RpcError) as missing:
+            embed(server, "default@7")
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "default@1, default@2" in missing.value.details()
+    finally:
+        server.stop()
