@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -86,8 +87,10 @@ class Replica:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=5) as reply:
                 return json.loads(reply.read())["status"]
-        except OSError as error:
-            return getattr(error, "code", None) and "NOT_SERVING" or "DOWN"
+        except urllib.error.HTTPError:
+            return "NOT_SERVING"  # 503: warming up or draining
+        except OSError:
+            return "DOWN"
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:
@@ -290,7 +293,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
 
     (workdir / mode).mkdir()
     replicas = start_replicas(args.model, workdir / mode, threads=args.threads)
-    balancer = Balancer(replicas, workdir / mode, retries=mode == "balancer-retries")
+    balancer = Balancer(replicas, workdir / mode, retries=mode == "balancer-retries", config=args.config)
     try:
         balancer.wait_states({r.name: "UP" for r in replicas})
         load = Load(balancer, make_texts(400, seed=1, max_tokens=24), args.grpc_clients, args.http_clients)
@@ -367,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per replica (default 1)")
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--config", type=Path, default=HAPROXY_CFG, help="HAProxy configuration (deploy/haproxy.cfg)")
     args = parser.parse_args(argv)
+    if not args.config.is_file():
+        parser.error(f"{args.config}: no such HAProxy configuration (run from a checkout, or pass --config)")
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="replicas-"))
     for mode in MODES if args.mode == "both" else (args.mode,):

@@ -14,6 +14,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from elmo.bench import replicas
 from elmo.bench.replicas import HAPROXY_CFG, HTTP_RETRY, Balancer, parse_log, start_replicas
 
 from elmo.client import EmbedderClient
@@ -94,3 +95,16 @@ def test_grpc_and_http_are_balanced_and_a_killed_replica_leaves_the_rotation(fle
             assert len(post(pool, balancer, TEXTS)) == 3
     after = parse_log(balancer.log_lines()[before:])
     assert after and all(e["server"] in ("elmo2", "elmo3") and e["status"] == "200" for e in after), after
+
+
+def test_the_replicas_bench_runs_and_reports_every_window(haproxy, tiny_model_dir, tmp_path):
+    """bench/replicas.py end to end for a few seconds (one mode, 2 + 2 clients): it measures, nothing is timed."""
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny_model_dir), "--seconds", "4.5", "--window", "1", "--grpc-clients", "2"]
+    argv += ["--http-clients", "2", "--mode", "no-balancer-retries", "--out", str(out)]
+    assert replicas.main(argv) == 0
+    result = json.loads((out / "replicas-no-balancer-retries.json").read_text())
+    assert list(result["windows"])[:3] == ["before", "sigterm elmo2", "sigkill elmo3"]
+    assert result["total"]["requests"] > 0 and result["total"]["balancer_retries"] == 0  # ELMO_LB_RETRIES=0
+    assert result["exit_codes"]["elmo2"] == 0 and result["exit_codes"]["elmo3"] == -signal.SIGKILL
+    assert "| sigkill elmo3 |" in (out / "replicas-no-balancer-retries.md").read_text()
