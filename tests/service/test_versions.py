@@ -311,3 +311,16 @@ def test_keep_versions_keeps_older_ones_pinnable(tiny_model_dir, second_model, t
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "default@1, default@2" in missing.value.details()
     finally:
         server.stop()
+
+
+def test_at_start_a_broken_latest_version_falls_back_to_the_one_before(tiny_model_dir, tmp_path):
+    root = tmp_path / "models"
+    publish_copy(tiny_model_dir, root, "default")
+    broken_copy(tiny_model_dir, root / "default" / "2")
+    server = repository_server(root, http=False)
+    try:
+        assert embed(server).model_version == 1
+        assert server.server.manager.records[("default", 2)].state == pb.VERSION_FAILED
+        assert server.metric("elmo_model_load_failures_total", model="default") == 1
+    finally:
+        server.stop()
