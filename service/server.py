@@ -443,8 +443,9 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
     if bool(args.model) == (args.model_root is not None):
         raise ConfigError("serve either --model DIR (repeatable) or --model-root DIR (a model repository)")
     if args.model_root is None:
-        for flag in ("max_model_memory", "admin_token"):
-            if getattr(args, flag):
+        for flag, default in (("max_model_memory", None), ("admin_token", None), ("poll_interval_s", 0.0),
+                              ("keep_versions", 1)):  # fmt: skip
+            if getattr(args, flag) not in (default, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} goes with --model-root DIR")
         return None
     from elmo.service.versions import parse_bytes

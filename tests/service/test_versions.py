@@ -292,6 +292,9 @@ def test_serve_flags_take_one_source_of_models(tmp_path):
         repository()
     with pytest.raises(ConfigError, match="--admin-token goes with --model-root"):
         repository("--model", "a", "--admin-token", "x")
+    with pytest.raises(ConfigError, match="--poll-interval-s goes with --model-root"):
+        repository("--model", "a", "--poll-interval-s", "5")
+    assert repository("--model", "a") is None
     options = repository("--model-root", str(tmp_path), "--max-model-memory", "2GiB", "--poll-interval-s", "5")
     assert options.max_memory == 2 << 30 and options.poll_interval_s == 5 and options.keep_versions == 1
 
