@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import os
 import random
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import grpc
 import numpy as np
 
 from elmo.client import RETRY_POLICY
@@ -190,7 +192,7 @@ class Balancer:
 # HAProxy's httplog line: `IP:PORT [03/Dec/2026:06:50:11.297] grpc elmo_grpc/elmo1 0/0/0/2/2 200 ... 1/1/0/0/+1 ...`
 LOG_LINE = re.compile(
     r"\[(?P<when>\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d\.\d{3})\] (?P<frontend>\S+) (?P<backend>[^/\s]+)/(?P<server>\S+) "
-    r"\S+ (?P<status>-?\d+) .*? \d+/\d+/\d+/\d+/(?P<retries>\+?\d+) "
+    r"\S+ (?P<status>-?\d+) .*? \d+/\d+/\d+/\d+/(?P<retries>\+?\d+) \d+/\d+ (?:\{(?P<request_id>[^}]*)\} )?"
 )
 
 
@@ -213,6 +215,7 @@ class Call:
     ok: bool
     retries: int = 0  # client retries seen by the client (HTTP only)
     error: str = ""
+    request_id: str = ""  # sent as x-request-id, which HAProxy logs with every attempt
 
 
 @dataclass
@@ -230,14 +233,18 @@ class Load:
 
         rng = random.Random(seed)
         with EmbedderClient(self.balancer.grpc_target, timeout=30) as client:
-            while not self.stop.is_set():
-                batch = rng.sample(self.texts, 4)
+            for n in itertools.count():
+                if self.stop.is_set():
+                    break
+                request = client.request(rng.sample(self.texts, 4), layers=[2], dtype="float16")
+                rid = f"g{seed}-{n}"  # the channel's own retry policy applies; the id shows each attempt
                 start, t0 = time.time(), time.perf_counter()
                 try:
-                    client.embed(batch, layers=[2], dtype="float16")
-                    call = Call("grpc", start, time.perf_counter() - t0, True)
-                except Exception as error:  # noqa: BLE001 - a failed request is what is counted
-                    call = Call("grpc", start, time.perf_counter() - t0, False, error=str(error)[:200])
+                    client.stub.Embed(request, timeout=30, metadata=(("x-request-id", rid),))
+                    call = Call("grpc", start, time.perf_counter() - t0, True, request_id=rid)
+                except grpc.RpcError as error:  # a failed request is what is counted
+                    message = f"{error.code().name}: {error.details()}"[:200]
+                    call = Call("grpc", start, time.perf_counter() - t0, False, error=message, request_id=rid)
                 with self.lock:
                     self.calls.append(call)
 
@@ -247,16 +254,20 @@ class Load:
         rng = random.Random(seed)
         pool = urllib3.PoolManager(retries=urllib3.Retry(**HTTP_RETRY, raise_on_status=False), timeout=30)
         url = f"{self.balancer.http_url}/v1/embeddings"
-        while not self.stop.is_set():
+        for n in itertools.count():
+            if self.stop.is_set():
+                break
             body = {"model": "", "input": rng.sample(self.texts, 4)}
+            rid = f"h{seed}-{n}"
             start, t0 = time.time(), time.perf_counter()
             try:
-                reply = pool.request("POST", url, json=body)
+                reply = pool.request("POST", url, json=body, headers={"X-Request-Id": rid})
                 retries = len(reply.retries.history) if reply.retries else 0
                 ok = reply.status == 200 and len(json.loads(reply.data)["data"]) == 4
-                call = Call("http", start, time.perf_counter() - t0, ok, retries, "" if ok else f"HTTP {reply.status}")
-            except Exception as error:  # noqa: BLE001
-                call = Call("http", start, time.perf_counter() - t0, False, error=str(error)[:200])
+                error = "" if ok else f"HTTP {reply.status}"
+                call = Call("http", start, time.perf_counter() - t0, ok, retries, error, rid)
+            except Exception as error:  # noqa: BLE001 - a failed request is what is counted
+                call = Call("http", start, time.perf_counter() - t0, False, error=str(error)[:200], request_id=rid)
             with self.lock:
                 self.calls.append(call)
 
@@ -269,16 +280,17 @@ class Load:
 
 
 def window_report(calls: list[Call], log: list[dict], start: float, end: float) -> dict:
+    """The calls that started in [start, end); each one's attempts are HAProxy's log lines with its request id."""
     inside = [c for c in calls if start <= c.start < end]
-    logged = [e for e in log if start <= e["when"] < end]
-    grpc_calls = sum(c.protocol == "grpc" for c in inside)
-    grpc_attempts = sum(e["backend"] == "elmo_grpc" for e in logged)
+    attempts: dict[str, list[dict]] = {}
+    for entry in log:
+        attempts.setdefault(entry.get("request_id") or "", []).append(entry)
     report = {"seconds": round(end - start, 1), "requests": len(inside), "failed": sum(not c.ok for c in inside)}
     report["client_retries"] = {
-        "grpc": max(0, grpc_attempts - grpc_calls),
+        "grpc": sum(max(0, len(attempts.get(c.request_id, [])) - 1) for c in inside if c.protocol == "grpc"),
         "http": sum(c.retries for c in inside if c.protocol == "http"),
     }
-    report["balancer_retries"] = sum(e["retries"] for e in logged)
+    report["balancer_retries"] = sum(e["retries"] for c in inside for e in attempts.get(c.request_id, []))
     for protocol in ("grpc", "http"):
         seconds = [c.seconds for c in inside if c.protocol == protocol and c.ok]
         if seconds:
