@@ -8,10 +8,14 @@ which holds one runtime session per actor (created once, in ``__init__``) and ru
 temporary name, rename. The driver commits each shard to the log as its result streams back, so a killed Ray job
 resumes like a local one. Actors ask for one GPU each when the cluster has GPUs, else ``--threads`` CPUs.
 
-Actors are not restarted by Ray (``max_restarts=0``): Ray Data's default (restart forever, retry forever) would loop
-on a shard that kills its actor (out of memory) and makes the driver's core worker print an ``E ... core_worker.cc``
-line on every job (an actor restarted with constructor arguments in the object store, ray#53727). A dead actor
-ends the job with one line instead; the committed shards stay, and the same command resumes from them.
+Fault tolerance is Ray's own, configured here (:func:`restart_policy`), never re-implemented. On a cluster of two or
+more nodes an actor whose node is lost is restarted by Ray on another node (``max_restarts=ACTOR_RESTARTS``) and the
+shard it held is retried there (``max_task_retries=TASK_RETRIES``); the driver commits each shard once, whichever
+attempt wrote it. On a single node nothing else could take the actor over: it is not restarted (``max_restarts=0``).
+Ray Data's default (restart forever, retry forever) is used nowhere: it loops on a shard that kills its actor (out of
+memory), and on one node it only makes the driver's core worker print an ``E ... core_worker.cc`` line on every job
+(an actor restartable with constructor arguments in the object store, ray#53727). Once the budget is spent, a dead
+actor ends the job with one line; the committed shards stay, and the same command resumes from them.
 
 Paths must be visible to every node (a shared filesystem), as for any Ray Data file source. Imports no torch.
 """
@@ -36,6 +40,12 @@ from elmo.batch.state import JobDirectory, JobOptions
 from elmo.errors import ElmoError
 
 log = logging.getLogger("elmo.batch")
+
+# A lost node (multi-node clusters only): Ray restarts each actor up to ACTOR_RESTARTS times, elsewhere, and retries
+# the shard that was running on it up to TASK_RETRIES times. Finite, so that a shard that kills every actor it meets
+# (out of memory) ends the job instead of looping.
+ACTOR_RESTARTS = 3
+TASK_RETRIES = 3
 
 _SHARD_FIELDS = [f.name for f in dataclasses.fields(ShardSpec)]
 _ENTRY_FIELDS = ("shard", "file", "first_line", "n_lines", "blank", "tokens", "bytes")
@@ -85,6 +95,14 @@ def _actor_resources(options: JobOptions, cluster: dict) -> tuple[int, dict]:
     return options.workers or max(1, cpus // threads), {"num_gpus": 0, "num_cpus": threads}
 
 
+def restart_policy(alive_nodes: int) -> dict:
+    """Ray's actor options for a cluster of ``alive_nodes`` nodes: restarts and retries where another node can take
+    a dead actor's place; none on a single node (where a restart would only bring back ray#53727's error line)."""
+    if alive_nodes > 1:
+        return {"max_restarts": ACTOR_RESTARTS, "max_task_retries": TASK_RETRIES}
+    return {"max_restarts": 0}
+
+
 def embed_shards_on_ray(
     plan: InputPlan,
     pending: list[ShardSpec],
@@ -104,19 +122,23 @@ def embed_shards_on_ray(
         began = time.perf_counter()  # seconds of silence otherwise (4 to 15 s for a local instance on 2 cores)
         where = options.ray_address or os.environ.get("RAY_ADDRESS") or "a new local instance"
         log.info("ray: connecting to %s ...", where)
-        ray.init(address=options.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+        _connect(ray, options.ray_address, where)
         log.info("ray: connected in %.1f s (%s)", time.perf_counter() - began, ray.cluster_resources())
     try:
         _quiet_ray_data(ray.data.DataContext.get_current())
         workers, resources = _actor_resources(options, ray.cluster_resources())
         workers = min(workers, len(pending))
-        log.info("ray: %d shards on %d actors, %s each", len(pending), workers, resources)
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        policy = restart_policy(nodes)
+        log.info("ray: %d shards on %d actors, %s each; %d nodes: %s", len(pending), workers, resources, nodes,
+                 ", ".join(f"{key}={value}" for key, value in policy.items()))  # fmt: skip
         options = _absolute(options)
         light_plan = dataclasses.replace(plan, path=plan.path.resolve(), shards=[])
         rows = [dataclasses.asdict(shard) for shard in pending]
         with warnings.catch_warnings():
-            # Ray 2.60 has no named parameter for max_restarts yet and calls the generic way deprecated; the
-            # pinned ray[data]==2.60.0 takes it (Ray Data's own comment names map_batches(..., max_restarts=0)).
+            # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet and calls the generic way
+            # deprecated; the pinned ray[data]==2.60.0 takes it (Ray Data's own comment names
+            # map_batches(..., max_restarts=0)).
             warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated", DeprecationWarning)
             results = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
                 ShardEmbedder,
@@ -128,13 +150,37 @@ def embed_shards_on_ray(
                 },
                 batch_size=1,
                 compute=ray.data.ActorPoolStrategy(size=workers),
-                max_restarts=0,  # see the module's docstring: a rerun resumes; Ray's endless restarts may not end
+                **policy,  # see the module's docstring: Ray restarts and retries across nodes, never for ever
                 **resources,
             )
         _commit_rows(results, job, progress)
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _connect(ray, address: str | None, where: str) -> None:
+    """``ray.init``; a cluster that refuses the driver (token authentication, Ray 2.52+) or cannot be reached is one
+    line, not Ray's two chained tracebacks."""
+    import ray.exceptions
+
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
+        chain, cause = [], exc
+        while cause is not None and len(chain) < 10:  # Ray chains it, or quotes it in the text of a RuntimeError
+            chain.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(isinstance(c, ray.exceptions.AuthenticationError) or "InvalidAuthToken" in str(c) for c in chain):
+            raise ElmoError(
+                f"the Ray cluster at {where} refused this driver: token authentication is on and this process has "
+                "not the cluster's token; run with RAY_AUTH_MODE=token and the token in RAY_AUTH_TOKEN_PATH (a "
+                "file) or RAY_AUTH_TOKEN, as on the cluster's nodes (docs/batch.md#multi-node-ray)"
+            ) from None
+        if isinstance(exc, ConnectionError):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ElmoError(f"cannot connect to the Ray cluster at {where}: {first[:300]}") from None
+        raise
 
 
 def _quiet_ray_data(context) -> None:
@@ -160,6 +206,9 @@ def _commit_rows(results, job: JobDirectory, progress: Progress) -> None:
                 kind, _, message = str(row["error"]).partition("\t")
                 raise getattr(errors, kind, ElmoError)(message)
             entry = {name: (str(row[name]) if name == "file" else int(row[name])) for name in _ENTRY_FIELDS}
+            if entry["shard"] in job.committed:  # Ray delivers each row once; a retry must never commit twice
+                log.warning("ray: shard %d came back a second time; it is committed once", entry["shard"])
+                continue
             job.commit(entry)
             progress(entry["n_lines"], entry["tokens"])
     except died as exc:
