@@ -100,6 +100,7 @@ SLOW: tuple[str, ...] = (
     "tests/service/test_fuzz.py",  # 37: Hypothesis against a live server
     "tests/batch/test_recovery.py::test_ray_job_killed_mid_way_resumes_without_recomputing",  # 31: a Ray cluster
     "tests/batch/test_job.py::test_ray_engine_matches_local",  # 28: a Ray cluster
+    "tests/batch/test_ray_cluster.py",  # 75: a 3-node Ray cluster started with `ray start`, a node and a driver killed
     "tests/batch/test_job.py::test_sigkill_mid_run_then_resume_equals_uninterrupted",  # 13: two formats
     "tests/test_bench_serving.py",  # 23: load generators against live servers
     "tests/train/test_ddp.py",  # 23: two-process torchrun steps

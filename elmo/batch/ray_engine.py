@@ -10,12 +10,13 @@ resumes like a local one. Actors ask for one GPU each when the cluster has GPUs,
 
 Fault tolerance is Ray's own, configured here (:func:`restart_policy`), never re-implemented. On a cluster of two or
 more nodes an actor whose node is lost is restarted by Ray on another node (``max_restarts=ACTOR_RESTARTS``) and the
-shard it held is retried there (``max_task_retries=TASK_RETRIES``); the driver commits each shard once, whichever
-attempt wrote it. On a single node nothing else could take the actor over: it is not restarted (``max_restarts=0``).
-Ray Data's default (restart forever, retry forever) is used nowhere: it loops on a shard that kills its actor (out of
-memory), and on one node it only makes the driver's core worker print an ``E ... core_worker.cc`` line on every job
-(an actor restartable with constructor arguments in the object store, ray#53727). Once the budget is spent, a dead
-actor ends the job with one line; the committed shards stay, and the same command resumes from them.
+shard it held is retried there (``max_task_retries=TASK_RETRIES``, bounded by the restarts); the driver commits each
+shard once, whichever attempt wrote it. On a single node nothing else could take the actor over: it is not
+restarted (``max_restarts=0``). Ray Data's default (restart forever, retry forever) is used nowhere: it loops on a
+shard that kills its actor (out of memory), and on one node it only makes the driver's core worker print an
+``E ... core_worker.cc`` line on every job (an actor restartable with constructor arguments in the object store,
+ray#53727). Once the budget is spent, a dead actor ends the job with one line; the committed shards stay, and the
+same command resumes from them.
 
 Paths must be visible to every node (a shared filesystem), as for any Ray Data file source. Imports no torch.
 """
@@ -41,11 +42,14 @@ from elmo.errors import ElmoError
 
 log = logging.getLogger("elmo.batch")
 
-# A lost node (multi-node clusters only): Ray restarts each actor up to ACTOR_RESTARTS times, elsewhere, and retries
-# the shard that was running on it up to TASK_RETRIES times. Finite, so that a shard that kills every actor it meets
-# (out of memory) ends the job instead of looping.
+# A lost node (multi-node clusters only): Ray restarts each actor up to ACTOR_RESTARTS times, elsewhere, and resubmits
+# the shard that was running on it until the restarted actor answers. The retries are unbounded (-1) because they
+# are spent in a burst while the node is not yet declared dead (its actors "temporarily unavailable": 3 retries were
+# gone in under a second, ActorUnavailableError, in a run here); the restarts bound them: an actor out of restarts is
+# dead, and its shards fail with ActorDiedError. So a shard that kills every actor it meets (out of memory) ends the
+# job after ACTOR_RESTARTS restarts instead of looping.
 ACTOR_RESTARTS = 3
-TASK_RETRIES = 3
+TASK_RETRIES = -1
 
 _SHARD_FIELDS = [f.name for f in dataclasses.fields(ShardSpec)]
 _ENTRY_FIELDS = ("shard", "file", "first_line", "n_lines", "blank", "tokens", "bytes")

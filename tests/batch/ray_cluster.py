@@ -195,6 +195,11 @@ class LoopbackCluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def driver_core_logs(self) -> str:
+        """The core-worker logs of the drivers attached to the head (Ray writes its retries there)."""
+        logs = sorted({p.resolve() for p in (self.root / "head").glob("session_*/logs/python-core-driver-*.log")})
+        return "\n".join(path.read_text(errors="replace") for path in logs)
+
     def gcs_log(self) -> str:
         logs = sorted((self.root / "head").glob("session_*/logs/gcs_server.out"))
         return logs[-1].read_text(errors="replace") if logs else ""
@@ -255,6 +260,8 @@ class FaultReport:
     committed_at_node_kill: int = 0
     killed_node: str = ""
     actor_failures: list[str] = field(default_factory=list)  # the GCS's "Actor is failed" lines, restarts left
+    tasks_resubmitted: int = 0  # shards' tasks that Ray resubmitted (the driver's core-worker log)
+    resubmissions: int = 0  # their attempts in all (backing off 100 ms, 200 ms, ... while the actor restarts)
     duplicate_commits: int = 0
     equal: bool = False
     nodes_logged: str = ""
@@ -351,6 +358,8 @@ def fault_scenario(
         for line in cluster.gcs_log().splitlines()
         if "Actor is failed" in line
     ]
+    attempts = set(re.findall(r"Attempting to resubmit task (\w+) for attempt number: (\d+)", cluster.driver_core_logs()))
+    report.tasks_resubmitted, report.resubmissions = len({task for task, _ in attempts}), len(attempts)
     nodes = re.search(r"ray: \d+ shards on \d+ actors.*?; (\d+ nodes: [^\n]*)", log)
     report.nodes_logged = nodes[1] if nodes else ""
     report.duplicate_commits = sum(count - 1 for count in seen.values() if count > 1) + log.count("came back a second")
