@@ -358,7 +358,8 @@ def fault_scenario(
         for line in cluster.gcs_log().splitlines()
         if "Actor is failed" in line
     ]
-    attempts = set(re.findall(r"Attempting to resubmit task (\w+) for attempt number: (\d+)", cluster.driver_core_logs()))
+    resubmit = r"Attempting to resubmit task (\w+) for attempt number: (\d+)"
+    attempts = set(re.findall(resubmit, cluster.driver_core_logs()))
     report.tasks_resubmitted, report.resubmissions = len({task for task, _ in attempts}), len(attempts)
     nodes = re.search(r"ray: \d+ shards on \d+ actors.*?; (\d+ nodes: [^\n]*)", log)
     report.nodes_logged = nodes[1] if nodes else ""
