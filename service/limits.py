@@ -15,7 +15,8 @@ from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
 TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout")
-NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "window_overlap", "express_tokens")  # the others must be positive
+# the others must be positive
+NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "shutdown_delay", "window_overlap", "express_tokens")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Limits:
     # -- server --------------------------------------------------------------------------------------------------
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
+    # SIGTERM: seconds of NOT_SERVING health while requests are still answered (a balancer's checks take the
+    # replica out first), then the drain
+    shutdown_delay: float = 0.0
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
     request_workers: int = 2  # threads that tokenize, plan windows and build/encode answers (off the event loop)
     background_nice: int = BACKGROUND_NICE  # how much lower long requests' threads run (elmo.runtime.priority)
@@ -110,6 +114,10 @@ _HELP = {
     "are busy, so that they never wait behind long ones (0 = no express worker)",
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
+    "shutdown_delay": "on SIGTERM, seconds the server keeps answering while its health checks (gRPC health, GET "
+    "/health) say NOT_SERVING, so that a load balancer takes it out of rotation before it refuses anything; set it "
+    "above the balancer's check interval x fall count (deploy/haproxy.cfg takes about 2 s: 5 is ample). A second "
+    "signal ends it early. Then the drain (--drain-seconds)",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
     "request_workers": "threads that tokenize requests and build answers, off the event loop",
     "background_nice": "how much lower (nice) the threads run that work on long requests (over --express-tokens) "

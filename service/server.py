@@ -13,14 +13,17 @@ batchers, limits, token, TLS, metrics and drain.
 
 Lifecycle: models load -> the port opens with grpc.health.v1 NOT_SERVING (reflection and GetModelInfo answer,
 Embed answers UNAVAILABLE "warming up") -> each model runs a real warm-up forward pass through its batcher ->
-SERVING. On SIGTERM/SIGINT: health NOT_SERVING, new RPCs get UNAVAILABLE, RPCs in flight (streams included) get
-``--drain-seconds`` to finish, then the batchers stop and the process exits 0.
+SERVING. On SIGTERM/SIGINT: health NOT_SERVING; with ``--shutdown-delay S`` requests are still answered for S
+seconds (a balancer's checks take the replica out meanwhile; a second signal cuts it short); then new RPCs get
+UNAVAILABLE, RPCs in flight (streams included) get ``--drain-seconds`` to finish, the batchers stop and the process
+exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -196,6 +199,7 @@ class ElmoServer:
         )
         self._stopped = asyncio.Event()
         self._draining_task: asyncio.Task | None = None
+        self._cut_delay = asyncio.Event()  # a second SIGTERM/SIGINT during --shutdown-delay
 
     def _serving(self) -> bool:
         return all(model.ready for model in self.registry)
@@ -255,9 +259,26 @@ class ElmoServer:
         log.info("SERVING")
 
     def request_drain(self) -> None:
-        """Signal-handler entry point: start draining once."""
+        """Signal-handler entry point: leave the rotation (--shutdown-delay), then drain; a second signal during
+        the delay ends it early."""
         if self._draining_task is None:
-            self._draining_task = asyncio.get_running_loop().create_task(self.drain())
+            self._draining_task = asyncio.get_running_loop().create_task(self.leave_then_drain())
+        else:
+            self._cut_delay.set()
+
+    async def leave_then_drain(self) -> None:
+        """Health NOT_SERVING while requests are still answered, for ``--shutdown-delay`` seconds, so that a load
+        balancer's health checks take this replica out before it refuses anything; then :meth:`drain`."""
+        delay = self.limits.shutdown_delay
+        if delay > 0:
+            log.info("leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay), then the "
+                     "drain", delay)  # fmt: skip
+            self.state.leaving = True
+            for service in HEALTH_SERVICES:
+                await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cut_delay.wait(), timeout=delay)
+        await self.drain()
 
     async def drain(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new RPCs, let in-flight RPCs finish within ``grace`` seconds, stop everything."""

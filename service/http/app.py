@@ -405,7 +405,7 @@ class HttpFrontend:
         return web.json_response(schema.status_json(status))
 
     async def health(self, request: web.Request) -> web.Response:
-        serving = self._is_serving() and not self.state.draining
+        serving = self._is_serving() and not (self.state.draining or self.state.leaving)
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@ metrics, reflection, tasks, and a SIGTERM drain of a real `elmo serve` subproces
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -11,7 +12,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -514,39 +518,24 @@ def test_serving_path_imports_no_torch():
     assert result.returncode == 0, "torch was imported by the serving path\n" + result.stderr
 
 
-def test_sigterm_drains_in_flight_stream_and_refuses_new_calls(tiny_model_dir, tmp_path):
-    port_file = tmp_path / "port"
-    log_path = tmp_path / "server.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def serve_process(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, Path, list[str]]:
+    """`elmo serve` as its own process on free loopback ports: (the process, its log, its port file's lines:
+    gRPC, metrics, HTTP port), once the ports are open."""
+    port_file, log_path = tmp_path / "port", tmp_path / "server.log"
+    command = [sys.executable, "-m", "elmo.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+               "--port", "0", "--port-file", str(port_file), "--threads", "1", *flags]  # fmt: skip
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "elmo.cli",
-                "serve",
-                "--model",
-                str(tiny_model_dir),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--port-file",
-                str(port_file),
-                "--threads",
-                "1",
-                "--drain-seconds",
-                "20",
-            ],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
+    _wait_until(lambda: port_file.is_file() and port_file.read_text().strip() != "" or proc.poll() is not None, 60)
+    assert proc.poll() is None, log_path.read_text()
+    return proc, log_path, port_file.read_text().split("\n")
+
+
+def test_sigterm_drains_in_flight_stream_and_refuses_new_calls(tiny_model_dir, tmp_path):
+    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--drain-seconds", "20")
     try:
-        _wait_until(lambda: port_file.is_file() and port_file.read_text().strip() != "" or proc.poll() is not None, 60)
-        assert proc.poll() is None, log_path.read_text()
-        target = f"127.0.0.1:{port_file.read_text().split()[0]}"
+        target = f"127.0.0.1:{ports[0]}"
         with EmbedderClient(target, timeout=10) as c:
             _wait_until(lambda: c.health() == "SERVING", 60)
             requests: queue.Queue = queue.Queue()
@@ -572,6 +561,44 @@ def test_sigterm_drains_in_flight_stream_and_refuses_new_calls(tiny_model_dir, t
             assert list(responses) == []
         assert proc.wait(30) == 0
         assert "drained and stopped" in log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def http_health(port: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering(tiny_model_dir, tmp_path):
+    """--shutdown-delay: after SIGTERM both health checks say NOT_SERVING at once, yet new calls are answered (a
+    balancer that has not looked yet sends no failure); a second SIGTERM ends the delay and the drain exits 0."""
+    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--http-port", "0", "--shutdown-delay", "120",
+                                          "--drain-seconds", "5")  # fmt: skip
+    try:
+        target, http_port = f"127.0.0.1:{ports[0]}", ports[2]
+        with EmbedderClient(target, timeout=10) as c:
+            _wait_until(lambda: c.health() == "SERVING", 60)
+            assert http_health(http_port) == 200
+            proc.send_signal(signal.SIGTERM)
+            _wait_until(lambda: c.health() == "NOT_SERVING", 20)
+            assert http_health(http_port) == 503
+            assert c.embed(["after the signal"])[0].tokens == ["after", "the", "signal"]  # still answered
+            body = json.dumps({"inputs": ["over HTTP"]}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/embed", data=body,
+                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                assert json.loads(reply.read())["embeddings"][0]["tokens"] == ["over", "HTTP"]
+            assert proc.poll() is None and "drained" not in log_path.read_text()
+            proc.send_signal(signal.SIGTERM)  # the delay was 120 s: the second signal cuts it short
+        assert proc.wait(30) == 0
+        log = log_path.read_text()
+        assert "leaving: health NOT_SERVING" in log and "drained and stopped" in log
     finally:
         if proc.poll() is None:
             proc.kill()
