@@ -12,8 +12,8 @@ Fault tolerance is Ray's own, configured here (:func:`restart_policy`), never re
 more nodes an actor whose node is lost is restarted by Ray on another node (``max_restarts=ACTOR_RESTARTS``) and the
 shard it held is retried there (``max_task_retries=TASK_RETRIES``, bounded by the restarts); the driver commits each
 shard once, whichever attempt wrote it. On a single node nothing else could take the actor over: it is not
-restarted (``max_restarts=0``). Ray Data's default (restart forever, retry forever) is used nowhere: it loops on a
-shard that kills its actor (out of memory), and on one node it only makes the driver's core worker print an
+restarted (``max_restarts=0``). Ray Data's default (actors restarted forever) is used nowhere: it loops on a shard
+that kills its actor (out of memory), and on one node it only makes the driver's core worker print an
 ``E ... core_worker.cc`` line on every job (an actor restartable with constructor arguments in the object store,
 ray#53727). Once the budget is spent, a dead actor ends the job with one line; the committed shards stay, and the
 same command resumes from them.
