@@ -249,6 +249,9 @@ def decode_response(response: pb.EmbedResponse) -> list[Embedding]:
                 layers=from_tensor(e.layers) if e.HasField("layers") else None,
                 mix=from_tensor(e.mix) if e.HasField("mix") else None,
                 truncated_tokens=e.truncated_tokens,
+                model=response.model,
+                model_version=response.model_version,
+                task_stale=response.task_stale,
             )
         )
     return out

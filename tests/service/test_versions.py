@@ -19,6 +19,7 @@ import pytest
 from elmo.service.server import RepositoryOptions
 from elmo.service.versions import ModelManager, estimate_memory, parse_bytes
 
+from elmo.client import EmbedderClient
 from elmo.errors import ConfigError
 from elmo.runtime import Embedder
 from elmo.runtime.repository import publish_copy
@@ -240,6 +241,10 @@ def test_an_answer_that_applied_a_stale_mix_says_so(tiny_model_dir, tmp_path):
     server = repository_server(root)
     try:
         assert embed(server, task="old_mix").task_stale and not embed(server, task="new_mix").task_stale
+        with EmbedderClient(server.target) as client:  # the Python client hands the same on
+            stale, fresh = (client.embed([TEXT], task=name)[0] for name in ("old_mix", "new_mix"))
+        assert stale.task_stale and not fresh.task_stale
+        assert (stale.model, stale.model_version) == ("default", 1)
         assert not embed(server).task_stale
         status, headers, answer = http(server, "/v1/embeddings", {"input": TEXT, "model": "default:old_mix"})
         assert status == 200 and answer["task_stale"] and headers["X-Elmo-Task-Stale"] == "old_mix"
