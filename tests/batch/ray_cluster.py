@@ -248,6 +248,11 @@ def committed(output: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
 
+def _identity(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_ino, stat.st_mtime_ns
+
+
 @dataclass
 class FaultReport:
     lines: int
@@ -314,6 +319,8 @@ def fault_scenario(
     assert not output.exists(), "killed mid-job: OUTPUT must not exist yet"
     kept = committed(output)
     report.committed_before_driver_kill = len(kept)
+    partial = output.with_name(output.name + ".partial")
+    identity = {entry["file"]: _identity(partial / entry["file"]) for entry in kept}  # kept as they are on resume
     assert driver_kill_after <= len(kept) < report.shards, len(kept)
 
     # 2. the same command again: it resumes; a worker node hosting an actor is lost while shards are in flight
@@ -368,6 +375,7 @@ def fault_scenario(
     assert f"{resumed} resumed from an earlier run" in log, log[-3000:]
     manifest = json.loads((output / "_manifest.json").read_text()) if output_format == "parquet" else None
     if manifest is not None:
+        assert {name: _identity(output / name) for name in identity} == identity, "a committed shard was rewritten"
         files = [entry["file"] for entry in manifest["shards"]]
         expected = [f"part-{number:06d}.parquet" for number in range(report.shards)]
         assert sorted(files) == expected and sorted(p.name for p in output.glob("part-*")) == expected, files
