@@ -166,16 +166,16 @@ def embed_shards_on_ray(
 def _connect(ray, address: str | None, where: str) -> None:
     """``ray.init``; a cluster that refuses the driver (token authentication, Ray 2.52+) or cannot be reached is one
     line, not Ray's two chained tracebacks."""
-    import ray.exceptions
+    from ray.exceptions import AuthenticationError
 
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
+    except (ConnectionError, RuntimeError, AuthenticationError) as exc:
         chain, cause = [], exc
         while cause is not None and len(chain) < 10:  # Ray chains it, or quotes it in the text of a RuntimeError
             chain.append(cause)
             cause = cause.__cause__ or cause.__context__
-        if any(isinstance(c, ray.exceptions.AuthenticationError) or "InvalidAuthToken" in str(c) for c in chain):
+        if any(isinstance(c, AuthenticationError) or "InvalidAuthToken" in str(c) for c in chain):
             raise ElmoError(
                 f"the Ray cluster at {where} refused this driver: token authentication is on and this process has "
                 "not the cluster's token; run with RAY_AUTH_MODE=token and the token in RAY_AUTH_TOKEN_PATH (a "

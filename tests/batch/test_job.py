@@ -27,7 +27,7 @@ from elmo.batch.plan import plan_windows, read_shard, scan_input
 from elmo.batch.state import JobDirectory, JobOptions, job_fingerprint
 from elmo.batch.writers import iter_parquet
 from elmo.cli import main as cli
-from elmo.errors import InputError
+from elmo.errors import ElmoError, InputError
 from elmo.runtime import CPU, Embedder
 from elmo.text.tokenize import tokenize
 from tests.conftest import REPO
@@ -553,6 +553,38 @@ def test_ray_actors_ask_for_a_gpu_each_when_the_cluster_has_gpus(tmp_path):
     assert _actor_resources(options, {"CPU": 16.0}) == (8, {"num_gpus": 0, "num_cpus": 2})
     options.workers = 3
     assert _actor_resources(options, {"CPU": 16.0, "GPU": 8.0})[0] == 3
+
+
+def test_ray_restarts_actors_only_where_another_node_can_take_them():
+    """Issue 32: on 2+ nodes Ray restarts a lost node's actors elsewhere (bounded) and resubmits their shards; on one
+    node nothing restarts (no ray#53727 error line). The full behaviour: tests/batch/test_ray_cluster.py (slow)."""
+    from elmo.batch.ray_engine import ACTOR_RESTARTS, restart_policy
+
+    assert restart_policy(1) == {"max_restarts": 0}
+    assert restart_policy(3) == {"max_restarts": ACTOR_RESTARTS, "max_task_retries": -1}
+    assert 0 < ACTOR_RESTARTS < 10  # finite: a shard that kills every actor it meets must end the job
+
+
+def test_a_ray_cluster_refusing_the_token_is_one_line():
+    """ray.init's refusal (AuthenticationError, chained under a ConnectionError or quoted in a RuntimeError) and an
+    unreachable address become one ElmoError line each, naming the way out."""
+    exceptions = pytest.importorskip("ray.exceptions")
+    from elmo.batch.ray_engine import _connect
+
+    def fake(exc: BaseException):
+        def init(**kwargs):
+            raise exc
+
+        return type("FakeRay", (), {"init": staticmethod(init)})
+
+    chained = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    chained.__cause__ = exceptions.AuthenticationError("RPC error: InvalidAuthToken: Authentication token is missing")
+    quoted = RuntimeError("Failed to connect to GCS. Last connection error: ... InvalidAuthToken ...")
+    for exc in (chained, quoted):
+        with pytest.raises(ElmoError, match="refused this driver: token authentication is on.*RAY_AUTH_MODE=token"):
+            _connect(fake(exc), "10.0.0.1:6379", "10.0.0.1:6379")
+    with pytest.raises(ElmoError, match="cannot connect to the Ray cluster at 10.0.0.1:6379: Failed to connect"):
+        _connect(fake(ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")), None, "10.0.0.1:6379")
 
 
 def test_a_torn_commit_line_is_dropped_before_the_next_append(tmp_path):
