@@ -119,7 +119,10 @@ class RemoteBackend:
     ) -> None:
         from elmo.client import Connection
 
-        self.client = (connection or Connection()).client(target)
+        # retries at one layer: the job's own (_call: 10 attempts over 32.7 s, UNAVAILABLE, RESOURCE_EXHAUSTED and
+        # CANCELLED), not also the channel's gRPC retry policy (elmo.client's default, 5 attempts on UNAVAILABLE),
+        # which would multiply them: up to 50 requests per call to a server that refuses
+        self.client = (connection or Connection()).client(target, retry_policy=None)
         self.spec, self.model = spec, model
         try:
             self._wait_until_serving(target, wait_s)
