@@ -6,12 +6,15 @@
 16 clients (by default 8 gRPC through elmo.client with its retry policy, 8 HTTP `POST /v1/embeddings` through
 urllib3 with `Retry`, docs/scaling.md's settings) send requests for --seconds. At one third of the run one replica
 gets SIGTERM (it drains), at two thirds another gets SIGKILL. Reported per event window (the --window seconds after
-each event, and the time before and after): requests, failed requests (after the client's retries), client retries
-(HTTP: urllib3's retry history; gRPC: the attempts HAProxy logged beyond the calls the clients made, since gRPC
-retries inside its core, out of the application's sight), the balancer's own retries, and p50/p99 latency.
+each event, and the time before and after; a call counts where it started): requests, failed requests (after the
+client's retries), client retries (HTTP: urllib3's retry history; gRPC: each call's attempts in HAProxy's log,
+found by the x-request-id it sends, since gRPC retries inside its core, out of the application's sight), the
+balancer's own retries, and p50/p99 latency.
 
-Modes: `balancer-retries` runs deploy/haproxy.cfg as shipped (retries 3, redispatch, retry-on);
-`no-balancer-retries` sets ELMO_LB_RETRIES=0, a balancer that never retries, as a Kubernetes Service does not.
+The replicas run with `--shutdown-delay 5` (--shutdown-delay), as deploy/ runs them: a SIGTERMed replica says
+NOT_SERVING at once but keeps answering for 5 s, while HAProxy's checks take it out. Modes: `balancer-retries`
+runs deploy/haproxy.cfg as shipped (retries 3, redispatch, retry-on); `no-balancer-retries` sets
+ELMO_LB_RETRIES=0, a balancer that never retries, as a Kubernetes Service does not.
 JSON and Markdown go to --out (default ./bench-results/), replicas-<mode>.json / .md. Loopback only; needs
 `haproxy` on PATH (`make haproxy`). The helpers (Replica, Balancer) are what tests/deploy/test_haproxy.py uses.
 """
@@ -99,8 +102,13 @@ class Replica:
             self.proc.send_signal(signum)
 
     def stop(self) -> None:
+        """SIGTERM, and a second one to cut a --shutdown-delay short (nothing is sent to it any more)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGTERM)
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -304,7 +312,8 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
     from elmo.bench.loadgen import make_texts
 
     (workdir / mode).mkdir()
-    replicas = start_replicas(args.model, workdir / mode, threads=args.threads)
+    extra = ["--shutdown-delay", str(args.shutdown_delay)]
+    replicas = start_replicas(args.model, workdir / mode, threads=args.threads, extra=extra)
     balancer = Balancer(replicas, workdir / mode, retries=mode == "balancer-retries", config=args.config)
     try:
         balancer.wait_states({r.name: "UP" for r in replicas})
@@ -340,6 +349,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
             "total": window_report(calls, log, t0, t_end),
             "windows": {name: window_report(calls, log, a, b) for name, (a, b) in windows.items()},
             "exit_codes": {r.name: r.proc.poll() for r in replicas},
+            "shutdown_delay_s": args.shutdown_delay,
             "grpc_retry_policy": RETRY_POLICY,
             "http_retry": dict(HTTP_RETRY),
             "command": " ".join(sys.argv),
@@ -380,6 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-clients", type=int, default=8)
     parser.add_argument("--http-clients", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per replica (default 1)")
+    parser.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=5.0,
+        help="the replicas' --shutdown-delay: seconds a SIGTERMed replica keeps answering while its health checks "
+        "say NOT_SERVING (default 5, as deploy/ runs them; 0: refuse at once, the server's default)",
+    )
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--config", type=Path, default=HAPROXY_CFG, help="HAProxy configuration (deploy/haproxy.cfg)")
