@@ -39,6 +39,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -224,6 +225,7 @@ class Call:
     retries: int = 0  # client retries seen by the client (HTTP only)
     error: str = ""
     request_id: str = ""  # sent as x-request-id, which HAProxy logs with every attempt
+    retry_reasons: tuple[str, ...] = ()  # HTTP: why each retry happened (a status, or the connection error)
 
 
 @dataclass
@@ -270,10 +272,11 @@ class Load:
             start, t0 = time.time(), time.perf_counter()
             try:
                 reply = pool.request("POST", url, json=body, headers={"X-Request-Id": rid})
-                retries = len(reply.retries.history) if reply.retries else 0
+                history = reply.retries.history if reply.retries else ()
                 ok = reply.status == 200 and len(json.loads(reply.data)["data"]) == 4
                 error = "" if ok else f"HTTP {reply.status}"
-                call = Call("http", start, time.perf_counter() - t0, ok, retries, error, rid)
+                reasons = tuple(f"HTTP {h.status}" if h.status else type(h.error).__name__ for h in history)
+                call = Call("http", start, time.perf_counter() - t0, ok, len(history), error, rid, reasons)
             except Exception as error:  # noqa: BLE001 - a failed request is what is counted
                 call = Call("http", start, time.perf_counter() - t0, False, error=str(error)[:200], request_id=rid)
             with self.lock:
@@ -287,9 +290,16 @@ class Load:
         return threads
 
 
-def window_report(calls: list[Call], log: list[dict], start: float, end: float) -> dict:
-    """The calls that started in [start, end); each one's attempts are HAProxy's log lines with its request id."""
-    inside = [c for c in calls if start <= c.start < end]
+def attributed_time(call: Call, events: tuple[float, ...]) -> float:
+    """When a call counts: the first event that hit it in flight (it started before, ended after), else its start;
+    so a call cut off by a SIGKILL is that event's, not the window's before it."""
+    return min((t for t in events if call.start <= t <= call.start + call.seconds), default=call.start)
+
+
+def window_report(calls: list[Call], log: list[dict], start: float, end: float, events: tuple[float, ...] = ()) -> dict:
+    """The calls that count in [start, end) (:func:`attributed_time`); each one's attempts are HAProxy's log lines
+    with its request id."""
+    inside = [c for c in calls if start <= attributed_time(c, events) < end]
     attempts: dict[str, list[dict]] = {}
     for entry in log:
         attempts.setdefault(entry.get("request_id") or "", []).append(entry)
@@ -305,6 +315,7 @@ def window_report(calls: list[Call], log: list[dict], start: float, end: float) 
             report[f"{protocol}_p50_ms"] = round(1000 * float(np.percentile(seconds, 50)), 1)
             report[f"{protocol}_p99_ms"] = round(1000 * float(np.percentile(seconds, 99)), 1)
     report["errors"] = sorted({c.error for c in inside if not c.ok})[:5]
+    report["http_retry_reasons"] = dict(Counter(reason for c in inside for reason in c.retry_reasons))
     return report
 
 
@@ -318,8 +329,10 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
     try:
         balancer.wait_states({r.name: "UP" for r in replicas})
         load = Load(balancer, make_texts(400, seed=1, max_tokens=24), args.grpc_clients, args.http_clients)
-        t0 = time.time()
+        t_load = time.time()
         threads = load.start()
+        t0 = time.time()  # once every client runs: the events' times count from here
+        print(f"{mode}: {len(threads)} clients started in {t0 - t_load:.1f} s", flush=True)
         events = [("sigterm", replicas[1], signal.SIGTERM), ("sigkill", replicas[2], signal.SIGKILL)]
         marks = [("start", t0)]
         for k, (name, replica, signum) in enumerate(events, 1):
@@ -346,8 +359,16 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
             "clients": {"grpc": args.grpc_clients, "http": args.http_clients},
             "seconds": round(t_end - t0, 1),
             "events": {name: round(t - t0, 1) for name, t in marks[1:]},
+            # every call that failed or was retried by the client, by when it started: what each event cost
+            "incidents": [
+                {"t": round(c.start - t0, 2), "protocol": c.protocol, "ok": c.ok, "error": c.error,
+                 "http_retry_reasons": list(c.retry_reasons)}  # fmt: skip
+                for c in sorted(calls, key=lambda c: c.start)
+                if not c.ok or c.retry_reasons
+            ],
             "total": window_report(calls, log, t0, t_end),
-            "windows": {name: window_report(calls, log, a, b) for name, (a, b) in windows.items()},
+            "windows": {name: window_report(calls, log, a, b, tuple(t for _, t in marks[1:]))
+                        for name, (a, b) in windows.items()},  # fmt: skip
             "exit_codes": {r.name: r.proc.poll() for r in replicas},
             "shutdown_delay_s": args.shutdown_delay,
             "grpc_retry_policy": RETRY_POLICY,
