@@ -1,7 +1,7 @@
 """The ``elmo.v1.ModelAdmin`` servicer: explicit control of a model repository (service.versions) over gRPC.
 
 Served only with ``--model-root`` and ``--admin-token``; every call must carry ``authorization: Bearer <admin
-token>`` (:class:`AdminAuthInterceptor`): none is UNAUTHENTICATED, another token (a client's) PERMISSION_DENIED.
+token>`` (:func:`admin_auth_interceptor`): none is UNAUTHENTICATED, another token (a client's) PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 from elmo.service.decode import lenient_parser
-from elmo.service.errors import Kind, ServiceError, grpc_code
-from elmo.service.interceptors import _aborting, _metadata
+from elmo.service.errors import Kind, ServiceError
+from elmo.service.interceptors import AuthInterceptor
 from elmo.service.observe import BearerToken
 from elmo.service.servicer import _answer
 from elmo.service.versions import ModelManager
@@ -37,21 +37,9 @@ class AdminToken:
             raise ServiceError(Kind.PERMISSION_DENIED, "not the admin token (--admin-token)") from None
 
 
-class AdminAuthInterceptor(grpc.aio.ServerInterceptor):
+def admin_auth_interceptor(token: str) -> AuthInterceptor:
     """The admin token on ``elmo.v1.ModelAdmin`` calls (and only there)."""
-
-    def __init__(self, token: str):
-        self._token = AdminToken(token)
-
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(ADMIN_PREFIX):
-            return handler
-        try:
-            self._token.check(_metadata(details, "authorization"), "metadata")
-        except ServiceError as exc:
-            return _aborting(handler, grpc_code(exc.kind), exc.message)
-        return handler
+    return AuthInterceptor(AdminToken(token), only_prefixes=(ADMIN_PREFIX,))
 
 
 class ModelAdminServicer:
@@ -88,5 +76,5 @@ def admin_handler(servicer: ModelAdminServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(ADMIN_SERVICE_NAME, handlers)
 
 
-__all__ = ["ADMIN_PREFIX", "ADMIN_SERVICE_NAME", "AdminAuthInterceptor", "AdminToken", "ModelAdminServicer",
+__all__ = ["ADMIN_PREFIX", "ADMIN_SERVICE_NAME", "admin_auth_interceptor", "AdminToken", "ModelAdminServicer",
            "admin_handler"]  # fmt: skip

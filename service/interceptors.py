@@ -30,15 +30,28 @@ def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Require ``authorization: Bearer <token>`` on every RPC except health checks (probes carry no secrets)."""
+    """Require ``authorization: Bearer <token>`` on every RPC except health checks (probes carry no secrets), or,
+    with ``only_prefixes``, on those RPCs alone (the admin token on ``elmo.v1.ModelAdmin``). ``token``: the token
+    itself, or an object with BearerToken's ``check(presented, where)`` that raises ServiceError."""
 
-    def __init__(self, token: str, exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,)):
-        self._token = BearerToken(token)
+    def __init__(
+        self,
+        token: str | BearerToken,
+        exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,),
+        only_prefixes: tuple[str, ...] | None = None,
+    ):
+        self._token = BearerToken(token) if isinstance(token, str) else token
         self._exempt = exempt_prefixes
+        self._only = only_prefixes
+
+    def _checks(self, method: str) -> bool:
+        if self._only is not None:
+            return method.startswith(self._only)
+        return not method.startswith(self._exempt)
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None or details.method.startswith(self._exempt):
+        if handler is None or not self._checks(details.method):
             return handler
         try:
             self._token.check(_metadata(details, "authorization"), "metadata")

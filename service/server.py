@@ -139,7 +139,7 @@ class ElmoServer:
         repository: RepositoryOptions | None = None,
         admin_token: str | None = None,
     ):
-        from elmo.service.admin import ADMIN_PREFIX, ADMIN_SERVICE_NAME, AdminAuthInterceptor
+        from elmo.service.admin import ADMIN_PREFIX, ADMIN_SERVICE_NAME, admin_auth_interceptor
 
         self.registry = ModelRegistry(models, aliases, allow_empty=repository is not None)
         self.limits = limits
@@ -165,7 +165,7 @@ class ElmoServer:
         if auth_token:  # the clients' token: not on health checks, nor on the admin API (its own token)
             interceptors.append(AuthInterceptor(auth_token, exempt_prefixes=(HEALTH_PREFIX, ADMIN_PREFIX)))
         if admin_token:
-            interceptors.append(AdminAuthInterceptor(admin_token))
+            interceptors.append(admin_auth_interceptor(admin_token))
         self.server = grpc.aio.server(
             interceptors=interceptors,
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
