@@ -168,6 +168,10 @@ def _connect(ray, address: str | None, where: str) -> None:
     line, not Ray's two chained tracebacks."""
     from ray.exceptions import AuthenticationError
 
+    # Ray 2.60 turns token authentication on for a new local instance (and makes the token) and then warns that it
+    # did, "Set RAY_AUTH_MODE=disabled to opt out", on every job. Its secure default stays; that one notice is dropped
+    # (setting RAY_AUTH_MODE=token ourselves would silence it too, but then Ray makes no token and its GCS aborts).
+    logging.getLogger(TOKEN_NOTICE_LOGGER).addFilter(_not_the_default_notice)
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, AuthenticationError) as exc:
@@ -185,6 +189,13 @@ def _connect(ray, address: str | None, where: str) -> None:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ElmoError(f"cannot connect to the Ray cluster at {where}: {first[:300]}") from None
         raise
+
+
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _not_the_default_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster.")
 
 
 def _quiet_ray_data(context) -> None:

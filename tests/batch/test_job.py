@@ -630,3 +630,21 @@ def test_prefetch_keeps_order_raises_the_producers_error_and_stops_when_left():
     items.close()  # the consumer leaves early (an error while writing, Ctrl-C)
     assert not any(t.name == "embed-file-prefetch" for t in threading.enumerate())
     assert len(produced) <= 3 + 2 + 1  # the producer never ran more than `depth` items ahead
+
+
+def test_rays_notice_about_its_own_token_default_is_dropped_and_nothing_else():
+    """A local instance: Ray turns token authentication on and says so on every job; only that notice goes, from the
+    logger Ray really emits it on (a Ray that moves it fails here)."""
+    import logging
+
+    from ray._private.authentication import authentication_token_setup
+
+    from elmo.batch.ray_engine import TOKEN_NOTICE_LOGGER, _not_the_default_notice
+
+    assert authentication_token_setup.logger.name == TOKEN_NOTICE_LOGGER
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord(TOKEN_NOTICE_LOGGER, logging.WARNING, __file__, 1, message, None, None)
+
+    assert not _not_the_default_notice(record("Token authentication is enabled for this Ray cluster. Set X."))
+    assert _not_the_default_notice(record("Token authentication is disabled for this Ray cluster. Anyone ..."))
