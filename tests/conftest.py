@@ -134,6 +134,17 @@ SLOW: tuple[str, ...] = (
     "tests/test_readme_commands.py::test_taken_readme_ports_skip_only_the_served_tests[1]",  # 4.7 ([None] stays)
     "tests/batch/test_recovery.py::test_job_rides_out_a_drain_and_a_restart_on_the_same_port",  # 2.2
     "tests/test_bench.py::test_bench_writes_where_it_is_run_and_never_overwrites_unasked",  # 2.0
+    # the third pass (issue 31/32 added 35 fast tests; `make check` 2:50 on a quiet machine): --durations=20 of the
+    # fast tier, every call of 2 s or more
+    "tests/train/test_threads.py::test_the_cli_sets_the_policy_before_torch_loads",  # 8.9
+    "tests/train/test_threads.py::test_the_users_own_setting_reaches_libgomp",  # 3.2 each
+    "tests/export/test_warnings.py::test_the_export_command_prints_no_warning",  # 5.3
+    "tests/test_readme_commands.py::test_taken_readme_ports_skip_only_the_served_tests[None]",  # 3.7
+    "tests/mix/test_cli.py::test_report_writes_table_and_plots",  # 2.8
+    "tests/test_layout.py::test_the_serving_side_imports_no_torch[elmo.features]",  # 2.7
+    "tests/service/test_server.py::test_sigterm_drains_in_flight_stream_and_refuses_new_calls",  # 2.2
+    "tests/service/test_server.py::test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering",
+    "tests/mix/test_cli.py::test_train_tagging_stores_a_servable_task",  # 2.2
     # needed, whatever their time: Chromium, which `make test` installs
     "tests/service/test_page.py",
     "tests/service/test_page_token.py",
