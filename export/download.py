@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import http.client
 import json
 import os
@@ -31,20 +30,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from elmo.errors import DataError
+from elmo.runtime.modeldir import sha256_of
 
 CHUNK = 1 << 16
 TIMEOUT_S = 60.0
 USER_AGENT = "elmo-pull/1 (+https://github.com/allenai/bilm-tf compatible importer)"
 PART_SUFFIX = ".part"
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Pins:
@@ -171,7 +163,7 @@ def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries
         downloaded = True
     else:
         _check_size(dest, expected, why, url, cached=True)
-    digest = sha256_file(dest)
+    digest = sha256_of(dest)
     actual = dest.stat().st_size
     if pin is None:
         pins.record(key, digest, actual, url)

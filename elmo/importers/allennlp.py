@@ -30,7 +30,6 @@ the sentence after s in the same batch row (tests/importers/test_allennlp.py che
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from elmo.errors import ConfigError, InputError, ModelFileError
 from elmo.model.bilm import BiLM, add_sentence_boundaries, projection_lstm_scan
 from elmo.model.checkpoint import save_model
 from elmo.model.config import ModelConfig
+from elmo.runtime.modeldir import sha256_of
 from elmo.text.chars import MAX_CHARS, batch_to_char_ids
 from elmo.text.tokenize import tokenize, whitespace_tokens
 
@@ -425,22 +425,14 @@ def import_allennlp(
     return model
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_model_card(out: Path, cfg: ModelConfig, options: Path, weights: Path, warm_note: str, n_params: int):
     lines = [
         f"# {out.name}",
         "",
         "ELMo biLM imported from AllenNLP / bilm-tf weights with `elmo import-allennlp` (embedding only: no softmax).",
         "",
-        f"- options: `{options.name}` (sha256 {_sha256(options)})",
-        f"- weights: `{weights.name}` (sha256 {_sha256(weights)})",
+        f"- options: `{options.name}` (sha256 {sha256_of(options)})",
+        f"- weights: `{weights.name}` (sha256 {sha256_of(weights)})",
         f"- shape: {cfg.n_layers} layers, cell {cfg.cell_dim}, projection {cfg.projection_dim}, "
         f"char-CNN {cfg.n_filters} ({cfg.activation}), {cfg.n_highway} highway; {n_params / 1e6:.1f} M parameters",
         f"- LSTM start: {warm_note}",
