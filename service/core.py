@@ -27,7 +27,7 @@ import numpy as np
 from elmo.service import switching
 from elmo.service.batcher import BatchStats
 from elmo.service.errors import Kind, ServiceError, clip, invalid, too_large
-from elmo.service.limits import MIB, Limits
+from elmo.service.limits import Limits, human_bytes
 from elmo.service.models import ModelRegistry, ServedModel
 from elmo.service.tasks import Task
 
@@ -453,13 +453,6 @@ def response_size_message(size: int, limits: Limits, encoding: Encoding) -> str:
         f"response would be up to {human_bytes(size)} as {encoding.value}, over the "
         f"{human_bytes(limits.max_response_bytes)} limit (--max-response-bytes): {advice}"
     )
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("MiB", MIB), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def _input_tokens(

@@ -154,4 +154,13 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}).validate()
 
 
-__all__ = ["MIB", "Limits", "add_limit_arguments", "limits_from_args"]
+
+def human_bytes(n: int) -> str:
+    """A byte count as people read it in a message: 1.5 GiB, 64.0 MiB, 12.0 KiB, 300 bytes."""
+    for unit, size in (("GiB", 1024 * MIB), ("MiB", MIB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+__all__ = ["MIB", "Limits", "add_limit_arguments", "human_bytes", "limits_from_args"]

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo.service.errors import Kind, ServiceError, clip, not_found
-from elmo.service.limits import Limits
+from elmo.service.limits import Limits, human_bytes
 from elmo.service.metrics import ServiceMetrics
 from elmo.service.models import ModelRegistry, ServedModel, serve_model
 
@@ -74,13 +74,6 @@ def parse_bytes(text: str) -> int:
     if not match or unit not in _UNITS:
         raise ConfigError(f"{text!r}: expected a size like 2GiB, 512MiB, 1.5GB or a number of bytes")
     return int(float(match.group(1)) * _UNITS[unit])
-
-
-def human(n: int) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def model_file_bytes(directory: Path) -> int:
@@ -249,7 +242,7 @@ class ModelManager:
     # -- loading -------------------------------------------------------------------------------------------------
     def _memory_in_use(self) -> tuple[int, list[str]]:
         loaded = [r for r in self.records.values() if r.state in LOADING_OR_LOADED]
-        described = [f"{r.name}@{r.number} ({human(r.memory_bytes)}, {_state_word(r.state)})" for r in loaded]
+        described = [f"{r.name}@{r.number} ({human_bytes(r.memory_bytes)}, {_state_word(r.state)})" for r in loaded]
         return sum(r.memory_bytes for r in loaded), described
 
     async def _load(self, name: str, number: int) -> VersionRecord:
@@ -268,8 +261,8 @@ class ModelManager:
                 return self._refuse(
                     record,
                     directory,
-                    f"needs about {human(estimate)} (x{MODEL_MEMORY_FACTOR:g} its model files), and "
-                    f"{human(used)} of --max-model-memory {human(self.max_memory)} is taken by "
+                    f"needs about {human_bytes(estimate)} (x{MODEL_MEMORY_FACTOR:g} its model files), and "
+                    f"{human_bytes(used)} of --max-model-memory {human_bytes(self.max_memory)} is taken by "
                     f"{', '.join(described) or 'nothing'}: unload a version first or raise the limit",
                     memory=True,
                 )
@@ -301,7 +294,7 @@ class ModelManager:
             self.metrics.serving_version.labels(name).set(number)
         log.info(
             "model %s version %d loaded in %.1f s (%s, about %s)%s",
-            name, number, time.monotonic() - started, model.provider, human(estimate),
+            name, number, time.monotonic() - started, model.provider, human_bytes(estimate),
             f"; it takes new requests from version {replaced.number}" if replaced is not None else "",
         )  # fmt: skip
         return record
