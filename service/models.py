@@ -20,7 +20,7 @@ from elmo.service.errors import Kind, ServiceError, clip, not_found
 from elmo.service.limits import Limits
 from elmo.service.tasks import ModelTasks
 
-from elmo.errors import ConfigError
+from elmo.errors import ConfigError, ModelFileError
 
 log = logging.getLogger("service.models")  # the documented logger name (docs/operations.md)
 
@@ -73,8 +73,11 @@ class ServedModel:
         """runtime.warmup() in the worker thread, then one real forward through the batcher (checked)."""
         started = time.monotonic()
         loop = asyncio.get_running_loop()
-        if hasattr(self.runtime, "warmup"):
-            await loop.run_in_executor(self.batcher.executor, self.runtime.warmup)
+        if hasattr(self.runtime, "warmup"):  # elmo.runtime.Embedder: the load-time check first (elmo.runtime.probe)
+            try:
+                await loop.run_in_executor(self.batcher.executor, self.runtime.warmup)
+            except ModelFileError as exc:
+                raise ServiceError(Kind.REFUSED, f"model {self.name}: {exc}") from None
         (vectors,), _ = await self.batcher.embed([["warm", "-", "up"]])
         expected = (self.n_layers, 3, self.dim)
         if vectors.shape != expected:

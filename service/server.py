@@ -445,6 +445,7 @@ def runtime_opener(args: argparse.Namespace, limits: Limits) -> Callable[[Path],
             providers=providers,
             intra_op_threads=args.threads,
             max_tokens_per_sentence=limits.max_tokens_per_sentence,
+            check_on_load=False,  # the warm-up runs it, the port open and health NOT_SERVING (ServedModel.warm_up)
         )
 
     return open_runtime

@@ -44,6 +44,7 @@ from elmo.runtime.modeldir import (
     read_onnx_metadata,
 )
 from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE, background_executor
+from elmo.runtime.probe import ProbeResult, check_probe, read_probe
 from elmo.runtime.providers import (
     CPU,
     CUDA,
@@ -106,6 +107,7 @@ class Embedder:
         context_layout: str | None = None,
         runs_in_flight: int | None = None,
         background_nice: int = BACKGROUND_NICE,
+        check_on_load: bool = True,
     ) -> None:
         """``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list
         without the CPU provider is a demand (ElmoError if unmet).
@@ -115,10 +117,15 @@ class Embedder:
         DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused'): None = by provider;
         ``runs_in_flight``: biLSTM batches run at once on CPU (None: the threads, at most 4; 1 = one at a time;
         CUDA always runs one: one session is one stream); ``background_nice``: how much lower the threads run that
-        compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no lower)."""
+        compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no lower);
+        ``check_on_load``: run the export's probe now (elmo.runtime.probe: ModelFileError when this host's answers
+        miss the export's bar); False defers it to :meth:`check` / :meth:`warmup` (the server runs it while its
+        health says NOT_SERVING). The probe's file is read and checked either way."""
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         self.scheme = char_scheme_of(self.model_dir, self.meta)  # token -> char ids (elmo.text.chars)
+        self.probe = read_probe(self.model_dir, self.meta)  # what this host must reproduce before serving
+        self.checked: ProbeResult | None = None
         # Char rows may be cut after their token (Embedder._encode) when the export says so and the scheme allows it.
         self._trim_window = self.meta.get("encoder_trim_window") if self.scheme.trimmable else None
         if (max_batch_tokens is not None and max_batch_tokens < 1) or max_tokens_per_sentence < 1:
@@ -148,6 +155,12 @@ class Embedder:
         self.background_nice = int(background_nice)
         self._open_parallel_runs(runs_in_flight, intra_op_threads, active)
         self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
+        if check_on_load:
+            try:
+                self.check()
+            except ModelFileError:
+                self.close()
+                raise
 
     def _open_sessions(self, requested: list[str], settings: tuple, context_layout: str | None) -> None:
         """encoder.onnx first; its provider decides the context graph's layout (docs/runtime.md): one Scan per
@@ -291,9 +304,20 @@ class Embedder:
                 raise InputError(f"text {i} is {type(text).__name__}, not str")
         return list(texts)
 
+    def check(self) -> ProbeResult:
+        """The load-time check (elmo.runtime.probe): the export's probe through this runtime as it serves, judged
+        against the export's own bar; one log line; ModelFileError when it misses. Runs once per Embedder."""
+        if self.checked is None:
+            self.checked = check_probe(self.model_dir, self.probe, self.embed_tokens)
+        return self.checked
+
     def warmup(self) -> None:
-        """Real forward passes (allocations, kernel selection) before the first request."""
-        self.embed_tokens([["Warm", "up", "."], ["a"]])
+        """Real forward passes (allocations, kernel selection) before the first request: the load-time check when
+        it has not run yet, else a short call."""
+        if self.checked is None:
+            self.check()
+        else:
+            self.embed_tokens([["Warm", "up", "."], ["a"]])
 
     # -- internals -------------------------------------------------------------------------------------------------
     def _validated(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:

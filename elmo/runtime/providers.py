@@ -25,7 +25,9 @@ CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 # cuDNN's exhaustive conv-algorithm search runs again for every new input shape; the encoder sees a new token
 # count on nearly every call, so ask for the heuristic choice (and pad token counts to a few sizes on CUDA).
-DEFAULT_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
+# TF32 (onnxruntime's default on Ampere and later) rounds float32 matmul inputs to 10 bits: errors near 1e-3, a
+# hundred times the float32 export's bound, which the load-time check (elmo.runtime.probe) holds the GPU to as well.
+DEFAULT_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
 
 
 # -- providers -----------------------------------------------------------------------------------------------------

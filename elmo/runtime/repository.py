@@ -101,8 +101,10 @@ def incomplete_reason(folder: Path) -> str | None:
     missing = sorted(str(n) for n in names if not (folder / str(n)).is_file())
     if missing:
         return f"{folder}: missing {', '.join(missing)}"
-    data = meta.get("weights_data")
-    if isinstance(data, dict) and "file" in data and "bytes" in data:
+    for field in ("weights_data", "probe"):  # the files whose sizes onnx.json records
+        data = meta.get(field)
+        if not (isinstance(data, dict) and "file" in data and "bytes" in data):
+            continue
         try:
             size = (folder / str(data["file"])).stat().st_size
         except OSError:

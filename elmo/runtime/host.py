@@ -1,0 +1,102 @@
+"""What machine this is, in the terms that decide onnxruntime's CPU kernels. Torch-free (serving path).
+
+onnxruntime's CPU library (MLAS) picks its float32 and int8 kernels by instruction set when it loads: AVX2 + FMA,
+AVX-512, AVX-VNNI / AVX-512 VNNI (int8 dot products that accumulate straight into int32), AMX (int8 tiles). The same
+graph therefore rounds differently, and before VNNI its u8 x s8 kernels can saturate. Every figure this project
+records names the CPU it was measured on (:func:`host_facts`, in the benchmarks' JSON), and the load-time check of a
+model (elmo.runtime.probe) names it in its one log line (:func:`host_summary`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+
+# /proc/cpuinfo flag -> the name a reader knows; the instruction sets that change onnxruntime's CPU kernels.
+KERNEL_FLAGS = {
+    "avx2": "AVX2",
+    "fma": "FMA",
+    "avx512f": "AVX-512",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "amx_int8": "AMX-INT8",
+    "f16c": "F16C",
+    "avx512_fp16": "AVX-512 FP16",
+}
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpuinfo_fields(text: str) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (``model name``, ``flags``, ``vendor_id``)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+@cache
+def cpu_facts(cpuinfo: Path = CPUINFO) -> dict:
+    """{model, vendor, flags: {name: bool}} of this CPU (model 'unknown' where /proc/cpuinfo cannot be read)."""
+    try:
+        fields = _cpuinfo_fields(cpuinfo.read_text(errors="replace"))
+    except OSError:
+        fields = {}
+    present = set(fields.get("flags", "").split())
+    return {
+        "model": fields.get("model name") or platform.processor() or "unknown",
+        "vendor": fields.get("vendor_id", "unknown"),
+        "flags": {name: flag in present for flag, name in KERNEL_FLAGS.items()},
+    }
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _versions() -> dict[str, str]:
+    """The numeric libraries whose kernels a figure depends on, where installed (torch only when already loaded:
+    the serving path never imports it)."""
+    versions = {"python": platform.python_version()}
+    for name in ("numpy", "onnxruntime", "onnx", "torch"):
+        if name == "torch" and "torch" not in sys.modules:
+            continue
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        versions[name] = str(getattr(module, "__version__", "unknown"))
+    return versions
+
+
+def host_facts() -> dict:
+    """What every benchmark JSON records of the machine: CPU model, vendor, kernel-relevant flags, usable cores,
+    the platform and the library versions."""
+    cpu = cpu_facts()
+    return {
+        "cpu": cpu["model"],
+        "cpu_vendor": cpu["vendor"],
+        "cpu_flags": cpu["flags"],
+        "cores": usable_cores(),
+        "platform": platform.platform(),
+        "libraries": _versions(),
+    }
+
+
+def host_summary() -> str:
+    """One line: 'AMD EPYC, 2 cores, AVX2 FMA F16C (no AVX-512, AVX-512 VNNI, AVX-VNNI, AMX-INT8)'."""
+    cpu = cpu_facts()
+    has = [name for name, present in cpu["flags"].items() if present]
+    lacks = [name for name, present in cpu["flags"].items() if not present and name != "AVX-512 FP16"]
+    text = f"{cpu['model']}, {usable_cores()} cores, {' '.join(has) or 'no AVX2'}"
+    return text + (f" (no {', '.join(lacks)})" if lacks else "")
