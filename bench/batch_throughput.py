@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from elmo.runtime.host import host_facts
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "corpus" / "test.txt"
@@ -198,7 +199,7 @@ def main() -> None:
             "runtime_cpu_seconds": runtime_cpu,
             "embed_file_cpu_seconds": embed_file_cpu,
             "output_bytes": output_bytes,
-            "machine": f"{platform.machine()}, {platform.python_version()}",
+            "host": host_facts(),  # CPU model, kernel-relevant flags, cores, library versions
         }
         result["ratio"] = result["embed_file_tokens_per_s"] / result["runtime_tokens_per_s"]
         result["ratio_vs_texts"] = result["embed_file_tokens_per_s"] / result["runtime_texts_tokens_per_s"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from elmo.errors import ElmoError, InputError
+from elmo.runtime.host import host_facts, host_summary
 from elmo.text.chars import batch_to_char_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,6 +245,7 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
 def markdown(results: dict) -> str:
     env = results["environment"]
     lines = [
+        f"CPU: {host_summary()} · "
         f"Threads: {env['threads']} (torch and onnxruntime alike) · CPU cores: {env['cpu_count']} · load average "
         f"before/after: {env['load_before']} / {env['load_after']} · workload: {results['workload']}",
         "",
@@ -334,9 +335,9 @@ def run(args: argparse.Namespace) -> int:
     results = {
         "workload": f"{workload}, {len(sentences)} sentences, mean {mean_length:.1f} tokens",
         "environment": {
+            **host_facts(),  # the CPU, its kernel-relevant flags, cores and library versions (elmo.runtime.host)
             "threads": args.threads,
             "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
             "load_before": [round(v, 1) for v in os.getloadavg()],
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },

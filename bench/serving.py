@@ -22,6 +22,8 @@ import numpy as np
 from elmo.bench.server_process import check_loopback, spawn_server, stop_server
 from elmo.bench.worktree import REPO, describe, revision_tree
 
+from elmo.runtime.host import host_facts
+
 RESULTS = REPO / "bench" / "results"
 DEFAULT_MODEL = REPO / "models" / "default"
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"  # `elmo data handbook`, when it has run
@@ -92,7 +94,8 @@ def revision_info(before: str | None, label: str = "after") -> dict:
 def machine(load_at_start: Sequence[float] | None = None) -> dict:
     """The machine, and its load average (1, 5, 15 min) now and, when given, at the bench's start: the benches run
     on shared machines, so read their figures with the load beside them."""
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"}
+    out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+           "host": host_facts()}  # the CPU model and the flags that pick onnxruntime's kernels (elmo.runtime.host)
     if load_at_start is not None:
         out["load_average_at_start"] = [round(v, 2) for v in load_at_start]
     out["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]

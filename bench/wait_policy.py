@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from elmo.runtime.host import host_facts
 from elmo.train.threads import SPIN_COUNT, WAIT_POLICY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
                     print(f"  round {repeat + 1} {'busy' if busy else 'idle'} {variant:<28} "
                           f"{result['tokens_per_s']:>9.1f} tokens/s  ({result['policy']})", flush=True)  # fmt: skip
     return {"workload": args.workload, "settings": {k: str(v) for k, v in vars(args).items()},
-            "machine": {"cpus": cores, "platform": platform.platform(), "python": platform.python_version()},
+            "machine": {"cpus": cores, **host_facts()},
             "runs": runs, "medians": medians(runs, args.variants)}  # fmt: skip
 
 

@@ -263,7 +263,11 @@ class Embedder:
         ``background``: the call yields the cores to others under load: its parallel batches run on threads of
         lower priority (``background_nice``); a call of one batch runs on the calling thread, at the caller's
         priority (the service calls from a lowered thread: service.batcher)."""
-        sentences = self._validated(sentences)
+        return self._embed_valid(self._validated(sentences), background)
+
+    def _embed_valid(self, sentences: list[list[str]], background: bool = False) -> tuple[list[np.ndarray], EmbedStats]:
+        """:meth:`embed_tokens_with_stats` past the input checks (the load-time check's probe sentences are the
+        export's, longer than a server's ``max_tokens_per_sentence`` may be)."""
         table, rows = self._token_table(sentences)
         results: list[np.ndarray | None] = [None] * len(sentences)
         batches = self._batches([len(s) for s in sentences])
@@ -308,7 +312,7 @@ class Embedder:
         """The load-time check (elmo.runtime.probe): the export's probe through this runtime as it serves, judged
         against the export's own bar; one log line; ModelFileError when it misses. Runs once per Embedder."""
         if self.checked is None:
-            self.checked = check_probe(self.model_dir, self.probe, self.embed_tokens)
+            self.checked = check_probe(self.model_dir, self.probe, lambda batch: self._embed_valid(batch)[0])
         return self.checked
 
     def warmup(self) -> None:

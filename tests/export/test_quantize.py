@@ -7,12 +7,13 @@ import elmo.export.onnx_export as onnx_export
 import numpy as np
 import onnx
 import pytest
-from elmo.export.quantize import INT8_MEAN_COSINE, compare_cosine, count_ops, token_cosines
+from elmo.export.quantize import DEFAULT_SCHEME, INT8_MEAN_COSINE, SCHEMES, compare_cosine, count_ops, quantize_graph
 from onnx import numpy_helper
 
 from elmo.cli import main
 from elmo.errors import ModelFileError
 from elmo.runtime import CPU, Embedder
+from elmo.runtime.probe import COSINE, token_cosines
 
 SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["苹", "果", "很", "好", "吃"], ["a"], ["naïve", "😀"]]
 
@@ -31,14 +32,16 @@ def test_int8_export_quantizes_the_recurrence_inside_each_scan(int8_model):
     for scan in scans:  # the recurrent and projection matrices of every step: int8 inside the body
         body_ops = count_ops(scan.attribute[0].g)
         assert body_ops.get("MatMulInteger", 0) == 2 and "MatMul" not in body_ops, body_ops
-        assert any(t.data_type == onnx.TensorProto.INT8 for t in scan.attribute[0].g.initializer)
+        # u8 weights (export/quantize.py SCHEMES: u8 x s8 saturates on AVX2 without VNNI)
+        assert any(t.data_type == onnx.TensorProto.UINT8 for t in scan.attribute[0].g.initializer)
     assert count_ops(graph.graph).get("Gemm", 0) == 0  # the hoisted input projections too
     assert count_ops(onnx.load(str(int8_model / "encoder.onnx")).graph).get("MatMulInteger", 0) == 0  # char-CNN
 
 
 def test_int8_export_is_judged_by_cosine_and_records_it(int8_model):
     meta = json.loads((int8_model / "onnx.json").read_text())
-    assert meta["dtype"] == "int8" and "int8" in meta["quantization"]["weights"]
+    assert meta["dtype"] == "int8" and meta["quantization"]["scheme"] == DEFAULT_SCHEME == "u8u8"
+    assert meta["quantization"]["weights"].startswith("uint8")
     verification = meta["verification"]
     assert verification["passed"] is True and verification["reference"] == "float32 graphs"
     assert min(verification["mean"]) >= INT8_MEAN_COSINE and verification["tokens"] > 1000
@@ -57,23 +60,29 @@ def test_int8_model_serves_like_any_model(int8_model, tiny_model_dir):
     assert report.passed and min(report.mean) >= INT8_MEAN_COSINE
 
 
+def flip_8bit_weights(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """Every 8-bit weight inside a Scan body mirrored (int8: negated; uint8: 255 - w, about its zero point): the
+    graph runs, the shapes hold, only the cosine to float32 can tell."""
+    for node in graph.graph.node:
+        for attribute in node.attribute:
+            if attribute.type != onnx.AttributeProto.GRAPH:
+                continue
+            for tensor in attribute.g.initializer:
+                if tensor.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) and not tensor.external_data:
+                    array = numpy_helper.to_array(tensor).astype(np.int16)
+                    if tensor.data_type == onnx.TensorProto.INT8:
+                        mirrored = np.clip(-array, -127, 127).astype(np.int8)
+                    else:
+                        mirrored = (255 - array).astype(np.uint8)
+                    tensor.CopyFrom(numpy_helper.from_array(mirrored, tensor.name))
+    return graph
+
+
 def test_a_broken_int8_graph_fails_and_replaces_nothing(tiny_model_dir, tmp_path, monkeypatch):
-    # A quantization that flips the sign of the int8 weights inside the recurrence: the graph runs, the shapes
-    # hold, only the cosine to float32 can tell.
     real = onnx_export.quantize_graph
 
-    def flipped(graph):
-        quantized = real(graph)
-        for node in quantized.graph.node:
-            for attribute in node.attribute:
-                if attribute.type != onnx.AttributeProto.GRAPH:
-                    continue
-                for tensor in attribute.g.initializer:
-                    if tensor.data_type == onnx.TensorProto.INT8:
-                        flipped = -numpy_helper.to_array(tensor).astype(np.int16)
-                        flipped = np.clip(flipped, -127, 127).astype(np.int8)
-                        tensor.CopyFrom(numpy_helper.from_array(flipped, tensor.name))
-        return quantized
+    def flipped(graph, scheme):
+        return flip_8bit_weights(real(graph, scheme))
 
     exported = shutil.copytree(tiny_model_dir, tmp_path / "model")
     before = {p.name: p.read_bytes() for p in exported.iterdir()}
@@ -81,6 +90,32 @@ def test_a_broken_int8_graph_fails_and_replaces_nothing(tiny_model_dir, tmp_path
     with pytest.raises(ModelFileError, match="verification against float32 failed: FAILED: int8 vs float32"):
         onnx_export.export_model(exported, int8=True, threads=1)
     assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
+
+
+def test_an_int8_export_stores_a_cosine_probe_and_an_edited_int8_graph_is_refused_at_load(int8_model, tmp_path):
+    meta = json.loads((int8_model / "onnx.json").read_text())
+    assert meta["probe"]["kind"] == COSINE and meta["probe"]["bar"] == {"mean": 0.999, "min": 0.99}
+    assert meta["probe"]["at_export"]["passed"] is True
+    assert Embedder(int8_model, providers=[CPU], intra_op_threads=1).checked.passed
+    edited = shutil.copytree(int8_model, tmp_path / "edited")
+    graph = onnx.load(str(edited / "context.onnx"), load_external_data=False)
+    onnx.save(flip_8bit_weights(graph), str(edited / "context.onnx"))
+    with pytest.raises(ModelFileError, match=r"load-time check .* FAILED: per-token cosine .* bar: mean >= 0.999"):
+        Embedder(edited, providers=[CPU], intra_op_threads=1)
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_each_scheme_quantizes_to_its_weight_type(tiny_model_dir, scheme):
+    from elmo.export.context_graph import build_context_graph
+
+    from elmo.model.checkpoint import load_model
+
+    model = load_model(tiny_model_dir).float()
+    state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
+    graph = quantize_graph(build_context_graph(state, model.cfg), scheme)
+    types = {t.data_type for node in graph.graph.node for a in node.attribute if a.type == onnx.AttributeProto.GRAPH
+             for t in a.g.initializer if t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)}  # fmt: skip
+    assert types == {onnx.TensorProto.UINT8 if SCHEMES[scheme]["weight_type"] == "QUInt8" else onnx.TensorProto.INT8}
 
 
 def test_token_cosines_per_layer():

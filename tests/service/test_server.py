@@ -349,6 +349,31 @@ def _wait_until(condition, timeout: float = 20.0) -> None:
 
 
 # -- health, warm-up, multiple models, tasks -------------------------------------------------------------------------
+def test_a_model_that_fails_its_load_time_check_is_never_served(tiny_model_dir, tmp_path):
+    """The check runs in the warm-up, the port open: health stays NOT_SERVING, Embed UNAVAILABLE, the refusal names
+    the host's CPU, the figures and the bar (elmo.runtime.probe)."""
+    from elmo.service.errors import Kind, ServiceError
+
+    from elmo.runtime.host import cpu_facts
+    from tests.runtime.test_probe import edit_a_graph_after_export
+
+    edited = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    edit_a_graph_after_export(edited)
+    srv = ServerThread({"tiny": Embedder(edited, intra_op_threads=1, check_on_load=False)}, EDGE_LIMITS)
+    try:
+        with EmbedderClient(srv.target) as c:
+            assert c.health() == "NOT_SERVING"
+            with pytest.raises(ServiceError) as refused:
+                srv.warm_up()
+            assert refused.value.kind == Kind.REFUSED
+            assert "load-time check" in refused.value.message and cpu_facts()["model"] in refused.value.message
+            assert "FAILED: max abs error" in refused.value.message and "bar: <=" in refused.value.message
+            assert c.health() == "NOT_SERVING" and c.health("elmo.v1.Embedder") == "NOT_SERVING"
+            assert rpc_error(c.embed, ["never"]).code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        srv.stop()
+
+
 def test_health_not_serving_until_warm_up(runtime):
     srv = ServerThread({"tiny": runtime}, EDGE_LIMITS)
     try:

@@ -321,6 +321,25 @@ def test_keep_versions_keeps_older_ones_pinnable(tiny_model_dir, second_model, t
         server.stop()
 
 
+def test_a_version_that_fails_its_load_time_check_is_not_swapped_in(tiny_model_dir, tmp_path):
+    """A version complete on disk whose graph was edited after export: the probe refuses it before the swap."""
+    from tests.runtime.test_probe import edit_a_graph_after_export
+
+    root = tmp_path / "models"
+    publish_copy(tiny_model_dir, root, "default")
+    server = repository_server(root, http=False)
+    try:
+        staged = Path(shutil.copytree(tiny_model_dir, tmp_path / "edited"))
+        edit_a_graph_after_export(staged)
+        shutil.copytree(staged, root / "default" / "2")
+        server.call(server.server.manager.reconcile())
+        record = server.server.manager.records[("default", 2)]
+        assert record.state == pb.VERSION_FAILED and "load-time check" in record.reason and "FAILED" in record.reason
+        assert embed(server).model_version == 1
+    finally:
+        server.stop()
+
+
 def test_at_start_a_broken_latest_version_falls_back_to_the_one_before(tiny_model_dir, tmp_path):
     root = tmp_path / "models"
     publish_copy(tiny_model_dir, root, "default")
