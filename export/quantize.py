@@ -1,17 +1,18 @@
-"""``elmo export --int8``: the biLSTM's weights in int8, judged by how close its vectors stay to float32.
+"""``elmo export --int8``: the biLSTM's weights in 8 bits, judged by how close its vectors stay to float32.
 
 What is quantized: every MatMul / Gemm of the context graphs whose weight is a constant (onnxruntime's dynamic
 quantization, ``onnxruntime.quantization.quantize_dynamic``): the hoisted input projections and, inside each Scan
-body, the recurrent and projection matrices, each weight column with its own scale (per channel, signed int8);
-activations are quantized per call (per step inside the recurrence) to uint8. The char-CNN (encoder.onnx) stays
-float32, so layer 0 is unchanged; so do the gates' non-linearities, the cell state and the clips. The fused layout
-(for CUDA) keeps float32 where its weights are stacked inside the graph: int8 is a CPU option.
+body, the recurrent and projection matrices, each weight column with its own scale (per channel; uint8 weights by
+default, see SCHEMES for why); activations are quantized per call (per step inside the recurrence) to uint8. The
+char-CNN (encoder.onnx) stays float32, so layer 0 is unchanged; so do the gates' non-linearities, the cell state and
+the clips. The fused layout (for CUDA) keeps float32 where its weights are stacked inside the graph: int8 is a CPU
+option.
 
 How it is judged (before the export is kept): per-token cosine similarity of each biLSTM layer to the float32
 graphs of the same weights, on the verification sentences and on held-out text when given (``--heldout FILE``).
-The bar: mean >= INT8_MEAN_COSINE for every layer and no token below INT8_MIN_COSINE. Measured on the shipped
-default model (handbook text, held out of training): mean 0.99974 / 0.99962, min 0.9984 / 0.9971 for layers 1 / 2;
-per-tensor scales 0.99955 / 0.99937, min 0.9958 (bench/int8.py has the figures with task scores and speed).
+The bar: mean >= INT8_MEAN_COSINE for every layer and no token below INT8_MIN_COSINE. The export stores a probe
+(export/probe.py) judged by the same bar on every host that loads it (elmo.runtime.probe). Measured figures per
+scheme and CPU: docs/runtime.md, ``python -m elmo.bench.int8 --schemes ...``.
 """
 
 from __future__ import annotations

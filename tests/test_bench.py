@@ -12,12 +12,16 @@ def test_bench_writes_json_and_a_markdown_table(tiny_model_dir, tmp_path, capsys
     argv += ["--seconds", "0", "--min-batches", "1", "--sentences", "12", "--name", "t", "--out", str(tmp_path)]
     assert main(argv) == 0
     results = json.loads((tmp_path / "t.json").read_text())
+    environment = results["environment"]  # the machine in every figure (elmo.runtime.host)
+    assert environment["cpu"] and "AVX2" in environment["cpu_flags"] and "AVX-512 VNNI" in environment["cpu_flags"]
+    assert environment["cores"] >= 1 and "onnxruntime" in environment["libraries"]
     (model,) = results["models"]
     assert [row["batch_size"] for row in model["rows"]] == [1, 4]
     for row in model["rows"]:
         for engine in ("torch eager", "torch sorted", "ort", "ort+cache"):
             assert row[engine]["tokens_per_s"] > 0 and row[engine]["latency_ms_p50"] > 0
     table = (tmp_path / "t.md").read_text()
+    assert table.startswith(f"CPU: {environment['cpu']}, ")
     assert table.count(f"\n| {model['name']} |") == 8 and "vs torch eager" in table
     assert "tokens/s" in capsys.readouterr().out
 
@@ -63,3 +67,15 @@ def test_bench_writes_where_it_is_run_and_never_overwrites_unasked(tiny_model_di
     assert main([*argv, "--name", "../cpu"]) == 2
     assert "--name '../cpu': a file name, without folders" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-results"]
+
+
+def test_load_check_bench_times_the_check_and_names_the_machine(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import elmo.bench.load_check as load_check
+
+    out = tmp_path / "load_check.json"
+    argv = ["load_check", "--model", str(tiny_model_dir), "--repeat", "2", "--threads", "1", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    load_check.main()
+    result = json.loads(out.read_text())
+    assert len(result["rounds"]) == 2 and result["median"]["check_ms"] > 0 and result["host"]["cpu"]
+    assert "load-time check" in capsys.readouterr().out
