@@ -186,7 +186,12 @@ def options_to_config(data: dict, source: str = "options.json") -> ModelConfig:
 
 # -- weights.hdf5 ----------------------------------------------------------------------------------------------
 def read_hdf5(path: str | Path) -> dict[str, np.ndarray]:
-    """Every dataset of a bilm-tf weight file -> {name: float32 array} (h5py only)."""
+    """Every dataset of a bilm-tf weight file -> {name: float32 array} (h5py only).
+
+    A weights file is hostile until checked: HDF5 lets a dataset keep its bytes in other files (external storage,
+    virtual datasets) and a name point elsewhere (soft and external links), which h5py follows transparently, so an
+    imported "weight" could be any file the importing process can read (its /proc/self/environ). Each of those is
+    refused, naming the dataset, before any data is read."""
     import h5py  # train extra; imported here so that `elmo --help` stays light
 
     path = Path(path)
@@ -195,15 +200,38 @@ def read_hdf5(path: str | Path) -> dict[str, np.ndarray]:
     datasets: dict[str, np.ndarray] = {}
     try:
         with h5py.File(path, "r") as handle:
-
-            def collect(name: str, item) -> None:
-                if isinstance(item, h5py.Dataset):
-                    datasets[name] = np.asarray(item[...], dtype=np.float32)
-
-            handle.visititems(collect)
+            links: list[tuple[str, object]] = []  # raised after the walk: h5py's C callbacks must not raise
+            handle.visititems_links(lambda name, link: links.append((name, link)))
+            for name, link in links:
+                _refuse_indirect_link(path, name, link, h5py)
+            found: list[tuple[str, h5py.Dataset]] = []
+            handle.visititems(lambda name, item: found.append((name, item)) if isinstance(item, h5py.Dataset) else None)
+            for name, item in found:
+                _refuse_data_elsewhere(path, name, item)
+            for name, item in found:
+                datasets[name] = np.asarray(item[...], dtype=np.float32)
     except OSError as exc:
         raise ModelFileError(f"{path}: not a readable hdf5 file ({exc})") from None
     return datasets
+
+
+def _refuse_indirect_link(path: Path, name: str, link, h5py) -> None:
+    if isinstance(link, h5py.ExternalLink):
+        raise ModelFileError(f"{path}: '{name}' is an HDF5 external link to {link.filename}:{link.path}: refused "
+                             "(a weights file must hold its own data)")  # fmt: skip
+    if isinstance(link, h5py.SoftLink):
+        raise ModelFileError(f"{path}: '{name}' is an HDF5 soft link to {link.path}: refused (a weights file must "
+                             "hold its own data)")  # fmt: skip
+
+
+def _refuse_data_elsewhere(path: Path, name: str, dataset) -> None:
+    if dataset.external:
+        files = sorted({str(entry[0]) for entry in dataset.external})
+        raise ModelFileError(f"{path}: dataset '{name}' keeps its data in external file(s) {files}: refused (a "
+                             "weights file must hold its own data)")  # fmt: skip
+    if dataset.is_virtual:
+        raise ModelFileError(f"{path}: dataset '{name}' is a virtual dataset (its data maps to other files): refused "
+                             "(a weights file must hold its own data)")  # fmt: skip
 
 
 def lstm_prefix(datasets: dict[str, np.ndarray], direction: int, layer: int, n_layers: int) -> str:

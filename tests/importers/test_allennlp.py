@@ -455,6 +455,62 @@ def test_cli_reports_bad_files_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def _point_char_embed_elsewhere(handle, name: str, array: np.ndarray, outside: Path) -> None:
+    """``name`` re-made so that its bytes live in ``outside`` (HDF5 external storage): h5py reads them transparently."""
+    outside.write_bytes(array.astype(np.float32).tobytes())
+    del handle[name]
+    handle.create_dataset(name, shape=array.shape, dtype=np.float32, external=[(str(outside), 0, array.nbytes)])
+
+
+def _virtual(handle, name: str, array: np.ndarray, outside: Path) -> None:
+    with h5py.File(outside, "w") as source:
+        source.create_dataset("data", data=array)
+    layout = h5py.VirtualLayout(shape=array.shape, dtype=array.dtype)
+    layout[...] = h5py.VirtualSource(str(outside), "data", shape=array.shape)
+    del handle[name]
+    handle.create_virtual_dataset(name, layout)
+
+
+def _soft(handle, name: str, array: np.ndarray, outside: Path) -> None:
+    handle["stash"] = array
+    del handle[name]
+    handle[name] = h5py.SoftLink("/stash")
+
+
+def _external_link(handle, name: str, array: np.ndarray, outside: Path) -> None:
+    with h5py.File(outside, "w") as source:
+        source.create_dataset("data", data=array)
+    del handle[name]
+    handle[name] = h5py.ExternalLink(str(outside), "/data")
+
+
+@pytest.mark.parametrize(
+    "redirect, message",
+    [
+        (_point_char_embed_elsewhere, "keeps its data in external file(s)"),
+        (_virtual, "is a virtual dataset"),
+        (_soft, "is an HDF5 soft link to /stash"),
+        (_external_link, "is an HDF5 external link to"),
+    ],
+    ids=["external-storage", "virtual", "soft-link", "external-link"],
+)
+def test_weights_whose_data_lives_elsewhere_are_refused_in_one_line(tmp_path, capsys, redirect, message):
+    """An imported weight must come from the weights file itself, never from another file on the host."""
+    shape = SHAPES[1]
+    options, ds = shape.options(), random_hdf5_weights(shape, seed=7)
+    options_path, weights_path = write_allennlp_files(tmp_path / "src", options, ds)
+    name = "char_embed"
+    with h5py.File(weights_path, "a") as handle:
+        redirect(handle, name, ds[name], tmp_path / "outside.bin")
+    out = tmp_path / "imported"
+    argv = ["import-allennlp", "--options", str(options_path), "--weights", str(weights_path), "--out", str(out)]
+    assert elmo_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("elmo import-allennlp: error:") and "\n" not in err
+    assert message in err and ("'char_embed'" in err) and "refused" in err
+    assert not out.exists()
+
+
 def test_missing_files_are_errors_not_tracebacks(tmp_path):
     with pytest.raises(ElmoError, match="options file not found"):
         read_options(tmp_path / "nope.json")
