@@ -231,12 +231,13 @@ def convert_to_fp16(graph: onnx.ModelProto) -> onnx.ModelProto:
 
 
 # -- shared weights ------------------------------------------------------------------------------------------------
-def _initializers(graph: onnx.GraphProto):
+def initializers(graph: onnx.GraphProto):
+    """Every initializer of ``graph`` and of the graphs its nodes hold (Scan bodies)."""
     yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _initializers(attribute.g)
+                yield from initializers(attribute.g)
 
 
 def store_exact_fp16(graph: onnx.ModelProto | onnx.GraphProto) -> int:
@@ -278,7 +279,7 @@ def save_with_shared_weights(graphs: dict[str, onnx.ModelProto], directory: Path
     with open(directory / ONNX_DATA_FILE, "wb") as data:
         for name, graph in graphs.items():
             store_exact_fp16(graph)
-            for tensor in _initializers(graph.graph):
+            for tensor in initializers(graph.graph):
                 array = numpy_helper.to_array(tensor)
                 if array.nbytes < EXTERNAL_THRESHOLD:
                     continue

@@ -55,6 +55,38 @@ def test_a_graph_without_clipping_fails_verification_and_replaces_nothing(tiny_m
     assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
 
 
+def _scaled_model(directory, names: tuple[str, ...], factor: float, **config):
+    """The tiny random model with the parameters whose names contain one of ``names`` multiplied by ``factor``."""
+    import torch
+
+    model = random_bilm("tiny", 0, 0.3, **config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if any(part in name for part in names):
+                parameter.mul_(factor)
+    save_model(model, directory)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "names, factor, config, why",
+    [
+        (("char_embedding",), 1e6, {}, "is over 1e+04: the weights are not a model's"),
+        (("state_linearity.weight", "state_projection"), 6.0, {"cell_clip": 0, "proj_clip": 0},
+         "the weights amplify rounding, no float export can be exact"),
+    ],
+    ids=["absurd-outputs", "chaotic-recurrence"],
+)  # fmt: skip
+def test_weights_no_float_export_can_match_are_refused_whatever_float32s_error(tmp_path, names, factor, config, why):
+    """A bound relative to PyTorch float32's own error would pass anything when that error is itself huge (weights
+    read from a host file once gave outputs of 1e27 and "passed")."""
+    model_dir = _scaled_model(tmp_path / "model", names, factor, **config)
+    with pytest.raises(ModelFileError, match="verification against PyTorch failed") as refused:
+        onnx_export.export_model(model_dir, threads=1)
+    assert why in str(refused.value)
+    assert not (model_dir / "model.onnx").exists() and not (model_dir / "onnx.json").exists()
+
+
 def test_a_graph_with_two_gates_swapped_fails_verification(tiny_model_dir, tmp_path, monkeypatch):
     # Input and forget gates exchanged in the hand-built recurrence: every shape and the checker stay happy.
     def swapped(w, cell):

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from elmo.export.onnx_export import initializers
 from elmo.export.probe import PROBE_SENTENCES, write_probe
 from elmo.export.verify import ErrorBound
 from onnx import numpy_helper
@@ -59,15 +60,8 @@ def edit_a_graph_after_export(directory: Path) -> None:
     shared weights file (whose sha256 onnx.json records) is left as it was."""
     path = directory / "context.onnx"
     graph = onnx.load(str(path), load_external_data=False)
-
-    def tensors(g: onnx.GraphProto):
-        yield from g.initializer
-        for node in g.node:
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    yield from tensors(attribute.g)
-
-    inline = [t for t in tensors(graph.graph) if t.data_type == onnx.TensorProto.FLOAT and not t.external_data]
+    tensors = initializers(graph.graph)  # Scan bodies included
+    inline = [t for t in tensors if t.data_type == onnx.TensorProto.FLOAT and not t.external_data]
     target = max(inline, key=lambda t: numpy_helper.to_array(t).size)  # a bias or small matrix, not a scalar
     target.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(target), target.name))
     onnx.save(graph, str(path))
