@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 from elmo.bench.batch_throughput import REPO, corpus_lines, prepare_model
 
+from elmo.runtime.host import host_facts
+
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"
 
 
@@ -156,6 +158,7 @@ def main() -> None:
     result["context"] = context_profile(model, feeds, args.runs)
     result["context_one_row_per_position"] = context_profile(model, one_row_per_position(feeds), args.runs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(render(result))
 

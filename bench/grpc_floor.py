@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from elmo.runtime.host import host_facts
+
 
 def _spin(ms: float) -> None:
     end = time.perf_counter() + ms / 1000
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(10)
+    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
     print(json.dumps(result, indent=1))
     return 0
 

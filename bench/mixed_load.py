@@ -26,6 +26,8 @@ import numpy as np
 from elmo.bench.loadgen import make_texts
 from elmo.bench.server_process import check_loopback, spawn_server, stop_server
 
+from elmo.runtime.host import host_facts
+
 TOLERANCE = 1e-5  # a sentence batched with others may differ from the same sentence alone by float rounding
 MAX_SECONDS = 600.0
 
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proc is not None:
             stop_server(proc)
-    print(json.dumps({"clients": args.clients, **report.to_dict()}, ensure_ascii=False))
+    print(json.dumps({"clients": args.clients, **report.to_dict(), "host": host_facts()}, ensure_ascii=False))
     return 0 if not report.errors else 1
 
 

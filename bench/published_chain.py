@@ -24,6 +24,8 @@ from pathlib import Path
 from elmo.bench.loadgen import make_texts
 from elmo.bench.server_process import rss_mib, spawn_server, stop_server
 
+from elmo.runtime.host import host_facts
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or REPO / "runs" / "bench" / f"chain-{args.preset}"
     steps = run_chain(args.preset, work, args.lines, args.threads)
     result = {"preset": args.preset, "lines": args.lines, "threads": args.threads, "steps": steps}
+    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
     (args.out or work / "chain.json").write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(args.preset, steps, args.lines))
     return 0

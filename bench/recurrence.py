@@ -32,6 +32,7 @@ from elmo.export.context_graph import build_context_graph
 
 import elmo.model.bilm as elmo_model
 from elmo.model.checkpoint import load_model
+from elmo.runtime.host import host_facts
 
 
 class TorchContext(torch.nn.Module):
@@ -172,6 +173,7 @@ def main() -> None:
     if args.json:
         clock = "thread CPU time" if args.cpu_time else "wall time"
         summary = {"threads": args.threads, "clock": clock, "model": str(args.model), "rows": rows}
+        summary["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -48,6 +48,7 @@ import grpc
 import numpy as np
 
 from elmo.client import RETRY_POLICY
+from elmo.runtime.host import host_facts
 
 REPO = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
@@ -428,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="replicas-"))
     for mode in MODES if args.mode == "both" else (args.mode,):
         result = run_mode(args, mode, workdir)
+        result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
         (args.out / f"replicas-{mode}.json").write_text(json.dumps(result, indent=2) + "\n")
         (args.out / f"replicas-{mode}.md").write_text(markdown(result))
         print(markdown(result))

@@ -48,6 +48,8 @@ from pathlib import Path
 import numpy as np
 from elmo.bench.server_process import rss_mib
 
+from elmo.runtime.host import host_facts
+
 ADMIN_TOKEN = "swap-bench-admin"
 SENTENCES = [
     "The cat sat on the mat .",
@@ -502,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RSS: {result['rss']}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "swap" if not args.skip_swaps else "swap_rss"
+    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.skip_swaps:
         (args.out / f"{name}.md").write_text(markdown(result))

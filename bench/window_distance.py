@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from elmo.runtime.host import host_facts
 from elmo.text.overflow import embed_windowed, windowed
 from elmo.text.tokenize import tokenize
 
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.model, args.text, args.tokens, args.documents, args.window, args.overlaps, args.threads)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(table(result))
     return 0

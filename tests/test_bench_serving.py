@@ -69,6 +69,8 @@ def test_latency_compares_served_and_in_process(tiny_model_dir, tmp_path):
     out = tmp_path / "latency.json"
     argv = ["--model", str(tiny_model_dir), "--sentences", "6", "--block", "2", "--warmup", "1", "--threads", "1"]
     assert latency.main([*argv, "--out", str(out)]) == 0
+    host = json.loads(out.read_text())["host"]  # the machine in every figure (elmo.runtime.host)
+    assert host["cpu"] and "AVX-512 VNNI" in host["cpu_flags"] and host["cores"] >= 1
     (run,) = json.loads(out.read_text())["runs"]
     assert [run["latency_ms"][path]["n"] for path in latency.PATHS] == [6, 6, 6]
     for protocol in ("grpc", "http"):
