@@ -40,6 +40,7 @@ from elmo.runtime.modeldir import (
     CONTEXT_FUSED_FILE,
     ENCODER_FILE,
     char_scheme_of,
+    member_file,
     model_directory,
     read_onnx_metadata,
 )
@@ -166,7 +167,8 @@ class Embedder:
         """encoder.onnx first; its provider decides the context graph's layout (docs/runtime.md): one Scan per
         direction on CPU, both directions per Scan on CUDA."""
         graphs = self.meta.get("graphs") or {}
-        self._paths = {"encoder": self.model_dir / graphs.get("encoder", ENCODER_FILE)}
+        encoder = member_file(self.model_dir, graphs.get("encoder", ENCODER_FILE), "encoder graph", must_exist=False)
+        self._paths = {"encoder": encoder}
         self.encoder = open_session(self._paths["encoder"], requested, *settings)
         first = self.encoder.get_providers()[0]
         if first not in requested:
@@ -179,7 +181,8 @@ class Embedder:
         key, default = (
             ("context_fused", CONTEXT_FUSED_FILE) if self.context_layout == "fused" else ("context", CONTEXT_FILE)
         )
-        self._paths["context"] = self.model_dir / graphs.get(key, default)
+        context = member_file(self.model_dir, graphs.get(key, default), "context graph", must_exist=False)
+        self._paths["context"] = context
         # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
         self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *settings)
 

@@ -40,6 +40,22 @@ def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def member_file(directory: Path, name: object, what: str, must_exist: bool = True) -> Path:
+    """``directory / name`` for a file ``onnx.json`` names, checked: a plain name inside the folder (no path, no
+    ``..``), not a symlink (it could point anywhere on the host), a regular file. ModelFileError names it."""
+    where = directory / ONNX_META_FILE
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise ModelFileError(f"{where}: {what} {name!r} must be a plain file name inside {directory}")
+    path = directory / name
+    if path.is_symlink():
+        raise ModelFileError(f"{path}: {what} is a symlink: refused (a model's files must be its own, not links)")
+    if path.exists() and not path.is_file():
+        raise ModelFileError(f"{path}: {what} is not a regular file")
+    if must_exist and not path.is_file():
+        raise ModelFileError(f"{path}: {what} is missing (re-run `elmo export`)")
+    return path
+
+
 def model_directory(path: str | Path) -> Path:
     directory = Path(path)
     if not directory.is_dir():
@@ -113,7 +129,7 @@ def _check_weights_data(directory: Path, meta_path: Path, meta: dict) -> None:
         return
     if not isinstance(expected, dict) or not {"file", "bytes", "sha256"} <= set(expected):
         raise ModelFileError(f"{meta_path}: field weights_data must be {{file, bytes, sha256}} (re-run `elmo export`)")
-    data = directory / expected["file"]
+    data = member_file(directory, expected["file"], "the graphs' weight file", must_exist=False)
     if not data.is_file():
         raise ModelFileError(f"{data}: the graphs' weight file is missing (re-run `elmo export`)")
     size = data.stat().st_size

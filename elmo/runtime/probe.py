@@ -29,6 +29,7 @@ import numpy as np
 
 from elmo.errors import ModelFileError
 from elmo.runtime.host import host_summary
+from elmo.runtime.modeldir import member_file
 
 log = logging.getLogger("elmo.runtime")
 
@@ -84,9 +85,7 @@ def read_probe(directory: Path, meta: dict) -> Probe:
         raise ModelFileError(f"{where}: field probe is malformed ({type(exc).__name__}: {exc})") from None
     if kind not in (MAX_ABS, COSINE) or len(shape) != 3 or shape[1] != sum(len(s) for s in sentences):
         raise ModelFileError(f"{where}: field probe: kind {kind!r} / shape {shape} do not match its sentences")
-    if Path(name).name != name or name in ("", ".", ".."):
-        raise ModelFileError(f"{where}: probe file {name!r} must be a plain file name inside {directory}")
-    path = directory / name
+    path = member_file(directory, name, "probe file", must_exist=False)
     expected = int(np.prod(shape)) * 4
     if size != expected or size > MAX_PROBE_BYTES:
         raise ModelFileError(f"{where}: probe of shape {shape} declares {size} bytes ({expected} expected)")

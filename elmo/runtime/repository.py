@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo.errors import ConfigError, ModelFileError
-from elmo.runtime.modeldir import ONNX_FILE, ONNX_META_FILE
+from elmo.runtime.modeldir import ONNX_FILE, ONNX_META_FILE, member_file
 
 VERSION_PATTERN = re.compile(r"[1-9][0-9]{0,8}")  # 1, 2, ... (no leading zeros: one folder per number)
 MAX_VERSION = 999_999_999
@@ -98,6 +98,11 @@ def incomplete_reason(folder: Path) -> str | None:
         return f"{folder / ONNX_META_FILE}: missing or not a JSON object (run `elmo export`)"
     graphs = meta.get("graphs")
     names = {ONNX_FILE, *(graphs.values() if isinstance(graphs, dict) else ())}
+    try:  # each a regular file inside the folder: a symlink or a path could make any host file "complete"
+        for name in sorted(names, key=str):
+            member_file(folder, name, "graph", must_exist=False)
+    except ModelFileError as exc:
+        return str(exc)
     missing = sorted(str(n) for n in names if not (folder / str(n)).is_file())
     if missing:
         return f"{folder}: missing {', '.join(missing)}"
@@ -106,7 +111,9 @@ def incomplete_reason(folder: Path) -> str | None:
         if not (isinstance(data, dict) and "file" in data and "bytes" in data):
             continue
         try:
-            size = (folder / str(data["file"])).stat().st_size
+            size = member_file(folder, data["file"], field.replace("_", " "), must_exist=False).stat().st_size
+        except ModelFileError as exc:
+            return str(exc)
         except OSError:
             return f"{folder / str(data['file'])}: missing"
         if size != data["bytes"]:

@@ -228,6 +228,40 @@ def test_missing_graph_names_the_file(model_copy, name):
         Embedder(model_copy, providers=[CPU])
 
 
+def _name_in_onnx_json(directory, edit) -> None:
+    meta = json.loads((directory / "onnx.json").read_text())
+    edit(meta)
+    (directory / "onnx.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (lambda d: _name_in_onnx_json(d, lambda m: m["graphs"].update(encoder="/etc/passwd")), "plain file name"),
+        (lambda d: _name_in_onnx_json(d, lambda m: m["graphs"].update(context="../context.onnx")), "plain file name"),
+        (lambda d: _name_in_onnx_json(d, lambda m: m["weights_data"].update(file="/etc/hostname")), "plain file name"),
+        (lambda d: _relink(d / "encoder.onnx"), "encoder graph is a symlink: refused"),
+        (lambda d: _relink(d / "model.onnx.data"), "weight file is a symlink: refused"),
+        (lambda d: _relink(d / "probe.bin"), "probe file is a symlink: refused"),
+    ],
+    ids=["absolute-graph", "graph-outside", "absolute-weights", "symlinked-graph", "symlinked-weights",
+         "symlinked-probe"],  # fmt: skip
+)
+def test_files_outside_the_model_folder_are_refused(model_copy, tamper, message):
+    """onnx.json names files inside its folder, and those are the folder's own: a path or a symlink could make the
+    runtime read (or the repository count) any file on the host."""
+    tamper(model_copy)
+    with pytest.raises(ModelFileError, match=message):
+        Embedder(model_copy, providers=[CPU])
+
+
+def _relink(path) -> None:
+    """``path`` moved out of the folder and replaced by a symlink to it (same bytes: only the link can tell)."""
+    outside = path.parent.parent / f"outside-{path.name}"
+    path.rename(outside)
+    path.symlink_to(outside)
+
+
 def test_missing_weight_data_names_the_file(model_copy):
     (model_copy / "model.onnx.data").unlink()
     with pytest.raises(ModelFileError, match="model.onnx.data: the graphs' weight file is missing"):

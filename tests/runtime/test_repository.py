@@ -113,6 +113,27 @@ def test_scan_counts_only_complete_verified_numbered_versions(tmp_path):
         scan(tmp_path / "nowhere")
 
 
+def test_a_version_that_reaches_outside_its_folder_is_not_complete(tmp_path):
+    """A symlinked graph (``model.onnx -> /etc/passwd``) or a graph, weights or probe named by a path would make any
+    host file part of a "complete" version (and of the admin index's sizes)."""
+    root = tmp_path / "models"
+    linked = fake_export(root / "default" / "1")
+    (linked / "model.onnx").unlink()
+    (linked / "model.onnx").symlink_to("/etc/passwd")
+    named = fake_export(root / "default" / "2")
+    meta = json.loads((named / "onnx.json").read_text())
+    meta["weights_data"]["file"] = "/etc/hostname"
+    (named / "onnx.json").write_text(json.dumps(meta))
+    probe = fake_export(root / "default" / "3")
+    meta = json.loads((probe / "onnx.json").read_text())
+    meta["probe"] = {"file": "../probe.bin", "bytes": 8}
+    (probe / "onnx.json").write_text(json.dumps(meta))
+    assert complete_versions(root / "default") == []
+    assert "model.onnx: graph is a symlink: refused" in incomplete_reason(linked)
+    assert "weights data '/etc/hostname' must be a plain file name" in incomplete_reason(named)
+    assert "probe '../probe.bin' must be a plain file name" in incomplete_reason(probe)
+
+
 def test_a_real_export_counts_and_loads(tiny_model_dir, tmp_path):
     published = publish_copy(tiny_model_dir, tmp_path / "root", "tiny")
     assert (published.version, published.path) == (1, tmp_path / "root" / "tiny" / "1")
