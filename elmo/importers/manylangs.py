@@ -126,8 +126,12 @@ def read_network_config(model_dir: Path) -> tuple[dict, str]:
     name = top.get("config_path")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{path}: field 'config_path' missing or not a string")
-    candidates = [] if Path(name).is_absolute() else [model_dir / name]  # never outside the folder
-    for candidate in [*candidates, model_dir / Path(name).name]:
+    inside = model_dir.resolve()
+    # never outside the folder: not absolute, no `..` past it, no symlink out of it (resolved before the check)
+    candidates = [model_dir / name, model_dir / Path(name).name]
+    for candidate in candidates:
+        if not candidate.resolve().is_relative_to(inside) or candidate.is_symlink():
+            continue
         if candidate.is_file():
             return _read_json(candidate, "the network config"), str(candidate)
     if Path(name).name in PACKAGED_CONFIG_NAMES:

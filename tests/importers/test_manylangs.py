@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pickle
+import re
 import warnings
 from pathlib import Path
 
@@ -221,6 +222,26 @@ def test_a_wrong_graph_fails_verification_on_this_fixture(tmp_path, monkeypatch)
     monkeypatch.setattr(onnx_export, "build_context_graph", one_weight_flipped)
     with pytest.raises(ModelFileError, match="verification against PyTorch failed"):
         onnx_export.export_model(tmp_path / "ours", tmp_path / "flipped", threads=1)
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["dot-dot-path", "symlink-out"])
+def test_config_path_never_reads_outside_the_folder(tmp_path, link):
+    """config.json's config_path ``../outside.json`` (or a symlink in the folder pointing out of it) is not read,
+    even where that file exists: the import fails naming config_path."""
+    from elmo.importers.manylangs import read_network_config
+
+    folder = write_synthetic_folder(tmp_path / "zhs.model", word_dim=0)
+    (folder / "net.json").unlink()
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(network(0)))
+    if link:
+        (folder / "net.json").symlink_to(outside)
+        name = "net.json"
+    else:
+        name = "../outside.json"
+    (folder / "config.json").write_text(json.dumps({"config_path": name}))
+    with pytest.raises(ConfigError, match=f"config_path '{re.escape(name)}': no such file in"):
+        read_network_config(folder)
 
 
 def test_runtime_refuses_a_char_vocabulary_changed_after_export(tmp_path):
