@@ -30,7 +30,7 @@ def check_loopback(target: str) -> None:
     """Refuse anything but a loopback address: this tool must never load someone else's server."""
     host, _, port = target.rpartition(":")
     host = host.strip("[]")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         raise SystemExit(f"--server must be HOST:PORT, got {target!r}")
     addresses = {info[4][0] for info in socket.getaddrinfo(host, int(port))}
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):

@@ -247,4 +247,4 @@ def _announced_total(response, offset: int, url: str) -> int | None:
                             f"{response.headers.get('Content-Range')!r}")  # fmt: skip
         return None if match.group(3) == "*" else int(match.group(3))
     length = response.headers.get("Content-Length")
-    return int(length) if length and length.isdigit() else None
+    return int(length) if length and length.isascii() and length.isdigit() else None  # "²".isdigit() is True

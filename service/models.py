@@ -21,6 +21,7 @@ from elmo.service.limits import Limits
 from elmo.service.tasks import ModelTasks
 
 from elmo.errors import ConfigError, ModelFileError
+from elmo.runtime.repository import VERSION_PATTERN
 
 log = logging.getLogger("service.models")  # the documented logger name (docs/operations.md)
 
@@ -244,7 +245,8 @@ class ModelRegistry:
         base, sep, number = name.partition("@")
         if sep:
             loaded = self.versions.get(base, {})
-            if not number.isdigit() or int(number) not in loaded:
+            # the repository's own rule: "²" or "٣" pass str.isdigit() and then break int() (a 500 once)
+            if not VERSION_PATTERN.fullmatch(number) or int(number) not in loaded:
                 have = ", ".join(m.ref for m in sorted(loaded.values(), key=lambda m: m.number)) or "none"
                 raise not_found(f"model version '{clip(name)}' is not loaded (loaded versions of '{clip(base)}': "
                                 f"{have})")  # fmt: skip

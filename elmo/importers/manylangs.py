@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,7 @@ CHAR_DIC = "char.dic"
 WORD_DIC = "word.dic"
 TOKEN_EMBEDDER = "token_embedder.pkl"
 ENCODER = "encoder.pkl"
+DIC_ID = re.compile(r"[0-9]+")  # a .dic line's id: ASCII digits, >= 0
 
 # The network config that ELMoForManyLangs 0.0.4 ships (elmoformanylangs/configs/cnn_{0,50}_100_512_4096_sample.json,
 # identical) and falls back to when a model folder lacks it, as the published English model does.
@@ -99,7 +101,7 @@ def read_dic(path: Path) -> dict[str, int]:
         fields = line.strip().split("\t")
         if len(fields) == 1:
             fields.insert(0, "\u3000")
-        if len(fields) != 2 or not fields[1].lstrip("-").isdigit() or int(fields[1]) < 0:
+        if len(fields) != 2 or not DIC_ID.fullmatch(fields[1]):  # ASCII digits only: "²".isdigit() breaks int()
             raise ModelFileError(f"{path}: line {number} is not 'token<TAB>id' with an id >= 0: {line!r}")
         table[fields[0]] = int(fields[1])
     if not table:

@@ -430,6 +430,14 @@ def test_dic_parsing_follows_elmoformanylangs(tmp_path):
     assert read_dic(path) == {"a": 3, "\u3000": 1, "b": 2}
 
 
+@pytest.mark.parametrize("bad_id", ["²", "٣", "-1", "1.0", "x"])
+def test_a_dic_id_that_is_not_ascii_digits_is_named(tmp_path, bad_id):
+    path = tmp_path / "char.dic"
+    path.write_text(f"a\t0\nb\t{bad_id}\n", encoding="utf-8")  # "²".isdigit() is True, int("²") raises
+    with pytest.raises(ModelFileError, match="line 2 is not 'token<TAB>id' with an id >= 0"):
+        read_dic(path)
+
+
 def test_vocab_scheme_rows():
     chars, words = lexicons()
     specials = {

@@ -317,6 +317,12 @@ def test_keep_versions_keeps_older_ones_pinnable(tiny_model_dir, second_model, t
         with pytest.raises(grpc.RpcError) as missing:
             embed(server, "default@7")
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "default@1, default@2" in missing.value.details()
+        for number in ("²", "٣", "1²", "01", "-1", " 1"):  # str.isdigit() is True for the first two: a 500 once
+            status, _, body = http(server, "/v1/embeddings", {"input": TEXT, "model": f"default@{number}"})
+            assert status == 404 and "is not loaded" in body["error"]["message"], (number, status, body)
+            with pytest.raises(grpc.RpcError) as odd:
+                embed(server, f"default@{number}")
+            assert odd.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         server.stop()
 
