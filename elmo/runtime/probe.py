@@ -85,6 +85,9 @@ def read_probe(directory: Path, meta: dict) -> Probe:
         raise ModelFileError(f"{where}: field probe is malformed ({type(exc).__name__}: {exc})") from None
     if kind not in (MAX_ABS, COSINE) or len(shape) != 3 or shape[1] != sum(len(s) for s in sentences):
         raise ModelFileError(f"{where}: field probe: kind {kind!r} / shape {shape} do not match its sentences")
+    keys = ("max_abs_error",) if kind == MAX_ABS else ("mean", "min")
+    if not all(isinstance(bar.get(key), int | float) and np.isfinite(bar[key]) for key in keys):
+        raise ModelFileError(f"{where}: field probe: a {kind} probe's bar needs finite {', '.join(keys)} (got {bar})")
     path = member_file(directory, name, "probe file", must_exist=False)
     expected = int(np.prod(shape)) * 4
     if size != expected or size > MAX_PROBE_BYTES:

@@ -121,6 +121,7 @@ def test_an_export_without_a_probe_is_refused_with_the_fix(model_copy):
         (lambda d: _rewrite_probe_record(d, {**_meta(d)["probe"], "shape": [3, 2, 16]}), "do not match"),
         (lambda d: _rewrite_probe_record(d, {**_meta(d)["probe"], "bytes": 10**12}), "declares"),
         (lambda d: _rewrite_probe_record(d, {"file": PROBE_FILE}), "malformed"),
+        (lambda d: _rewrite_probe_record(d, {**_meta(d)["probe"], "bar": {"mean": 0.9}}), "needs finite max_abs_error"),
     ],
 )
 def test_a_damaged_probe_is_named_before_anything_runs(model_copy, edit, match):
