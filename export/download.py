@@ -10,6 +10,12 @@
   ``NAME/FILE``, so a mirror's copy is checked against the same pin); every later download, and every reuse of the
   cached file, must match it. A file that does not is removed and refused: it is never imported.
 
+- **Bounds**: bytes are counted as they arrive, and the transfer stops at the size the catalogue or the pin gives,
+  else at ``max_bytes`` (``elmo pull --max-download-bytes``, default DEFAULT_MAX_DOWNLOAD_BYTES): a server that
+  sends more, or sends without end and no Content-Length, is cut off and its bytes removed.
+- **Redirects** stay on the origin asked (the same host and port; http may become https), so a mirror or a
+  publisher cannot hand the download, and its pin, to another host.
+
 Every refusal is a DataError (one line, ``elmo pull: error: ...``, exit status 2).
 """
 
@@ -23,6 +29,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +44,7 @@ TIMEOUT_S = 60.0
 USER_AGENT = "elmo-pull/1 (+https://github.com/allenai/bilm-tf compatible importer)"
 PART_SUFFIX = ".part"
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+DEFAULT_MAX_DOWNLOAD_BYTES = 2 << 30  # a file of unknown size: the largest published ELMo weights are 374 MB
 
 
 class Pins:
@@ -115,13 +123,17 @@ def fetch(
     retries: int = 3,
     progress: bool = True,
     retry_wait_s: float = 1.0,
+    max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
 ) -> Fetched:
     """``dest`` complete and checked (size, SHA-256 against the pin; the pin recorded when there is none yet):
-    reused when already in the cache, else downloaded (resuming ``dest.part``). Raises DataError on a refusal, and
-    when another process is fetching the same file (``dest.lock``)."""
+    reused when already in the cache, else downloaded (resuming ``dest.part``), never more than its known size or
+    ``max_bytes``. Raises DataError on a refusal, and when another process is fetching the same file
+    (``dest.lock``)."""
     dest = Path(dest)
+    if max_bytes < 1:
+        raise DataError(f"the download cap must be at least 1 byte (got {max_bytes})")
     with _locked(dest):
-        return _fetch(url, dest, key, pins, size, retries, progress, retry_wait_s)
+        return _fetch(url, dest, key, pins, size, retries, progress, retry_wait_s, max_bytes)
 
 
 @contextlib.contextmanager
@@ -138,16 +150,17 @@ def _locked(dest: Path):
 
 
 def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries: int, progress: bool,
-           retry_wait_s: float) -> Fetched:  # fmt: skip
+           retry_wait_s: float, max_bytes: int) -> Fetched:  # fmt: skip
     pin = pins.get(key)
     expected, why = _expected(size, pin)
+    cap = Cap(expected, why) if expected is not None else Cap(max_bytes, "the download cap (--max-download-bytes) is")
     downloaded = False
     if not dest.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(dest.name + PART_SUFFIX)
         for attempt in range(retries + 1):
             try:
-                _transfer(url, part, expected, why, progress)
+                _transfer(url, part, expected, why, progress, cap)
                 break
             except _Interrupted as exc:
                 have = part.stat().st_size if part.is_file() else 0
@@ -188,8 +201,46 @@ def _check_size(path: Path, expected: int | None, why: str, url: str, cached: bo
     raise DataError(f"{where}: {what}: {actual:,} bytes, {why} {expected:,}: refused and removed, not imported")
 
 
-def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bool) -> None:
-    """One attempt: append the rest of ``url`` to ``part`` (Range from its size), or start over on a 200."""
+@dataclass(frozen=True)
+class Cap:
+    """The most bytes a file may have, and why (for the message)."""
+
+    bytes: int
+    why: str
+
+    def refuse(self, url: str, part: Path) -> DataError:
+        part.unlink(missing_ok=True)
+        return DataError(f"{url}: the server sent more than {self.bytes:,} bytes, {self.why} {self.bytes:,}: "
+                         "refused and cut off, the partial download removed, nothing imported")  # fmt: skip
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to the origin asked (same host and port; http -> https allowed)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        asked, told = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        upgrade = (asked.scheme, told.scheme) in (("http", "https"), ("http", "http"), ("https", "https"))
+        if not upgrade or (asked.hostname, _port(asked)) != (told.hostname, _port(told, asked)):
+            raise DataError(f"{req.full_url}: HTTP {code} redirect to another origin ({newurl}): refused (pull from "
+                            "the publisher's address or --base-url directly)")  # fmt: skip
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _port(parts: urllib.parse.SplitResult, asked: urllib.parse.SplitResult | None = None) -> int | None:
+    """The port, the scheme's default filled in (an http -> https upgrade on default ports keeps "the same port")."""
+    if parts.port is not None:
+        return parts.port
+    if asked is not None and asked.port is None:
+        return _port(asked)
+    return {"http": 80, "https": 443}.get(parts.scheme)
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
+
+
+def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bool, cap: Cap) -> None:
+    """One attempt: append the rest of ``url`` to ``part`` (Range from its size), or start over on a 200; never
+    past ``cap``."""
     offset = part.stat().st_size if part.is_file() else 0
     if expected is not None and offset >= expected:
         if offset == expected:
@@ -200,7 +251,7 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
+        response = _OPENER.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:
             if expected is None:
@@ -220,10 +271,14 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
                 f"{url}: the server offers {total:,} bytes, {why} {expected:,}: refused (a truncated or different "
                 "file), nothing imported"
             )
+        if total is not None and total > cap.bytes:
+            raise DataError(f"{url}: the server offers {total:,} bytes, {cap.why} {cap.bytes:,}: refused before "
+                            "downloading")  # fmt: skip
         with open(part, "ab" if offset else "wb") as out, tqdm(
             total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=part.name[:-5],
             disable=None if progress else True, leave=False,
         ) as bar:  # fmt: skip
+            have = offset
             while True:
                 try:
                     block = response.read(CHUNK)
@@ -231,6 +286,10 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
                     raise _Interrupted(type(exc).__name__) from None
                 if not block:
                     break
+                have += len(block)
+                if have > cap.bytes:  # counted as it arrives: no Content-Length, or one that lies
+                    out.close()
+                    raise cap.refuse(url, part)
                 out.write(block)
                 bar.update(len(block))
     have = part.stat().st_size

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from elmo.export.catalogue import ALLENNLP, CATALOGUE, Entry, markdown_table, resolve_url
-from elmo.export.download import Fetched, Pins, fetch
+from elmo.export.download import DEFAULT_MAX_DOWNLOAD_BYTES, Fetched, Pins, fetch
 from elmo.export.onnx_export import export_model
 
 from elmo.errors import ConfigError, DataError, ElmoError, ModelFileError
@@ -67,18 +67,30 @@ def download(
     base_url: str | None = None,
     retries: int = 3,
     progress: bool = True,
+    max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
 ) -> list[Fetched]:
-    """Every file of ``entry`` in ``cache/NAME/``, checked against its size and pin (recorded on first download)."""
+    """Every file of ``entry`` in ``cache/NAME/``, checked against its size and pin (recorded on first download),
+    none longer than its known size or ``max_bytes``."""
     return [
         fetch(resolve_url(source.url, base_url), cache / entry.name / source.file, f"{entry.name}/{source.file}",
-              pins, source.size, retries=retries, progress=progress)  # fmt: skip
+              pins, source.size, retries=retries, progress=progress, max_bytes=max_bytes)  # fmt: skip
         for source in entry.files
     ]
 
 
+# Python's zipfile guidance on decompression bombs: check what the archive declares before extracting anything.
+# zipfile then stops each member at its declared size. ELMoForManyLangs' zips hold ~ 0.3-1 GB of float weights,
+# which deflate barely compresses (ratio ~1.1; the .dic text files ~4).
+MAX_EXTRACT_BYTES = 8 << 30  # all members together
+MAX_MEMBER_BYTES = 4 << 30
+MAX_RATIO = 100  # uncompressed / compressed, for members over RATIO_FROM bytes
+RATIO_FROM = 1 << 20
+
+
 def extract_zip(archive: Path, into: Path) -> Path:
-    """Extract an ELMoForManyLangs zip into ``into`` (refusing absolute paths, ``..`` and links) and return the model
-    folder in it: the one folder that holds ``char.dic`` (the zip's top level, or one folder down)."""
+    """Extract an ELMoForManyLangs zip into ``into`` (refusing absolute paths, ``..``, links and declared sizes
+    past MAX_EXTRACT_BYTES / MAX_MEMBER_BYTES / MAX_RATIO) and return the model folder in it: the one folder that
+    holds ``char.dic`` (the zip's top level, or one folder down)."""
     into.mkdir(parents=True, exist_ok=True)
     root = into.resolve()
     try:
@@ -87,6 +99,11 @@ def extract_zip(archive: Path, into: Path) -> Path:
                 target = (root / info.filename).resolve()
                 if not target.is_relative_to(root) or (info.external_attr >> 16) & 0o170000 == 0o120000:
                     raise DataError(f"{archive}: unsafe entry {info.filename!r} (outside the folder, or a link)")
+                _check_member_size(archive, info)
+            total = sum(info.file_size for info in handle.infolist())
+            if total > MAX_EXTRACT_BYTES:
+                raise DataError(f"{archive}: its members expand to {total:,} bytes, over the {MAX_EXTRACT_BYTES:,} "
+                                "a model archive may: refused, nothing extracted")  # fmt: skip
             handle.extractall(root)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as exc:
         raise DataError(f"{archive}: not a readable zip ({exc}); remove it to download it again") from None
@@ -94,6 +111,17 @@ def extract_zip(archive: Path, into: Path) -> Path:
     if not folders:
         raise DataError(f"{archive}: no ELMoForManyLangs model folder inside (no char.dic)")
     return folders[0]
+
+
+def _check_member_size(archive: Path, info: zipfile.ZipInfo) -> None:
+    if info.file_size > MAX_MEMBER_BYTES:
+        raise DataError(f"{archive}: member {info.filename!r} expands to {info.file_size:,} bytes, over the "
+                        f"{MAX_MEMBER_BYTES:,} one member may: refused, nothing extracted")  # fmt: skip
+    if info.file_size > RATIO_FROM and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+        ratio = info.file_size / max(info.compress_size, 1)
+        raise DataError(f"{archive}: member {info.filename!r} expands {ratio:,.0f}-fold ({info.compress_size:,} -> "
+                        f"{info.file_size:,} bytes), over {MAX_RATIO}x: a decompression bomb, refused, nothing "
+                        "extracted")  # fmt: skip
 
 
 def build(entry: Entry, files: list[Fetched], pins: Pins, folder: Path, work: Path, threads: int | None) -> None:
@@ -147,6 +175,7 @@ def pull(
     progress: bool = True,
     threads: int | None = None,
     catalogue: dict[str, Entry] | None = None,
+    max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
 ) -> dict:
     """Download, check, import, export and verify the model ``name`` into ``out`` or as the next version in the
     model repository ``model_root`` (under ``repo_name``, default ``name``). Returns the summary printed."""
@@ -161,7 +190,7 @@ def pull(
             raise ConfigError(f"--out {out}: already exists and is not empty; choose a new folder or remove it")
     cache = Path(cache) if cache is not None else default_cache()
     pins = Pins(Path(pins_path) if pins_path is not None else cache / PINS_FILE)
-    files = download(entry, cache, pins, base_url, retries, progress)
+    files = download(entry, cache, pins, base_url, retries, progress, max_download_bytes)
     for f in files:
         how = "downloaded" if f.downloaded else "in the cache"
         log.info("%s: %s, %s bytes, sha256 %s (pin %s)", f.key, how, f"{f.size:,}", f.sha256, f.pinned)
@@ -225,6 +254,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a mirror with the publishers' paths (default ${BASE_URL_ENV}, else the publishers' addresses)",
     )
     parser.add_argument("--retries", type=int, default=3, help="resume a broken transfer this many times in one run")
+    parser.add_argument(
+        "--max-download-bytes",
+        type=int,
+        default=DEFAULT_MAX_DOWNLOAD_BYTES,
+        metavar="N",
+        help="a file whose size neither the catalogue nor a pin gives is cut off and refused past N bytes "
+        f"(default {DEFAULT_MAX_DOWNLOAD_BYTES:,}); a file of known size never past that size",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads for the verification")
 
@@ -237,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("name a model (`elmo pull --list` shows the catalogue), e.g. elmo pull small --out DIR")
     if args.retries < 0:
         raise ConfigError(f"--retries must be 0 or more (got {args.retries})")
+    if args.max_download_bytes < 1:
+        raise ConfigError(f"--max-download-bytes must be at least 1 (got {args.max_download_bytes})")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -244,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
             args.name, out=args.out, model_root=args.model_root, repo_name=args.repo_name, cache=args.cache,
             pins_path=args.pins, base_url=args.base_url or os.environ.get(BASE_URL_ENV) or None,
             retries=args.retries, progress=not args.no_progress, threads=args.threads,
+            max_download_bytes=args.max_download_bytes,
         )  # fmt: skip
     except ModelFileError as exc:  # an import or export refusal: name the model it was pulling
         raise ModelFileError(f"{args.name}: {exc}") from None

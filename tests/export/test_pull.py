@@ -52,6 +52,8 @@ class FixtureServer:
         self.log: list[tuple[str, str | None]] = []
         self.drop_after: dict[str, int] = {}
         self.ignore_range = False  # answer every request with the whole file (200), as some servers do
+        self.endless: dict[str, bool] = {}  # path -> stream bytes without end and without a Content-Length
+        self.redirects: dict[str, str] = {}  # path -> a 302 to this address
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -60,6 +62,14 @@ class FixtureServer:
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 owner.log.append((self.path, self.headers.get("Range")))
+                if self.path in owner.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", owner.redirects[self.path])
+                    self.end_headers()
+                    return
+                if self.path in owner.endless:
+                    self.stream_without_end()
+                    return
                 data = owner.files.get(self.path)
                 if data is None:
                     self.send_error(404)
@@ -86,6 +96,17 @@ class FixtureServer:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 self.wfile.write(data[start:])
+
+            def stream_without_end(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+                block = b"\0" * 65536
+                try:
+                    for _ in range(1 << 16):  # 4 GiB at most, should the client never stop
+                        self.wfile.write(block)
+                except OSError:  # the client cut it off: what should happen
+                    pass
+                self.close_connection = True
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -310,3 +331,69 @@ def test_a_zip_with_an_unsafe_path_is_refused(tmp_path):
     with pytest.raises(DataError, match="unsafe entry '../escape.txt'"):
         extract_zip(archive, tmp_path / "into")
     assert not (tmp_path / "escape.txt").exists()
+
+
+# -- bounds: downloads, redirects, archives (issue 39) -------------------------------------------------------------
+@pytest.mark.parametrize("size, cap", [(None, "300,000"), (1000, "1,000")], ids=["unknown-size", "known-size"])
+def test_an_endless_download_is_cut_off_at_the_cap(server, tmp_path, size, cap):
+    """No Content-Length and no end: cut off at the size the catalogue gives, else at the download cap."""
+    from elmo.export.download import fetch
+
+    server.endless["/endless.bin"] = True
+    dest = tmp_path / "cache" / "endless.bin"
+    with pytest.raises(DataError, match=f"sent more than {cap} bytes") as refused:
+        fetch(f"{server.url}/endless.bin", dest, "x/endless.bin", Pins(tmp_path / "pins.json"), size, retries=0,
+              progress=False, max_bytes=300_000)  # fmt: skip
+    assert "\n" not in str(refused.value) and "cut off" in str(refused.value)
+    assert not dest.exists() and not dest.with_name("endless.bin.part").exists()
+    assert not (tmp_path / "pins.json").exists()  # nothing pinned
+
+
+def test_a_redirect_to_another_origin_is_refused(server, tmp_path):
+    from elmo.export.download import fetch
+
+    other = FixtureServer()  # another port: another origin
+    try:
+        other.files["/w.bin"] = b"w" * 100
+        server.redirects["/w.bin"] = f"{other.url}/w.bin"
+        server.redirects["/same.bin"] = f"{server.url}/v.bin"
+        server.files["/v.bin"] = b"v" * 100
+        pins = Pins(tmp_path / "pins.json")
+        with pytest.raises(DataError, match="HTTP 302 redirect to another origin .*: refused"):
+            fetch(f"{server.url}/w.bin", tmp_path / "cache" / "w.bin", "x/w.bin", pins, None, retries=0, progress=False)
+        assert other.log == [] and pins.get("x/w.bin") is None
+        same = fetch(f"{server.url}/same.bin", tmp_path / "cache" / "same.bin", "x/same.bin", pins, None, retries=0,
+                     progress=False)  # fmt: skip
+        assert same.path.read_bytes() == b"v" * 100  # a redirect on the same origin is followed
+    finally:
+        other.close()
+
+
+def test_the_download_cap_is_a_pull_flag(tmp_path, capsys):
+    assert elmo_main(["pull", "small", "--out", str(tmp_path / "m"), "--max-download-bytes", "0"]) == 2
+    assert "--max-download-bytes must be at least 1" in capsys.readouterr().err
+
+
+def test_a_zip_bomb_is_refused_before_anything_is_extracted(tmp_path):
+    archive = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as handle:
+        handle.writestr("char.dic", "a\t0\n")
+        handle.writestr("encoder.pkl", b"\0" * (64 << 20))  # 64 MiB of zeros deflate to ~64 KB
+    assert archive.stat().st_size < 1 << 20
+    with pytest.raises(DataError, match=r"member 'encoder.pkl' expands [\d,]+-fold .* a decompression bomb"):
+        extract_zip(archive, tmp_path / "into")
+    assert not (tmp_path / "into" / "char.dic").exists()
+
+
+def test_an_archive_over_the_total_or_member_size_is_refused(tmp_path, monkeypatch):
+    archive = tmp_path / "big.zip"
+    with zipfile.ZipFile(archive, "w") as handle:  # stored: no compression ratio to trip on
+        for name in ("char.dic", "a.pkl", "b.pkl"):
+            handle.writestr(name, b"x" * 4000)
+    monkeypatch.setattr(pull_module, "MAX_EXTRACT_BYTES", 10_000)
+    with pytest.raises(DataError, match="its members expand to 12,000 bytes, over the 10,000"):
+        extract_zip(archive, tmp_path / "into")
+    monkeypatch.setattr(pull_module, "MAX_MEMBER_BYTES", 3_000)
+    with pytest.raises(DataError, match="member 'char.dic' expands to 4,000 bytes, over the 3,000 one member may"):
+        extract_zip(archive, tmp_path / "into2")
+    assert not any((tmp_path / "into").iterdir()) and not any((tmp_path / "into2").iterdir())
