@@ -452,6 +452,7 @@ def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tu
     graphs = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE)
     names = (*scheme_files, ONNX_DATA_FILE, *graphs, PROBE_FILE, ONNX_META_FILE)
     for name in names:
+        (staging / name).chmod(0o644)  # readable by the serving user whatever the umask (repository.readable_by_all)
         os.replace(staging / name, out / name)
     if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
         for name in (CONFIG_FILE, VOCAB_FILE):

@@ -189,6 +189,7 @@ def publishing(root: Path, name: str) -> Iterator[Publication]:
         reason = incomplete_reason(publication.folder)
         if reason is not None:
             raise ModelFileError(f"not a complete export, nothing was published to {model_dir}: {reason}")
+        readable_by_all(publication.folder)
         _sync_tree(publication.folder)
         publication.version = _rename_to_next_version(publication.folder, model_dir)
         publication.path = model_dir / str(publication.version)
@@ -204,6 +205,16 @@ def publish_copy(source: Path, root: Path, name: str,
     with publishing(root, name) as publication:
         shutil.copytree(source, publication.folder, ignore=ignore, dirs_exist_ok=True, symlinks=False)
     return publication
+
+
+def readable_by_all(folder: Path) -> None:
+    """Folders 0755 and files 0644 below ``folder``, set explicitly: a model written by root (or under umask 077) is
+    served by another user (the image's), who must read it; nothing in a model needs to be secret or executable."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        if path.is_symlink():
+            continue
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _make_incoming(model_dir: Path) -> Path:

@@ -173,3 +173,18 @@ def test_a_checkpoint_stored_in_fp16_exports_half_the_bytes_exactly(tmp_path):
     assert sizes["half"] < 0.6 * sizes["full"]
     meta = json.loads((tmp_path / "half" / "onnx.json").read_text())
     assert meta["dtype"] == "float32" and meta["verification"]["max_abs_error"] <= 1e-5
+
+
+def test_exported_files_are_readable_by_every_user_whatever_the_umask(unexported_model):
+    """An export made by root under umask 077 is served by another user: its files are 0644, set explicitly."""
+    import os
+    import stat
+
+    old = os.umask(0o077)
+    try:
+        onnx_export.export_model(unexported_model, threads=1)
+    finally:
+        os.umask(old)
+    for name in ("model.onnx", "encoder.onnx", "context.onnx", "context_fused.onnx", "model.onnx.data", "probe.bin",
+                 "onnx.json"):  # fmt: skip
+        assert stat.S_IMODE((unexported_model / name).stat().st_mode) == 0o644, name

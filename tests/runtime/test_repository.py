@@ -161,12 +161,24 @@ def test_publishing_numbers_versions_one_more_than_the_highest(tiny_model_dir, t
     assert scan(root) == {"tiny": [1, 3, 8]}
 
 
-def test_a_published_version_is_as_readable_as_a_plain_folder(tmp_path):
-    # tempfile.mkdtemp makes 0700 folders: a server running as another user could not read the version
-    publication = publish_copy(fake_export(tmp_path / "export"), tmp_path / "root", "m")
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    assert stat.S_IMODE(publication.path.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
+def test_a_published_version_is_readable_by_every_user_whatever_the_umask(tmp_path):
+    """tempfile.mkdtemp makes 0700 folders, a umask of 077 0600 files: a server running as another user (the
+    image's) could not read the version. The modes are set explicitly: folders 0755, files 0644."""
+    source = fake_export(tmp_path / "export")
+    (source / "tasks").mkdir()
+    (source / "tasks" / "pos.json").write_text("{}")
+    old = os.umask(0o077)
+    try:
+        for path in source.rglob("*"):
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        publication = publish_copy(source, tmp_path / "root", "m")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(publication.path.stat().st_mode) == 0o755
+    modes = {p.relative_to(publication.path).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in publication.path.rglob("*")}  # fmt: skip
+    assert modes["tasks"] == 0o755 and modes["tasks/pos.json"] == 0o644 and modes["model.onnx.data"] == 0o644
+    assert set(modes.values()) == {0o755, 0o644}
 
 
 def test_an_error_while_writing_publishes_nothing(tiny_model_dir, tmp_path):
