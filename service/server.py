@@ -146,6 +146,8 @@ class ElmoServer:
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
         self.state = ServerState()
+        self._warmed = False  # warm_up done: from then on health follows what is loaded (_health_follows_models)
+        self._health_updates: set[asyncio.Task] = set()
         self.core = RequestCore(self.registry, limits, self.state)
         self.manager = None
         if repository is not None:
@@ -155,6 +157,7 @@ class ElmoServer:
                 repository.root, self.registry, limits, metrics, repository.open_runtime,
                 poll_interval_s=repository.poll_interval_s, keep_versions=repository.keep_versions,
                 max_memory=repository.max_memory, release_timeout_s=repository.release_timeout_s,
+                on_change=self._health_follows_models,
             )  # fmt: skip
             self.core.manager = self.manager
         if admin_token and self.manager is None:
@@ -202,7 +205,23 @@ class ElmoServer:
         self._cut_delay = asyncio.Event()  # a second SIGTERM/SIGINT during --shutdown-delay
 
     def _serving(self) -> bool:
-        return all(model.ready for model in self.registry)
+        """Ready to take requests: at least one model loaded (a repository may have none) and each warmed up."""
+        return bool(self.registry.models) and all(model.ready for model in self.registry)
+
+    def _health_follows_models(self) -> None:
+        """After warm-up, a version loaded or released under --model-root flips gRPC health to what is loaded now:
+        NOT_SERVING while no model is, SERVING again once one is (the drain and --shutdown-delay keep theirs)."""
+        if not self._warmed or self.state.draining or self.state.leaving:
+            return
+        answer = health_pb2.HealthCheckResponse
+        status = answer.SERVING if self._serving() else answer.NOT_SERVING
+        task = asyncio.get_running_loop().create_task(self._set_health(status))
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
+
+    async def _set_health(self, status: int) -> None:
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, status)
 
     async def start(self) -> int:
         """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
@@ -247,15 +266,16 @@ class ElmoServer:
         every model loaded, checked and warmed up, then polling starts); then SERVING."""
         if self.manager is not None:
             await self.manager.start()
-            if not self.registry.models:
-                log.warning("no model version under %s could be loaded: serving none until one is published or "
-                            "loaded through the admin API", self.manager.root)  # fmt: skip
         for model in self.registry:
             if not model.ready:
                 await model.warm_up()
             self.metrics.ready.labels(model.name).set(1)
-        for service in HEALTH_SERVICES:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._warmed = True
+        if not self.registry.models:  # a repository with nothing loadable: up (admin API, polling), not healthy
+            log.warning("no model version under %s could be loaded: health NOT_SERVING until one is published or "
+                        "loaded through the admin API", self.manager.root if self.manager else "--model")  # fmt: skip
+            return
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
 
     def request_drain(self) -> None:

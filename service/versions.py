@@ -129,7 +129,10 @@ class ModelManager:
         keep_versions: int = 1,
         max_memory: int | None = None,
         release_timeout_s: float = 60.0,
+        on_change: Callable[[], None] | None = None,
     ):
+        """``on_change``: called (on the event loop) after a version is added to or taken out of the registry: the
+        server's health follows what is loaded."""
         if keep_versions < 1:
             raise ConfigError(f"--keep-versions {keep_versions}: keep at least 1 (the latest)")
         if poll_interval_s < 0:
@@ -144,6 +147,7 @@ class ModelManager:
         self.keep_versions = keep_versions
         self.max_memory = max_memory
         self.release_timeout_s = release_timeout_s
+        self.on_change = on_change or (lambda: None)
         self.records: dict[tuple[str, int], VersionRecord] = {}
         self.pinned: dict[str, set[int]] = {}  # loaded by number through the admin API: kept loaded
         self.excluded: dict[str, set[int]] = {}  # unloaded by number through the admin API: not loaded again
@@ -288,6 +292,7 @@ class ModelManager:
             )  # fmt: skip
         record.model, record.state = model, pb.VERSION_READY
         replaced = self.registry.add_version(model)
+        self.on_change()
         self.metrics.model_loads.labels(name).inc()
         self.metrics.ready.labels(name).set(1)
         if self.registry.models.get(name) is model:
@@ -316,6 +321,7 @@ class ModelManager:
         assert model is not None
         record.state = pb.VERSION_UNLOADING
         self.registry.remove_version(model)
+        self.on_change()
         serving = self.registry.models.get(record.name)
         if serving is not None:
             self.metrics.serving_version.labels(record.name).set(serving.number)

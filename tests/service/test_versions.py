@@ -346,6 +346,36 @@ def test_a_version_that_fails_its_load_time_check_is_not_swapped_in(tiny_model_d
         server.stop()
 
 
+def test_health_says_not_serving_while_no_model_is_loaded(tiny_model_dir, tmp_path):
+    """A repository with nothing loadable: the server is up (admin API, polling) but not healthy, on both doors; a
+    version that loads makes it SERVING, unloading the last one NOT_SERVING again."""
+    root = tmp_path / "models"
+    broken_copy(tiny_model_dir, root / "default" / "1")
+    server = repository_server(root, admin_token=ADMIN)
+    try:
+        with EmbedderClient(server.target) as client:
+            assert client.health() == "NOT_SERVING" and client.health("elmo.v1.Embedder") == "NOT_SERVING"
+            assert http_status(server, "/health") == 503
+            publish_copy(tiny_model_dir, root, "default")  # version 2
+            server.call(server.server.manager.reconcile())
+            wait_for(lambda: client.health() == "SERVING")
+            assert http_status(server, "/health") == 200 and embed(server).model_version == 2
+            status, _, _ = http(server, "/admin/models/default/unload", {}, token=ADMIN)
+            assert status == 200
+            wait_for(lambda: client.health() == "NOT_SERVING")
+            assert http_status(server, "/health") == 503
+    finally:
+        server.stop()
+
+
+def http_status(server: ServerThread, path: str) -> int:
+    try:
+        with urllib.request.urlopen(server.http_url + path, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def test_at_start_a_broken_latest_version_falls_back_to_the_one_before(tiny_model_dir, tmp_path):
     root = tmp_path / "models"
     publish_copy(tiny_model_dir, root, "default")
