@@ -62,12 +62,23 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class TextLogFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, one record per line: control characters in the message (a client's model name
+    with a newline) are escaped, so no input can forge a log line; a traceback keeps its own lines."""
+
+    CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if c != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = record.message.translate(self.CONTROL)
+        return super().formatMessage(record)
+
+
 def configure_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
-    if fmt == "json":
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLogFormatter() if fmt == "json" else TextLogFormatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler], force=True)
 
 

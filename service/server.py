@@ -508,11 +508,34 @@ def _tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
     return TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
 
 
+def token_from(flag: str | None, env: str, name: str) -> str | None:
+    """The flag's token, else the environment's; None when neither is set. An empty or blank one is refused: it is
+    what an unset shell variable gives (``--auth-token "$TOKEN"``), and serving open then would be silent."""
+    source, value = (name, flag) if flag is not None else (f"${env}", os.environ.get(env))
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{source} is empty (an unset variable?): give a token, or leave it out to serve "
+                          f"{'without the admin API' if 'admin' in name else 'open'}")  # fmt: skip
+    return value
+
+
+def warn_plaintext_admin(host: str, admin_token: str | None, tls: TlsFiles | None) -> None:
+    """The admin token loads and unloads models: sent in clear text to a non-loopback address, anyone on the path
+    can read it. Said once at start (the operator may have a TLS proxy in front)."""
+    if admin_token and tls is None and host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("--admin-token on %s over plaintext: the admin token crosses the network in clear text; serve "
+                    "with --tls-cert/--tls-key, bind 127.0.0.1, or put a TLS proxy in front", host)  # fmt: skip
+
+
 async def serve(args: argparse.Namespace) -> int:
     limits = limits_from_args(args)
     tls = _tls_from_args(args)
     aliases = dict(parse_alias(value) for value in args.model_alias)
     metrics = ServiceMetrics()
+    auth_token = token_from(args.auth_token, AUTH_TOKEN_ENV, "--auth-token")
+    admin_token = token_from(args.admin_token, ADMIN_TOKEN_ENV, "--admin-token")
+    warn_plaintext_admin(args.host, admin_token, tls)
     # before the models load: a taken port fails in a second, and with one line (see check_port_free)
     check_port_free(args.host, args.port)
     check_port_free(args.host, args.http_port, " for HTTP")
@@ -526,12 +549,12 @@ async def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         tls=tls,
-        auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV) or None,
+        auth_token=auth_token,
         http_port=args.http_port,
         aliases=aliases,
         normalize=args.normalize,
         repository=repository,
-        admin_token=args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,
+        admin_token=admin_token,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,7 +2,7 @@ import json
 import logging
 import sys
 
-from elmo.cli import JsonLogFormatter, main
+from elmo.cli import JsonLogFormatter, TextLogFormatter, main
 
 
 def test_usage_lists_every_command(capsys):
@@ -22,6 +22,21 @@ def test_json_log_lines_are_one_object_each():
     entry = json.loads(JsonLogFormatter().format(record))
     assert entry["level"] == "INFO" and entry["logger"] == "service.batcher"
     assert entry["message"] == "batch of 3 sentences"
+
+
+def test_text_log_lines_cannot_be_forged_by_input():
+    """A client's model name with a newline must not start a new, fake log line (the json format escapes by itself)."""
+    name = "default\n2026-12-03 12:00:00,000 ERROR service.admin: admin token accepted\r\x1b[2J"
+    record = logging.LogRecord("service.core", logging.WARNING, __file__, 1, "unknown model %r, %s", (1, name), None)
+    line = TextLogFormatter().format(record)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert line.endswith("unknown model 1, default\\n2026-12-03 12:00:00,000 ERROR service.admin: admin token "
+                         "accepted\\r\\x1b[2J")  # fmt: skip
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert "\nTraceback (most recent call last):" in TextLogFormatter().format(failed)  # a traceback keeps its lines
 
 
 def test_library_errors_print_one_line_not_a_traceback(tmp_path, capsys):

@@ -82,6 +82,16 @@ def _bad_command_lines(model: Path, tmp: Path) -> dict[str, tuple[list[str], str
             ["--model", str(model), "--switch-interval-ms", "0"],
             "elmo serve: error: limit --switch-interval-ms must be in (0, 1000] (got 0.0)",
         ),
+        "--auth-token empty (an unset variable)": (
+            ["--model", str(model), "--auth-token", ""],
+            "elmo serve: error: --auth-token is empty (an unset variable?): give a token, or leave it out to serve "
+            "open",
+        ),
+        "--admin-token blank": (
+            ["--model", str(model), "--admin-token", "  "],
+            "elmo serve: error: --admin-token is empty (an unset variable?): give a token, or leave it out to serve "
+            "without the admin API",
+        ),
         "TLS files missing": (
             ["--model", str(model), "--tls-cert", str(missing_cert), "--tls-key", str(missing_key)],
             f"elmo serve: error: {missing_cert}: TLS file not found",
@@ -196,3 +206,22 @@ def test_a_taken_port_is_one_error_line_and_exit_2(tiny_model_dir: Path, tmp_pat
     expected = f"elmo serve: error: cannot listen{what} on 127.0.0.1:{port}: the port is in use (stop what listens "
     expected += "there or pick another port)"
     assert finished.stderr.splitlines() == [expected]
+
+
+def test_an_empty_token_in_the_environment_is_refused_and_a_plaintext_admin_token_warned(monkeypatch, caplog):
+    from elmo.service.server import TlsFiles, token_from, warn_plaintext_admin
+
+    from elmo.errors import ConfigError
+
+    monkeypatch.setenv(AUTH_ENV, "")
+    with pytest.raises(ConfigError, match=r"\$ELMO_AUTH_TOKEN is empty \(an unset variable\?\)"):
+        token_from(None, AUTH_ENV, "--auth-token")
+    monkeypatch.delenv(AUTH_ENV)
+    assert token_from(None, AUTH_ENV, "--auth-token") is None and token_from("t", AUTH_ENV, "--auth-token") == "t"
+    with caplog.at_level("WARNING", logger="service.server"):
+        warn_plaintext_admin("127.0.0.1", "admin", None)  # loopback: nothing to say
+        warn_plaintext_admin("0.0.0.0", "admin", TlsFiles(Path("c"), Path("k")))  # TLS: nothing to say
+        assert caplog.records == []
+        warn_plaintext_admin("0.0.0.0", "admin", None)
+    (record,) = caplog.records
+    assert "--admin-token on 0.0.0.0 over plaintext" in record.getMessage()
