@@ -263,7 +263,8 @@ class ElmoServer:
 
     async def warm_up(self) -> None:
         """A real forward pass per model through its batcher (under --model-root: the latest complete version of
-        every model loaded, checked and warmed up, then polling starts); then SERVING."""
+        every model loaded, checked and warmed up, then polling starts); then SERVING, or NOT_SERVING while a
+        repository has no model loaded (health then follows the versions as they load: _health_follows_models)."""
         if self.manager is not None:
             await self.manager.start()
         for model in self.registry:
@@ -273,7 +274,7 @@ class ElmoServer:
         self._warmed = True
         if not self.registry.models:  # a repository with nothing loadable: up (admin API, polling), not healthy
             log.warning("no model version under %s could be loaded: health NOT_SERVING until one is published or "
-                        "loaded through the admin API", self.manager.root if self.manager else "--model")  # fmt: skip
+                        "loaded through the admin API", self.manager.root if self.manager else "")  # fmt: skip
             return
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
