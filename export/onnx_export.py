@@ -78,6 +78,7 @@ def export_bound(fp16: bool, max_error: float | None = None) -> ErrorBound:
     return replace(FP16_BOUND if fp16 else FP32_BOUND, override=max_error)
 
 
+FP16_MAX = float(np.finfo(np.float16).max)
 # Tensors at least this big go to the shared data file; small ones stay inline.
 EXTERNAL_THRESHOLD = 1024
 STAGING = ".export-staging"
@@ -257,7 +258,7 @@ def store_exact_fp16(graph: onnx.ModelProto | onnx.GraphProto) -> int:
         if tensor.data_type != onnx.TensorProto.FLOAT:
             continue
         array = numpy_helper.to_array(tensor)
-        if array.nbytes < EXTERNAL_THRESHOLD:
+        if array.nbytes < EXTERNAL_THRESHOLD or not np.all(np.abs(array) <= FP16_MAX):  # beyond: not fp16 numbers
             continue
         half = array.astype(np.float16)
         if not np.array_equal(half.astype(np.float32), array):
