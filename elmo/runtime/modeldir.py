@@ -29,6 +29,7 @@ ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
 ONNX_META_FILE = "onnx.json"
 FORMAT_VERSION = 2  # 2: context graphs take (table, index, lengths); 1 took (tokens, lengths)
 
+MAX_META_BYTES = 16 << 20  # onnx.json: ~15 KB for a real export; a 200 MB one blocked the admin index for 2 s
 _REQUIRED_META = ("format_version", "graph", "n_layers", "dim", "projection_dim", "cell_dim", "char_scheme", "dtype")
 
 
@@ -72,6 +73,9 @@ def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> 
     path = directory / ONNX_META_FILE
     if not path.is_file():
         raise ModelFileError(f"{path}: export metadata not found (run `elmo export --model {directory}`)")
+    if path.stat().st_size > MAX_META_BYTES:
+        raise ModelFileError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_META_BYTES:,} an export's "
+                             "metadata may have: refused unread")  # fmt: skip
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo.errors import ConfigError, ModelFileError
-from elmo.runtime.modeldir import ONNX_FILE, ONNX_META_FILE, member_file
+from elmo.runtime.modeldir import MAX_META_BYTES, ONNX_FILE, ONNX_META_FILE, member_file
 
 VERSION_PATTERN = re.compile(r"[1-9][0-9]{0,8}")  # 1, 2, ... (no leading zeros: one folder per number)
 MAX_VERSION = 999_999_999
@@ -76,7 +76,10 @@ def check_model_name(name: str) -> str:
 
 
 def _read_meta(folder: Path) -> dict | None:
+    """onnx.json as a dict; None when missing, unreadable, not an object, or larger than any export's (unread)."""
     try:
+        if (folder / ONNX_META_FILE).stat().st_size > MAX_META_BYTES:
+            return None
         meta = json.loads((folder / ONNX_META_FILE).read_text())
     except (OSError, ValueError):
         return None
@@ -95,7 +98,8 @@ def incomplete_reason(folder: Path) -> str | None:
     names, its weights file at the recorded size, a passed verification. Cheap (no hashing): a poller calls it."""
     meta = _read_meta(folder)
     if meta is None:
-        return f"{folder / ONNX_META_FILE}: missing or not a JSON object (run `elmo export`)"
+        where = folder / ONNX_META_FILE
+        return f"{where}: missing or not a JSON object (or over {MAX_META_BYTES:,} bytes; run `elmo export`)"
     graphs = meta.get("graphs")
     names = {ONNX_FILE, *(graphs.values() if isinstance(graphs, dict) else ())}
     try:  # each a regular file inside the folder: a symlink or a path could make any host file "complete"

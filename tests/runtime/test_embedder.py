@@ -262,6 +262,14 @@ def _relink(path) -> None:
     path.symlink_to(outside)
 
 
+def test_an_oversized_onnx_json_is_refused_unread(model_copy, monkeypatch):
+    import elmo.runtime.modeldir as modeldir
+
+    monkeypatch.setattr(modeldir, "MAX_META_BYTES", 1000)
+    with pytest.raises(ModelFileError, match=r"onnx.json: [\d,]+ bytes, over the 1,000 an export's metadata may"):
+        Embedder(model_copy, providers=[CPU])
+
+
 def test_missing_weight_data_names_the_file(model_copy):
     (model_copy / "model.onnx.data").unlink()
     with pytest.raises(ModelFileError, match="model.onnx.data: the graphs' weight file is missing"):

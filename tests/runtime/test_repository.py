@@ -266,3 +266,15 @@ def _publish_in_chunks(source: Path, root: Path, name: str) -> int:
 
 def _publish_three(source: str, root: str, name: str) -> list[int]:
     return [_publish_in_chunks(Path(source), Path(root), name) for _ in range(3)]
+
+
+def test_an_oversized_onnx_json_is_not_read(tmp_path, monkeypatch):
+    """A 200 MB onnx.json once blocked the admin index (and the event loop) for 2 s: past the cap it is not read."""
+    import elmo.runtime.repository as repository
+
+    folder = fake_export(tmp_path / "models" / "default" / "1")
+    monkeypatch.setattr(repository, "MAX_META_BYTES", 100)
+    meta = json.loads((folder / "onnx.json").read_text())
+    meta["padding"] = "x" * 200
+    (folder / "onnx.json").write_text(json.dumps(meta))
+    assert "over 100 bytes" in incomplete_reason(folder) and complete_versions(tmp_path / "models" / "default") == []
