@@ -61,7 +61,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` that only aborts (so streaming RPCs fail cleanly too)."""
+    """A handler that only aborts, with ``handler``'s response kind and (de)serializers, always *request-streaming*:
+    gRPC starts a unary-request handler only once the request message is whole, so a refused caller who never
+    finishes its message would hold the call (and one of --max-concurrent-rpcs) unanswered; a streaming one starts
+    at the headers, and the refusal goes out before a byte of the message is read."""
 
     async def abort(request_or_iterator, context):
         await context.abort(code, message)
@@ -71,11 +74,7 @@ def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
         yield  # pragma: no cover - makes this an async generator
 
     kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(abort, **kwargs)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(abort_stream, **kwargs)
-    if handler.stream_unary:
+    if handler.unary_unary or handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(abort, **kwargs)
     return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
 

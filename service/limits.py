@@ -14,9 +14,10 @@ from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
-TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout")
+TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout", "grpc_idle_timeout")
 # the others must be positive
-NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "shutdown_delay", "window_overlap", "express_tokens")
+NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "shutdown_delay", "window_overlap", "express_tokens",
+                "grpc_connection_age")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class Limits:
     )
     # -- server --------------------------------------------------------------------------------------------------
     max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
+    # -- gRPC connections: one peer must not hold the whole server (half-sent calls, idle streams) ---------------
+    max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: RPCs open at once per connection
+    grpc_idle_timeout: float = 300.0  # a gRPC connection with no RPC for this long is closed (GOAWAY)
+    grpc_connection_age: float = 3600.0  # a connection this old is closed, its RPCs given 30 s more (0 = never)
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     # SIGTERM: seconds of NOT_SERVING health while requests are still answered (a balancer's checks take the
     # replica out first), then the drain
@@ -113,6 +118,11 @@ _HELP = {
     "express_tokens": "requests of at most this many tokens may run on one extra runtime worker while all others "
     "are busy, so that they never wait behind long ones (0 = no express worker)",
     "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
+    "max_streams_per_connection": "RPCs one gRPC connection may have open at once (HTTP/2 max concurrent streams): "
+    "a peer holding calls it never finishes sending holds at most this many, not --max-concurrent-rpcs",
+    "grpc_idle_timeout": "seconds a gRPC connection with no RPC open stays up before the server closes it",
+    "grpc_connection_age": "seconds after which the server closes a gRPC connection (GOAWAY; its RPCs get 30 s more; "
+    "clients reconnect): whatever a connection holds is held for at most this long (0 = no age limit)",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "shutdown_delay": "on SIGTERM, seconds the server keeps answering while its health checks (gRPC health, GET "
     "/health) say NOT_SERVING, so that a load balancer takes it out of rotation before it refuses anything; set it "
