@@ -165,6 +165,24 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 
 
 
+CONNECTION_AGE_GRACE_S = 30.0  # a connection closed for its age gives its RPCs this long to finish
+
+
+def grpc_connection_options(limits: Limits) -> list[tuple[str, int]]:
+    """gRPC core's per-connection bounds (issue 39: one connection of half-sent calls held every one of
+    --max-concurrent-rpcs, gRPC health included): streams open at once, idle and age limits."""
+    options = [
+        ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
+        ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout * 1000)),
+    ]
+    if limits.grpc_connection_age > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(limits.grpc_connection_age * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
+        ]
+    return options
+
+
 def human_bytes(n: int) -> str:
     """A byte count as people read it in a message: 1.5 GiB, 64.0 MiB, 12.0 KiB, 300 bytes."""
     for unit, size in (("GiB", 1024 * MIB), ("MiB", MIB), ("KiB", 1024)):
@@ -173,4 +191,4 @@ def human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-__all__ = ["MIB", "Limits", "add_limit_arguments", "human_bytes", "limits_from_args"]
+__all__ = ["MIB", "Limits", "add_limit_arguments", "grpc_connection_options", "human_bytes", "limits_from_args"]

@@ -41,7 +41,7 @@ from elmo.service import switching
 from elmo.service.core import RequestCore, ServerState
 from elmo.service.errors import ServiceError
 from elmo.service.interceptors import HEALTH_PREFIX, AuthInterceptor, ObserverInterceptor
-from elmo.service.limits import Limits, add_limit_arguments, limits_from_args
+from elmo.service.limits import Limits, add_limit_arguments, grpc_connection_options, limits_from_args
 from elmo.service.metrics import ServiceMetrics
 from elmo.service.models import ModelRegistry, ServedModel, parse_alias, serve_model
 from elmo.service.observe import RequestObserver
@@ -176,7 +176,7 @@ class ElmoServer:
                 ("grpc.max_receive_message_length", limits.max_message_bytes),
                 ("grpc.max_send_message_length", limits.max_response_bytes + 1024 * 1024),
                 ("grpc.so_reuseport", 0),
-                *connection_options(limits),
+                *grpc_connection_options(limits),
             ],
         )
         self.servicer = EmbedderServicer(self.core)
@@ -508,24 +508,6 @@ def _tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
     return TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert else None
-
-
-CONNECTION_AGE_GRACE_S = 30.0  # a connection closed for its age gives its RPCs this long to finish
-
-
-def connection_options(limits: Limits) -> list[tuple[str, int]]:
-    """gRPC core's per-connection bounds (issue 39: one connection of half-sent calls held every one of
-    --max-concurrent-rpcs, gRPC health included): streams open at once, idle and age limits."""
-    options = [
-        ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
-        ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout * 1000)),
-    ]
-    if limits.grpc_connection_age > 0:
-        options += [
-            ("grpc.max_connection_age_ms", int(limits.grpc_connection_age * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
-        ]
-    return options
 
 
 def token_from(flag: str | None, env: str, name: str) -> str | None:
