@@ -235,9 +235,6 @@ def _port(parts: urllib.parse.SplitResult, asked: urllib.parse.SplitResult | Non
     return {"http": 80, "https": 443}.get(parts.scheme)
 
 
-_OPENER = urllib.request.build_opener(_SameOrigin)
-
-
 def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bool, cap: Cap) -> None:
     """One attempt: append the rest of ``url`` to ``part`` (Range from its size), or start over on a 200; never
     past ``cap``."""
@@ -251,7 +248,8 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
-        response = _OPENER.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
+        opener = urllib.request.build_opener(_SameOrigin)  # per call: the proxy settings of the environment now
+        response = opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:
             if expected is None:
