@@ -223,9 +223,6 @@ def compare(
     report = VerificationReport(bound=bound, dtype=dtype)
     for ref in refs:
         name = f"{label}: {ref.name}"
-        if (why := unjudgeable(ref)) is not None:
-            report.failures.append(f"{name}: {why}")
-            continue
         try:
             got = embed(ref.sentences)
         except Exception as exc:  # an onnxruntime failure is a verification failure, reported as such
@@ -273,6 +270,10 @@ def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dt
 
     scheme = load_char_scheme(directory)  # the folder's char scheme (export copies its files in)
     refs = references(model, verification_cases(), scheme)
+    # judged once, before any graph runs: a case no float export can match fails the export whatever the graphs say
+    unfit = [f"{ref.name}: {why}" for ref in refs if (why := unjudgeable(ref)) is not None]
+    if unfit:
+        return VerificationReport(bound=bound, dtype=dtype, failures=unfit)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU])

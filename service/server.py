@@ -226,8 +226,7 @@ class ElmoServer:
 
     async def start(self) -> int:
         """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
-        for service in HEALTH_SERVICES:
-            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.host}:{self.port}"
         check_port_free(self.host, self.port)
         try:
@@ -296,8 +295,7 @@ class ElmoServer:
             log.info("leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay), then the "
                      "drain", delay)  # fmt: skip
             self.state.leaving = True
-            for service in HEALTH_SERVICES:
-                await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._cut_delay.wait(), timeout=delay)
         await self.drain()

@@ -29,7 +29,7 @@ import numpy as np
 
 from elmo.errors import ModelFileError
 from elmo.runtime.host import host_summary
-from elmo.runtime.modeldir import member_file
+from elmo.runtime.modeldir import ONNX_META_FILE, member_file
 
 log = logging.getLogger("elmo.runtime")
 
@@ -69,7 +69,7 @@ class ProbeResult:
 # -- reading ------------------------------------------------------------------------------------------------------
 def read_probe(directory: Path, meta: dict) -> Probe:
     """The probe ``onnx.json`` declares, its file checked (name inside the folder, size, sha256) before use."""
-    where = directory / "onnx.json"
+    where = directory / ONNX_META_FILE
     spec = meta.get("probe")
     if not isinstance(spec, dict):
         raise ModelFileError(
