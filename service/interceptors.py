@@ -1,16 +1,19 @@
 """Cross-cutting concerns as grpc.aio server interceptors: bearer-token auth and per-RPC observation, both the
-shared implementations of service.observe (HTTP uses the same), adapted to gRPC's handlers and status codes.
+shared implementations of service.observe (HTTP uses the same), adapted to gRPC's handlers and status codes; and
+the call gate, which bounds what one call and one peer can hold (:class:`CallGate`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 
 import grpc
 import grpc.aio
 from elmo.service.errors import ServiceError, grpc_code
 from elmo.service.observe import BearerToken, Observation, RequestObserver
+from elmo.service.shares import Shares, peer_address
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 CLIENT_FAULT_CODES = {
@@ -191,4 +194,124 @@ def _observed(handler, start, finish) -> grpc.RpcMethodHandler:
     return make(writing, **kwargs)
 
 
-__all__ = ["AuthInterceptor", "ObserverInterceptor"]
+class CallGate(grpc.aio.ServerInterceptor):
+    """Every call's request read against a clock, and every call but health checks counted in bounded shares.
+
+    gRPC starts a unary-request handler only once its message is whole, so a call whose message never completes
+    would be held unanswered, unseen by any handler, until its connection closes. Here every handler is served as
+    a *request-streaming* one (the wire format is the same, clients cannot tell): it starts at the call's headers,
+    takes its place in ``shares`` (refused with RESOURCE_EXHAUSTED when the server or this peer is full), and
+    the request message must then arrive within ``message_timeout`` seconds (a stream's next message within
+    ``stream_idle_timeout``), else DEADLINE_EXCEEDED. Health checks take no place: a probe is never refused
+    because embedding calls are full. Put this interceptor last, so that auth refuses a caller before it counts.
+    """
+
+    def __init__(self, shares: Shares, message_timeout: float, stream_idle_timeout: float,
+                 exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,)):  # fmt: skip
+        self.shares = shares
+        self.message_timeout, self.stream_idle_timeout = message_timeout, stream_idle_timeout
+        self._exempt = exempt_prefixes
+        self._gated: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        cached = self._gated.get(details.method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, self._gate(handler, counted=not details.method.startswith(self._exempt)))
+            self._gated[details.method] = cached
+        return cached[1]
+
+    @contextlib.asynccontextmanager
+    async def _place(self, context: grpc.aio.ServicerContext, counted: bool):
+        if not counted:
+            yield
+            return
+        peer = peer_address(context.peer())
+        try:
+            self.shares.take(peer)
+        except ServiceError as exc:
+            await context.abort(grpc_code(exc.kind), exc.message)
+        try:
+            yield
+        finally:
+            self.shares.give_back(peer)
+
+    async def _first(self, requests, context) -> object:
+        """The one request message of a unary-request call."""
+        try:
+            async with asyncio.timeout(self.message_timeout):
+                return await anext(aiter(requests))
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
+        except TimeoutError:
+            message = (f"the request message did not arrive within {self.message_timeout:g} s of the call's headers "
+                       "(--grpc-message-timeout); the call is closed")  # fmt: skip
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+    def _gate(self, handler: grpc.RpcMethodHandler, counted: bool) -> grpc.RpcMethodHandler:
+        kwargs = dict(request_deserializer=handler.request_deserializer,
+                      response_serializer=handler.response_serializer)  # fmt: skip
+        place, first = self._place, self._first
+        if handler.unary_unary or handler.stream_unary:
+            unary_request = handler.unary_unary is not None
+            behavior = handler.unary_unary or handler.stream_unary
+
+            async def su(requests, context):
+                async with place(context, counted):
+                    if unary_request:
+                        result = behavior(await first(requests, context), context)
+                        return (await result) if inspect.isawaitable(result) else result
+                    reader = _TimedReader(requests, self.stream_idle_timeout)
+                    result = await behavior(reader, context)
+                    await reader.abort_if_idle(context)
+                    return result
+
+            return grpc.stream_unary_rpc_method_handler(su, **kwargs)
+        unary_request = handler.unary_stream is not None
+        behavior = handler.unary_stream or handler.stream_stream
+
+        async def ss(requests, context):
+            async with place(context, counted):
+                reader = None if unary_request else _TimedReader(requests, self.stream_idle_timeout)
+                request = await first(requests, context) if unary_request else reader
+                if inspect.isasyncgenfunction(behavior):
+                    async for response in behavior(request, context):
+                        yield response
+                else:  # a coroutine that writes with context.write (grpc's health Watch)
+                    await behavior(request, context)
+                if reader is not None:
+                    await reader.abort_if_idle(context)
+
+        return grpc.stream_stream_rpc_method_handler(ss, **kwargs)
+
+
+class _TimedReader:
+    """A stream's requests, each of which must arrive within ``timeout`` of the one before (or of the call's
+    start). A stream that falls silent ends as if the client had half-closed it: the requests already read are
+    still answered, then :meth:`abort_if_idle` ends the call with DEADLINE_EXCEEDED."""
+
+    def __init__(self, requests, timeout: float):
+        self._requests = aiter(requests)
+        self._timeout = timeout
+        self.idle = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            async with asyncio.timeout(self._timeout):  # no extra task: a cancelled read stays cancelled
+                return await anext(self._requests)
+        except TimeoutError:
+            self.idle = True
+            raise StopAsyncIteration from None
+
+    async def abort_if_idle(self, context) -> None:
+        if self.idle:
+            message = f"no request message for {self._timeout:g} s (--grpc-idle-timeout); the stream is closed"
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+
+__all__ = ["AuthInterceptor", "CallGate", "ObserverInterceptor"]

@@ -14,7 +14,8 @@ from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
-TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout", "grpc_idle_timeout")
+TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout", "grpc_idle_timeout",
+            "grpc_message_timeout")  # fmt: skip
 # the others must be positive
 NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "shutdown_delay", "window_overlap", "express_tokens",
                 "grpc_connection_age")  # fmt: skip
@@ -40,10 +41,12 @@ class Limits:
         64  # requests this small (about one sentence) may run on one extra runtime worker while all others are busy
     )
     # -- server --------------------------------------------------------------------------------------------------
-    max_concurrent_rpcs: int = 1024  # beyond: RESOURCE_EXHAUSTED from gRPC itself
+    max_concurrent_rpcs: int = 1024  # calls open at once, health checks not counted; beyond: RESOURCE_EXHAUSTED
+    max_calls_per_peer: int = 256  # of those, what one client address may hold (behind a proxy: raise to the whole)
     # -- gRPC connections: one peer must not hold the whole server (half-sent calls, idle streams) ---------------
     max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: RPCs open at once per connection
-    grpc_idle_timeout: float = 300.0  # a gRPC connection with no RPC for this long is closed (GOAWAY)
+    grpc_idle_timeout: float = 300.0  # a connection with no RPC, or a stream with no message, this long is closed
+    grpc_message_timeout: float = 30.0  # a unary call's request message must be whole this soon after its headers
     grpc_connection_age: float = 3600.0  # a connection this old is closed, its RPCs given 30 s more (0 = never)
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     # SIGTERM: seconds of NOT_SERVING health while requests are still answered (a balancer's checks take the
@@ -58,6 +61,7 @@ class Limits:
     http_body_timeout: float = 30.0  # longest pause between two reads of a request body
     http_idle_timeout: float = 60.0  # a keep-alive connection with no request for this long is closed
     max_connections: int = 1000  # open HTTP connections; more are closed at once with 503
+    max_connections_per_peer: int = 250  # of those, what one client address may hold open
     # -- long sentences (elmo.text.overflow) ----------------------------------------------------------------
     overflow: str = Overflow.REJECT.value  # requests that name no policy get this one
     window_overlap: int = DEFAULT_WINDOW_OVERLAP  # tokens shared by neighbouring windows under 'window'
@@ -117,10 +121,17 @@ _HELP = {
     "for none)",
     "express_tokens": "requests of at most this many tokens may run on one extra runtime worker while all others "
     "are busy, so that they never wait behind long ones (0 = no express worker)",
-    "max_concurrent_rpcs": "RPCs handled at once before gRPC answers RESOURCE_EXHAUSTED",
+    "max_concurrent_rpcs": "gRPC calls open at once before new ones get RESOURCE_EXHAUSTED (health checks are not "
+    "counted: a probe is never refused because embedding calls are full)",
+    "max_calls_per_peer": "gRPC calls one client address may have open at once, its share of --max-concurrent-rpcs "
+    "(behind a proxy every call comes from the proxy: raise it to --max-concurrent-rpcs there)",
     "max_streams_per_connection": "RPCs one gRPC connection may have open at once (HTTP/2 max concurrent streams): "
     "a peer holding calls it never finishes sending holds at most this many, not --max-concurrent-rpcs",
-    "grpc_idle_timeout": "seconds a gRPC connection with no RPC open stays up before the server closes it",
+    "grpc_idle_timeout": "seconds a gRPC connection with no RPC open stays up before the server closes it; also "
+    "how long an EmbedStream may go without sending a request (then its answers are sent and it ends with "
+    "DEADLINE_EXCEEDED)",
+    "grpc_message_timeout": "seconds a gRPC call's request message may take to arrive after its headers (then "
+    "DEADLINE_EXCEEDED): a call whose message never completes holds its place no longer",
     "grpc_connection_age": "seconds after which the server closes a gRPC connection (GOAWAY; its RPCs get 30 s more; "
     "clients reconnect): whatever a connection holds is held for at most this long (0 = no age limit)",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
@@ -139,6 +150,8 @@ _HELP = {
     "http_body_timeout": "seconds an HTTP request body may pause between two reads",
     "http_idle_timeout": "seconds an idle keep-alive HTTP connection stays open",
     "max_connections": "open HTTP connections; beyond, new ones get 503 and are closed",
+    "max_connections_per_peer": "open HTTP connections from one client address, its share of --max-connections "
+    "(beyond: 503; behind a proxy raise it to --max-connections)",
     "overflow": "sentences over --max-tokens-per-sentence when the request names no policy: reject, truncate, or "
     "window (overlapping windows stitched back)",
     "window_overlap": "tokens shared by neighbouring windows under --overflow window (capped at half the window)",
@@ -164,14 +177,18 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}).validate()
 
 
-
 CONNECTION_AGE_GRACE_S = 30.0  # a connection closed for its age gives its RPCs this long to finish
 
 
-def grpc_connection_options(limits: Limits) -> list[tuple[str, int]]:
-    """gRPC core's per-connection bounds (issue 39: one connection of half-sent calls held every one of
-    --max-concurrent-rpcs, gRPC health included): streams open at once, idle and age limits."""
+def grpc_server_settings(limits: Limits) -> dict:
+    """``grpc.aio.server``'s keyword arguments for these limits: message sizes and gRPC core's per-connection
+    bounds (issue 39: one connection of half-sent calls held every one of --max-concurrent-rpcs, gRPC health
+    included): streams open at once, idle and age limits. gRPC core's own count of open calls is only a backstop
+    behind the call gate (service.interceptors.CallGate), with room for health checks and calls being refused."""
     options = [
+        ("grpc.max_receive_message_length", limits.max_message_bytes),
+        ("grpc.max_send_message_length", limits.max_response_bytes + MIB),  # the answer's bound, plus framing
+        ("grpc.so_reuseport", 0),
         ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
         ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout * 1000)),
     ]
@@ -180,7 +197,7 @@ def grpc_connection_options(limits: Limits) -> list[tuple[str, int]]:
             ("grpc.max_connection_age_ms", int(limits.grpc_connection_age * 1000)),
             ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
         ]
-    return options
+    return {"maximum_concurrent_rpcs": 2 * limits.max_concurrent_rpcs + 256, "options": options}
 
 
 def human_bytes(n: int) -> str:
@@ -191,4 +208,4 @@ def human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-__all__ = ["MIB", "Limits", "add_limit_arguments", "grpc_connection_options", "human_bytes", "limits_from_args"]
+__all__ = ["MIB", "Limits", "add_limit_arguments", "grpc_server_settings", "human_bytes", "limits_from_args"]

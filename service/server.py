@@ -40,12 +40,13 @@ import grpc.aio
 from elmo.service import switching
 from elmo.service.core import RequestCore, ServerState
 from elmo.service.errors import ServiceError
-from elmo.service.interceptors import HEALTH_PREFIX, AuthInterceptor, ObserverInterceptor
-from elmo.service.limits import Limits, add_limit_arguments, grpc_connection_options, limits_from_args
+from elmo.service.interceptors import HEALTH_PREFIX, AuthInterceptor, CallGate, ObserverInterceptor
+from elmo.service.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
 from elmo.service.metrics import ServiceMetrics
 from elmo.service.models import ModelRegistry, ServedModel, parse_alias, serve_model
 from elmo.service.observe import RequestObserver
 from elmo.service.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
+from elmo.service.shares import Shares
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -169,16 +170,10 @@ class ElmoServer:
             interceptors.append(AuthInterceptor(auth_token, exempt_prefixes=(HEALTH_PREFIX, ADMIN_PREFIX)))
         if admin_token:
             interceptors.append(admin_auth_interceptor(admin_token))
-        self.server = grpc.aio.server(
-            interceptors=interceptors,
-            maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
-            options=[
-                ("grpc.max_receive_message_length", limits.max_message_bytes),
-                ("grpc.max_send_message_length", limits.max_response_bytes + 1024 * 1024),
-                ("grpc.so_reuseport", 0),
-                *grpc_connection_options(limits),
-            ],
-        )
+        self.calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
+                            ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
+        interceptors.append(CallGate(self.calls, limits.grpc_message_timeout, limits.grpc_idle_timeout))
+        self.server = grpc.aio.server(interceptors=interceptors, **grpc_server_settings(limits))
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
         services = [SERVICE_NAME]

@@ -18,7 +18,8 @@ connection from accept to close. Every served connection is in one of three stat
                      ^                                                                                 │
                      └─────────────────────────────────────────────────────────────────────────────────┘
 
-A connection beyond ``max_connections`` is never handed to aiohttp: it gets a fixed ``503`` JSON answer with
+A connection beyond ``max_connections``, or beyond ``max_connections_per_peer`` from one client address, is never
+handed to aiohttp: it gets a fixed ``503`` JSON answer with
 ``Connection: close`` and is closed (after a short linger, so that the answer is not lost to a reset when the client
 has already sent its request). One sweeper task closes every connection past its deadline; there is no timer per
 connection.
@@ -36,12 +37,13 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from elmo.service.limits import Limits
+from elmo.service.shares import Shares, peer_address
 
 from elmo.errors import ConfigError
 
 log = logging.getLogger("service.http.connections")
 
-REASONS = ("header_timeout", "idle_timeout", "over_capacity")
+REASONS = ("header_timeout", "idle_timeout", "over_capacity", "over_peer_share")
 REFUSAL_LINGER_S = 1.0  # how long a refused connection may stay open for its client to read the 503 and close
 LISTEN_BACKLOG = 128  # aiohttp's TCPSite default
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,9 +60,8 @@ class State(enum.Enum):
     REFUSED = "refused"  # over the cap: answered 503, lingering until the client closes
 
 
-def over_capacity_response(max_connections: int) -> bytes:
+def over_capacity_response(message: str) -> bytes:
     """The whole answer to a connection over the cap, built by hand: aiohttp never sees that connection."""
-    message = f"too many open connections (limit {max_connections}, --max-connections); retry later"
     body = json.dumps({"error": {"message": message, "type": "overloaded", "code": 503}}, separators=(",", ":"))
     head = (
         "HTTP/1.1 503 Service Unavailable\r\n"
@@ -98,7 +99,7 @@ class _Connection(asyncio.Protocol):
     (aiohttp's RequestHandler, or a :class:`_Refusal`). aiohttp's server never calls transport.get_protocol() or
     set_protocol(); asyncio's sendfile fallback does, and puts back what it found (this wrapper)."""
 
-    __slots__ = ("guard", "inner", "transport", "state", "deadline")
+    __slots__ = ("guard", "inner", "transport", "state", "deadline", "client")
 
     def __init__(self, guard: ConnectionGuard):
         self.guard = guard
@@ -106,11 +107,13 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.state = State.HEADERS
         self.deadline: float | None = None
+        self.client = ""  # the client's address without its port, set once the connection is made
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.client = peer_address(self.peer())  # what its share of the connections is counted by
         self.inner = self.guard._admit(self)
         self.inner.connection_made(transport)
 
@@ -156,6 +159,8 @@ class ConnectionGuard:
         self.limits = limits
         self.closed_for: dict[str, int] = dict.fromkeys(REASONS, 0)
         self._served: dict[asyncio.BaseProtocol, _Connection] = {}  # aiohttp's protocol -> its wrapper
+        self._shares = Shares(limits.max_connections, limits.max_connections_per_peer, "connections",
+                              ("--max-connections", "--max-connections-per-peer"))  # fmt: skip
         self._refused: set[_Connection] = set()
         self._listener: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -231,15 +236,29 @@ class ConnectionGuard:
     def _admit(self, conn: _Connection) -> asyncio.Protocol:
         """The protocol that will serve ``conn``: aiohttp's, or a 503 when the cap is reached. Decided when the
         connection is made (after TLS), so that connections still in their handshake do not take places."""
-        if len(self._served) >= self.limits.max_connections:
-            return self._refuse(conn)
+        why = self._shares.refusal(conn.client)
+        if why is not None:
+            return self._refuse(conn, why)
         assert self._factory is not None
         inner = self._factory()
+        self._shares.take(conn.client)
         self._served[inner] = conn
         conn.set_state(State.HEADERS, self.limits.http_header_timeout)
         return inner
 
-    def _refuse(self, conn: _Connection) -> asyncio.Protocol:
+    def _refuse(self, conn: _Connection, why: str) -> asyncio.Protocol:
+        if not self._shares.full:  # one client over its share: the server itself has room
+            self.closed_for["over_peer_share"] += 1
+            log.debug("refused HTTP connection from %s: %s", conn.peer(), why)
+        else:
+            self._note_capacity(conn)
+        # Lingering is bounded too: past as many lingering refusals as the cap, the next ones go at the next sweep.
+        linger = min(REFUSAL_LINGER_S, self.limits.http_header_timeout)
+        conn.set_state(State.REFUSED, linger if len(self._refused) < self.limits.max_connections else 0.0)
+        self._refused.add(conn)
+        return _Refusal(over_capacity_response(why))
+
+    def _note_capacity(self, conn: _Connection) -> None:
         self.closed_for["over_capacity"] += 1
         if not self._at_capacity:
             self._at_capacity = True
@@ -248,17 +267,13 @@ class ConnectionGuard:
                 self.limits.max_connections,
             )
         log.debug("refused HTTP connection from %s: over_capacity (%d open)", conn.peer(), len(self._served))
-        # Lingering is bounded too: past as many lingering refusals as the cap, the next ones go at the next sweep.
-        linger = min(REFUSAL_LINGER_S, self.limits.http_header_timeout)
-        conn.set_state(State.REFUSED, linger if len(self._refused) < self.limits.max_connections else 0.0)
-        self._refused.add(conn)
-        return _Refusal(over_capacity_response(self.limits.max_connections))
 
     def _forget(self, conn: _Connection) -> None:
         if conn.state is State.REFUSED:
             self._refused.discard(conn)
             return
-        self._served.pop(conn.inner, None)  # type: ignore[arg-type]
+        if self._served.pop(conn.inner, None) is not None:  # type: ignore[arg-type]
+            self._shares.give_back(conn.client)
         if len(self._served) < self.limits.max_connections:
             self._at_capacity = False
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import pytest
 from aiohttp import web
-from elmo.service.http.connections import ClientGone, ConnectionGuard, over_capacity_response, read_body
+from elmo.service.http.connections import REASONS, ClientGone, ConnectionGuard, over_capacity_response, read_body
 from elmo.service.limits import Limits
 
 from elmo.errors import ConfigError
@@ -35,10 +35,12 @@ MAX_BODY = 1024  # the test app's client_max_size
 HANDLER_SECONDS = 1.0  # GET /slow: longer than every SHORT timeout
 
 
-def limits(header: float = LONG, body: float = LONG, idle: float = LONG, cap: int = 1000) -> Limits:
+def limits(header: float = LONG, body: float = LONG, idle: float = LONG, cap: int = 1000,
+           per_peer: int = 1000) -> Limits:  # fmt: skip
     return replace(
-        Limits(), http_header_timeout=header, http_body_timeout=body, http_idle_timeout=idle, max_connections=cap
-    ).validate()
+        Limits(), http_header_timeout=header, http_body_timeout=body, http_idle_timeout=idle, max_connections=cap,
+        max_connections_per_peer=per_peer,
+    ).validate()  # fmt: skip
 
 
 class Served:
@@ -171,7 +173,7 @@ def parse_response(data: bytes, sock: socket.socket | None = None) -> tuple[int,
 
 
 def closed_for(served: Served, **expected: int) -> None:
-    assert served.guard.closed_for == {"header_timeout": 0, "idle_timeout": 0, "over_capacity": 0, **expected}
+    assert served.guard.closed_for == {**dict.fromkeys(REASONS, 0), **expected}
 
 
 def eventually(predicate: Callable[[], bool], what: str) -> None:
@@ -335,7 +337,7 @@ def test_a_connection_over_the_cap_gets_503_json_and_is_closed_until_a_place_fre
         assert status == 503
         assert headers["connection"].lower() == "close"
         assert headers["content-type"] == "application/json"
-        message = "too many open connections (limit 2, --max-connections); retry later"
+        message = "server busy: 2 connections open at once (--max-connections); retry later"
         assert json.loads(body) == {"error": {"message": message, "type": "overloaded", "code": 503}}
         closed_for(served, over_capacity=1)
         assert any("connection cap reached (2, --max-connections)" in r.getMessage() for r in caplog.records)
@@ -352,6 +354,31 @@ def test_a_connection_over_the_cap_gets_503_json_and_is_closed_until_a_place_fre
         first.close()
         second.close()
     closed_for(served, over_capacity=1)
+
+
+def test_one_client_address_holds_at_most_its_share_of_the_connections(serve):
+    served = serve(limits(cap=10, per_peer=2))
+    first, second = connect(served.port), connect(served.port)
+    try:
+        for sock in (first, second):
+            sock.sendall(get("/ok"))
+            assert read_response(sock)[0] == 200
+        with connect(served.port) as third:
+            third.sendall(get("/ok"))
+            status, _, body = parse_response(wait_closed(third))
+        assert status == 503
+        message = ("this client (127.0.0.1) has 2 connections open at once, its share (--max-connections-per-peer); "
+                   "retry when one has ended")  # fmt: skip
+        assert json.loads(body)["error"]["message"] == message
+        closed_for(served, over_peer_share=1)
+        first.close()
+        eventually(lambda: served.guard.open_connections == 1, "the first connection's place is free")
+        with connect(served.port) as fourth:
+            fourth.sendall(get("/ok"))
+            assert read_response(fourth)[0] == 200
+    finally:
+        first.close()
+        second.close()
 
 
 def test_a_refused_client_that_stays_is_cut_after_a_short_linger(serve):
@@ -372,9 +399,9 @@ def test_a_refused_client_that_stays_is_cut_after_a_short_linger(serve):
 
 
 def test_the_over_capacity_answer_is_well_formed_http():
-    status, headers, body = parse_response(over_capacity_response(7))
+    status, headers, body = parse_response(over_capacity_response("server busy"))
     assert status == 503 and int(headers["content-length"]) == len(body)
-    assert json.loads(body)["error"]["message"].startswith("too many open connections (limit 7,")
+    assert json.loads(body)["error"]["message"] == "server busy"
 
 
 # -- TLS and listening ------------------------------------------------------------------------------------------------
