@@ -9,20 +9,20 @@ Phases (one ``elmo serve --port 0 --http-port 0`` on 127.0.0.1 per run): a short
 seconds of 8 well-behaved clients alone (4 gRPC through ``elmo.client.EmbedderClient``, 4 HTTP ``POST
 /v1/embeddings`` on a kept-alive connection, each one 15-25-word sentence per request, back to back), then
 ``--duration`` seconds of the same with 2 abusers sending the worst *legal* requests in a loop, each rotating
-through (sizes are read from the server's own limits, GetModelInfo):
+through the largest request of each kind that the server *accepts* (sized from its own limits, GetModelInfo, then
+shrunk before the run while the server refuses it with 413: bench.noisy_load.fit_abuse_sizes):
 
-  largest-body      POST /v1/embeddings {"input": "apple apple ..."}, the body just under --max-message-bytes
+  largest-pooled    POST /v1/embeddings, --max-pooled-inputs texts (2,048) of --max-pooled-tokens (300,000) in all
   most-tokens       POST /v1/embed, --max-inputs sentences totalling --max-tokens-per-request tokens, base64
-  window-8000       POST /v1/embed, one 8,000-token text, "overflow": "window", float (JSON numbers)
-  largest-tokenize  POST /v1/tokenize {"text": "apple pie apple pie ..."}, the body just under the limit
+  largest-window    POST /v1/embed, one text of --max-tokens-per-request tokens, "overflow": "window", base64
+  largest-tokenize  POST /v1/tokenize, --max-tokens-per-request tokens of words long enough to fill the body limit
   largest-json      POST /v1/embed, float, every layer and a task mix (when the model has tasks), the most tokens
-                    the server takes: float32 vectors sized to --max-response-bytes, shrunk before the run while the
-                    server refuses that (413) because it counts the JSON text (bench.noisy_load.fit_largest_json)
+                    whose JSON answer fits --max-response-bytes
 
-An abuser may be refused (4xx: the server saying no, fast or not); its answers are counted by status, read and
-thrown away. Throughout, a prober calls HTTP ``GET /health`` and gRPC ``grpc.health.v1`` Check every 50 ms
-each and records every wait. The well-behaved clients, the abusers and the prober are three processes of their
-own, so that one's work (reading a 100 MB answer) does not delay another's clock.
+Each abuser's answers are counted by status (all 200 when the fit worked), read and thrown away. Throughout, a
+prober calls HTTP ``GET /health`` and gRPC ``grpc.health.v1`` Check every 50 ms each and records every wait. The
+well-behaved clients, the abusers and the prober are three processes of their own, so that one's work (reading a
+100 MB answer) does not delay another's clock.
 
 The issue's bar: well-behaved p99 with the abusers <= 2 x p99 alone + 50 ms; the worst health wait <= 250 ms.
 
@@ -54,7 +54,7 @@ from elmo.bench.noisy_load import (
     abuse_requests,
     abusers_process,
     clients_process,
-    fit_largest_json,
+    fit_abuse_sizes,
     prober_process,
     server_limits,
     single_requests,
@@ -164,7 +164,7 @@ def run_phases(args: argparse.Namespace, label: str, tree: Path | None, texts: l
     served = start_server(args.model, args.threads, args.serve_arg, tree, label)
     try:
         limits = server_limits(served.grpc_target)
-        limits["largest_json_tokens"], fitted = fit_largest_json(served.http_url, limits)
+        limits["fitted"], fitted = fit_abuse_sizes(served.http_url, limits)
         workers = start_prober(served)
         workers.start(
             clients_process,
@@ -202,7 +202,7 @@ def run_phases(args: argparse.Namespace, label: str, tree: Path | None, texts: l
         "tree": label,
         "limits": limits,
         "abuse_requests": {r["kind"]: r["what"] for r in abuse_requests(limits)},
-        "largest_json_fitted": fitted,  # [(tokens, status)]: the sizes tried until the server took one
+        "fitted": fitted,  # {kind: [(tokens, status)]}: the sizes tried until the server took one
         "phases": {"alone": alone, "abused": abused},
         "verdict": verdict(alone, abused),
         "server_exit_code": exit_code,
@@ -230,7 +230,7 @@ def run_single(args: argparse.Namespace, label: str, tree: Path | None) -> dict:
     try:
         limits = server_limits(served.grpc_target)
         if args.single_set == "abusers":  # the abusers' five, each alone
-            limits["largest_json_tokens"] = fit_largest_json(served.http_url, limits)[0]
+            limits["fitted"] = fit_abuse_sizes(served.http_url, limits)[0]
             requests = abuse_requests(limits)
         else:
             requests = single_requests(limits)

@@ -18,7 +18,6 @@ from elmo.bench.serving import Http
 PROBE_INTERVAL_S = 0.05
 HEALTH_BAR_MS = 250.0
 WINDOW_TOKENS = 8000
-ABUSE_KINDS = ("largest-body", "most-tokens", "window-8000", "largest-tokenize", "largest-json")
 _WORDS = (
     "the of and to in a is that for it as was with be by on not he this are or his from at which but have an they "
     "you were her she there been one all we their its new said would more will if has can two language model word "
@@ -43,6 +42,8 @@ def server_limits(target: str) -> dict:
         "n_layers": info.n_layers,
         "dim": info.dim,
         "tasks": list(info.tasks),
+        "max_pooled_inputs": limits.max_pooled_inputs,
+        "max_pooled_tokens": limits.max_pooled_tokens,
     }
 
 
@@ -79,66 +80,122 @@ def _tokens_fitting(limits: dict, vectors_per_token: int) -> int:
     return max(1, (limits["max_response_bytes"] - 4096) // per_token)
 
 
-def abuse_requests(limits: dict) -> list[dict]:
-    """The worst legal requests for these limits: [{kind, path, body, what}] (bodies built once, sent many times)."""
-    out = []
-    body, n = _repeated_body('{"input":"', "apple ", '"}', limits["max_message_bytes"])
-    out.append({"kind": "largest-body", "path": "/v1/embeddings", "body": body, "what": f'"apple " x {n:,}'})
-    total = limits["max_tokens_per_request"]
-    total = min(total, limits["max_inputs"] * limits["max_tokens_per_sentence"], _tokens_fitting(limits, 3))
-    per = max(1, -(-total // limits["max_inputs"]))  # as many sentences as allowed
-    inputs = _token_lists(total, per, seed=1)
-    body = _json({"inputs": inputs, "encoding": "base64"})
-    what = f"{len(inputs)} sentences, {total:,} tokens, base64"
-    out.append({"kind": "most-tokens", "path": "/v1/embed", "body": body, "what": what})
-    text, n = _window_text(limits)
-    body = _json({"inputs": [text], "overflow": "window", "encoding": "float"})
-    out.append({"kind": "window-8000", "path": "/v1/embed", "body": body, "what": f"{n:,} tokens, window, float"})
-    body, n = _repeated_body('{"text":"', "apple pie ", '"}', limits["max_message_bytes"])
-    out.append({"kind": "largest-tokenize", "path": "/v1/tokenize", "body": body, "what": f'"apple pie " x {n:,}'})
-    out.append(largest_json_request(limits, limits.get("largest_json_tokens")))
-    for item in out:
-        item["what"] += f" ({len(item['body']) / 1e6:.2f} MB body)"
-    return out
+# -- the abusers' requests: the largest of each kind that the server *accepts* -------------------------------------
+# Each builder makes its kind's request for a token count; the upper bound is what the limits allow on paper, and
+# fit_abuse_sizes shrinks it while the server refuses it (413), so that every abuser's request is one the server
+# takes and computes (issue 39: three of five kinds had only been refused).
+def _pooled(limits: dict, tokens: int) -> dict:
+    """POST /v1/embeddings: --max-pooled-inputs texts, ``tokens`` tokens in all (one pooled vector each)."""
+    inputs = [" ".join(words) for words in _token_lists(tokens, -(-tokens // limits["max_pooled_inputs"]), seed=4)]
+    what = f"{len(inputs):,} inputs, {tokens:,} tokens, pooled"
+    return {"path": "/v1/embeddings", "body": _json({"input": inputs}), "what": what}
 
 
-def largest_json_request(limits: dict, tokens: int | None = None) -> dict:
-    """/v1/embed, JSON numbers, every layer and a task's mix: ``tokens`` tokens, by default the most whose float32
-    answer fits --max-response-bytes (a server that bounds the JSON text instead refuses that: see
-    :func:`fit_largest_json`)."""
+def _most_tokens(limits: dict, tokens: int) -> dict:
+    """POST /v1/embed: --max-inputs sentences, ``tokens`` tokens in all, every layer, base64."""
+    inputs = _token_lists(tokens, max(1, -(-tokens // limits["max_inputs"])), seed=1)
+    what = f"{len(inputs)} sentences, {tokens:,} tokens, base64"
+    return {"path": "/v1/embed", "body": _json({"inputs": inputs, "encoding": "base64"}), "what": what}
+
+
+def _window(limits: dict, tokens: int) -> dict:
+    """POST /v1/embed: one text of ``tokens`` tokens under overflow "window" (overlapping windows), base64."""
+    body = _json({"inputs": [" ".join(_words(tokens, seed=3))], "overflow": "window", "encoding": "base64"})
+    return {"path": "/v1/embed", "body": body, "what": f"one text of {tokens:,} tokens, window, base64"}
+
+
+def _tokenize(limits: dict, tokens: int) -> dict:
+    """POST /v1/tokenize: ``tokens`` tokens of words as long as fill the body limit (the tokenizer's work grows
+    with the characters, the token limit with the tokens)."""
+    length = max(1, (limits["max_message_bytes"] - 256) // max(1, tokens) - 1)
+    word = ("apple" * (length // 5 + 1))[:length]
+    body = _json({"text": " ".join([word] * tokens)})
+    return {"path": "/v1/tokenize", "body": body, "what": f"{tokens:,} tokens of {length:,} characters"}
+
+
+def _largest_json(limits: dict, tokens: int) -> dict:
+    """POST /v1/embed, JSON numbers, every layer and a task's mix (the largest answer to encode as text)."""
     task = limits["tasks"][0] if limits["tasks"] else ""
-    vectors = limits["n_layers"] + (1 if task else 0)
-    total = tokens or min(limits["max_tokens_per_request"], _tokens_fitting(limits, vectors))
-    per = min(limits["max_tokens_per_sentence"], total)
-    inputs = _token_lists(total, per, seed=2)
+    inputs = _token_lists(tokens, min(limits["max_tokens_per_sentence"], tokens), seed=2)
     request = {"inputs": inputs, "encoding": "float"} | ({"task": task} if task else {})
-    what = f"{len(inputs)} sentences, {total:,} tokens, all layers{' + ' + task if task else ''}, float"
-    return {"kind": "largest-json", "path": "/v1/embed", "body": _json(request), "what": what, "tokens": total}
+    what = f"{len(inputs)} sentences, {tokens:,} tokens, all layers{' + ' + task if task else ''}, float"
+    return {"path": "/v1/embed", "body": _json(request), "what": what}
+
+
+def _upper_bounds(limits: dict) -> dict[str, int]:
+    """Each kind's token count as the limits allow it on paper."""
+    per_request = limits["max_tokens_per_request"]
+    task_vectors = limits["n_layers"] + (1 if limits["tasks"] else 0)
+    return {
+        "largest-pooled": limits["max_pooled_tokens"],
+        "most-tokens": min(
+            per_request,
+            limits["max_inputs"] * limits["max_tokens_per_sentence"],
+            _tokens_fitting(limits, limits["n_layers"]),
+        ),  # fmt: skip
+        "largest-window": per_request,
+        "largest-tokenize": per_request,
+        "largest-json": min(per_request, _tokens_fitting(limits, task_vectors)),
+    }
+
+
+BUILDERS = {"largest-pooled": _pooled, "most-tokens": _most_tokens, "largest-window": _window,
+            "largest-tokenize": _tokenize, "largest-json": _largest_json}  # fmt: skip
+ABUSE_KINDS = tuple(BUILDERS)
+
+
+def abuse_request(limits: dict, kind: str, tokens: int | None = None) -> dict:
+    """One kind's request: {kind, path, body, what}, at the fitted size (or ``tokens``, or the upper bound)."""
+    fitted = limits.get("fitted", {})
+    n = tokens or fitted.get(kind) or _upper_bounds(limits)[kind]
+    item = {"kind": kind, **BUILDERS[kind](limits, n), "tokens": n}
+    item["what"] += f" ({len(item['body']) / 1e6:.2f} MB body)"
+    return item
+
+
+def abuse_requests(limits: dict) -> list[dict]:
+    """The worst accepted requests for these limits, one per kind (bodies built once, sent many times)."""
+    return [abuse_request(limits, kind) for kind in ABUSE_KINDS]
 
 
 _SIZE = re.compile(r"([0-9.]+) (bytes|KiB|MiB|GiB)")
 _UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+_COUNT = re.compile(r"(?:has|of|would be) (?:more than )?([0-9,]+) tokens?.*?(?:limit of|over) ([0-9,]+)")
 
 
-def fit_largest_json(http_url: str, limits: dict, tries: int = 8) -> tuple[int, list]:
-    """The largest-json request's token count that this server takes: start from the float32 bound and, while the
-    server refuses it (413), scale it by the limit / the size the refusal names, 2 % under (or halve it when the
-    message names no sizes). Servers that count the JSON text refuse the float32 bound at once, before any work;
-    the one request accepted at the end is computed (before the measured phases). -> (tokens, [(tokens, status)])."""
+def _shrink(tokens: int, refusal: str) -> int:
+    """The next try after a 413: scaled by limit / size where the refusal names both (bytes or tokens), 2 % under;
+    halved where it names none."""
+    sizes = [float(n) * _UNITS[unit] for n, unit in _SIZE.findall(refusal)]
+    if len(sizes) >= 2 and sizes[0] > sizes[1] > 0:
+        return max(1, int(tokens * 0.98 * sizes[1] / sizes[0]))
+    counts = _COUNT.search(refusal)
+    if counts:
+        have, limit = (int(x.replace(",", "")) for x in counts.groups())
+        if have > limit > 0:
+            return max(1, min(tokens - 1, int(tokens * limit / have)))
+    return max(1, tokens // 2)
+
+
+def fit_abuse_sizes(http_url: str, limits: dict, tries: int = 8) -> tuple[dict[str, int], dict[str, list]]:
+    """Each kind's largest token count that this server takes: from the upper bound, shrunk while refused (413).
+    The one request accepted at the end is computed, before the measured phases.
+    -> ({kind: tokens}, {kind: [(tokens, status)]})."""
     host, port = http_url.split("//", 1)[1].rsplit(":", 1)
-    tokens = largest_json_request(limits)["tokens"]
-    tried = []
-    for _ in range(tries):
-        conn = Http(host, int(port), 600)
-        status, data = conn.call("POST", "/v1/embed", largest_json_request(limits, tokens)["body"])
-        conn.close()
-        tried.append((tokens, status))
-        if status != "413" or tokens <= 1:
-            break
-        sizes = [float(n) * _UNITS[unit] for n, unit in _SIZE.findall(data.decode("utf-8", "replace"))]
-        scale = 0.98 * sizes[1] / sizes[0] if len(sizes) >= 2 and sizes[0] > sizes[1] > 0 else 0.5
-        tokens = max(1, int(tokens * scale))
-    return tokens, tried
+    sizes, tried = {}, {}
+    for kind in ABUSE_KINDS:
+        tokens, tried[kind] = _upper_bounds(limits)[kind], []
+        for _ in range(tries):
+            item = abuse_request(limits, kind, tokens)
+            conn = Http(host, int(port), 600)
+            status, data = conn.call("POST", item["path"], item["body"])
+            conn.close()
+            tried[kind].append((tokens, status))
+            if status != "413" or tokens <= 1:
+                break
+            tokens = _shrink(tokens, data.decode("utf-8", "replace"))
+        sizes[kind] = tokens
+    return sizes, tried
 
 
 def single_requests(limits: dict) -> list[dict]:

@@ -385,6 +385,8 @@ class RequestCore:
                 max_tokens_per_request=lim.max_tokens_per_request,
                 max_message_bytes=lim.max_message_bytes,
                 max_response_bytes=lim.max_response_bytes,
+                max_pooled_inputs=lim.max_pooled_inputs,
+                max_pooled_tokens=lim.max_pooled_tokens,
             ),
         )
 

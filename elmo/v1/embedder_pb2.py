@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65lmo/v1/embedder.proto\x12\x07\x65lmo.v1\"\x18\n\x06Tokens\x12\x0e\n\x06tokens\x18\x01 \x03(\t\"B\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12!\n\x06tokens\x18\x02 \x01(\x0b\x32\x0f.elmo.v1.TokensH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0c\x45mbedRequest\x12\x1e\n\x06inputs\x18\x01 \x03(\x0b\x32\x0e.elmo.v1.Input\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x13\n\x0bomit_layers\x18\x04 \x01(\x08\x12\x1d\n\x05\x64type\x18\x05 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12#\n\x08overflow\x18\x08 \x01(\x0e\x32\x11.elmo.v1.Overflow\"D\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\"\n\x04Span\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"\x94\x01\n\tEmbedding\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\x12\x1f\n\x06layers\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x1c\n\x03mix\x18\x04 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x18\n\x10truncated_tokens\x18\x05 \x01(\x05\"q\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x17\n\x0f\x62\x61tch_sentences\x18\x04 \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\x05\"\xb6\x01\n\rEmbedResponse\x12&\n\nembeddings\x18\x01 \x03(\x0b\x32\x12.elmo.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1f\n\x06timing\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Timing\x12\x0e\n\x06layers\x18\x04 \x03(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x12\n\ntask_stale\x18\x07 \x01(\x08\"/\n\x0fTokenizeRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"?\n\rTokenizedText\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\"9\n\x10TokenizeResponse\x12%\n\x05texts\x18\x01 \x03(\x0b\x32\x16.elmo.v1.TokenizedText\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x94\x01\n\x06Limits\x12\x12\n\nmax_inputs\x18\x01 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x02 \x01(\x05\x12\x1e\n\x16max_tokens_per_request\x18\x03 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x05 \x01(\x03\"\xe2\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\x05\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x05 \x01(\x05\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x1a\n\x12\x65xecution_provider\x18\x07 \x01(\t\x12\x1f\n\x06limits\x18\x08 \x01(\x0b\x32\x0f.elmo.v1.Limits\x12\x13\n\x0bstale_tasks\x18\t \x03(\t\x12\x15\n\rmodel_version\x18\n \x01(\x03\"\x13\n\x11ListModelsRequest\"L\n\x12ListModelsResponse\x12\x0e\n\x06models\x18\x01 \x03(\t\x12&\n\x08statuses\x18\x02 \x03(\x0b\x32\x14.elmo.v1.ModelStatus\"\x90\x01\n\rVersionStatus\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.elmo.v1.VersionState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07serving\x18\x04 \x01(\x08\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\"E\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x08versions\x18\x02 \x03(\x0b\x32\x16.elmo.v1.VersionStatus\"1\n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"3\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x18\n\x16RepositoryIndexRequest\"?\n\x17RepositoryIndexResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.elmo.v1.ModelStatus*!\n\x05\x44Type\x12\x0b\n\x07\x46LOAT32\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01*a\n\x08Overflow\x12\x14\n\x10OVERFLOW_DEFAULT\x10\x00\x12\x13\n\x0fOVERFLOW_REJECT\x10\x01\x12\x15\n\x11OVERFLOW_TRUNCATE\x10\x02\x12\x13\n\x0fOVERFLOW_WINDOW\x10\x03*\x96\x01\n\x0cVersionState\x12\x1d\n\x19VERSION_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fVERSION_LOADING\x10\x01\x12\x11\n\rVERSION_READY\x10\x02\x12\x15\n\x11VERSION_UNLOADING\x10\x03\x12\x14\n\x10VERSION_UNLOADED\x10\x04\x12\x12\n\x0eVERSION_FAILED\x10\x05\x32\xce\x02\n\x08\x45mbedder\x12\x36\n\x05\x45mbed\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse\x12@\n\x0b\x45mbedStream\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse(\x01\x30\x01\x12?\n\x08Tokenize\x12\x18.elmo.v1.TokenizeRequest\x1a\x19.elmo.v1.TokenizeResponse\x12@\n\x0cGetModelInfo\x12\x1c.elmo.v1.GetModelInfoRequest\x1a\x12.elmo.v1.ModelInfo\x12\x45\n\nListModels\x12\x1a.elmo.v1.ListModelsRequest\x1a\x1b.elmo.v1.ListModelsResponse2\xe2\x01\n\nModelAdmin\x12<\n\tLoadModel\x12\x19.elmo.v1.LoadModelRequest\x1a\x14.elmo.v1.ModelStatus\x12@\n\x0bUnloadModel\x12\x1b.elmo.v1.UnloadModelRequest\x1a\x14.elmo.v1.ModelStatus\x12T\n\x0fRepositoryIndex\x12\x1f.elmo.v1.RepositoryIndexRequest\x1a .elmo.v1.RepositoryIndexResponseB\x1e\n\nio.elmo.v1P\x01Z\x0e\x65lmo/v1;elmov1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65lmo/v1/embedder.proto\x12\x07\x65lmo.v1\"\x18\n\x06Tokens\x12\x0e\n\x06tokens\x18\x01 \x03(\t\"B\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12!\n\x06tokens\x18\x02 \x01(\x0b\x32\x0f.elmo.v1.TokensH\x00\x42\x06\n\x04kind\"\xc8\x01\n\x0c\x45mbedRequest\x12\x1e\n\x06inputs\x18\x01 \x03(\x0b\x32\x0e.elmo.v1.Input\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x13\n\x0bomit_layers\x18\x04 \x01(\x08\x12\x1d\n\x05\x64type\x18\x05 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12#\n\x08overflow\x18\x08 \x01(\x0e\x32\x11.elmo.v1.Overflow\"D\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.elmo.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\"\n\x04Span\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\"\x94\x01\n\tEmbedding\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\x12\x1f\n\x06layers\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x1c\n\x03mix\x18\x04 \x01(\x0b\x32\x0f.elmo.v1.Tensor\x12\x18\n\x10truncated_tokens\x18\x05 \x01(\x05\"q\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x17\n\x0f\x62\x61tch_sentences\x18\x04 \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\x05\"\xb6\x01\n\rEmbedResponse\x12&\n\nembeddings\x18\x01 \x03(\x0b\x32\x12.elmo.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1f\n\x06timing\x18\x03 \x01(\x0b\x32\x0f.elmo.v1.Timing\x12\x0e\n\x06layers\x18\x04 \x03(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x12\n\ntask_stale\x18\x07 \x01(\x08\"/\n\x0fTokenizeRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"?\n\rTokenizedText\x12\x0e\n\x06tokens\x18\x01 \x03(\t\x12\x1e\n\x07offsets\x18\x02 \x03(\x0b\x32\r.elmo.v1.Span\"9\n\x10TokenizeResponse\x12%\n\x05texts\x18\x01 \x03(\x0b\x32\x16.elmo.v1.TokenizedText\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xca\x01\n\x06Limits\x12\x12\n\nmax_inputs\x18\x01 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x02 \x01(\x05\x12\x1e\n\x16max_tokens_per_request\x18\x03 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x05 \x01(\x03\x12\x19\n\x11max_pooled_inputs\x18\x06 \x01(\x05\x12\x19\n\x11max_pooled_tokens\x18\x07 \x01(\x05\"\xe2\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\x05\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\x1f\n\x17max_tokens_per_sentence\x18\x05 \x01(\x05\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x1a\n\x12\x65xecution_provider\x18\x07 \x01(\t\x12\x1f\n\x06limits\x18\x08 \x01(\x0b\x32\x0f.elmo.v1.Limits\x12\x13\n\x0bstale_tasks\x18\t \x03(\t\x12\x15\n\rmodel_version\x18\n \x01(\x03\"\x13\n\x11ListModelsRequest\"L\n\x12ListModelsResponse\x12\x0e\n\x06models\x18\x01 \x03(\t\x12&\n\x08statuses\x18\x02 \x03(\x0b\x32\x14.elmo.v1.ModelStatus\"\x90\x01\n\rVersionStatus\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.elmo.v1.VersionState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07serving\x18\x04 \x01(\x08\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\"E\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x08versions\x18\x02 \x03(\x0b\x32\x16.elmo.v1.VersionStatus\"1\n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"3\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x18\n\x16RepositoryIndexRequest\"?\n\x17RepositoryIndexResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.elmo.v1.ModelStatus*!\n\x05\x44Type\x12\x0b\n\x07\x46LOAT32\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01*a\n\x08Overflow\x12\x14\n\x10OVERFLOW_DEFAULT\x10\x00\x12\x13\n\x0fOVERFLOW_REJECT\x10\x01\x12\x15\n\x11OVERFLOW_TRUNCATE\x10\x02\x12\x13\n\x0fOVERFLOW_WINDOW\x10\x03*\x96\x01\n\x0cVersionState\x12\x1d\n\x19VERSION_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fVERSION_LOADING\x10\x01\x12\x11\n\rVERSION_READY\x10\x02\x12\x15\n\x11VERSION_UNLOADING\x10\x03\x12\x14\n\x10VERSION_UNLOADED\x10\x04\x12\x12\n\x0eVERSION_FAILED\x10\x05\x32\xce\x02\n\x08\x45mbedder\x12\x36\n\x05\x45mbed\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse\x12@\n\x0b\x45mbedStream\x12\x15.elmo.v1.EmbedRequest\x1a\x16.elmo.v1.EmbedResponse(\x01\x30\x01\x12?\n\x08Tokenize\x12\x18.elmo.v1.TokenizeRequest\x1a\x19.elmo.v1.TokenizeResponse\x12@\n\x0cGetModelInfo\x12\x1c.elmo.v1.GetModelInfoRequest\x1a\x12.elmo.v1.ModelInfo\x12\x45\n\nListModels\x12\x1a.elmo.v1.ListModelsRequest\x1a\x1b.elmo.v1.ListModelsResponse2\xe2\x01\n\nModelAdmin\x12<\n\tLoadModel\x12\x19.elmo.v1.LoadModelRequest\x1a\x14.elmo.v1.ModelStatus\x12@\n\x0bUnloadModel\x12\x1b.elmo.v1.UnloadModelRequest\x1a\x14.elmo.v1.ModelStatus\x12T\n\x0fRepositoryIndex\x12\x1f.elmo.v1.RepositoryIndexRequest\x1a .elmo.v1.RepositoryIndexResponseB\x1e\n\nio.elmo.v1P\x01Z\x0e\x65lmo/v1;elmov1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,12 +32,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elmo.v1.embedder_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\nio.elmo.v1P\001Z\016elmo/v1;elmov1'
-  _globals['_DTYPE']._serialized_start=1992
-  _globals['_DTYPE']._serialized_end=2025
-  _globals['_OVERFLOW']._serialized_start=2027
-  _globals['_OVERFLOW']._serialized_end=2124
-  _globals['_VERSIONSTATE']._serialized_start=2127
-  _globals['_VERSIONSTATE']._serialized_end=2277
+  _globals['_DTYPE']._serialized_start=2046
+  _globals['_DTYPE']._serialized_end=2079
+  _globals['_OVERFLOW']._serialized_start=2081
+  _globals['_OVERFLOW']._serialized_end=2178
+  _globals['_VERSIONSTATE']._serialized_start=2181
+  _globals['_VERSIONSTATE']._serialized_end=2331
   _globals['_TOKENS']._serialized_start=35
   _globals['_TOKENS']._serialized_end=59
   _globals['_INPUT']._serialized_start=61
@@ -63,27 +63,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETMODELINFOREQUEST']._serialized_start=1062
   _globals['_GETMODELINFOREQUEST']._serialized_end=1098
   _globals['_LIMITS']._serialized_start=1101
-  _globals['_LIMITS']._serialized_end=1249
-  _globals['_MODELINFO']._serialized_start=1252
-  _globals['_MODELINFO']._serialized_end=1478
-  _globals['_LISTMODELSREQUEST']._serialized_start=1480
-  _globals['_LISTMODELSREQUEST']._serialized_end=1499
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1501
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1577
-  _globals['_VERSIONSTATUS']._serialized_start=1580
-  _globals['_VERSIONSTATUS']._serialized_end=1724
-  _globals['_MODELSTATUS']._serialized_start=1726
-  _globals['_MODELSTATUS']._serialized_end=1795
-  _globals['_LOADMODELREQUEST']._serialized_start=1797
-  _globals['_LOADMODELREQUEST']._serialized_end=1846
-  _globals['_UNLOADMODELREQUEST']._serialized_start=1848
-  _globals['_UNLOADMODELREQUEST']._serialized_end=1899
-  _globals['_REPOSITORYINDEXREQUEST']._serialized_start=1901
-  _globals['_REPOSITORYINDEXREQUEST']._serialized_end=1925
-  _globals['_REPOSITORYINDEXRESPONSE']._serialized_start=1927
-  _globals['_REPOSITORYINDEXRESPONSE']._serialized_end=1990
-  _globals['_EMBEDDER']._serialized_start=2280
-  _globals['_EMBEDDER']._serialized_end=2614
-  _globals['_MODELADMIN']._serialized_start=2617
-  _globals['_MODELADMIN']._serialized_end=2843
+  _globals['_LIMITS']._serialized_end=1303
+  _globals['_MODELINFO']._serialized_start=1306
+  _globals['_MODELINFO']._serialized_end=1532
+  _globals['_LISTMODELSREQUEST']._serialized_start=1534
+  _globals['_LISTMODELSREQUEST']._serialized_end=1553
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1555
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1631
+  _globals['_VERSIONSTATUS']._serialized_start=1634
+  _globals['_VERSIONSTATUS']._serialized_end=1778
+  _globals['_MODELSTATUS']._serialized_start=1780
+  _globals['_MODELSTATUS']._serialized_end=1849
+  _globals['_LOADMODELREQUEST']._serialized_start=1851
+  _globals['_LOADMODELREQUEST']._serialized_end=1900
+  _globals['_UNLOADMODELREQUEST']._serialized_start=1902
+  _globals['_UNLOADMODELREQUEST']._serialized_end=1953
+  _globals['_REPOSITORYINDEXREQUEST']._serialized_start=1955
+  _globals['_REPOSITORYINDEXREQUEST']._serialized_end=1979
+  _globals['_REPOSITORYINDEXRESPONSE']._serialized_start=1981
+  _globals['_REPOSITORYINDEXRESPONSE']._serialized_end=2044
+  _globals['_EMBEDDER']._serialized_start=2334
+  _globals['_EMBEDDER']._serialized_end=2668
+  _globals['_MODELADMIN']._serialized_start=2671
+  _globals['_MODELADMIN']._serialized_end=2897
 # @@protoc_insertion_point(module_scope)

@@ -167,18 +167,22 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_inputs", "max_tokens_per_sentence", "max_tokens_per_request", "max_message_bytes", "max_response_bytes")
+    __slots__ = ("max_inputs", "max_tokens_per_sentence", "max_tokens_per_request", "max_message_bytes", "max_response_bytes", "max_pooled_inputs", "max_pooled_tokens")
     MAX_INPUTS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_SENTENCE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_POOLED_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_POOLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_inputs: int
     max_tokens_per_sentence: int
     max_tokens_per_request: int
     max_message_bytes: int
     max_response_bytes: int
-    def __init__(self, max_inputs: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
+    max_pooled_inputs: int
+    max_pooled_tokens: int
+    def __init__(self, max_inputs: _Optional[int] = ..., max_tokens_per_sentence: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., max_pooled_inputs: _Optional[int] = ..., max_pooled_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "version", "n_layers", "dim", "max_tokens_per_sentence", "tasks", "execution_provider", "limits", "stale_tasks", "model_version")

@@ -44,6 +44,8 @@ _LIMIT_NAMES = (
     "max_tokens_per_request",
     "max_message_bytes",
     "max_response_bytes",
+    "max_pooled_inputs",
+    "max_pooled_tokens",
 )
 
 # -- errors ------------------------------------------------------------------------------------------------------

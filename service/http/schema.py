@@ -377,6 +377,8 @@ def model_entries(info: pb.ModelInfo, status: pb.ModelStatus | None = None) -> l
             "max_tokens_per_request": limits.max_tokens_per_request,
             "max_message_bytes": limits.max_message_bytes,
             "max_response_bytes": limits.max_response_bytes,
+            "max_pooled_inputs": limits.max_pooled_inputs,
+            "max_pooled_tokens": limits.max_pooled_tokens,
         },
     }
     base = {"object": "model", "created": 0, "owned_by": "elmo"}
