@@ -86,7 +86,9 @@ def _tokens_fitting(limits: dict, vectors_per_token: int) -> int:
 # takes and computes (issue 39: three of five kinds had only been refused).
 def _pooled(limits: dict, tokens: int) -> dict:
     """POST /v1/embeddings: --max-pooled-inputs texts, ``tokens`` tokens in all (one pooled vector each)."""
-    inputs = [" ".join(words) for words in _token_lists(tokens, -(-tokens // limits["max_pooled_inputs"]), seed=4)]
+    n = max(1, min(limits["max_pooled_inputs"], tokens))
+    words = _words(tokens, seed=4)
+    inputs = [" ".join(words[i * tokens // n : (i + 1) * tokens // n]) for i in range(n)]  # as even as can be
     what = f"{len(inputs):,} inputs, {tokens:,} tokens, pooled"
     return {"path": "/v1/embeddings", "body": _json({"input": inputs}), "what": what}
 
@@ -271,8 +273,9 @@ def clients_process(grpc_target, http_url, texts, n_grpc, n_http, ready, stop, o
 
 
 def abusers_process(http_url, limits, n_abusers, ready, go, stop, out) -> None:
-    """``n_abusers`` threads, each rotating through the worst requests (from ``go`` until ``stop``; the request in
-    flight at ``stop`` completes). Events: (kind, start, end, status, answer bytes, refusal message)."""
+    """``n_abusers`` threads, abuser i sending kind i (mod the kinds) back to back, from ``go`` until ``stop`` (the
+    request in flight at ``stop`` completes): with one abuser per kind every kind is in flight throughout, however
+    long another kind's request takes. Events: (kind, start, end, status, answer bytes, refusal message)."""
     host, port = http_url.split("//", 1)[1].rsplit(":", 1)
     requests = abuse_requests(limits)
     events: list[tuple] = []
@@ -280,11 +283,9 @@ def abusers_process(http_url, limits, n_abusers, ready, go, stop, out) -> None:
 
     def abuser(index: int) -> None:
         conn = Http(host, int(port), 600)
-        turn = index * (len(requests) // max(1, n_abusers))  # the abusers start on different kinds
+        item = requests[index % len(requests)]
         go.wait()
         while not stop.is_set():
-            item = requests[turn % len(requests)]
-            turn += 1
             started = time.monotonic()
             status, data = conn.call("POST", item["path"], item["body"])
             message = data[:300].decode("utf-8", "replace") if not status.startswith("2") else ""

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from elmo.service.core import (
     INLINE_ANSWER_BYTES,
     EmbedResult,
@@ -44,7 +45,7 @@ from elmo.service.core import (
 )
 from elmo.service.errors import Kind, ServiceError, clip, http_status, invalid
 from elmo.service.http import schema
-from elmo.service.http.connections import ClientGone, ConnectionGuard, read_body
+from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
 from elmo.service.http.encode import encode_json
 from elmo.service.http.openapi import openapi_document
 from elmo.service.observe import CLIENT_GONE, BearerToken, RequestObserver
@@ -68,7 +69,6 @@ R = TypeVar("R")
 
 # Every answer: no MIME sniffing. The page: only its own inline script and style block (by hash), calls to this
 # origin, never framed, no referrer leaks. (Style attributes stay allowed: the page colours its heat map with them.)
-COMMON_HEADERS = {"X-Content-Type-Options": "nosniff"}
 
 
 def page_headers(html: str) -> dict[str, str]:
@@ -155,22 +155,22 @@ class HttpFrontend:
         )
         self.app.add_routes(
             [
-                web.post("/v1/embeddings", self.embeddings),
-                web.post("/v1/embed", self.embed),
-                web.post("/v1/tokenize", self.tokenize),
-                web.get("/v1/models", self.models),
-                web.get("/v1/models/{model_id}", self.one_model),
-                web.get("/health", self.health),
-                web.get("/openapi.json", self.openapi),
-                web.get("/", self.page),
+                web.post("/v1/embeddings", self.embeddings, expect_handler=self._expect),
+                web.post("/v1/embed", self.embed, expect_handler=self._expect),
+                web.post("/v1/tokenize", self.tokenize, expect_handler=self._expect),
+                web.get("/v1/models", self.models, expect_handler=self._expect),
+                web.get("/v1/models/{model_id}", self.one_model, expect_handler=self._expect),
+                web.get("/health", self.health, expect_handler=self._expect),
+                web.get("/openapi.json", self.openapi, expect_handler=self._expect),
+                web.get("/", self.page, expect_handler=self._expect),
             ]
         )
         if self._admin is not None:
             self.app.add_routes(
                 [
-                    web.get("/admin/models", self.admin_index),
-                    web.post("/admin/models/{name}/load", self.admin_load),
-                    web.post("/admin/models/{name}/unload", self.admin_unload),
+                    web.get("/admin/models", self.admin_index, expect_handler=self._expect),
+                    web.post("/admin/models/{name}/load", self.admin_load, expect_handler=self._expect),
+                    web.post("/admin/models/{name}/unload", self.admin_unload, expect_handler=self._expect),
                 ]
             )
         self._runner: web.AppRunner | None = None
@@ -252,18 +252,47 @@ class HttpFrontend:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Bearer token (as on gRPC), then the drain switch, for everything but the open paths; a POST must be JSON
         (so that no web page can start work with a plain form)."""
-        if request.path.startswith(ADMIN_PATH) and self._admin is not None:
-            self._admin.check(request.headers.get("Authorization"), "header")
-            self.state.check_open()
-        elif request.path not in OPEN_PATHS:
-            if self._token is not None:
-                self._token.check(request.headers.get("Authorization"), "header")
+        self._check_token(request)
+        if request.path.startswith(ADMIN_PATH) and self._admin is not None or request.path not in OPEN_PATHS:
             self.state.check_open()
         routed = getattr(request.match_info, "http_exception", None) is None
         if routed and request.method == "POST" and not _is_json(request.content_type):
             sent = request.headers.get("Content-Type", "none")[:64]
             raise ServiceError(Kind.UNSUPPORTED_MEDIA, f"Content-Type must be {JSON_TYPE}, not {sent}")
         return await handler(request)
+
+    def _check_token(self, request: web.Request) -> None:
+        """ServiceError (401/403) unless the request carries the token its path needs (none for the open paths)."""
+        if request.path.startswith(ADMIN_PATH) and self._admin is not None:
+            self._admin.check(request.headers.get("Authorization"), "header")
+        elif request.path not in OPEN_PATHS and self._token is not None:
+            self._token.check(request.headers.get("Authorization"), "header")
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: the client waits to be told to send its body, so the size and the token are
+        checked first (aiohttp's own handler says "100 Continue" to anything, a 10 GB body without a token
+        included). A refusal is the final answer, and the connection closes: the body is never read."""
+        try:
+            if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+                raise ServiceError(Kind.INVALID_INPUT, f"Expect: {clip(request.headers[hdrs.EXPECT])} is not supported")
+            declared = request.content_length
+            if declared is not None and declared > self.limits.max_message_bytes:
+                raise ServiceError(Kind.TOO_LARGE, self._explain(web.HTTPRequestEntityTooLarge(
+                    max_size=self.limits.max_message_bytes, actual_size=declared)))  # fmt: skip
+            self._check_token(request)
+        except ServiceError as exc:
+            status, message = (417 if exc.kind is Kind.INVALID_INPUT else http_status(exc.kind)), exc.message
+            route = request.match_info.route.resource
+            seen = self.observer.start(f"{request.method} {route.canonical if route is not None else 'unmatched'}")
+            seen.finish(str(status), server_fault=False, describe=lambda: (str(request.remote), "-", message))
+            response = error_response(status, message, exc.kind.value)
+            response.headers.update(COMMON_HEADERS)
+            response.force_close()
+            return response
+        if request.version >= HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the interim answer is not the answer: an error may still follow
+        return None
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     async def _read(self, request: web.Request) -> bytes:

@@ -34,8 +34,8 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp import http_exceptions, web
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from elmo.service.limits import Limits
 from elmo.service.shares import Shares, peer_address
 
@@ -44,6 +44,7 @@ from elmo.errors import ConfigError
 log = logging.getLogger("service.http.connections")
 
 REASONS = ("header_timeout", "idle_timeout", "over_capacity", "over_peer_share")
+COMMON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # on every answer: no browser guesses a JSON body is HTML
 REFUSAL_LINGER_S = 1.0  # how long a refused connection may stay open for its client to read the 503 and close
 LISTEN_BACKLOG = 128  # aiohttp's TCPSite default
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -71,6 +72,62 @@ def over_capacity_response(message: str) -> bytes:
         "\r\n"
     )
     return (head + body).encode()
+
+
+# What a request aiohttp's parser refused is called in the answer: a fixed phrase per error, never the client's
+# bytes (aiohttp's own answer echoes them as text/plain).
+_PARSER_ERRORS: tuple[tuple[type[Exception], str], ...] = (
+    (http_exceptions.BadHttpMethod, "the request line names no valid HTTP method"),
+    (http_exceptions.LineTooLong, "a request line or header is too long"),
+    (http_exceptions.InvalidHeader, "a header is malformed"),
+    (http_exceptions.BadStatusLine, "the request line is malformed"),
+    (http_exceptions.InvalidURLError, "the request target is not a valid URL"),
+    (http_exceptions.TransferEncodingError, "the chunked body encoding is malformed"),
+    (http_exceptions.ContentLengthError, "the body does not match its Content-Length"),
+)
+
+
+class _ServiceRequestHandler(RequestHandler):
+    """aiohttp's protocol with the service's answer to what its parser refuses. aiohttp makes its RequestHandler
+    itself (web.Server has no parameter for the class), so the guard re-classes each one it is handed; no slot is
+    added, so the objects' layout is the same."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:  # fmt: skip
+        return _parser_error_answer(request, status, exc)
+
+
+def _parser_phrase(exc: BaseException | None) -> str:
+    """A fixed phrase for the parser's error: ours for the errors we know; llhttp's own reason (the first line of
+    its message, which is llhttp's text, not the client's bytes) for the rest."""
+    known = next((phrase for kind, phrase in _PARSER_ERRORS if isinstance(exc, kind)), None)
+    if known is not None:
+        return known
+    first = str(getattr(exc, "message", "") or "").split("\n", 1)[0].strip().rstrip(":")
+    if first and len(first) <= 80 and first.isascii() and first.isprintable() and not set(first) & set("'\"<>\\"):
+        return f"malformed HTTP request: {first[0].lower()}{first[1:]}"
+    return "malformed HTTP request"
+
+
+def _parser_error_answer(request: web.BaseRequest, status: int, exc: BaseException | None) -> web.StreamResponse:
+    """Stands in for aiohttp's ``RequestHandler.handle_error``, which answers what its parser refused (and a
+    handler's crash) with text/plain echoing the request's bytes, and logs each at ERROR with a traceback. Here:
+    the service's JSON error with a fixed phrase and nosniff, logged at DEBUG (a malformed request is the client's
+    fault); a 500 from aiohttp itself is still logged with its traceback."""
+    why = _parser_phrase(exc)
+    if status >= 500:
+        log.error("HTTP request from %s failed inside aiohttp", request.remote, exc_info=exc)
+    else:
+        log.debug("refused a malformed HTTP request from %s: %s (%s)", request.remote, why, type(exc).__name__)
+    if request.writer.output_size > 0:  # as aiohttp: an answer already began, the connection is broken
+        raise ConnectionError("an answer was already being sent: no room for the error")
+    text = why if status < 500 else "internal error (logged on the server)"
+    body = {"error": {"message": text, "type": "invalid_input" if status < 500 else "internal", "code": status}}
+    response = web.json_response(body, status=status, headers=COMMON_HEADERS)
+    response.force_close()
+    return response
 
 
 class _Refusal(asyncio.Protocol):
@@ -241,6 +298,8 @@ class ConnectionGuard:
             return self._refuse(conn, why)
         assert self._factory is not None
         inner = self._factory()
+        if type(inner) is RequestHandler:  # aiohttp's own error answers, in the service's form
+            inner.__class__ = _ServiceRequestHandler
         self._shares.take(conn.client)
         self._served[inner] = conn
         conn.set_state(State.HEADERS, self.limits.http_header_timeout)
@@ -350,4 +409,4 @@ def _stalled(timeout: float) -> web.HTTPRequestTimeout:
     return error
 
 
-__all__ = ["REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body"]
+__all__ = ["COMMON_HEADERS", "REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body"]

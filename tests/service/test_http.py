@@ -196,6 +196,49 @@ def test_the_bearer_token_guards_the_api_but_not_health_or_the_page(runtime):
         srv.stop()
 
 
+def _expect_exchange(url: str, head: str, body: bytes | None = None) -> tuple[bytes, bytes]:
+    """Send headers with ``Expect: 100-continue``; -> (the first answer, and what follows once ``body`` is sent)."""
+    import socket
+
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        first = sock.recv(65536)
+        rest = b""
+        if body is not None and first.startswith(b"HTTP/1.1 100"):
+            sock.sendall(body)
+            while b"\r\n\r\n" not in rest or not rest.rstrip().endswith(b"}"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                rest += chunk
+        return first, rest
+
+
+def test_expect_100_continue_is_answered_only_after_the_size_and_the_token(runtime):
+    srv = ServerThread({"tiny": runtime}, Limits(drain_seconds=1.0), auth_token=TOKEN, http=True)
+    srv.warm_up()
+    try:
+        def head(length: int, token: str | None = TOKEN, expect: str = "100-continue") -> str:
+            auth = f"Authorization: Bearer {token}\r\n" if token else ""
+            return (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+                    f"Content-Length: {length}\r\nExpect: {expect}\r\n\r\n")  # fmt: skip
+
+        huge, _ = _expect_exchange(srv.http_url, head(10 * 1024**3))
+        assert huge.startswith(b"HTTP/1.1 413") and b"(--max-message-bytes)" in huge
+        assert b"nosniff" in huge and b"100 Continue" not in huge
+        no_token, _ = _expect_exchange(srv.http_url, head(20, token=None))
+        assert no_token.startswith(b"HTTP/1.1 401") and b"missing 'Authorization: Bearer <token>'" in no_token
+        odd, _ = _expect_exchange(srv.http_url, head(20, expect="something-else"))
+        assert odd.startswith(b"HTTP/1.1 417") and b"is not supported" in odd
+        body = json.dumps({"input": "苹果"}).encode()
+        go_on, answer = _expect_exchange(srv.http_url, head(len(body)), body)
+        assert go_on.startswith(b"HTTP/1.1 100 Continue") and answer.startswith(b"HTTP/1.1 200")
+        assert len(json.loads(answer.split(b"\r\n\r\n", 1)[1])["data"]) == 1
+    finally:
+        srv.stop()
+
+
 def test_tls_serves_http_with_the_same_certificate(runtime, tmp_path):
     tls = self_signed_cert(tmp_path)
     srv = ServerThread({"tiny": runtime}, Limits(drain_seconds=1.0), tls=tls, http=True)

@@ -381,6 +381,30 @@ def test_one_client_address_holds_at_most_its_share_of_the_connections(serve):
         second.close()
 
 
+@pytest.mark.parametrize(
+    ("request_bytes", "phrase"),
+    [(b"G\x00T / HTTP/1.1\r\nHost: x\r\n\r\n", b"no valid HTTP method"),
+     (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\x01: <script>\r\n\r\n", b"invalid header token"),
+     (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"too long"),
+     (b"POST /ok HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz<script>\r\n", b"chunk size")],
+    ids=["method", "header", "long-line", "chunked"],
+)  # fmt: skip
+def test_what_aiohttps_parser_refuses_is_answered_as_json_without_echo_or_traceback(serve, caplog, request_bytes,
+                                                                                      phrase):  # fmt: skip
+    served = serve(limits())
+    caplog.set_level(logging.DEBUG, logger="aiohttp")
+    caplog.set_level(logging.DEBUG, logger="service.http.connections")
+    with connect(served.port) as sock:
+        sock.sendall(request_bytes)
+        status, headers, body = parse_response(wait_closed(sock))
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert headers["x-content-type-options"] == "nosniff"
+    error = json.loads(body)["error"]
+    assert phrase in error["message"].encode() and b"<script>" not in body and b"\\x" not in body
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
+    assert any("refused a malformed HTTP request" in r.getMessage() for r in caplog.records)
+
+
 def test_a_refused_client_that_stays_is_cut_after_a_short_linger(serve):
     served = serve(limits(header=SHORT, cap=1))
     with connect(served.port) as first, connect(served.port) as refused:
