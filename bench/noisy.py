@@ -8,9 +8,9 @@ the worst requests the server's limits allow?
 Phases (one ``elmo serve --port 0 --http-port 0`` on 127.0.0.1 per run): a short warm-up, then ``--duration``
 seconds of 8 well-behaved clients alone (4 gRPC through ``elmo.client.EmbedderClient``, 4 HTTP ``POST
 /v1/embeddings`` on a kept-alive connection, each one 15-25-word sentence per request, back to back), then
-``--duration`` seconds of the same with 5 abusers, one per kind, each sending back to back the largest request of
-its kind that the server *accepts* (sized from the server's own limits, GetModelInfo, then shrunk before the run
-while the server refuses it with 413: bench.noisy_load.fit_abuse_sizes):
+``--duration`` seconds of the same with 2 abusers (``--abusers``), each rotating back to back through the largest
+request of each kind that the server *accepts* (sized from the server's own limits, GetModelInfo, then shrunk
+before the run while the server refuses it with 413: bench.noisy_load.fit_abuse_sizes):
 
   largest-pooled    POST /v1/embeddings, --max-pooled-inputs texts (2,048) of --max-pooled-tokens (300,000) in all
   most-tokens       POST /v1/embed, --max-inputs sentences totalling --max-tokens-per-request tokens, base64
@@ -431,8 +431,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured well-behaved load first")
     parser.add_argument("--grpc-clients", type=int, default=4)
     parser.add_argument("--http-clients", type=int, default=4)
-    parser.add_argument("--abusers", type=int, default=len(ABUSE_KINDS),
-                        help="abusers, abuser i sending kind i (mod the kinds): the default, one per kind")  # fmt: skip
+    parser.add_argument("--abusers", type=int, default=2,
+                        help="abusers, each rotating through the kinds from its own first one")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2, help="server onnxruntime intra-op threads")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `elmo serve` argument (repeatable)")
     parser.add_argument("--single", action="store_true", help="the worst single requests one at a time instead")

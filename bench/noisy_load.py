@@ -273,9 +273,9 @@ def clients_process(grpc_target, http_url, texts, n_grpc, n_http, ready, stop, o
 
 
 def abusers_process(http_url, limits, n_abusers, ready, go, stop, out) -> None:
-    """``n_abusers`` threads, abuser i sending kind i (mod the kinds) back to back, from ``go`` until ``stop`` (the
-    request in flight at ``stop`` completes): with one abuser per kind every kind is in flight throughout, however
-    long another kind's request takes. Events: (kind, start, end, status, answer bytes, refusal message)."""
+    """``n_abusers`` threads, each rotating through the kinds back to back from its own starting kind, from ``go``
+    until ``stop`` (the request in flight at ``stop`` completes). Events: (kind, start, end, status, answer bytes,
+    refusal message)."""
     host, port = http_url.split("//", 1)[1].rsplit(":", 1)
     requests = abuse_requests(limits)
     events: list[tuple] = []
@@ -283,9 +283,11 @@ def abusers_process(http_url, limits, n_abusers, ready, go, stop, out) -> None:
 
     def abuser(index: int) -> None:
         conn = Http(host, int(port), 600)
-        item = requests[index % len(requests)]
+        turn = index * max(1, len(requests) // max(1, n_abusers))  # the abusers start on different kinds
         go.wait()
         while not stop.is_set():
+            item = requests[turn % len(requests)]
+            turn += 1
             started = time.monotonic()
             status, data = conn.call("POST", item["path"], item["body"])
             message = data[:300].decode("utf-8", "replace") if not status.startswith("2") else ""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 ALLENNLP_BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
-NLPL_BASE = "http://vectors.nlpl.eu/repository/11"
+NLPL_BASE = "https://vectors.nlpl.eu/repository/11"  # HTTPS: the NLPL repository serves it (HIT-SCIR README links http)
 ALLENNLP_LICENCE = "Apache-2.0"
 MANYLANGS_LICENCE = "none stated (cite Che et al. 2018)"
 

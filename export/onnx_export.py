@@ -48,6 +48,7 @@ from elmo.runtime.modeldir import (
     sha256_of,
 )
 from elmo.runtime.probe import PROBE_FILE
+from elmo.runtime.repository import readable_by_all
 from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
 
@@ -453,7 +454,7 @@ def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tu
     graphs = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE)
     names = (*scheme_files, ONNX_DATA_FILE, *graphs, PROBE_FILE, ONNX_META_FILE)
     for name in names:
-        (staging / name).chmod(0o644)  # readable by the serving user whatever the umask (repository.readable_by_all)
+        (staging / name).chmod(0o644)  # readable by the serving user whatever the umask
         os.replace(staging / name, out / name)
     if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
         for name in (CONFIG_FILE, VOCAB_FILE):
@@ -461,6 +462,7 @@ def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tu
                 shutil.copyfile(model_dir / name, out / name)
         if (model_dir / TASKS_DIR).is_dir():  # the same weights: the task mixes stay current (served with --int8 too)
             shutil.copytree(model_dir / TASKS_DIR, out / TASKS_DIR, dirs_exist_ok=True)
+    readable_by_all(out)  # the copies and the model's own files too: a server running as another user reads them
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

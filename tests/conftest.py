@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -97,7 +98,8 @@ SLOW: tuple[str, ...] = (
     "tests/train/test_adapt.py",  # 96: four adaptations
     "tests/test_dockerfile.py::test_every_pip_install_resolves_for_the_image",  # 43: pip resolves the image's installs
     "tests/test_gpu_train.py",  # 42: the module's rehearsal fixture packs the corpus and wheels (23 s)
-    "tests/service/test_fuzz.py",  # 37: Hypothesis against a live server
+    # tests/service/test_fuzz.py: its random tier marks itself slow; the fixed tier is fast
+    "tests/service/test_fuzz.py::test_a_stream_cut_by_an_oversized_message_leaves_the_server_up",  # a child server
     "tests/batch/test_recovery.py::test_ray_job_killed_mid_way_resumes_without_recomputing",  # 31: a Ray cluster
     "tests/batch/test_job.py::test_ray_engine_matches_local",  # 28: a Ray cluster
     "tests/batch/test_ray_cluster.py",  # 75: a 3-node Ray cluster started with `ray start`, a node and a driver killed
@@ -152,6 +154,15 @@ SLOW: tuple[str, ...] = (
     "tests/service/test_page.py",
     "tests/service/test_page_token.py",
 )
+
+# The fuzzers' random tier (tests/service/test_fuzz.py) draws from one seed per test session, printed in the session's
+# header and in any failure; ELMO_FUZZ_SEED=N replays a run.
+FUZZ_SEED = int(os.environ.get("ELMO_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"fuzz seed: {FUZZ_SEED} (random tier; ELMO_FUZZ_SEED={FUZZ_SEED} replays it)"
+
 
 COLLECTED_TIERS = pytest.StashKey[dict[str, bool]]()  # every collected node id -> slow?, before any -m deselection
 

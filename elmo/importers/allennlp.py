@@ -43,6 +43,7 @@ from elmo.model.bilm import BiLM, add_sentence_boundaries, projection_lstm_scan
 from elmo.model.checkpoint import save_model
 from elmo.model.config import ModelConfig
 from elmo.runtime.modeldir import sha256_of
+from elmo.runtime.repository import readable_by_all
 from elmo.text.chars import MAX_CHARS, batch_to_char_ids
 from elmo.text.tokenize import tokenize, whitespace_tokens
 
@@ -450,6 +451,7 @@ def import_allennlp(
     out = Path(out)
     save_model(model, out)
     _write_model_card(out, cfg, Path(options), Path(weights), warm_note, model.num_parameters())
+    readable_by_all(out)  # whatever the umask: a server running as another user must read the model
     return model
 
 

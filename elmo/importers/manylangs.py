@@ -52,6 +52,7 @@ from elmo.errors import ConfigError, ModelFileError
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import save_model
 from elmo.model.config import ModelConfig
+from elmo.runtime.repository import readable_by_all
 from elmo.text.chars import VocabScheme
 
 log = logging.getLogger(__name__)
@@ -328,6 +329,7 @@ def import_manylangs(model_dir: str | Path, out: str | Path) -> BiLM:
     save_model(model, out)
     scheme.save(out, source=f"ELMoForManyLangs {CHAR_DIC}" + (f" + {WORD_DIC}" if with_words else ""))
     _write_model_card(out, model_dir, cfg, net_source, model.num_parameters())
+    readable_by_all(out)  # whatever the umask: a server running as another user must read the model
     return model
 
 

@@ -46,7 +46,7 @@ from elmo.service.core import (
 from elmo.service.errors import Kind, ServiceError, clip, http_status, invalid
 from elmo.service.http import schema
 from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
-from elmo.service.http.encode import encode_json
+from elmo.service.http.encode import encode_json_parts
 from elmo.service.http.openapi import openapi_document
 from elmo.service.observe import CLIENT_GONE, BearerToken, RequestObserver
 
@@ -102,16 +102,18 @@ def error_response(status: int, message: str, kind: str, headers: dict[str, str]
 
 
 async def send_in_pieces(
-    request: web.Request, body: bytes, headers: dict[str, str] | None = None
+    request: web.Request, parts: list[bytes], headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
     """A large body written a piece at a time, each after the last has drained: the event loop never copies or holds
-    the whole answer in one step (asyncio's transport would buffer tens of MB in one call)."""
+    the whole answer in one step (asyncio's transport would buffer tens of MB in one call), and the answer is
+    never joined into one buffer."""
     response = web.StreamResponse(headers={**COMMON_HEADERS, **(headers or {}), "Content-Type": JSON_TYPE})
-    response.content_length = len(body)
+    response.content_length = sum(map(len, parts))
     await response.prepare(request)
-    view = memoryview(body)
-    for start in range(0, len(body), SEND_PIECE_BYTES):
-        await response.write(view[start : start + SEND_PIECE_BYTES])
+    for part in parts:
+        view = memoryview(part)
+        for start in range(0, len(view), SEND_PIECE_BYTES):
+            await response.write(view[start : start + SEND_PIECE_BYTES])
     await response.write_eof()
     return response
 
@@ -306,10 +308,10 @@ class HttpFrontend:
         headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
         """Build and serialize an answer, off the event loop when it is large; send a large one in pieces."""
-        body = await self.core.run(lambda: encode_json(payload()), heavy=size_bound > INLINE_ANSWER_BYTES)
-        if len(body) <= SEND_PIECE_BYTES:
-            return web.Response(body=body, content_type=JSON_TYPE, headers=headers)
-        return await send_in_pieces(request, body, headers)
+        parts = await self.core.run(lambda: encode_json_parts(payload()), heavy=size_bound > INLINE_ANSWER_BYTES)
+        if sum(map(len, parts)) <= SEND_PIECE_BYTES:
+            return web.Response(body=b"".join(parts), content_type=JSON_TYPE, headers=headers)
+        return await send_in_pieces(request, parts, headers)
 
     async def _parse(self, body: bytes, parse: Callable[[dict], Any]) -> Any:
         """``parse(json object)`` for a request body, on a worker when the body is large."""

@@ -19,22 +19,38 @@ import orjson
 from elmo.service.core import JSON_NUMBER_BYTES  # the size bound of the numbers written here
 
 PIECE_VALUES = 1 << 17  # numbers per piece
+BASE64_PIECE_BYTES = 3 << 18  # 768 KiB of data per base64 piece (a multiple of 3: the pieces' base64 concatenates)
 
 
 def encode_json(value: Any) -> bytes:
     """``value`` (dicts, lists, scalars and numpy arrays) as compact UTF-8 JSON."""
+    return b"".join(encode_json_parts(value))
+
+
+def encode_json_parts(value: Any) -> list[bytes]:
+    """The same JSON as pieces, in order: a large answer is sent piece by piece, never joined into one buffer
+    (joining 33 MB holds the GIL ~60 ms, most of it page faults, while health checks wait)."""
     parts: list[bytes] = []
     _encode(value, parts)
-    return b"".join(parts)
+    return parts
 
 
-class JsonText(bytes):
-    """Bytes that are JSON text already (a base64 string with its quotes): written as they are, never re-scanned."""
+class JsonText(tuple):
+    """Pieces of bytes that are JSON text already (a base64 string with its quotes): written as they are, never
+    re-scanned."""
 
 
-def base64_json(data: bytes) -> JsonText:
-    """``data`` as a JSON string of its base64 (no character of which needs escaping)."""
-    return JsonText(b'"' + binascii.b2a_base64(data, newline=False) + b'"')
+def base64_json(data: bytes | memoryview) -> JsonText:
+    """``data`` as a JSON string of its base64 (no character of which needs escaping), encoded a piece at a time
+    with the GIL given away between pieces (25 MB in one call held it ~70 ms)."""
+    view = memoryview(data).cast("B")
+    pieces = [b'"']
+    for start in range(0, len(view), BASE64_PIECE_BYTES):
+        if start:
+            time.sleep(0)  # let the event loop's thread take the GIL between pieces
+        pieces.append(binascii.b2a_base64(view[start : start + BASE64_PIECE_BYTES], newline=False))
+    pieces.append(b'"')
+    return JsonText(pieces)
 
 
 def _dumps(value: Any) -> bytes:
@@ -49,7 +65,7 @@ def _numbers(array: np.ndarray) -> bytes:
 
 def _encode(value: Any, parts: list[bytes]) -> None:
     if isinstance(value, JsonText):
-        parts.append(value)
+        parts.extend(value)
     elif isinstance(value, np.ndarray):
         _encode_array(value, parts)
     elif isinstance(value, dict):
@@ -92,4 +108,4 @@ def _encode_array(array: np.ndarray, parts: list[bytes]) -> None:
     parts.append(b"]")
 
 
-__all__ = ["JSON_NUMBER_BYTES", "PIECE_VALUES", "JsonText", "base64_json", "encode_json"]
+__all__ = ["JSON_NUMBER_BYTES", "PIECE_VALUES", "JsonText", "base64_json", "encode_json", "encode_json_parts"]

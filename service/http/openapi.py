@@ -65,6 +65,9 @@ _ERROR_STATUSES: dict[str, str] = {
     "503": "unavailable: the model is warming up, the server is draining after SIGTERM, or too many connections are "
     "open (--max-connections); retry shortly or on another replica",
     "504": "the request's deadline passed while it was queued (its work was dropped, never computed)",
+    "403": "admin API: a token was sent, but not the admin token (--admin-token)",
+    "409": "admin API: the version was refused (it failed to load or its checks, or it is over --max-model-memory)",
+    "417": "an Expect header other than 100-continue",
 }
 _ERROR_TYPES = [  # service.errors.Kind, spaces as underscores; and "timeout" for a stalled body (408)
     "invalid_input",
@@ -120,6 +123,7 @@ def _errors(*statuses: str) -> dict:
 _POST_EMBED_ERRORS = ("400", "401", "404", "408", "413", "415", "429", "500", "503", "504")
 _POST_TOKENIZE_ERRORS = ("400", "401", "404", "408", "413", "415", "500", "503")
 _GET_API_ERRORS = ("401", "500", "503")
+_ADMIN_ERRORS = ("400", "401", "403", "404", "408", "409", "413", "415", "500", "503")
 _OPEN_ERRORS = ("500", "503")
 
 # -- requests and answers ----------------------------------------------------------------------------------------
@@ -389,6 +393,24 @@ _SCHEMAS: dict[str, dict] = {
         required=("object", "data"),
     ),
     "Health": _obj({"status": {"enum": ["SERVING", "NOT_SERVING"]}}, required=("status",)),
+    # -- the admin API (--model-root with --admin-token): service.admin, the same operations as gRPC's ModelAdmin
+    "VersionStatus": _obj(
+        {
+            "version": _COUNT,
+            "state": {"enum": ["state_unspecified", "loading", "ready", "unloading", "unloaded", "failed"]},
+            "serving": {"type": "boolean", "description": "new requests go to this version"},
+            "memory_bytes": _COUNT,
+            "in_flight": {**_COUNT, "description": "requests this version is still answering"},
+            "reason": {"type": "string", "description": "why it failed, in one line"},
+        },
+        required=("version", "state", "serving", "memory_bytes", "in_flight"),
+    ),
+    "ModelStatus": _obj({"name": _STRING, "versions": _array(_ref("VersionStatus"))}, required=("name", "versions")),
+    "RepositoryIndex": _obj({"models": _array(_ref("ModelStatus"))}, required=("models",)),
+    "VersionRequest": _obj(
+        {"version": {"type": "integer", "minimum": 0, "description": "0 or none: the latest (load) or every (unload)"}},
+        description="an empty body means version 0",
+    ),
 }
 
 
@@ -422,6 +444,22 @@ def _get(operation_id: str, summary: str, responses: dict, open_path: bool = Fal
     if open_path:
         operation["security"] = []  # no token: probes carry no secret, the page and this document hold no data
     return {"get": operation}
+
+
+def _admin(operation_id: str, summary: str, method: str) -> dict:
+    """One admin operation: only with --admin-token (and --model-root), authorised by the admin token alone."""
+    operation: dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": f"{summary} (admin API: --model-root with --admin-token)",
+        "security": [{"admin": []}],
+        "responses": {"200": {"description": summary, "content": _content(_ref("ModelStatus"))},
+                      **_errors(*_ADMIN_ERRORS)},  # fmt: skip
+        "parameters": [{"name": "name", "in": "path", "required": True, "description": "a model of the repository",
+                        "schema": {"type": "string"}}],  # fmt: skip
+    }
+    if method == "post":
+        operation["requestBody"] = {"required": False, "content": _content(_ref("VersionRequest"))}
+    return {method: operation}
 
 
 def _health(status: str) -> dict:
@@ -458,7 +496,12 @@ def openapi_document() -> dict:
                     "scheme": "bearer",
                     "description": "the server's --auth-token (or ELMO_AUTH_TOKEN); a server started without one "
                     "needs no token",
-                }
+                },
+                "admin": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the server's --admin-token (or ELMO_ADMIN_TOKEN): the /admin/ routes only",
+                },
             },
         },
         "security": [{"bearer": []}],
@@ -527,6 +570,20 @@ def openapi_document() -> dict:
                 },
                 open_path=True,
             ),
+            "/admin/models": {
+                "get": {
+                    "operationId": "repositoryIndex",
+                    "summary": "Every model of the repository and its versions (admin API: --model-root with "
+                    "--admin-token)",
+                    "security": [{"admin": []}],
+                    "responses": {
+                        **_ok("the repository", _ref("RepositoryIndex")),
+                        **_errors("401", "403", "500", "503"),
+                    },
+                }
+            },
+            "/admin/models/{name}/load": _admin("loadModel", "Load a version (0: the latest) and serve it", "post"),
+            "/admin/models/{name}/unload": _admin("unloadModel", "Stop serving a version (0: every one)", "post"),
             "/": _get(
                 "page",
                 "The layer explorer page: one self-contained HTML file (it calls the API with the token typed in it)",

@@ -156,7 +156,7 @@ def test_the_catalogue_names_the_published_models():
     assert [e.name for e in allennlp] == ["small", "medium", "original", "5.5B"]
     assert len(manylangs) == len(MANYLANGS_MODELS) == 44
     assert sorted(int(e.files[0].file[:-4]) for e in manylangs) == list(range(136, 180))  # NLPL 136-179
-    assert ZH.files[0].url == "http://vectors.nlpl.eu/repository/11/179.zip"
+    assert ZH.files[0].url == "https://vectors.nlpl.eu/repository/11/179.zip"
     assert SMALL.files[1].url == (
         "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/2x1024_128_2048cnn_1xhighway/"
         "elmo_2x1024_128_2048cnn_1xhighway_weights.hdf5"

@@ -6,7 +6,11 @@ conforms to the documented schema. gRPC: Hypothesis builds ``EmbedRequest`` and 
 every field (odd Unicode, huge and negative layers, unknown enum values, empty and oversized inputs), and raw random
 bytes; the answer is a vector or a clear status, never INTERNAL or UNKNOWN.
 
-Bounded and reproducible: a fixed number of examples, derandomized (the same cases on every run), no deadline.
+Two tiers, no deadline: every fuzz test runs once *fixed* (derandomized: the same cases on every run, a fifth of the
+examples; the fast tier, `make check`) and once *random* (all the examples from the run's seed, which the test
+session prints in its header and in every failure, and which ``ELMO_FUZZ_SEED=N`` replays; the slow tier): CI finds
+new cases on every run, and any of them reproduces. The admin API is fuzzed from the same document, against a
+repository server of its own (so that unloading its model cannot disturb the other tests).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import grpc
 import pytest
 import schemathesis
 from elmo.service.http.openapi import openapi_document
-from hypothesis import HealthCheck, event, example, given, settings
+from elmo.service.server import RepositoryOptions
+from hypothesis import HealthCheck, event, example, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -38,6 +43,7 @@ from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
+from tests.conftest import FUZZ_SEED
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
 TASK = "pos_demo"
@@ -50,13 +56,30 @@ CHECKS = [
     response_headers_conformance,
     unsupported_method,  # a method a path does not serve: 405 with an Allow header
 ]
-FUZZ = settings(
-    max_examples=100,
-    derandomize=True,  # the same cases on every run: a failure here reproduces
-    database=None,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
+FUZZ = settings(database=None, deadline=None, suppress_health_check=list(HealthCheck))
+TIERS = [pytest.param("fixed", id="fixed-seed"), pytest.param("random", id="random", marks=pytest.mark.slow)]
+ADMIN = "fuzz-admin"
+
+
+def fuzz(tier: str, examples: int):
+    """The tier's Hypothesis settings for a test of ``examples`` examples: fixed = derandomized, a fifth of them;
+    random = all of them, drawn from FUZZ_SEED (a failure names the seed that replays it)."""
+
+    def apply(test):
+        if tier == "fixed":
+            return settings(FUZZ, derandomize=True, max_examples=max(10, examples // 5))(test)
+        seeded = seed(FUZZ_SEED)(settings(FUZZ, derandomize=False, max_examples=examples)(test))
+
+        def replayable(*args, **kwargs):
+            try:
+                return seeded(*args, **kwargs)
+            except BaseException as exc:
+                exc.add_note(f"random fuzz tier, seed {FUZZ_SEED}: ELMO_FUZZ_SEED={FUZZ_SEED} replays it")
+                raise
+
+        return replayable
+
+    return apply
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +94,27 @@ def fuzz_server(tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def admin_server(tiny_model_dir, tmp_path_factory):
+    """A model repository (root/tiny/1) with the admin API, for the /admin/ operations of the document."""
+    root = tmp_path_factory.mktemp("fuzz-repository")
+    shutil.copytree(tiny_model_dir, root / "tiny" / "1")
+    repository = RepositoryOptions(root, lambda d: Embedder(d, intra_op_threads=1), release_timeout_s=5.0)
+    server = ServerThread({}, EDGE_LIMITS, http=True, repository=repository, admin_token=ADMIN)
+    server.warm_up()
+    yield server
+    server.stop()
+
+
+def call_and_validate(case, fuzz_server, admin_server):
+    """The case against the server that serves its operation, with the admin token (which the other server,
+    having no token of its own, ignores)."""
+    server = admin_server if case.path.startswith("/admin/") else fuzz_server
+    sent = {name.lower() for name in case.headers or {}}
+    headers = {} if "authorization" in sent else {"Authorization": f"Bearer {ADMIN}"}
+    return case.call_and_validate(base_url=server.http_url, checks=CHECKS, timeout=30, headers=headers)
+
+
 # -- HTTP: Schemathesis from the served document -----------------------------------------------------------------
 # The document is built here, not fetched at import (there is no server yet); test_the_fuzzed_document_is_the_served_one
 # checks that it is exactly what GET /openapi.json serves. (schemathesis.pytest.from_fixture, which would fetch it,
@@ -79,15 +123,32 @@ DOCUMENT = json.loads(json.dumps(openapi_document()))
 schema = schemathesis.openapi.from_dict(DOCUMENT)
 
 
-def test_the_fuzzed_document_is_the_served_one(fuzz_server):
+def test_the_fuzzed_document_is_the_served_one(fuzz_server, admin_server):
     with urllib.request.urlopen(f"{fuzz_server.http_url}/openapi.json", timeout=30) as response:
         assert json.loads(response.read()) == DOCUMENT
+    routes = {route.resource.canonical for route in admin_server.server.http.app.router.routes()}
+    assert routes == set(DOCUMENT["paths"])  # the admin routes included: every one of them is fuzzed
 
 
 @schema.parametrize()
-@FUZZ
-def test_every_http_answer_is_documented_and_none_is_a_server_error(case, fuzz_server):
-    case.call_and_validate(base_url=fuzz_server.http_url, checks=CHECKS, timeout=30)
+@fuzz("fixed", 100)
+def test_every_http_answer_is_documented_and_none_is_a_server_error(case, fuzz_server, admin_server):
+    """The fixed tier: every operation of the document, its cases derandomized."""
+    call_and_validate(case, fuzz_server, admin_server)
+
+
+@pytest.mark.slow
+def test_random_http_requests_are_documented_and_none_is_a_server_error(fuzz_server, admin_server):
+    """The random tier: valid and invalid cases for every operation, from the run's seed."""
+    cases = st.one_of(schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
+                      schema.as_strategy(schemathesis.GenerationMode.NEGATIVE))  # fmt: skip
+
+    @fuzz("random", 1000)
+    @given(case=cases)
+    def check(case):
+        call_and_validate(case, fuzz_server, admin_server)
+
+    check()
 
 
 LONG = " ".join(f"w{i}" for i in range(30))  # over the 20 tokens per sentence of EDGE_LIMITS
@@ -244,32 +305,46 @@ def expect_no_server_fault(call, request) -> object | None:
         return None
 
 
-@settings(FUZZ, max_examples=400)
-@given(request=EMBED_REQUESTS)
-@example(request=pb.EmbedRequest(inputs=[pb.Input(text=OVERSIZED)]))
-def test_embed_answers_every_request_or_names_the_fault(channel, request):
-    answer = expect_no_server_fault(pb_grpc.EmbedderStub(channel).Embed, request)
-    if answer is not None:
-        assert len(answer.embeddings) == len(request.inputs) and answer.request_id == request.request_id
+@pytest.mark.parametrize("tier", TIERS)
+def test_embed_answers_every_request_or_names_the_fault(channel, tier):
+    @fuzz(tier, 400)
+    @given(request=EMBED_REQUESTS)
+    @example(request=pb.EmbedRequest(inputs=[pb.Input(text=OVERSIZED)]))
+    def check(request):
+        answer = expect_no_server_fault(pb_grpc.EmbedderStub(channel).Embed, request)
+        if answer is not None:
+            assert len(answer.embeddings) == len(request.inputs) and answer.request_id == request.request_id
+
+    check()
 
 
-@settings(FUZZ, max_examples=80)
-@given(requests=st.lists(EMBED_REQUESTS, min_size=1, max_size=4))
-@example(requests=[pb.EmbedRequest(inputs=[pb.Input(text=OVERSIZED)])])
-def test_a_stream_answers_in_order_or_ends_with_the_faults_status(channel, requests):
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_stream_answers_in_order_or_ends_with_the_faults_status(channel, tier):
     stub = pb_grpc.EmbedderStub(channel)
-    answers = expect_no_server_fault(lambda rs, timeout: list(stub.EmbedStream(iter(rs), timeout=timeout)), requests)
-    if answers is not None:
-        assert [len(a.embeddings) for a in answers] == [len(r.inputs) for r in requests]
+
+    @fuzz(tier, 80)
+    @given(requests=st.lists(EMBED_REQUESTS, min_size=1, max_size=4))
+    @example(requests=[pb.EmbedRequest(inputs=[pb.Input(text=OVERSIZED)])])
+    def check(requests):
+        stream = lambda rs, timeout: list(stub.EmbedStream(iter(rs), timeout=timeout))  # noqa: E731
+        answers = expect_no_server_fault(stream, requests)
+        if answers is not None:
+            assert [len(a.embeddings) for a in answers] == [len(r.inputs) for r in requests]
+
+    check()
 
 
-@settings(FUZZ, max_examples=200)
-@given(request=TOKENIZE_REQUESTS)
-@example(request=pb.TokenizeRequest(texts=[OVERSIZED]))
-def test_tokenize_answers_every_request_or_names_the_fault(channel, request):
-    answer = expect_no_server_fault(pb_grpc.EmbedderStub(channel).Tokenize, request)
-    if answer is not None:
-        assert len(answer.texts) == len(request.texts)
+@pytest.mark.parametrize("tier", TIERS)
+def test_tokenize_answers_every_request_or_names_the_fault(channel, tier):
+    @fuzz(tier, 200)
+    @given(request=TOKENIZE_REQUESTS)
+    @example(request=pb.TokenizeRequest(texts=[OVERSIZED]))
+    def check(request):
+        answer = expect_no_server_fault(pb_grpc.EmbedderStub(channel).Tokenize, request)
+        if answer is not None:
+            assert len(answer.texts) == len(request.texts)
+
+    check()
 
 
 @st.composite
@@ -284,16 +359,21 @@ def raw_messages(draw) -> bytes:
     return bytes(data[: draw(st.integers(0, len(data)))]) if draw(st.booleans()) else bytes(data)
 
 
-@settings(FUZZ, max_examples=300)
-@given(method=st.sampled_from(METHODS), data=raw_messages())
-@example(method="Embed", data=b"\xff" * 20_000)
-def test_raw_bytes_as_any_request_never_fault_the_server(channel, method, data):
-    path = f"/elmo.v1.Embedder/{method}"
-    if method == "EmbedStream":  # identity serializers: the bytes go out as they are, the answers come back raw
-        stream = channel.stream_stream(path, request_serializer=None, response_deserializer=None)
-        expect_no_server_fault(lambda d, timeout: list(stream(iter([d]), timeout=timeout)), data)
-    else:
-        expect_no_server_fault(channel.unary_unary(path, request_serializer=None, response_deserializer=None), data)
+@pytest.mark.parametrize("tier", TIERS)
+def test_raw_bytes_as_any_request_never_fault_the_server(channel, tier):
+    @fuzz(tier, 300)
+    @given(method=st.sampled_from(METHODS), data=raw_messages())
+    @example(method="Embed", data=b"\xff" * 20_000)
+    def check(method, data):
+        path = f"/elmo.v1.Embedder/{method}"
+        if method == "EmbedStream":  # identity serializers: the bytes go out as they are, the answers come back raw
+            stream = channel.stream_stream(path, request_serializer=None, response_deserializer=None)
+            expect_no_server_fault(lambda d, timeout: list(stream(iter([d]), timeout=timeout)), data)
+        else:
+            unary = channel.unary_unary(path, request_serializer=None, response_deserializer=None)
+            expect_no_server_fault(unary, data)
+
+    check()
 
 
 # A stream whose second message is over --max-message-bytes, behind a valid first one that is being embedded, is cut
