@@ -157,8 +157,11 @@ class RequestCore:
         self.limits = limits
         self.state = state
         self.manager = None  # service.versions.ModelManager under --model-root (versions for ListModels)
-        # Only large requests reach the workers (small ones run in place): they run in the background too
-        self.workers = background_executor(limits.request_workers, "request", limits.background_nice)
+        # Only large requests reach the workers (small ones run in place). They run at the event loop's priority,
+        # not lowered: they hold the GIL (Python work), and a lowered thread that holds it while the OS runs others
+        # keeps the event loop waiting (health waited 0.7-1.3 s under the noisy-neighbour bench on 2 busy cores).
+        # Lowering is for the runtime's threads, which release the GIL while they compute.
+        self.workers = background_executor(limits.request_workers, "request", 0)
 
     def close(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)

@@ -141,7 +141,7 @@ _HELP = {
     "signal ends it early. Then the drain (--drain-seconds)",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
     "request_workers": "threads that tokenize requests and build answers, off the event loop",
-    "background_nice": "how much lower (nice) the threads run that work on long requests (over --express-tokens) "
+    "background_nice": "how much lower (nice) the runtime threads computing long requests (over --express-tokens) run "
     "while short ones are about: the cores go to the short requests first; an idle machine runs long ones at full "
     "speed (0 = the same priority; Linux only)",
     "switch_interval_ms": "longest a busy worker thread holds Python's GIL once the event loop wants it (Python's "
