@@ -82,13 +82,15 @@ def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
     return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
 
 
-class ObserverInterceptor(grpc.aio.ServerInterceptor):
-    """Times every RPC, works out its final status code and reports it to the shared observer. The observing
-    handler is built once per method (a method's handler never changes), not once per call."""
+class _WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps each method's handler once (a method's handler never changes), not once per call: ``wrap(method,
+    handler)`` builds the wrapped handler the first time a method is called."""
 
-    def __init__(self, observer: RequestObserver):
-        self._observer = observer
+    def __init__(self) -> None:
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        raise NotImplementedError
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -96,10 +98,21 @@ class ObserverInterceptor(grpc.aio.ServerInterceptor):
             return None
         cached = self._wrapped.get(details.method)
         if cached is None or cached[0] is not handler:
-            short = details.method.rsplit("/", 1)[-1]
-            cached = (handler, _observed(handler, lambda: self._observer.start(short), self._finish))
+            cached = (handler, self.wrap(details.method, handler))
             self._wrapped[details.method] = cached
         return cached[1]
+
+
+class ObserverInterceptor(_WrappingInterceptor):
+    """Times every RPC, works out its final status code and reports it to the shared observer."""
+
+    def __init__(self, observer: RequestObserver):
+        super().__init__()
+        self._observer = observer
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        short = method.rsplit("/", 1)[-1]
+        return _observed(handler, lambda: self._observer.start(short), self._finish)
 
     @staticmethod
     def _finish(seen: Observation, context, error: BaseException | None, who: tuple[str, str]) -> None:
@@ -194,7 +207,7 @@ def _observed(handler, start, finish) -> grpc.RpcMethodHandler:
     return make(writing, **kwargs)
 
 
-class CallGate(grpc.aio.ServerInterceptor):
+class CallGate(_WrappingInterceptor):
     """Every call's request read against a clock, and every call but health checks counted in bounded shares.
 
     gRPC starts a unary-request handler only once its message is whole, so a call whose message never completes
@@ -208,20 +221,13 @@ class CallGate(grpc.aio.ServerInterceptor):
 
     def __init__(self, shares: Shares, message_timeout: float, stream_idle_timeout: float,
                  exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,)):  # fmt: skip
+        super().__init__()
         self.shares = shares
         self.message_timeout, self.stream_idle_timeout = message_timeout, stream_idle_timeout
         self._exempt = exempt_prefixes
-        self._gated: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        cached = self._gated.get(details.method)
-        if cached is None or cached[0] is not handler:
-            cached = (handler, self._gate(handler, counted=not details.method.startswith(self._exempt)))
-            self._gated[details.method] = cached
-        return cached[1]
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        return self._gate(handler, counted=not method.startswith(self._exempt))
 
     @contextlib.asynccontextmanager
     async def _place(self, context: grpc.aio.ServicerContext, counted: bool):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from elmo.service.core import _give_way, _stay, gil_yielder
+from elmo.service.core import RequestCore, ServerState, _give_way, _stay, gil_yielder
+from elmo.service.models import ModelRegistry
+
+from elmo.runtime.priority import per_thread_priorities, thread_nice
+from tests.service_helpers import limits_with
 
 
 def test_tokenizing_gives_the_gil_away_on_a_worker_but_not_on_the_event_loop():
@@ -18,11 +22,6 @@ def test_tokenizing_gives_the_gil_away_on_a_worker_but_not_on_the_event_loop():
 def test_the_request_workers_run_at_the_event_loops_priority():
     """They hold the GIL for their Python work: lowered, one preempted by the OS while holding it kept the event loop
     (health checks) waiting up to 1.3 s. --background-nice lowers the runtime's threads, never these."""
-    from elmo.runtime.priority import per_thread_priorities, thread_nice
-    from elmo.service.core import RequestCore, ServerState
-    from elmo.service.models import ModelRegistry
-    from tests.service_helpers import limits_with
-
     core = RequestCore(ModelRegistry([], allow_empty=True), limits_with(background_nice=7), ServerState())
     try:
         seen = asyncio.run(core.run(thread_nice, heavy=True))
