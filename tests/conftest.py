@@ -148,6 +148,7 @@ SLOW: tuple[str, ...] = (
     "tests/service/test_server.py::test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering",
     "tests/mix/test_cli.py::test_train_tagging_stores_a_servable_task",  # 2.2
     # the fourth pass (issues 38/39 added ~70 fast tests): their calls of 2 s or more
+    "tests/service/test_second_user.py",  # 6: an import + export, then `elmo serve` as nobody
     "tests/service/test_grpc_door.py",  # 8.4: two `elmo serve` processes, 2,054 silent calls each
     "tests/importers/test_manylangs.py::test_a_wrong_graph_fails_verification_on_this_fixture",  # 2.8: two exports
     # needed, whatever their time: Chromium, which `make test` installs

@@ -68,8 +68,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Every answer: no MIME sniffing. The page: only its own inline script and style block (by hash), calls to this
-# origin, never framed, no referrer leaks. (Style attributes stay allowed: the page colours its heat map with them.)
+# Every answer: no MIME sniffing (COMMON_HEADERS, from the connection guard, which answers some requests itself).
+# The page: only its own inline script and style block (by hash), calls to this origin, never framed, no referrer
+# leaks. (Style attributes stay allowed: the page colours its heat map with them.)
 
 
 def page_headers(html: str) -> dict[str, str]:
@@ -278,7 +279,7 @@ class HttpFrontend:
         """Bearer token (as on gRPC), then the drain switch, for everything but the open paths; a POST must be JSON
         (so that no web page can start work with a plain form)."""
         self._check_token(request)
-        if request.path.startswith(ADMIN_PATH) and self._admin is not None or request.path not in OPEN_PATHS:
+        if request.path not in OPEN_PATHS:
             self.state.check_open()
         routed = getattr(request.match_info, "http_exception", None) is None
         if routed and request.method == "POST" and not _is_json(request.content_type):
