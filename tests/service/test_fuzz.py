@@ -143,7 +143,7 @@ def test_random_http_requests_are_documented_and_none_is_a_server_error(fuzz_ser
     cases = st.one_of(schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
                       schema.as_strategy(schemathesis.GenerationMode.NEGATIVE))  # fmt: skip
 
-    @fuzz("random", 1000)
+    @fuzz("random", 400)
     @given(case=cases)
     def check(case):
         call_and_validate(case, fuzz_server, admin_server)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 from elmo.service.errors import Kind
-from elmo.service.http.app import OPEN_PATHS
+from elmo.service.http.app import ADMIN_PATH, OPEN_PATHS
 from elmo.service.http.openapi import openapi_document
+from elmo.service.server import RepositoryOptions
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from referencing import Registry, Resource
@@ -100,9 +102,13 @@ def test_the_validator_rejects_a_broken_copy(breakage):
 
 
 @pytest.fixture(scope="module")
-def routes(tiny_model_dir):
-    """(METHOD, path) of every route of a real server's HTTP app (HEAD: aiohttp's automatic twin of each GET)."""
-    server = ServerThread({"tiny": Embedder(tiny_model_dir, intra_op_threads=1)}, EDGE_LIMITS, http=True)
+def routes(tiny_model_dir, tmp_path_factory):
+    """(METHOD, path) of every route of a real server's HTTP app (HEAD: aiohttp's automatic twin of each GET): a
+    model repository with the admin API, which adds the /admin/ routes."""
+    root = tmp_path_factory.mktemp("openapi-repository")
+    shutil.copytree(tiny_model_dir, root / "tiny" / "1")
+    repository = RepositoryOptions(root, lambda d: Embedder(d, intra_op_threads=1))
+    server = ServerThread({}, EDGE_LIMITS, http=True, repository=repository, admin_token="admin")
     try:
         app = server.server.http.app
         return {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
@@ -116,11 +122,12 @@ def test_every_route_and_method_is_documented_and_nothing_else(routes):
 
 def test_open_paths_need_no_token_and_every_other_route_the_bearer_scheme():
     schemes = DOCUMENT["components"]["securitySchemes"]
-    assert schemes == {"bearer": {**schemes["bearer"], "type": "http", "scheme": "bearer"}}
+    assert schemes == {name: {**schemes[name], "type": "http", "scheme": "bearer"} for name in ("bearer", "admin")}
     assert DOCUMENT["security"] == [{"bearer": []}]
     for path, method, operation in operations(DOCUMENT):
         security = operation.get("security", DOCUMENT["security"])
         assert (security == []) == (path in OPEN_PATHS), (method, path)
+        assert (security == [{"admin": []}]) == path.startswith(ADMIN_PATH), (method, path)  # the admin token alone
         if path not in OPEN_PATHS:
             responses = operation["responses"]
             assert "401" in responses and "WWW-Authenticate" in deref(DOCUMENT, responses["401"])["headers"]
@@ -139,6 +146,8 @@ def test_every_operation_lists_the_statuses_it_can_answer_with_the_error_shape()
             expected |= {"429", "504"}  # the queue: overloaded, deadline
         if path == "/v1/models/{model_id}":
             expected |= {"404"}
+        if path.startswith(ADMIN_PATH):  # another token than the admin one: 403; a version refused: 409
+            expected |= {"403", "409"} if method == "post" else {"403"}
         assert statuses == expected, (method, path)
         for status, response in operation["responses"].items():
             response = deref(DOCUMENT, response)
