@@ -161,8 +161,11 @@ SLOW: tuple[str, ...] = (
 FUZZ_SEED = int(os.environ.get("ELMO_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"fuzz seed: {FUZZ_SEED} (random tier; ELMO_FUZZ_SEED={FUZZ_SEED} replays it)"
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The seed on the first line of every run, `-q` (make test, CI) included, where pytest prints no header."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"fuzz seed: {FUZZ_SEED} (random tier; ELMO_FUZZ_SEED={FUZZ_SEED} replays it)")
 
 
 COLLECTED_TIERS = pytest.StashKey[dict[str, bool]]()  # every collected node id -> slow?, before any -m deselection

@@ -8,7 +8,7 @@ bytes; the answer is a vector or a clear status, never INTERNAL or UNKNOWN.
 
 Two tiers, no deadline: every fuzz test runs once *fixed* (derandomized: the same cases on every run, a fifth of the
 examples; the fast tier, `make check`) and once *random* (all the examples from the run's seed, which the test
-session prints in its header and in every failure, and which ``ELMO_FUZZ_SEED=N`` replays; the slow tier): CI finds
+session prints on its first line and in every failure, and which ``ELMO_FUZZ_SEED=N`` replays; the slow tier): CI finds
 new cases on every run, and any of them reproduces. The admin API is fuzzed from the same document, against a
 repository server of its own (so that unloading its model cannot disturb the other tests).
 """
