@@ -9,9 +9,6 @@ to the whole (docs/service.md, "Limits").
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from elmo.service.errors import Kind, ServiceError
 
 
@@ -32,7 +29,7 @@ def peer_address(peer: str) -> str:
 
 class Shares:
     """Counts what each peer holds. ``take`` raises ServiceError(OVERLOADED) naming the limit that was reached,
-    before anything is taken; ``give_back`` returns one. ``hold`` pairs them for a block."""
+    before anything is taken; ``give_back`` returns one."""
 
     def __init__(self, total: int, per_peer: int, what: str, flags: tuple[str, str]):
         self.total, self.per_peer = total, per_peer
@@ -70,14 +67,6 @@ class Shares:
         else:
             del self._held[peer]
         self.count -= 1
-
-    @contextlib.contextmanager
-    def hold(self, peer: str) -> Iterator[None]:
-        self.take(peer)
-        try:
-            yield
-        finally:
-            self.give_back(peer)
 
 
 __all__ = ["Shares", "peer_address"]
