@@ -5,12 +5,16 @@ these cases: lengths 1, 2, 7, 50, 200, 400 alone, mixed-length batches (padding 
 empty sentence beside a long one, a word over 50 bytes (char truncation), CJK and emoji (multi-byte UTF-8).
 
 The reference is the PyTorch model run in float64: the exact maths of the same weights. A float32 graph cannot
-reach it exactly, and how far it stays depends on the weights: a trained model's recurrence forgets rounding, a
-published-size LSTM with large recurrent weights amplifies it over hundreds of steps (ELMo-small shape, 200
-tokens: PyTorch float32 itself is 2.7e-5 away from float64). So each case is judged against what float32 reaches
-on that very case: the bound (see :class:`ErrorBound`) is the largest of an absolute floor, a multiple of PyTorch
-float32's own error and a tiny fraction of the outputs' scale. A broken graph (a clip dropped, two gates swapped)
-is off by 1e-2 or more, far above any of the three; a failure means a real discrepancy, not float32 rounding.
+reach it exactly, and how far it stays depends on the weights and on the case: a trained model's recurrence
+forgets rounding, a published-size LSTM with large recurrent weights amplifies it over hundreds of steps (ELMo-small
+shape, 200 tokens: PyTorch float32 itself is 2.7e-5 away from float64), and a stretch of one sentence can amplify it
+a hundredfold for a few dozen steps. There, one float32 run says little about another: the same case gave 1.5e-5
+to 6.0e-4 under twenty roundings of the same weights, and onnxruntime once landed 50x past PyTorch's own run. So a
+case's float32 error is sampled (:func:`float32_error`: PyTorch float32 on the weights as they are and on copies
+moved by one ulp) and each case is judged against the worst sample: the bound (see :class:`ErrorBound`)
+is the largest of an absolute floor, a multiple of that error and a tiny fraction of the outputs' scale. A broken
+graph (a clip dropped, two gates swapped) is off by 1e-2 or more on every case, far above the bounds of the
+well-conditioned ones; a failure means a real discrepancy, not float32 rounding.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ Sentences = list[list[str]]
 class ErrorBound:
     """How far (max abs) an exported graph may be from the float64 reference on one case.
 
-    bound = max(floor, float32_factor × PyTorch float32's error on the case, relative × max |output| of the case),
+    bound = max(floor, float32_factor × float32's error on the case (sampled, :func:`float32_error`),
+    relative × max |output| of the case),
     or ``override`` (an absolute bound given by the user, ``elmo export --max-error``) in place of all three."""
 
     floor: float
@@ -50,7 +55,7 @@ class ErrorBound:
             return f"max abs error {self.override:.1e} (set by the user)"
         parts = [f"{self.floor:.0e}"]
         if self.float32_factor:
-            parts.append(f"{self.float32_factor:g} x PyTorch float32's error")
+            parts.append(f"{self.float32_factor:g} x float32's sampled error")
         if self.relative:
             parts.append(f"{self.relative:.0e} x max |output|")
         return "per case max(" + ", ".join(parts) + ")" if len(parts) > 1 else f"max abs error {self.floor:.0e}"
@@ -78,7 +83,7 @@ def verification_cases(seed: int = 1234) -> list[tuple[str, Sentences]]:
 
 @dataclass
 class Reference:
-    """One case's float64 vectors (per sentence (L+1, n, 2P)) and how near PyTorch float32 gets to them."""
+    """One case's float64 vectors (per sentence (L+1, n, 2P)) and how far float32 lands from them (sampled)."""
 
     name: str
     sentences: Sentences
@@ -136,7 +141,7 @@ class VerificationReport:
         text = f"{verdict}: {len(self.cases)} cases, {self.dtype} max abs error {self.max_abs_error:.2e}"
         text += " vs PyTorch float64"
         if self.pytorch_float32_error is not None:
-            text += f" (PyTorch float32 itself: {self.pytorch_float32_error:.2e})"
+            text += f" (float32 itself, sampled: {self.pytorch_float32_error:.2e})"
         text += f"; bound: {self.bound.describe()}"
         over = [f"{c.name} ({c.max_abs_error:.2e} > {c.bound:.2e})" for c in self.cases if not c.passed]
         if over:
@@ -175,18 +180,48 @@ def max_abs_error(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> 
     return max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected) if e.size), default=0.0)
 
 
+# Copies of the float32 weights, each weight moved about one ulp up or down at random, besides the weights as they
+# are: 1 + 4 samples of float32's error per case. The 200-token case above, over 16 roundings: 5.6e-5 to 6.0e-4,
+# median 2.3e-4; the CI run's single sample (2.75e-5) sat below all of them, onnxruntime's 1.38e-3 within 10x of
+# all but the lowest two, so five samples miss that case's scale only if all five fall in its lowest eighth.
+FLOAT32_SAMPLES = 4
+
+
+def rounding_variants(model: torch.nn.Module, count: int = FLOAT32_SAMPLES, seed: int = 0) -> list[torch.nn.Module]:
+    """``model`` in float32 and ``count`` copies whose every weight is scaled by 1 ± 2^-23 (about one ulp), the sign
+    at random: the same function, rounded differently, as another float32 implementation would round it."""
+    single = model.float()
+    variants = [single]
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        copy_ = copy.deepcopy(single)
+        with torch.no_grad():
+            for weight in copy_.parameters():
+                signs = torch.randint(0, 2, weight.shape, generator=generator).to(weight.dtype) * 2 - 1
+                weight.mul_(1 + signs * torch.finfo(torch.float32).eps)
+        variants.append(copy_)
+    return variants
+
+
+def float32_error(
+    variants: Sequence[torch.nn.Module], sentences: Sentences, expected: Sequence[np.ndarray], scheme: Scheme = BYTES
+) -> float:
+    """How far float32 arithmetic can land from ``expected`` (the float64 vectors) on this case: the worst of the
+    ``variants`` (:func:`rounding_variants`)."""
+    return max(max_abs_error(torch_layers(variant, sentences, scheme), expected) for variant in variants)
+
+
 def references(
     model: torch.nn.Module, cases: Sequence[tuple[str, Sentences]], scheme: Scheme = BYTES
 ) -> list[Reference]:
-    """Each case through ``model`` in float64 (the reference) and in float32 (what float32 arithmetic reaches)."""
+    """Each case through ``model`` in float64 (the reference), and how far float32 arithmetic lands from it."""
     exact = copy.deepcopy(model).double()
-    single = model.float()
+    variants = rounding_variants(model)
     found = []
     for name, sentences in cases:
         expected = torch_layers(exact, sentences, scheme)
         scale = max((float(np.max(np.abs(e))) for e in expected if e.size), default=0.0)
-        float32_error = max_abs_error(torch_layers(single, sentences, scheme), expected)
-        found.append(Reference(name, sentences, expected, float32_error, scale))
+        found.append(Reference(name, sentences, expected, float32_error(variants, sentences, expected, scheme), scale))
     return found
 
 

@@ -1,3 +1,4 @@
+import copy
 import json
 import shutil
 
@@ -5,8 +6,16 @@ import elmo.export.context_graph as context_graph
 import elmo.export.onnx_export as onnx_export
 import numpy as np
 import pytest
+import torch
 from elmo.export.random_model import random_bilm, write_random_model
-from elmo.export.verify import verification_cases
+from elmo.export.verify import (
+    FLOAT32_SAMPLES,
+    float32_error,
+    max_abs_error,
+    rounding_variants,
+    torch_layers,
+    verification_cases,
+)
 
 from elmo.cli import main
 from elmo.errors import ModelFileError
@@ -111,6 +120,25 @@ def test_each_case_is_judged_against_float32s_own_error_and_the_figures_are_reco
         assert case["max_abs_error"] <= case["bound"] and case["output_scale"] > 0
     worst_float32 = max(case["pytorch_float32_error"] for case in verification["cases"])
     assert verification["pytorch_float32_max_abs_error"] == worst_float32
+
+
+def test_float32s_error_is_the_worst_of_several_roundings_of_the_same_weights():
+    model = random_bilm("tiny", seed=3, scale=0.5)
+    variants = rounding_variants(model)
+    assert len(variants) == 1 + FLOAT32_SAMPLES and variants[0] is model
+    originals = [w.detach().clone() for w in model.parameters()]
+    for variant in variants[1:]:
+        moved = 0
+        for original, weight in zip(originals, variant.parameters()):
+            ulps = torch.abs(weight.detach() - original) / torch.finfo(torch.float32).eps
+            assert bool(torch.all(ulps <= 2 * original.abs()))  # each weight moved by about one ulp, no more
+            moved += int(torch.count_nonzero(weight.detach() != original))
+        assert moved > 0.9 * sum(o.numel() for o in originals if o.count_nonzero())  # nearly every non-zero weight
+    sentences = dict(verification_cases())["length 50"]
+    expected = torch_layers(copy.deepcopy(model).double(), sentences)
+    samples = [max_abs_error(torch_layers(v, sentences), expected) for v in variants]
+    assert len(set(samples)) > 1  # different roundings land at different distances
+    assert float32_error(variants, sentences, expected) == max(samples)
 
 
 def test_the_user_can_set_the_bound(tiny_model_dir, tmp_path, capsys):
