@@ -1,7 +1,9 @@
-"""Every command in README.md's fenced bash blocks runs as written in this checkout (in CI: a fresh clone on a fresh
-machine), or as the substitution listed next to it in README_COMMANDS, the one table of how each command is covered.
-A README command that is neither run nor listed fails test_every_readme_command_is_run_or_listed, so the README
-cannot drift from what is tested. README's Python blocks run against the served default model.
+"""Every command in the fenced bash blocks of README.md and of the docs pages that took the README's blocks when it
+became a front page (DOCUMENTS: docs/clients.md, docs/pipeline.md, ...) runs as written in this checkout (in CI: a
+fresh clone on a fresh machine), or as the substitution listed next to it in README_COMMANDS, the one table of how
+each command is covered. A command of any of those pages that is neither run nor listed fails
+test_every_readme_command_is_run_or_listed, so the README and those pages cannot drift from what is tested. Their
+Python blocks run against the served default model.
 
 - `make test` is what CI runs (.ci/run), so this suite running at all proves it.
 - `make serve` is taken from the README's set-up block (not hard-coded), started in the background exactly as
@@ -14,7 +16,7 @@ cannot drift from what is tested. README's Python blocks run against the served 
   the README's serving commands are never silently dropped there. Every other server in the suite picks a free port.
 - The tour's batch-job and mix lines run in a scratch folder holding the files a user would have (a corpus, a
   CoNLL file) and a copy of models/default, so the new task is not written into the shipped model.
-- The pipeline block (fetch, train, the whole recipe, eval, baseline, export, serve) runs in
+- The pipeline block (fetch, train, the whole recipe, eval, baseline, export, serve; docs/pipeline.md) runs in
   tests/test_readme_pipeline.py, in a scratch folder, on a tiny config.
 
 The first run creates .venv-serve (about a minute); later runs reuse it. The shipped default model is part of the
@@ -50,6 +52,10 @@ from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+# The README and the pages its blocks moved to: every ```bash command of each is run or listed in README_COMMANDS,
+# every ```python block of each runs against `make serve`. A page that takes a README block joins this list.
+DOCUMENTS = (README, DOCS / "clients.md", DOCS / "pipeline.md", DOCS / "quality.md", DOCS / "speed.md", DOCS / "api.md")
 DEFAULT_MODEL = REPO / "models" / "default"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
@@ -110,7 +116,7 @@ README_COMMANDS: dict[str, Coverage] = {
         "training, after, stale tasks, export (tests/train/test_adapt.py checks that perplexity falls)",
     ),
     ".venv/bin/elmo import-manylangs --model zhs.model --out models/zhs": Coverage(USER_FILES),
-    # pipeline block: tests/test_readme_pipeline.py, in a scratch folder, in this order
+    # pipeline block (docs/pipeline.md): tests/test_readme_pipeline.py, in a scratch folder, in this order
     ".venv/bin/elmo data fetch": Coverage(PIPELINE),
     ".venv/bin/elmo train --config configs/default.json --out runs/default": Coverage(
         PIPELINE,
@@ -170,16 +176,32 @@ def bash_commands(readme: str) -> list[str]:
     return commands
 
 
-def coverage_gaps(readme: str) -> tuple[list[str], list[str]]:
-    """(README commands missing from README_COMMANDS, README_COMMANDS entries no longer in the README)."""
-    commands = bash_commands(readme)
-    return [c for c in commands if c not in README_COMMANDS], [c for c in README_COMMANDS if c not in commands]
+def page_name(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
 
 
-def commands_covered_by(how: str, readme: str | None = None) -> list[str]:
-    """The README's commands (in README order) that README_COMMANDS says are covered by ``how``."""
-    commands = bash_commands(readme if readme is not None else README.read_text())
-    return [c for c in commands if c in README_COMMANDS and README_COMMANDS[c].how == how]
+def documents_text() -> dict[str, str]:
+    """DOCUMENTS' text, by page name ('README.md', 'docs/clients.md', ...), in DOCUMENTS order."""
+    return {page_name(path): path.read_text(encoding="utf-8") for path in DOCUMENTS}
+
+
+def page_commands(pages: dict[str, str]) -> list[tuple[str, str]]:
+    """(page, command) for every ```bash command of every page, in page order and in order within each page."""
+    return [(page, command) for page, text in pages.items() for command in bash_commands(text)]
+
+
+def coverage_gaps(pages: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """((page, command) missing from README_COMMANDS, README_COMMANDS entries in none of the pages)."""
+    found = page_commands(pages)
+    commands = {command for _, command in found}
+    return [(p, c) for p, c in found if c not in README_COMMANDS], [c for c in README_COMMANDS if c not in commands]
+
+
+def commands_covered_by(how: str, pages: dict[str, str] | None = None) -> list[str]:
+    """The commands of ``pages`` (default: DOCUMENTS; in page order) that README_COMMANDS says are covered by
+    ``how``."""
+    found = page_commands(pages if pages is not None else documents_text())
+    return [c for _, c in found if c in README_COMMANDS and README_COMMANDS[c].how == how]
 
 
 def test_readme_parsing_finds_commands_and_python_blocks() -> None:
@@ -193,13 +215,18 @@ def test_readme_parsing_finds_commands_and_python_blocks() -> None:
 
 
 def test_every_readme_command_is_run_or_listed() -> None:
-    """The README cannot drift: each bash command is in README_COMMANDS, and each entry is still in the README."""
-    unlisted, stale = coverage_gaps(README.read_text())
+    """The README and the pages that took its blocks cannot drift: each bash command of each is in README_COMMANDS,
+    and each entry is still in one of them."""
+    pages = documents_text()
+    assert list(pages)[0] == "README.md" and all(path.is_file() for path in DOCUMENTS), list(pages)
+    unlisted, stale = coverage_gaps(pages)
     assert not unlisted, (
-        f"README.md commands that no test runs: {unlisted}. Add each to README_COMMANDS in {Path(__file__).name} "
+        f"(page, command)s that no test runs: {unlisted}. Add each to README_COMMANDS in {Path(__file__).name} "
         "with how it is run (as written, or the substitution and why), or as NOT_RUN with the reason"
     )
-    assert not stale, f"README_COMMANDS lists commands that are no longer in README.md: {stale}"
+    assert not stale, f"README_COMMANDS lists commands that are in none of {list(pages)}: {stale}"
+    commands = [command for _, command in page_commands(pages)]
+    assert len(commands) == len(set(commands)), "a command written on two pages: keep one, link to it from the other"
     for command, coverage in README_COMMANDS.items():
         assert coverage.how in (FIXTURE, CI, SERVED, REPO_ROOT, USER_FILES, PIPELINE, NOT_RUN), command
         if coverage.run_as is not None or coverage.how in (FIXTURE, CI, NOT_RUN):
@@ -207,12 +234,33 @@ def test_every_readme_command_is_run_or_listed() -> None:
 
 
 def test_a_new_unlisted_readme_command_is_caught() -> None:
-    readme = README.read_text()
-    unlisted, stale = coverage_gaps(readme + "\n```bash\n.venv/bin/elmo something-new --flag   # new\n```\n")
-    assert unlisted == [".venv/bin/elmo something-new --flag"] and stale == []
-    first = next(iter(README_COMMANDS))
-    _, stale = coverage_gaps(readme.replace(first, "make something-else"))
-    assert first in stale
+    """On every page of DOCUMENTS: a new command is caught, and so is a listed one that is gone from its page or
+    whose page leaves DOCUMENTS."""
+    pages = documents_text()
+    assert coverage_gaps(pages) == ([], [])
+    for page in pages:
+        added = pages | {page: pages[page] + "\n```bash\n.venv/bin/elmo something-new --flag   # new\n```\n"}
+        unlisted, stale = coverage_gaps(added)
+        assert unlisted == [(page, ".venv/bin/elmo something-new --flag")] and stale == [], page
+    for page, command in page_commands(pages):
+        joined = re.sub(r"[ \t]*\\\n[ \t]*", " ", pages[page])  # continuation lines joined, as bash_commands does
+        assert command in joined, (page, command)
+        _, stale = coverage_gaps(pages | {page: joined.replace(command, "make something-else")})
+        assert command in stale, (page, command)
+        _, stale = coverage_gaps({name: text for name, text in pages.items() if name != page})
+        assert command in stale, (page, command)
+    # the pipeline block moved to docs/pipeline.md: its commands are counted there, not only in the README
+    assert {page for page, command in page_commands(pages) if README_COMMANDS[command].how == PIPELINE} == {
+        "docs/pipeline.md"
+    }
+
+
+def test_readme_is_a_front_page_that_maps_every_docs_page() -> None:
+    """The README names every page of docs/ (its map: one line per page), and each page of DOCUMENTS exists."""
+    readme = README.read_text(encoding="utf-8")
+    unmapped = [page_name(path) for path in sorted(DOCS.glob("*.md")) if f"]({page_name(path)})" not in readme]
+    assert not unmapped, f"docs pages the README's map does not link: {unmapped}"
+    assert all(path.is_file() for path in DOCUMENTS), DOCUMENTS
 
 
 def setup_block(readme: str) -> str:
@@ -577,11 +625,12 @@ def test_readme_tour_commands_run_against_the_served_model(served) -> None:
     assert "SERVING" in log_path.read_text(errors="replace")
 
 
-def python_block_runner(block: str) -> str:
-    """A script that runs a README Python block, then prints what it left behind (arrays' shapes, results' tokens)."""
+def python_block_runner(block: str, page: str = "README.md") -> str:
+    """A script that runs a Python block of ``page``, then prints what it left behind (arrays' shapes, results'
+    tokens)."""
     return (
         "import json\n"
-        f"namespace = {{}}\nexec(compile({block!r}, 'README.md', 'exec'), namespace)\n"
+        f"namespace = {{}}\nexec(compile({block!r}, {page!r}, 'exec'), namespace)\n"
         "found = {}\n"
         "for name, value in namespace.items():\n"
         "    if hasattr(value, 'shape') and hasattr(value, 'dtype'):\n"
@@ -596,17 +645,21 @@ def python_block_runner(block: str) -> str:
 
 
 def test_readme_python_blocks_run_against_the_served_model(served) -> None:
-    """Each ```python block, as written, from the repo root, against `make serve`: in the torch-free serve venv, or,
-    for the OpenAI client's block, in .venv (the `openai` package is the user's, not the service's: the dev extra)."""
-    clients = set(client_snippets(README.read_text()).values())  # run in .venv-clients, below
-    blocks = [block for block in fenced_blocks(README.read_text(), "python") if block not in clients]
-    assert blocks, "README.md has no Python block"
+    """Each ```python block of DOCUMENTS (the README's tour blocks now live in docs/clients.md), as written, from the
+    repo root, against `make serve`: in the torch-free serve venv, or, for the OpenAI client's block, in .venv (the
+    `openai` package is the user's, not the service's: the dev extra)."""
+    clients = set(documented_snippets().values())  # run in .venv-clients, below
+    blocks = [(page, block) for page, text in documents_text().items() for block in fenced_blocks(text, "python")
+              if block not in clients]  # fmt: skip
+    assert blocks, f"{[page_name(path) for path in DOCUMENTS]} have no Python block"
     found: dict = {}
-    for block in blocks:
+    for page, block in blocks:
         venv = ".venv" if "from openai import" in block else ".venv-serve"
         python = REPO / venv / "bin" / "python"
-        output = run_command(f"{shlex.quote(str(python))} -c {shlex.quote(python_block_runner(block))}", REPO)
-        found.update(json.loads(output.strip().splitlines()[-1]))
+        output = run_command(f"{shlex.quote(str(python))} -c {shlex.quote(python_block_runner(block, page))}", REPO)
+        names = json.loads(output.strip().splitlines()[-1])
+        assert not set(names) & set(found), f"{page}: a block leaves {sorted(set(names) & set(found))} again"
+        found.update(names)
     with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT}") as channel:
         dim = pb_grpc.EmbedderStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=30).dim
     # what the snippet promises: a task mix per token; the in-process Embedder's (tokens, layers) per text
@@ -639,8 +692,18 @@ N_DOCUMENTS = 300
 
 
 def client_snippets(text: str) -> dict[str, str]:
-    """README's client blocks, by the name in the ``<!-- client: NAME -->`` line above each."""
+    """A page's client blocks, by the name in the ``<!-- client: NAME -->`` line above each."""
     return dict(CLIENT_BLOCK.findall(text))
+
+
+def documented_snippets() -> dict[str, str]:
+    """The client blocks of DOCUMENTS (the README's, now in docs/clients.md), each client on one page only."""
+    found: dict[str, str] = {}
+    for page, text in documents_text().items():
+        snippets = client_snippets(text)
+        assert not set(snippets) & set(found), f"{page} repeats the snippets of {sorted(set(snippets) & set(found))}"
+        found |= snippets
+    return found
 
 
 def paragraphs(n: int = N_DOCUMENTS) -> list[str]:
@@ -702,8 +765,9 @@ def pooled_answer(documents: list[str]) -> np.ndarray:
 
 
 def test_readme_has_one_snippet_per_client_and_docs_show_the_same() -> None:
-    snippets = client_snippets(README.read_text())
+    snippets = documented_snippets()
     assert tuple(snippets) == CLIENTS
+    assert tuple(client_snippets((DOCS / "clients.md").read_text())) == CLIENTS  # where the README sends readers
     docs = (REPO / "docs" / "service.md").read_text()
     assert client_snippets(docs) == snippets  # docs/service.md shows exactly the tested snippets
 
@@ -711,7 +775,7 @@ def test_readme_has_one_snippet_per_client_and_docs_show_the_same() -> None:
 @pytest.mark.parametrize("client", CLIENTS)
 def test_readme_client_snippet_embeds_300_documents_as_the_server_does(served, client, tmp_path) -> None:
     documents = paragraphs()
-    vectors, error = run_snippet(client_snippets(README.read_text())[client], documents, tmp_path)
+    vectors, error = run_snippet(documented_snippets()[client], documents, tmp_path)
     assert error is None, error
     direct = pooled_answer(documents)
     assert vectors.shape == direct.shape == (N_DOCUMENTS, direct.shape[1])
@@ -720,7 +784,7 @@ def test_readme_client_snippet_embeds_300_documents_as_the_server_does(served, c
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_readme_client_snippet_errors_are_the_clients_own_types(served, client, tmp_path) -> None:
-    snippet = client_snippets(README.read_text())[client]
+    snippet = documented_snippets()[client]
     wrong = snippet.replace('"default"', '"no-such-model"').replace('"openai/default"', '"openai/no-such-model"')
     assert wrong.count("no-such-model") == 1
     vectors, error = run_snippet(wrong, paragraphs(3), tmp_path)

@@ -1,4 +1,5 @@
-"""README's pipeline block, corpus to served model, runs in order in a scratch folder, the way a fresh clone would.
+"""The README's pipeline block, corpus to served model (now docs/pipeline.md, one of DOCUMENTS in
+tests/test_readme_commands.py), runs in order in a scratch folder, the way a fresh clone would.
 
 Each command runs as written, or as the substitution README_COMMANDS (tests/test_readme_commands.py) lists for it
 with its reason: a tiny training config instead of the 80-minute one, the tiny mode of the 6.5-hour recipe script,
@@ -31,7 +32,6 @@ from elmo.v1 import embedder_pb2_grpc as pb_grpc
 from elmo.wire import from_tensor
 from tests.test_readme_commands import (
     PIPELINE,
-    README,
     README_COMMANDS,
     REPO,
     commands_covered_by,
@@ -46,7 +46,7 @@ ALL_SOURCES = ["sotu", "brown", "peoples_daily", "msra", "modern"]
 
 
 def step_of(command: str) -> str:
-    """Which pipeline step a README command is: the key of CHECKS."""
+    """Which pipeline step a documented command is: the key of CHECKS."""
     if "build-default-model.sh" in command:
         return "recipe"
     match = re.search(r"\belmo (data fetch|train|eval-lm|baseline|export|serve)\b", command)
@@ -173,7 +173,7 @@ def test_readme_pipeline_block_runs_in_order_on_a_tiny_config(tmp_path) -> None:
     work = tmp_path
     for name in (".venv", "configs", "scripts"):  # what a clone has; data/ and runs/ are made here
         (work / name).symlink_to(REPO / name)
-    commands = commands_covered_by(PIPELINE, README.read_text())
+    commands = commands_covered_by(PIPELINE)  # every page of DOCUMENTS: the block lives in docs/pipeline.md
     assert [step_of(c) for c in commands] == ["data fetch", "train", "recipe", "eval-lm", "baseline", "export",
                                               "serve"], commands  # fmt: skip
     for command in commands:
