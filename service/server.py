@@ -6,7 +6,7 @@
                [--admin-token TOKEN | env ELMO_ADMIN_TOKEN] ...
 
 ``--model-root DIR`` serves a model repository (``DIR/NAME/VERSION/``) whose versions change while serving
-(service.versions; the admin API in service.admin and on HTTP under /admin/).
+(service.models.versions; the admin API in service.grpc.admin and on HTTP under /admin/).
 
 ``--http-port`` adds the HTTP/JSON API and the web page (service.http) on the same event loop, sharing models,
 batchers, limits, token, TLS, metrics and drain.
@@ -37,16 +37,25 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from elmo.service import switching
-from elmo.service.core import RequestCore, ServerState
-from elmo.service.errors import ServiceError
-from elmo.service.interceptors import HEALTH_PREFIX, AuthInterceptor, CallGate, ObserverInterceptor
-from elmo.service.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
-from elmo.service.metrics import ServiceMetrics
-from elmo.service.models import ModelRegistry, ServedModel, parse_alias, serve_model
-from elmo.service.observe import RequestObserver
-from elmo.service.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
-from elmo.service.shares import Shares
+from elmo.service.core import switching
+from elmo.service.core.errors import ServiceError
+from elmo.service.core.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
+from elmo.service.core.requests import RequestCore
+from elmo.service.core.shares import Shares
+from elmo.service.core.state import ServerState
+from elmo.service.grpc.admin import (
+    ADMIN_PREFIX,
+    ADMIN_SERVICE_NAME,
+    ModelAdminServicer,
+    admin_auth_interceptor,
+    admin_handler,
+)
+from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallGate, ObserverInterceptor
+from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
+from elmo.service.models.registry import ModelRegistry, ServedModel, parse_alias, serve_model
+from elmo.service.models.versions import FixedModels, ModelManager, parse_bytes
+from elmo.service.telemetry.metrics import ServiceMetrics
+from elmo.service.telemetry.observe import RequestObserver
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -61,7 +70,7 @@ ADMIN_TOKEN_ENV = "ELMO_ADMIN_TOKEN"
 
 @dataclass(frozen=True)
 class RepositoryOptions:
-    """``--model-root`` and its flags (service.versions.ModelManager's arguments)."""
+    """``--model-root`` and its flags (service.models.versions.ModelManager's arguments)."""
 
     root: Path
     open_runtime: Callable[[Path], Any]
@@ -140,8 +149,6 @@ class ElmoServer:
         repository: RepositoryOptions | None = None,
         admin_token: str | None = None,
     ):
-        from elmo.service.admin import ADMIN_PREFIX, ADMIN_SERVICE_NAME, admin_auth_interceptor
-
         self.registry = ModelRegistry(models, aliases, allow_empty=repository is not None)
         self.limits = limits
         self.metrics = metrics
@@ -149,20 +156,18 @@ class ElmoServer:
         self.state = ServerState()
         self._warmed = False  # warm_up done: from then on health follows what is loaded (_health_follows_models)
         self._health_updates: set[asyncio.Task] = set()
-        self.core = RequestCore(self.registry, limits, self.state)
-        self.manager = None
+        self.repository: ModelManager | FixedModels = FixedModels(self.registry)
         if repository is not None:
-            from elmo.service.versions import ModelManager
-
-            self.manager = ModelManager(
+            self.repository = ModelManager(
                 repository.root, self.registry, limits, metrics, repository.open_runtime,
                 poll_interval_s=repository.poll_interval_s, keep_versions=repository.keep_versions,
                 max_memory=repository.max_memory, release_timeout_s=repository.release_timeout_s,
                 on_change=self._health_follows_models,
             )  # fmt: skip
-            self.core.manager = self.manager
-        if admin_token and self.manager is None:
+        swappable = isinstance(self.repository, ModelManager)
+        if admin_token and not swappable:
             raise ConfigError("--admin-token controls a model repository: serve one with --model-root DIR")
+        self.core = RequestCore(self.registry, limits, self.state, self.repository)
         self.health = health_aio.HealthServicer()
         observer = RequestObserver(metrics)
         interceptors: list[grpc.aio.ServerInterceptor] = [ObserverInterceptor(observer)]
@@ -177,10 +182,8 @@ class ElmoServer:
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
         services = [SERVICE_NAME]
-        if admin_token and self.manager is not None:
-            from elmo.service.admin import ModelAdminServicer, admin_handler
-
-            self.server.add_generic_rpc_handlers((admin_handler(ModelAdminServicer(self.manager)),))
+        if admin_token and swappable:
+            self.server.add_generic_rpc_handlers((admin_handler(ModelAdminServicer(self.repository)),))
             services.append(ADMIN_SERVICE_NAME)
         self.http_port = http_port
         self.http = None
@@ -189,7 +192,7 @@ class ElmoServer:
 
             self.http = HttpFrontend(
                 self.core, observer, auth_token, self._serving, normalize=normalize,
-                admin_token=admin_token if self.manager is not None else None,
+                admin_token=admin_token if swappable else None,
             )  # fmt: skip
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -233,7 +236,7 @@ class ElmoServer:
             raise ConfigError(f"cannot listen on {address}: {exc} (port in use?)") from None
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
-        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs (service.switching)
+        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs (core/switching.py)
         for model in self.registry:
             model.batcher.start()
         await self.server.start()
@@ -260,8 +263,7 @@ class ElmoServer:
         """A real forward pass per model through its batcher (under --model-root: the latest complete version of
         every model loaded, checked and warmed up, then polling starts); then SERVING, or NOT_SERVING while a
         repository has no model loaded (health then follows the versions as they load: _health_follows_models)."""
-        if self.manager is not None:
-            await self.manager.start()
+        await self.repository.start()
         for model in self.registry:
             if not model.ready:
                 await model.warm_up()
@@ -269,7 +271,7 @@ class ElmoServer:
         self._warmed = True
         if not self.registry.models:  # a repository with nothing loadable: up (admin API, polling), not healthy
             log.warning("no model version under %s could be loaded: health NOT_SERVING until one is published or "
-                        "loaded through the admin API", self.manager.root if self.manager else "")  # fmt: skip
+                        "loaded through the admin API", self.repository.root)  # fmt: skip
             return
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
@@ -309,11 +311,7 @@ class ElmoServer:
         await self.server.stop(1.0)
         if self.http is not None:
             await self.http.stop()
-        if self.manager is not None:
-            await self.manager.close()
-        else:
-            for model in self.registry:
-                await model.batcher.close()
+        await self.repository.close()
         self.core.close()
         self.metrics.close()
         log.info("drained and stopped")
@@ -485,8 +483,6 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
             if getattr(args, flag) not in (default, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} goes with --model-root DIR")
         return None
-    from elmo.service.versions import parse_bytes
-
     return RepositoryOptions(
         args.model_root,
         runtime_opener(args, limits),

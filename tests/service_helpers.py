@@ -20,10 +20,10 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from elmo.service.limits import Limits
-from elmo.service.metrics import ServiceMetrics
-from elmo.service.models import serve_model
+from elmo.service.core.limits import Limits
+from elmo.service.models.registry import serve_model
 from elmo.service.server import ElmoServer, TlsFiles
+from elmo.service.telemetry.metrics import ServiceMetrics
 
 from elmo.mix.store import Task, save_task
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from elmo.service.decode import UndecodableRequest, lenient_parser
+from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 
 from elmo.errors import InputError
 from elmo.v1 import embedder_pb2 as pb

@@ -1,11 +1,12 @@
 """The HTTP/JSON front door of ``elmo serve --http-port N``: aiohttp on the gRPC server's own event loop.
 
-A thin adapter over the request core (service.core), as the gRPC servicer is: the models and their batchers, the
-limits, the bearer-token check, TLS, per-request observation and the drain are the same objects. Requests are
-translated into the gRPC contract's messages (service.http.schema) and run through the core, so both APIs answer
-the same vectors under the same rules. Parsing large bodies, building and encoding large answers run on the core's
-workers; the event loop only moves bytes. Connections are guarded (service.http.connections): header, body and idle
-timeouts and a cap on open connections.
+A thin adapter over the request core (service.core.requests), as the gRPC servicer is: the models and their
+batchers, the limits, the bearer-token check, TLS, per-request observation and the drain are the same objects.
+Requests are translated into the gRPC contract's messages (service.http.schema) and run through the core's public
+operations with the encoding their answer is sent in (service.http.encodings) and a function that builds it, so both
+APIs answer the same vectors under the same rules, from one resolved version. Parsing large bodies, building and
+encoding large answers run on the core's workers; the event loop only moves bytes. Connections are guarded
+(service.http.connections): header, body and idle timeouts and a cap on open connections.
 
     POST /v1/embeddings   OpenAI's schema: one pooled vector per input
     POST /v1/embed        per-token, per-layer vectors and task mixes (JSON numbers or base64)
@@ -27,29 +28,25 @@ import hashlib
 import logging
 import re
 import ssl
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
-from elmo.service.core import (
-    INLINE_ANSWER_BYTES,
-    EmbedResult,
-    Encoding,
-    PreparedEmbed,
-    RequestCore,
-    build_response,
-    human_bytes,
-)
-from elmo.service.errors import Kind, ServiceError, clip, http_status, invalid
+from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed, build_response
+from elmo.service.core.errors import Kind, ServiceError, clip, http_status, invalid
+from elmo.service.core.limits import human_bytes
+from elmo.service.core.requests import RequestCore
 from elmo.service.http import schema
 from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
 from elmo.service.http.encode import encode_json_parts
+from elmo.service.http.encodings import ENCODINGS
 from elmo.service.http.openapi import openapi_document
-from elmo.service.observe import CLIENT_GONE, BearerToken, RequestObserver
+from elmo.service.models.registry import ServedModel
+from elmo.service.models.tasks import Task
+from elmo.service.telemetry.observe import CLIENT_GONE, BearerToken, RequestObserver
 
 from elmo.v1 import embedder_pb2 as pb
 
@@ -146,11 +143,12 @@ def _is_json(content_type: str) -> bool:
     return content_type == JSON_TYPE or content_type.endswith("+json")
 
 
-@dataclass
-class _OpenAICall:
-    parsed: schema.OpenAIRequest
-    model_id: str
-    normalize: bool
+@dataclass(frozen=True)
+class JsonAnswer:
+    """An answer encoded as JSON pieces (service.http.encode), and the headers that name the version behind it."""
+
+    parts: list[bytes]
+    headers: dict[str, str] | None = None
 
 
 class HttpFrontend:
@@ -170,7 +168,7 @@ class HttpFrontend:
         self._is_serving = is_serving
         self._admin = None
         if admin_token:
-            from elmo.service.admin import AdminToken
+            from elmo.service.grpc.admin import AdminToken
 
             self._admin = AdminToken(admin_token)
         self.guard = ConnectionGuard(core.limits)
@@ -324,95 +322,65 @@ class HttpFrontend:
     async def _read(self, request: web.Request) -> bytes:
         return await read_body(request, self.limits)
 
-    async def _json(
-        self,
-        request: web.Request,
-        payload: Callable[[], Any],
-        size_bound: int,
-        headers: dict[str, str] | None = None,
-    ) -> web.StreamResponse:
-        """Build and serialize an answer, off the event loop when it is large; send a large one in pieces."""
-        parts = await self.core.run(lambda: encode_json_parts(payload()), heavy=size_bound > INLINE_ANSWER_BYTES)
-        if sum(map(len, parts)) <= SEND_PIECE_BYTES:
-            return web.Response(body=b"".join(parts), content_type=JSON_TYPE, headers=headers)
-        return await send_in_pieces(request, parts, headers)
+    async def _send(self, request: web.Request, answer: JsonAnswer) -> web.StreamResponse:
+        """A built answer: in one write when small, in pieces when large."""
+        if sum(map(len, answer.parts)) <= SEND_PIECE_BYTES:
+            return web.Response(body=b"".join(answer.parts), content_type=JSON_TYPE, headers=answer.headers)
+        return await send_in_pieces(request, answer.parts, answer.headers)
 
-    async def _parse(self, body: bytes, parse: Callable[[dict], Any]) -> Any:
+    async def _parse(self, body: bytes, parse: Callable[[dict], T]) -> T:
         """``parse(json object)`` for a request body, on a worker when the body is large."""
         return await self.core.run(lambda: parse(schema.parse_json(body)), heavy=len(body) > INLINE_BODY_BYTES)
 
     # -- endpoints -----------------------------------------------------------------------------------------------
-    async def _run_embed(
-        self,
-        request: web.Request,
-        prepare: Callable[[dict, str], tuple[T, PreparedEmbed]],
-        embed: Callable[[T, PreparedEmbed, float], Awaitable[R]],
-    ) -> tuple[T, PreparedEmbed, R]:
-        """Both embedding endpoints: read the body, admit, parse and prepare (``prepare(json, request id)``), then
-        ``embed(call, prepared, started)``."""
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's /v1/embeddings: parsed here, checked (``dimensions`` too) and embedded by the core against the
+        one version the model name resolves to, which also names the answer."""
         body = await self._read(request)
         request_id = request.headers.get("X-Request-Id", "")
-        with self.state.admit():
-            started = time.monotonic()
-            call, prepared = await self._parse(body, lambda value: prepare(value, request_id))
-            with prepared.model.counted():  # the model version's in-flight count, taken by prepare
-                return call, prepared, await embed(call, prepared, started)
-
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        call, prepared, vectors = await self._run_embed(
-            request,
-            self._prepare_openai,
-            lambda call, prepared, started: self.core.embed_pooled(prepared, None, started, call.normalize),
-        )
-        return await self._json(
-            request,
-            lambda: schema.openai_answer(
-                call.parsed, vectors, prepared.n_tokens, call.model_id, prepared.model.number, _stale(prepared)
-            ),
-            prepared.answer_bytes,
-            answer_headers(prepared),
-        )
-
-    def _prepare_openai(self, value: dict, request_id: str) -> tuple[_OpenAICall, PreparedEmbed]:
         aliases = self.core.models.aliases
-        parsed = schema.parse_openai(value, request_id, aliases)
-        model, task = self.core.model_and_task(parsed.embed)  # an unknown model or task is a 404 before any work
-        if parsed.dimensions is not None and parsed.dimensions != model.dim:
-            raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{clip(model.name)}' has {model.dim}")
-        prepared = self.core.prepare(parsed.embed, Encoding(parsed.encoding), pooled=True)
-        if parsed.embed.model in aliases:
-            model_id = parsed.embed.model  # the name the client asked for
-        else:
-            model_id = f"{model.name}:{task.name}" if task else model.name
+        parsed = await self._parse(body, lambda value: schema.parse_openai(value, request_id, aliases))
         normalize = self.normalize if parsed.normalize is None else parsed.normalize
-        return _OpenAICall(parsed, model_id, normalize), prepared
+
+        def check(model: ServedModel, task: Task | None) -> None:
+            if parsed.dimensions is not None and parsed.dimensions != model.dim:
+                raise invalid(f"'dimensions' is {parsed.dimensions}, but model '{clip(model.name)}' has {model.dim}")
+
+        def answer(result: PooledResult) -> JsonAnswer:
+            prepared = result.prepared
+            if parsed.embed.model in aliases:
+                model_id = parsed.embed.model  # the name the client asked for
+            else:
+                model_id = f"{prepared.model.name}:{prepared.task.name}" if prepared.task else prepared.model.name
+            payload = schema.openai_answer(parsed, result.vectors, prepared.n_tokens, model_id,
+                                           prepared.model.number, prepared.task_stale)  # fmt: skip
+            return JsonAnswer(encode_json_parts(payload), answer_headers(prepared))
+
+        encoding = ENCODINGS[parsed.encoding]
+        built = await self.core.embed_pooled(parsed.embed, encoding, answer, normalize, check)
+        return await self._send(request, built)
 
     async def embed(self, request: web.Request) -> web.StreamResponse:
-        call, prepared, result = await self._run_embed(
-            request, self._prepare_embed, lambda call, prepared, started: self.core.embed(prepared, None, started)
-        )
-        return await self._json(
-            request, lambda: self._embed_answer(call, result), prepared.answer_bytes, answer_headers(prepared)
-        )
+        body = await self._read(request)
+        request_id = request.headers.get("X-Request-Id", "")
+        call = await self._parse(body, lambda value: schema.parse_embed(value, request_id))
 
-    def _prepare_embed(self, value: dict, request_id: str) -> tuple[schema.EmbedCall, PreparedEmbed]:
-        call = schema.parse_embed(value, request_id)
-        return call, self.core.prepare(call.embed, Encoding(call.encoding))
+        def answer(result: EmbedResult) -> JsonAnswer:
+            payload = schema.embed_answer(build_response(result, call.embed.request_id), call.encoding)
+            return JsonAnswer(encode_json_parts(payload), answer_headers(result.prepared))
 
-    @staticmethod
-    def _embed_answer(call: schema.EmbedCall, result: EmbedResult) -> dict:
-        response = build_response(result)
-        response.request_id = call.embed.request_id
-        return schema.embed_answer(response, call.encoding)
+        built = await self.core.embed(call.embed, ENCODINGS[call.encoding], answer)
+        return await self._send(request, built)
 
-    async def tokenize(self, request: web.Request) -> web.Response:
+    async def tokenize(self, request: web.Request) -> web.StreamResponse:
         body = await self._read(request)
         tokenize_request: pb.TokenizeRequest = await self._parse(body, schema.parse_tokenize)
         # The answer holds every token and its offsets: about the body's size again (8 MB of text: 8.6 MB of JSON,
         # which json_response would encode on the event loop while health checks wait a second)
-        answer_bound = 2 * len(body) + 1024
-        return await self._json(request, lambda: schema.tokenize_answer(self.core.tokenize(tokenize_request)),
-                                answer_bound)  # fmt: skip
+        def answer(response: pb.TokenizeResponse) -> JsonAnswer:
+            return JsonAnswer(encode_json_parts(schema.tokenize_answer(response)))
+
+        return await self._send(request, await self.core.tokenize(tokenize_request, answer))
 
     async def models(self, request: web.Request) -> web.Response:
         statuses = {status.name: status for status in self.core.statuses()}
@@ -439,8 +407,7 @@ class HttpFrontend:
 
     # -- admin (--model-root with --admin-token) -------------------------------------------------------------------
     async def admin_index(self, request: web.Request) -> web.Response:
-        manager = self.core.manager
-        return web.json_response({"models": [schema.status_json(status) for status in manager.index()]})
+        return web.json_response({"models": [schema.status_json(status) for status in self.core.versions.index()]})
 
     async def _admin_version(self, request: web.Request) -> int:
         body = await self._read(request)
@@ -452,12 +419,12 @@ class HttpFrontend:
 
     async def admin_load(self, request: web.Request) -> web.Response:
         version = await self._admin_version(request)
-        status = await self.core.manager.load(request.match_info["name"], version)
+        status = await self.core.versions.load(request.match_info["name"], version)
         return web.json_response(schema.status_json(status))
 
     async def admin_unload(self, request: web.Request) -> web.Response:
         version = await self._admin_version(request)
-        status = await self.core.manager.unload(request.match_info["name"], version)
+        status = await self.core.versions.unload(request.match_info["name"], version)
         return web.json_response(schema.status_json(status))
 
     async def health(self, request: web.Request) -> web.Response:
@@ -472,14 +439,10 @@ class HttpFrontend:
         return web.Response(text=html, content_type="text/html", charset="utf-8", headers=page_headers(html))
 
 
-def _stale(prepared: PreparedEmbed) -> bool:
-    return bool(prepared.task is not None and getattr(prepared.task, "stale", False))
-
-
 def answer_headers(prepared: PreparedEmbed) -> dict[str, str]:
     """What weights computed the answer (``X-Elmo-Model: default@3``), and the stale task mix it applied, if so."""
     headers = {MODEL_HEADER: prepared.model.ref}
-    if _stale(prepared):
+    if prepared.task_stale:
         headers[STALE_HEADER] = prepared.task.name  # type: ignore[union-attr]
     return headers
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from elmo.service.core import JSON_NUMBER_BYTES  # the size bound of the numbers written here
 
+# The longest JSON number written here for a float32 or float16 (the shortest text that reads back as the same
+# float32, e.g. "-1.1754944e-38"), with its separator: the JSON answers' size bound (service/http/encodings.py).
+JSON_NUMBER_BYTES = 16
 PIECE_VALUES = 1 << 17  # numbers per piece
 BASE64_PIECE_BYTES = 3 << 18  # 768 KiB of data per base64 piece (a multiple of 3: the pieces' base64 concatenates)
 

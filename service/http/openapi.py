@@ -11,6 +11,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from elmo.service.http.encodings import ENCODINGS
+
 INT32_MAX = 2**31 - 1
 JSON = "application/json"
 
@@ -69,7 +71,7 @@ _ERROR_STATUSES: dict[str, str] = {
     "409": "admin API: the version was refused (it failed to load or its checks, or it is over --max-model-memory)",
     "417": "an Expect header other than 100-continue",
 }
-_ERROR_TYPES = [  # service.errors.Kind, spaces as underscores; and "timeout" for a stalled body (408)
+_ERROR_TYPES = [  # service.core.errors.Kind, spaces as underscores; and "timeout" for a stalled body (408)
     "invalid_input",
     "too_large",
     "not_found",
@@ -182,7 +184,7 @@ _SCHEMAS: dict[str, dict] = {
                 "oneOf": [_STRING, _array(_STRING, minItems=1)],
             },
             "model": {"type": "string", "description": "served model, MODEL:TASK for a task's mix; empty: default"},
-            "encoding_format": {"enum": ["float", "base64"], "default": "float"},
+            "encoding_format": {"enum": list(ENCODINGS), "default": "float"},
             "dimensions": {
                 "type": "integer",
                 "minimum": 1,
@@ -247,7 +249,7 @@ _SCHEMAS: dict[str, dict] = {
             "task": {"type": "string", "description": "a task mix of the model (GET /v1/models)"},
             "omit_layers": {"type": "boolean", "description": "only the task's mix (needs a task)"},
             "dtype": {"enum": ["float32", "float16"], "default": "float32"},
-            "encoding": {"enum": ["float", "base64"], "default": "float"},
+            "encoding": {"enum": list(ENCODINGS), "default": "float"},
             "model": {"type": "string", "description": "served model; empty: the default"},
             "request_id": {"type": "string", "description": "echoed back (default: the X-Request-Id header)"},
             "overflow": _OVERFLOW,
@@ -393,7 +395,7 @@ _SCHEMAS: dict[str, dict] = {
         required=("object", "data"),
     ),
     "Health": _obj({"status": {"enum": ["SERVING", "NOT_SERVING"]}}, required=("status",)),
-    # -- the admin API (--model-root with --admin-token): service.admin, the same operations as gRPC's ModelAdmin
+    # -- the admin API (--model-root with --admin-token): service.grpc.admin, the same operations as gRPC's ModelAdmin
     "VersionStatus": _obj(
         {
             "version": _COUNT,

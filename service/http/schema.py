@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from elmo.service.errors import clip, invalid
-from elmo.service.http.encode import base64_json
+from elmo.service.core.errors import clip, invalid
+from elmo.service.http.encodings import ENCODINGS
 
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES, from_tensor
+from elmo.wire import DTYPE_NAMES, OVERFLOW_VALUES
 
-ENCODINGS = ("float", "base64")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the range of the contract's int32 fields (EmbedRequest.layers)
 _TYPE_NAMES = {str: "a string", bool: "true or false", int: "an integer", list: "a list", dict: "an object"}
 # A JSON escape of a UTF-16 surrogate: the only way a lone surrogate gets into a body that decoded as UTF-8.
@@ -205,7 +204,7 @@ def parse_openai(body: dict, request_id: str = "", aliases: Container[str] = ())
         overflow=_overflow(body),
         request_id=_header(request_id, "X-Request-Id"),
     )
-    return OpenAIRequest(request, _choice(body, "encoding_format", ENCODINGS, "float"), dimensions, normalize)
+    return OpenAIRequest(request, _choice(body, "encoding_format", list(ENCODINGS), "float"), dimensions, normalize)
 
 
 def _openai_inputs(value: Any) -> list[str]:
@@ -235,12 +234,10 @@ def openai_answer(
     model_version: int = 0,
     task_stale: bool = False,
 ) -> dict:
-    """OpenAI's embeddings answer from one pooled float32 vector per input (service.core.pooled), with the version
-    of the model that computed it (0: served with --model) and whether the task mix applied is stale."""
-    data = []
-    for index, vector in enumerate(vectors):
-        encoded = base64_json(vector.astype("<f4").tobytes()) if parsed.encoding == "base64" else None
-        data.append({"object": "embedding", "index": index, "embedding": encoded or vector})  # numbers: http.encode
+    """OpenAI's embeddings answer from one pooled float32 vector per input (service.core.answers.pooled), with the
+    version of the model that computed it (0: served with --model) and whether the task mix applied is stale."""
+    write = ENCODINGS[parsed.encoding].write_vector
+    data = [{"object": "embedding", "index": index, "embedding": write(vector)} for index, vector in enumerate(vectors)]
     return {
         "object": "list",
         "data": data,
@@ -279,7 +276,7 @@ def parse_embed(body: dict, request_id: str = "") -> EmbedCall:
         request_id=_get(body, "request_id", str, "") or _header(request_id, "X-Request-Id"),
         overflow=_overflow(body),
     )
-    return EmbedCall(request, _choice(body, "encoding", ENCODINGS, "float"))
+    return EmbedCall(request, _choice(body, "encoding", list(ENCODINGS), "float"))
 
 
 def _embed_input(item: Any, i: int) -> pb.Input:
@@ -297,12 +294,8 @@ def _embed_input(item: Any, i: int) -> pb.Input:
 
 
 def tensor_json(tensor: pb.Tensor, encoding: str) -> Any:
-    """The array itself, written as nested lists of numbers by service.http.encode (in pieces), or {dtype, shape,
-    data: base64 of the little-endian bytes} (as on the wire)."""
-    if encoding == "base64":
-        dtype = "float16" if tensor.dtype == pb.FLOAT16 else "float32"
-        return {"dtype": dtype, "shape": list(tensor.shape), "data": base64_json(tensor.data)}
-    return from_tensor(tensor)
+    """A tensor as its encoding writes it (service/http/encodings.py)."""
+    return ENCODINGS[encoding].write_tensor(tensor)
 
 
 def embed_answer(response: pb.EmbedResponse, encoding: str) -> dict:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from elmo.service.batcher import Batcher, BatcherObserver, BatchStats
-from elmo.service.limits import add_limit_arguments, limits_from_args
-from elmo.service.models import serve_model
+from elmo.service.core.batcher import Batcher, BatcherObserver, BatchStats
+from elmo.service.core.limits import add_limit_arguments, limits_from_args
+from elmo.service.models.registry import serve_model
 
 from elmo.runtime import Embedder, EmbedStats
 
@@ -33,7 +33,7 @@ def runtime(tiny_model_dir: Path) -> Embedder:
 
 class Calls:
     """The real runtime, with each call's sentence lengths written down (the batch compositions). It has what
-    service.models.serve_model reads of a runtime, so a batcher can be built the way `elmo serve` builds it."""
+    service.models.registry.serve_model reads of a runtime, so a batcher can be built the way `elmo serve` builds it."""
 
     def __init__(self, runtime: Embedder) -> None:
         self.runtime = runtime

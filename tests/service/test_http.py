@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from elmo.service.core.limits import Limits
 from elmo.service.http.openapi import openapi_document
-from elmo.service.limits import Limits
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime import Embedder
@@ -298,7 +298,7 @@ def test_a_5000_token_text_under_each_overflow_policy_on_http_and_grpc(server, g
 # -- load --------------------------------------------------------------------------------------------------------
 def test_http_and_grpc_clients_mixed_under_load_see_no_errors(server):
     """16 clients, half HTTP (OpenAI route and /v1/embed), half gRPC, for a few seconds: every answer is right."""
-    from elmo.bench.mixed_load import run_mixed_load
+    from bench.service.mixed_load import run_mixed_load
 
     report = run_mixed_load(server.target, server.http_url, clients=16, seconds=4.0, texts=TEXTS)
     assert report.errors == [] and report.requests["http"] > 0 and report.requests["grpc"] > 0

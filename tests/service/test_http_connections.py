@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import pytest
 from aiohttp import web
+from elmo.service.core.limits import Limits
 from elmo.service.http.connections import REASONS, ClientGone, ConnectionGuard, over_capacity_response, read_body
-from elmo.service.limits import Limits
 
 from elmo.errors import ConfigError
 from tests.service_helpers import self_signed_cert

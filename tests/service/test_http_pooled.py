@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from elmo.service.models import parse_alias
+from elmo.service.models.registry import parse_alias
 
 from elmo.client import EmbedderClient
 from elmo.errors import ConfigError

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from elmo.service.limits import Limits
+from elmo.service.core.limits import Limits
 
 from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder

@@ -31,7 +31,7 @@ NOBODY = 65534
 # unreadable to nobody), then the process becomes nobody for good and serves.
 LAUNCH = """
 import os, sys
-import elmo.cli, elmo.service.server, elmo.service.versions, elmo.runtime, onnxruntime, grpc, encodings.idna
+import elmo.cli, elmo.service.server, elmo.service.models.versions, elmo.runtime, onnxruntime, grpc, encodings.idna
 os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})

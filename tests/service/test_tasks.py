@@ -131,7 +131,7 @@ def test_model_info_names_the_stale_tasks(tiny_model_dir, tmp_path):
 
 def test_task_lookups_read_the_disk_only_on_refresh(tiny_model_dir, tmp_path):
     """A request's task lookup uses what was loaded; the folder is looked at again only once per refresh interval."""
-    from elmo.service.tasks import ModelTasks
+    from elmo.service.models.tasks import ModelTasks
 
     directory = tmp_path / "model"
     shutil.copytree(tiny_model_dir, directory)

@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from elmo.service.models.versions import ModelManager, estimate_memory, parse_bytes
 from elmo.service.server import RepositoryOptions
-from elmo.service.versions import ModelManager, estimate_memory, parse_bytes
 
 from elmo.client import EmbedderClient
 from elmo.errors import ConfigError
@@ -112,7 +112,7 @@ def test_poll_picks_up_a_new_version_and_releases_the_old(tiny_model_dir, second
         publish_copy(second_model, root, "default")
         second = wait_for(lambda: (r := embed(server)).model_version == 2 and r)
         np.testing.assert_allclose(layers(second), open_runtime(second_model).embed_texts([TEXT])[0], atol=1e-6)
-        server.call(server.server.manager.wait_released())
+        server.call(server.server.repository.wait_released())
         gc.collect()
         assert old() is None  # the old version's objects are gone, not merely unlisted
         status, headers, answer = http(server, "/v1/embed", {"inputs": [TEXT]})
@@ -143,17 +143,17 @@ def test_queued_requests_finish_on_the_version_they_started_on(tiny_model_dir, s
                 queued = [stub.Embed.future(request, timeout=60) for _ in range(4)]
                 wait_for(lambda: server.server.registry.models["default"].in_flight == 4)
                 publish_copy(second_model, root, "default")
-                server.call(server.server.manager.reconcile())  # v2 loads, takes new requests; v1 still has 4
+                server.call(server.server.repository.reconcile())  # v2 loads, takes new requests; v1 still has 4
                 assert server.server.registry.models["default"].number == 2
                 fresh = stub.Embed(request, timeout=30)
-                record = server.server.manager.records[("default", 1)]
+                record = server.server.repository.records[("default", 1)]
                 assert record.state == pb.VERSION_UNLOADING and record.model.in_flight == 4
             answers = [future.result() for future in queued]
         assert [a.model_version for a in answers] == [1, 1, 1, 1] and fresh.model_version == 2
         for answer in [*answers, fresh]:
             np.testing.assert_allclose(layers(answer), want[answer.model_version], atol=1e-6)
-        server.call(server.server.manager.wait_released())
-        assert server.server.manager.records[("default", 1)].state == pb.VERSION_UNLOADED
+        server.call(server.server.repository.wait_released())
+        assert server.server.repository.records[("default", 1)].state == pb.VERSION_UNLOADED
     finally:
         server.stop()
 
@@ -164,9 +164,9 @@ def test_a_broken_version_is_refused_and_the_old_one_keeps_serving(tiny_model_di
     server = repository_server(root, http=False)
     try:
         broken_copy(tiny_model_dir, root / "default" / "2")
-        server.call(server.server.manager.reconcile())
-        server.call(server.server.manager.reconcile())  # not tried again: the folder did not change
-        record = server.server.manager.records[("default", 2)]
+        server.call(server.server.repository.reconcile())
+        server.call(server.server.repository.reconcile())  # not tried again: the folder did not change
+        record = server.server.repository.records[("default", 2)]
         assert record.state == pb.VERSION_FAILED and ".onnx" in record.reason
         assert server.metric("elmo_model_load_failures_total", model="default") == 1
         assert embed(server).model_version == 1
@@ -261,8 +261,8 @@ def test_memory_guard_refuses_a_load_over_the_limit(tiny_model_dir, second_model
     server = repository_server(root, http=False, max_memory=limit)
     try:
         publish_copy(second_model, root, "default")
-        server.call(server.server.manager.reconcile())
-        record = server.server.manager.records[("default", 2)]
+        server.call(server.server.repository.reconcile())
+        record = server.server.repository.records[("default", 2)]
         assert record.state == pb.VERSION_FAILED and "--max-model-memory" in record.reason
         assert "default@1" in record.reason  # names what is loaded, and its size
         assert embed(server).model_version == 1
@@ -281,7 +281,7 @@ def test_flags():
 def test_serve_flags_take_one_source_of_models(tmp_path):
     import argparse
 
-    from elmo.service.limits import limits_from_args
+    from elmo.service.core.limits import limits_from_args
     from elmo.service.server import _repository_from_args, add_arguments
 
     parser = argparse.ArgumentParser()
@@ -338,8 +338,8 @@ def test_a_version_that_fails_its_load_time_check_is_not_swapped_in(tiny_model_d
         staged = Path(shutil.copytree(tiny_model_dir, tmp_path / "edited"))
         edit_a_graph_after_export(staged)
         shutil.copytree(staged, root / "default" / "2")
-        server.call(server.server.manager.reconcile())
-        record = server.server.manager.records[("default", 2)]
+        server.call(server.server.repository.reconcile())
+        record = server.server.repository.records[("default", 2)]
         assert record.state == pb.VERSION_FAILED and "load-time check" in record.reason and "FAILED" in record.reason
         assert embed(server).model_version == 1
     finally:
@@ -357,7 +357,7 @@ def test_health_says_not_serving_while_no_model_is_loaded(tiny_model_dir, tmp_pa
             assert client.health() == "NOT_SERVING" and client.health("elmo.v1.Embedder") == "NOT_SERVING"
             assert http_status(server, "/health") == 503
             publish_copy(tiny_model_dir, root, "default")  # version 2
-            server.call(server.server.manager.reconcile())
+            server.call(server.server.repository.reconcile())
             wait_for(lambda: client.health() == "SERVING")
             assert http_status(server, "/health") == 200 and embed(server).model_version == 2
             status, _, _ = http(server, "/admin/models/default/unload", {}, token=ADMIN)
@@ -383,7 +383,7 @@ def test_at_start_a_broken_latest_version_falls_back_to_the_one_before(tiny_mode
     server = repository_server(root, http=False)
     try:
         assert embed(server).model_version == 1
-        assert server.server.manager.records[("default", 2)].state == pb.VERSION_FAILED
+        assert server.server.repository.records[("default", 2)].state == pb.VERSION_FAILED
         assert server.metric("elmo_model_load_failures_total", model="default") == 1
     finally:
         server.stop()

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from elmo.service.errors import Kind, ServiceError, from_library_error
+from elmo.service.core.errors import Kind, ServiceError, from_library_error
 
 from elmo.errors import ElmoError
 from elmo.runtime import EmbedStats
@@ -74,7 +74,7 @@ class _Item:
 
 
 class BatcherObserver:
-    """Hooks for metrics; the default does nothing (service.metrics implements them)."""
+    """Hooks for metrics; the default does nothing (service.telemetry.metrics implements them)."""
 
     def queue_changed(self, sentences: int, tokens: int) -> None: ...
 

@@ -1,4 +1,4 @@
-"""The ``elmo.v1.ModelAdmin`` servicer: explicit control of a model repository (service.versions) over gRPC.
+"""The ``elmo.v1.ModelAdmin`` servicer: explicit control of a model repository (service.models.versions) over gRPC.
 
 Served only with ``--model-root`` and ``--admin-token``; every call must carry ``authorization: Bearer <admin
 token>`` (:func:`admin_auth_interceptor`): none is UNAUTHENTICATED, another token (a client's) PERMISSION_DENIED.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import grpc
 import grpc.aio
-from elmo.service.decode import lenient_parser
-from elmo.service.errors import Kind, ServiceError
-from elmo.service.interceptors import AuthInterceptor
-from elmo.service.observe import BearerToken
-from elmo.service.servicer import _answer
-from elmo.service.versions import ModelManager
+from elmo.service.core.errors import Kind, ServiceError
+from elmo.service.grpc.decode import lenient_parser
+from elmo.service.grpc.interceptors import AuthInterceptor
+from elmo.service.grpc.servicer import _answer
+from elmo.service.models.versions import ModelManager
+from elmo.service.telemetry.observe import BearerToken
 
 from elmo.v1 import embedder_pb2 as pb
 

@@ -13,7 +13,8 @@ A swap, in order:
    before opening it); until then it takes no request;
 2. it is registered: new requests without a pinned version go to it (``ModelRegistry.add_version``);
 3. the old version is taken out of the registry, so no new request resolves to it; the requests that already did
-   hold its in-flight count (``ServedModel.acquire``, taken when a request is prepared) and finish on it;
+   hold its in-flight count (taken by the request core when a request is admitted, given back when it ends
+   however it ends: service/core/requests.py) and finish on it;
 4. once its count is 0 its batcher stops, its onnxruntime sessions are closed, ``gc`` runs and, on glibc,
    ``malloc_trim(0)`` hands the freed heap back to the system, so the process's RSS comes down.
 
@@ -44,10 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elmo.service.errors import Kind, ServiceError, clip, not_found
-from elmo.service.limits import Limits, human_bytes
-from elmo.service.metrics import ServiceMetrics
-from elmo.service.models import ModelRegistry, ServedModel, serve_model
+from elmo.service.core.errors import Kind, ServiceError, clip, not_found
+from elmo.service.core.limits import Limits, human_bytes
+from elmo.service.models.registry import ModelRegistry, ServedModel, serve_model
+from elmo.service.telemetry.metrics import ServiceMetrics
 
 from elmo.errors import ConfigError
 from elmo.runtime.repository import NAME_PATTERN, incomplete_reason, numbered_folders, scan, version_dir
@@ -459,21 +460,32 @@ def _collect() -> None:
     trim_heap()
 
 
-def served_status(registry: ModelRegistry, name: str, manager: ModelManager | None) -> pb.ModelStatus:
-    """The loaded versions of a served model (ListModels, /v1/models): from the manager under --model-root, else
-    the one version a --model DIR serves."""
-    if manager is not None:
-        return manager.status(name, on_disk=False)
-    model = registry.models[name]
-    return pb.ModelStatus(
-        name=name,
-        versions=[
-            pb.VersionStatus(
-                version=model.number, state=pb.VERSION_READY if model.ready else pb.VERSION_LOADING, serving=True,
-                in_flight=model.in_flight,
-            )
-        ],
-    )  # fmt: skip
+class FixedModels:
+    """The repository a ``--model DIR`` serves: its models, one version each (number 0), loaded at start and
+    released at the drain; never polled, never swapped, no admin API. The same operations as :class:`ModelManager`
+    where they apply, so that the server and the core always have a repository to ask."""
+
+    root = None
+
+    def __init__(self, registry: ModelRegistry):
+        self.registry = registry
+
+    async def start(self) -> None:
+        """Nothing to load: the models were opened before the server started (their warm-up is the server's)."""
+
+    async def close(self) -> None:
+        for model in self.registry.loaded():
+            await model.batcher.close()
+
+    def status(self, name: str, on_disk: bool = True) -> pb.ModelStatus:
+        """The one version the name serves (``on_disk`` changes nothing: there is nothing else)."""
+        model = self.registry.models[name]
+        state = pb.VERSION_READY if model.ready else pb.VERSION_LOADING
+        version = pb.VersionStatus(version=model.number, state=state, serving=True, in_flight=model.in_flight)
+        return pb.ModelStatus(name=name, versions=[version])
+
+    def index(self) -> list[pb.ModelStatus]:
+        return [self.status(name) for name in sorted(self.registry.models)]
 
 
-__all__ = ["MODEL_MEMORY_FACTOR", "ModelManager", "estimate_memory", "parse_bytes", "served_status", "trim_heap"]
+__all__ = ["MODEL_MEMORY_FACTOR", "FixedModels", "ModelManager", "estimate_memory", "parse_bytes", "trim_heap"]

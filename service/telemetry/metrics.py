@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from elmo.service.batcher import BatcherObserver
+from elmo.service.core.batcher import BatcherObserver
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -64,7 +64,7 @@ class ServiceMetrics:
             registry=r,
         )
         self.ready = Gauge("elmo_model_ready", "1 once the model passed its warm-up forward", ["model"], registry=r)
-        # --model-root (service.versions): versions loaded, refused and released while serving
+        # --model-root (service.models.versions): versions loaded, refused and released while serving
         self.model_loads = Counter("elmo_model_loads", "model versions loaded and serving", ["model"], registry=r)
         self.load_failures = Counter(
             "elmo_model_load_failures", "model versions refused (failed to load, failed checks, memory)", ["model"],

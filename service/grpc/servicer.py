@@ -1,7 +1,8 @@
-"""The ``elmo.v1.Embedder`` servicer: a thin gRPC adapter over the request core (service.core). No numerical code.
+"""The ``elmo.v1.Embedder`` servicer: a thin gRPC adapter over the request core (service.core.requests). No
+numerical code.
 
 Every RPC runs inside :func:`_answer`, which turns a :class:`ServiceError` into its status code (the one mapping in
-service.errors) and an undecodable request into INVALID_ARGUMENT.
+service.core.errors) and an undecodable request into INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ import time
 
 import grpc
 import grpc.aio
-from elmo.service.core import RequestCore
-from elmo.service.decode import UndecodableRequest, lenient_parser
-from elmo.service.errors import ServiceError, grpc_code, invalid
+from elmo.service.core.answers import EmbedResult, build_response
+from elmo.service.core.encodings import PROTOBUF
+from elmo.service.core.errors import ServiceError, grpc_code, invalid
+from elmo.service.core.requests import RequestCore
+from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 
 from elmo.v1 import embedder_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "elmo.v1.Embedder"
-# Tokenizing costs about this much per code point: larger Tokenize requests go to the core's workers.
-INLINE_TOKENIZE_CHARS = 4096
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -43,15 +44,22 @@ def _answer(method):
     return wrapper
 
 
+def _embed(core: RequestCore, request: pb.EmbedRequest, context, admitted: bool = False):
+    """One EmbedRequest through the core, answered as the protobuf message (its request id echoed)."""
+
+    def answer(result: EmbedResult) -> pb.EmbedResponse:
+        return build_response(result, request.request_id)
+
+    return core.embed(request, PROTOBUF, answer, _deadline(context), admitted=admitted)
+
+
 class EmbedderServicer:
     def __init__(self, core: RequestCore):
         self.core = core
-        self.state = core.state
 
     @_answer
     async def Embed(self, request, context):  # noqa: N802 - gRPC method names
-        with self.state.admit():
-            return await self.core.embed_request(request, _deadline(context))
+        return await _embed(self.core, request, context)
 
     async def EmbedStream(self, request_iterator, context):  # noqa: N802
         """Requests are embedded concurrently (so they batch together), answered in order; at most
@@ -59,7 +67,7 @@ class EmbedderServicer:
         on a fast writer and on a slow reader. A stream that was open before a drain began is in flight: it keeps
         being served until it ends or the drain grace period runs out."""
         try:
-            with self.state.admit():
+            with self.core.admit():
                 async for response in self._stream(request_iterator, context):
                     yield response
         except ServiceError as exc:
@@ -80,7 +88,7 @@ class EmbedderServicer:
                         inflight.put_nowait(invalid(request.message))
                         return
                     await slots.acquire()
-                    inflight.put_nowait(asyncio.ensure_future(self.core.embed_request(request, _deadline(context))))
+                    inflight.put_nowait(asyncio.ensure_future(_embed(self.core, request, context, admitted=True)))
             finally:
                 inflight.put_nowait(done)
 
@@ -102,8 +110,7 @@ class EmbedderServicer:
 
     @_answer
     async def Tokenize(self, request, context):  # noqa: N802
-        chars = sum(len(text) for text in request.texts)
-        return await self.core.run(lambda: self.core.tokenize(request), heavy=chars > INLINE_TOKENIZE_CHARS)
+        return await self.core.tokenize(request, lambda response: response)
 
     @_answer
     async def GetModelInfo(self, request, context):  # noqa: N802

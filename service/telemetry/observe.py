@@ -1,6 +1,6 @@
 """Per-request observation and bearer-token checking, written once for both front doors.
 
-gRPC (service.interceptors) and HTTP (service.http.app) each work out their own method name and outcome (a status
+gRPC (service.grpc.interceptors) and HTTP (service.http.app) each work out their own method name and outcome (a status
 code name or an HTTP status), then hand them here: one in-flight gauge, one request counter and one latency histogram
 per method and outcome, and one log line per request (DEBUG; WARNING when the server is at fault, so that the log's
 warnings and the 5xx rate mean the same thing). A client that went away is its own outcome, not a server error.
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elmo.service.errors import Kind, ServiceError
-from elmo.service.metrics import ServiceMetrics
+from elmo.service.core.errors import Kind, ServiceError
+from elmo.service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger("service.requests")
 

@@ -184,7 +184,7 @@ def grpc_server_settings(limits: Limits) -> dict:
     """``grpc.aio.server``'s keyword arguments for these limits: message sizes and gRPC core's per-connection
     bounds (issue 39: one connection of half-sent calls held every one of --max-concurrent-rpcs, gRPC health
     included): streams open at once, idle and age limits. gRPC core's own count of open calls is only a backstop
-    behind the call gate (service.interceptors.CallGate), with room for health checks and calls being refused."""
+    behind the call gate (service.grpc.interceptors.CallGate), with room for health checks and calls being refused."""
     options = [
         ("grpc.max_receive_message_length", limits.max_message_bytes),
         ("grpc.max_send_message_length", limits.max_response_bytes + MIB),  # the answer's bound, plus framing

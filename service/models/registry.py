@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from elmo.service import switching
-from elmo.service.batcher import Batcher, BatcherObserver
-from elmo.service.errors import Kind, ServiceError, clip, not_found
-from elmo.service.limits import Limits
-from elmo.service.tasks import ModelTasks
+from elmo.service.core import switching
+from elmo.service.core.batcher import Batcher, BatcherObserver
+from elmo.service.core.errors import Kind, ServiceError, clip, not_found
+from elmo.service.core.limits import Limits
+from elmo.service.models.tasks import ModelTasks
 
 from elmo.errors import ConfigError, ModelFileError
 from elmo.runtime.repository import VERSION_PATTERN
@@ -173,7 +173,7 @@ class ModelRegistry:
     (``--model-alias NAME=MODEL[:TASK]``) are further names for a model, or for one of its task mixes, for clients
     that cannot change the name they send (``text-embedding-3-small``).
 
-    Under ``--model-root`` a name may have several loaded versions (service.versions adds and removes them while
+    Under ``--model-root`` a name may have several loaded versions (service.models.versions adds and removes them while
     serving): ``models[NAME]`` is the one that takes new requests (the highest loaded), ``versions[NAME][N]`` every
     loaded one, and a request may pin one as ``NAME@N``. Lookups and the in-flight count a request takes
     (:meth:`acquire`) happen under one lock with the changes, so a version taken out of service is never handed to a

@@ -1,6 +1,6 @@
 """Cross-cutting concerns as grpc.aio server interceptors: bearer-token auth and per-RPC observation, both the
-shared implementations of service.observe (HTTP uses the same), adapted to gRPC's handlers and status codes; and
-the call gate, which bounds what one call and one peer can hold (:class:`CallGate`).
+shared implementations of service.telemetry.observe (HTTP uses the same), adapted to gRPC's handlers and status
+codes; and the call gate, which bounds what one call and one peer can hold (:class:`CallGate`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import inspect
 
 import grpc
 import grpc.aio
-from elmo.service.errors import ServiceError, grpc_code
-from elmo.service.observe import BearerToken, Observation, RequestObserver
-from elmo.service.shares import Shares, peer_address
+from elmo.service.core.errors import ServiceError, grpc_code
+from elmo.service.core.shares import Shares, peer_address
+from elmo.service.telemetry.observe import BearerToken, Observation, RequestObserver
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 CLIENT_FAULT_CODES = {

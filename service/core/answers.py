@@ -1,0 +1,147 @@
+"""What a request becomes: the prepared request (checked, tokenized, its version and task resolved once), its
+vectors, the bound of its answer's size in the encoding it will be sent in, and the ``elmo.v1`` answer itself."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from elmo.service.core.batcher import BatchStats
+from elmo.service.core.encodings import AnswerEncoding
+from elmo.service.models.registry import ServedModel
+from elmo.service.models.tasks import Task
+
+from elmo.v1 import embedder_pb2 as pb
+from elmo.wire import to_tensor
+
+
+@dataclass
+class PreparedEmbed:
+    model: ServedModel  # the version the request resolved to: it embeds and answers it
+    sentences: list[list[str]]
+    offsets: list[list[tuple[int, int]] | None]  # None for pre-tokenized inputs
+    layers: list[int] | None  # None = all layers in order
+    task: Task | None
+    omit_layers: bool
+    dtype: int
+    truncated: list[int]  # per sentence, tokens cut off under TRUNCATE
+    window_size: int  # the per-sentence limit: longer sentences (WINDOW) run as windows of this size
+    answer_bytes: int  # upper bound of the answer's size in the encoding it will be sent in
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s) for s in self.sentences)
+
+    @property
+    def task_stale(self) -> bool:
+        return bool(self.task is not None and getattr(self.task, "stale", False))
+
+
+@dataclass
+class EmbedResult:
+    """A request's vectors: per sentence float32 (n_layers, n_tokens, dim), long sentences' windows stitched."""
+
+    prepared: PreparedEmbed
+    vectors: list[np.ndarray]
+    stats: list[BatchStats]
+    started: float  # time.monotonic() when the request was admitted
+
+
+@dataclass
+class PooledResult:
+    """A pooled request's answer: one float32 (dim,) vector per input (:func:`pooled`)."""
+
+    prepared: PreparedEmbed
+    vectors: list[np.ndarray]
+
+
+def answer_bytes(prepared: PreparedEmbed, encoding: AnswerEncoding) -> int:
+    """Upper bound of the per-token answer's size: vectors in ``encoding``, tokens, offsets and framing."""
+    n_layers = 0 if prepared.omit_layers else len(prepared.layers or range(prepared.model.n_layers))
+    per_token = (n_layers + (1 if prepared.task else 0)) * prepared.model.dim
+    vectors = encoding.value_bytes(prepared.n_tokens * per_token, prepared.dtype)
+    framing = encoding.framing
+    strings = sum(len(t.encode("utf-8", "surrogatepass")) + framing.token for s in prepared.sentences for t in s)
+    return vectors + strings + framing.sentence * len(prepared.sentences) + framing.answer
+
+
+def pooled_bytes(n_inputs: int, dim: int, encoding: AnswerEncoding) -> int:
+    """Upper bound of an OpenAI ``/v1/embeddings`` answer: one float32 vector per input."""
+    return n_inputs * (encoding.value_bytes(dim, pb.FLOAT32) + 64) + 512
+
+
+def build_response(result: EmbedResult, request_id: str = "") -> pb.EmbedResponse:
+    prepared = result.prepared
+    response = pb.EmbedResponse(
+        model=prepared.model.name,
+        model_version=prepared.model.number,
+        task_stale=prepared.task_stale,
+        request_id=request_id,
+    )
+    response.layers.extend(prepared.layers or range(prepared.model.n_layers))
+    for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
+        embedding = response.embeddings.add()
+        embedding.tokens.extend(tokens)
+        embedding.truncated_tokens = cut
+        if spans is not None:
+            embedding.offsets.extend(pb.Span(start=s, end=e) for s, e in spans)
+        if not prepared.omit_layers:
+            selected = layers if prepared.layers is None else layers[prepared.layers]
+            to_tensor(selected, prepared.dtype, out=embedding.layers)
+        if prepared.task is not None:
+            to_tensor(prepared.task.apply(layers), prepared.dtype, out=embedding.mix)
+    fill_timing(response.timing, result)
+    return response
+
+
+def fill_timing(timing: pb.Timing, result: EmbedResult) -> None:
+    """The slowest piece's queue and inference time, the largest batch it rode in, and the total so far."""
+    slowest = max(result.stats, key=lambda s: s.queue_s + s.inference_s)
+    largest = max(result.stats, key=lambda s: s.tokens)
+    timing.queue_ms = 1000 * slowest.queue_s
+    timing.inference_ms = 1000 * slowest.inference_s
+    timing.total_ms = 1000 * (time.monotonic() - result.started)
+    timing.batch_sentences = largest.sentences
+    timing.batch_tokens = largest.tokens
+
+
+def pooled(result: EmbedResult, normalize: bool = False) -> list[np.ndarray]:
+    """One float32 vector per input: the mean over its tokens of the mean of its layers, or of the task's mix;
+    ``normalize``: scaled to unit length (the direction unchanged). Computed from the vectors directly (no per-token
+    answer is built only to be averaged)."""
+    task = result.prepared.task
+    if task is not None:
+        means = [task.apply(v).astype(np.float64).mean(axis=0) for v in result.vectors]
+    else:
+        means = [v.astype(np.float64).mean(axis=(0, 1)) for v in result.vectors]
+    if normalize:
+        means = [m / norm if (norm := np.linalg.norm(m)) > 0 else m for m in means]
+    return [m.astype(np.float32) for m in means]
+
+
+def input_chunks(lengths: list[int], max_tokens: int, max_inputs: int) -> list[range]:
+    """Consecutive inputs, cut into chunks of at most ``max_tokens`` tokens and ``max_inputs`` inputs (an input
+    longer than ``max_tokens`` alone)."""
+    chunks, start, tokens = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (tokens + n > max_tokens or i - start >= max_inputs):
+            chunks.append(range(start, i))
+            start, tokens = i, 0
+        tokens += n
+    if lengths:
+        chunks.append(range(start, len(lengths)))
+    return chunks
+
+
+__all__ = [
+    "EmbedResult",
+    "PooledResult",
+    "PreparedEmbed",
+    "answer_bytes",
+    "build_response",
+    "fill_timing",
+    "input_chunks",
+    "pooled",
+    "pooled_bytes",
+]
