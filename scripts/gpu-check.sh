@@ -5,7 +5,7 @@
 # 2. without MODEL_DIR: torch (CPU is enough) + onnx, then a random-weight ELMo-original model is written and
 #    exported (verified against PyTorch) into runs/gpu-check/original; with MODEL_DIR: that exported directory;
 # 3. scripts/gpu_check.py: a plain start picks CUDA by itself, CUDA vs CPU parity, ELMo-original tokens/s at batch
-#    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/loadgen.py).
+#    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/service/loadgen.py).
 # Environment: PYTHON=/path/to/python uses that interpreter as it is (no venv, no installs: for machines that
 # cannot reach a registry and already hold onnxruntime-gpu); GPU_SITE=DIR (implies PYTHON=python3 unless set):
 # onnxruntime-gpu and the gRPC wheels come from that private folder (scripts/gpu-wheels.sh receive fills it),

@@ -10,8 +10,8 @@
 3. Parity: CUDA vs CPU on mixed-length batches, a 200-token sentence, a word over 50 bytes, CJK and emoji.
 4. Throughput (tokens/s, latency p50) in process on CUDA at batch 1/64/512 sentences, IOBinding on and off, and on
    CPU at batch 64 for scale; with --torch also the PyTorch eager model on the GPU.
-5. Served: ``elmo serve`` with default providers (bench.loadgen starts it) reports CUDAExecutionProvider, and
-   --clients gRPC clients (bench.loadgen.drive) give its tokens/s, latency and zero errors.
+5. Served: ``elmo serve`` with default providers (bench.kit.serve starts it) reports CUDAExecutionProvider, and
+   --clients gRPC clients (bench.kit.load.drive) give its tokens/s, latency and zero errors.
 Exit status 1 with one line saying why when a step fails.
 """
 
@@ -30,12 +30,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo.bench.run import synthetic_sentences  # noqa: E402
-
 from elmo.errors import ElmoError  # noqa: E402
 from elmo.runtime import CPU, CUDA, Embedder, requested_providers  # noqa: E402
 
 PARITY_TOLERANCE = 2e-3  # cuBLAS/cuDNN sum in other orders (and may use TF32): far below a semantic error (~1)
-SENTENCES_PER_REQUEST = 8  # bench.loadgen's default request size
+SENTENCES_PER_REQUEST = 8  # bench.service.loadgen's default request size
 SERVED_WARMUP_S = 3.0
 
 
@@ -163,23 +162,24 @@ def in_process_throughput(gpu: Embedder, cpu: Embedder, args: argparse.Namespace
 def served_throughput(model: Path, seconds: float, clients: int, expect: str) -> dict:
     """`elmo serve --model MODEL` with default providers, driven by ``clients`` gRPC clients for ``seconds``; the
     server must report ``expect`` as its execution provider and answer every request."""
-    from elmo.bench.loadgen import MAX_REQUESTS, build_requests, drive, make_texts
-    from elmo.bench.server_process import spawn_server, stop_server
-
+    from bench.kit.load import MAX_REQUESTS, build_requests, drive
+    from bench.kit.serve import start_server
+    from bench.kit.texts import make_texts
     from elmo.client import EmbedderClient
 
     requests = build_requests(make_texts(1024), SENTENCES_PER_REQUEST, [], "float32")
-    process, target, log_path = spawn_server(model, None, [])
+    server = start_server(model, http=False)
+    target, log_path = server.grpc_target, server.log_path
     try:
         with EmbedderClient(target) as client:
             provider = client.model_info().execution_provider
         if provider != expect:
             raise CheckFailed(f"`elmo serve` runs on {provider}, not {expect} (log: {log_path})")
         result = asyncio.run(
-            drive(target, requests, clients, seconds, MAX_REQUESTS, None, process.pid, SERVED_WARMUP_S)
+            drive(target, requests, clients, seconds, MAX_REQUESTS, None, server.pid, SERVED_WARMUP_S)
         )
     finally:
-        exit_code = stop_server(process)
+        exit_code = server.stop()
     found = {"provider": provider, "server_exit_code": exit_code, **result.to_dict()}
     if result.errors or not result.requests or exit_code != 0:
         raise CheckFailed(f"served run: errors {result.errors}, {result.requests} requests, exit code {exit_code}")

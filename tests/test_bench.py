@@ -3,7 +3,6 @@ from pathlib import Path
 
 import elmo.bench.run
 from elmo.bench.run import synthetic_sentences
-
 from elmo.cli import main
 
 
@@ -70,7 +69,7 @@ def test_bench_writes_where_it_is_run_and_never_overwrites_unasked(tiny_model_di
 
 
 def test_load_check_bench_times_the_check_and_names_the_machine(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    import elmo.bench.load_check as load_check
+    import bench.runtime.load_check as load_check
 
     out = tmp_path / "load_check.json"
     argv = ["load_check", "--model", str(tiny_model_dir), "--repeat", "2", "--threads", "1", "--out", str(out)]

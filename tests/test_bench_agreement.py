@@ -13,8 +13,8 @@ from pathlib import Path
 
 import elmo.export.context_graph as context_graph
 import elmo.export.onnx_export as onnx_export
-from elmo.bench.run import ENGINES, TorchEngine
 
+from elmo.bench.run import ENGINES, TorchEngine
 from elmo.cli import main
 from elmo.runtime import TokenVectorCache
 

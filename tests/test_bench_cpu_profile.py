@@ -1,7 +1,6 @@
-"""bench/cpu_profile.py on the tiny model: the cut char rows agree bit for bit, and the profile finds the groups."""
+"""bench/runtime/cpu_profile.py on the tiny model: the cut char rows agree bit for bit, the profile finds the groups."""
 
-from elmo.bench.cpu_profile import char_cnn, context_profile, one_row_per_position, render, typical_batch
-
+from bench.runtime.cpu_profile import char_cnn, context_profile, one_row_per_position, render, typical_batch
 from elmo.runtime import CPU, Embedder
 
 SENTENCES = [["The", "cat", "sat", "."], ["苹", "果", "很", "好", "吃"], ["a", "b" * 30, "c"], ["x"] * 12]

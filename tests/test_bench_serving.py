@@ -1,4 +1,4 @@
-"""Smoke tests of the served benches (bench.noisy, bench.latency, bench.memory, bench.loadgen): each runs end to end
+"""Smoke tests of the served benches (bench.service: noisy, latency, memory, loadgen): each runs end to end
 against a real `elmo serve` subprocess of the tiny model, for a second or so, and writes its JSON. Small limits keep
 the abusers' requests small. Nothing here asserts a time: the benches measure, the tests only check that they run
 and report."""
@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from elmo.bench import latency, loadgen, memory, noisy
-from elmo.bench.serving import sentences
-from elmo.bench.worktree import REPO, revision_tree, tree_env
+
+from bench.kit.revision import REPO, revision_tree, tree_env
+from bench.kit.texts import sentences
+from bench.service import latency, loadgen, memory, noisy
 
 SMALL_LIMITS = [
     "--serve-arg=--max-message-bytes=60000",
@@ -38,7 +39,7 @@ def test_noisy_measures_both_phases_and_the_abusers(tiny_model_dir, tmp_path):
         assert report["health"]["http"]["n"] > 0 and report["health"]["grpc"]["n"] > 0
     abusers = run["phases"]["abused"]["abusers"]
     assert abusers and set(abusers) <= set(noisy.ABUSE_KINDS)
-    # every abuser's request is one the server accepts: the largest of its kind (bench.noisy_load.fit_abuse_sizes)
+    # every abuser's request is one the server accepts: the largest of its kind (bench.service.noisy_load's fit)
     assert all(status == "200" for row in abusers.values() for status in row["statuses"]), abusers
     assert set(run["abuse_requests"]) == set(noisy.ABUSE_KINDS)
     assert {"p99_all", "health", "ok"} <= set(run["verdict"]) and "after" in result["summary"]

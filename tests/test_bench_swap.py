@@ -1,4 +1,4 @@
-"""bench/swap.py end to end on tiny models and a short run: swaps and a broken version under load, 0 failed."""
+"""bench/service/swap.py end to end on tiny models and a short run: swaps and a broken version under load, 0 failed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ pytestmark = pytest.mark.slow  # a server subprocess under load for 9 s, three t
 
 
 def test_swap_benchmark_counts_no_failure_and_writes_its_results(tmp_path):
-    from elmo.bench import swap
     from elmo.export.random_model import write_random_model
+
+    from bench.service import swap
 
     cache = tmp_path / "models"
     for seed in (1, 2, 3):  # the conftest fixture's settings: the export's verification passes at tiny size

@@ -1,6 +1,7 @@
 """The house's plan holds: imports only go down the stage order (docs/architecture.md, "The stage order"), no import
 cycle among the project's modules, no module over MAX_LINES, the serving side (docs/architecture.md, "The torch
-line") imports without torch, and an install puts one package, `elmo`, into site-packages."""
+line") imports without torch, and an install puts one package, `elmo`, into site-packages. The development
+benchmarks (bench/, not installed) are checked too: they may import anything, nothing installed imports them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # folder -> the dotted name an install gives it (pyproject.toml's package-dir): one package, `elmo`
-PACKAGES = {"elmo": "elmo", "service": "elmo.service", "export": "elmo.export", "bench": "elmo.bench"}
+PACKAGES = {"elmo": "elmo", "service": "elmo.service", "export": "elmo.export"}
+# folder -> dotted name of the development folders: run from a checkout (`python -m bench.service.loadgen`), never
+# installed; their modules are checked with the project's (stages, cycles, size) but kept out of the wheel
+LAB = {"bench": "bench"}
 # The stages, lowest first: a module may import its own stage and the ones before it, never a later one. The runtime
 # sits low because both sides stand on it: export verifies through it and training reads model directories with it.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
@@ -29,6 +33,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("elmo.mix",)),
     ("callers", ("elmo.service", "elmo.batch", "elmo.client", "elmo.features")),
     ("commands", ("elmo.cli", "elmo.bench")),
+    ("lab", ("bench",)),  # last: the benches may import any stage, no installed module may import them
 ]
 MAX_LINES = 600
 TORCH_FREE = [
@@ -49,9 +54,10 @@ TORCH_FREE = [
 
 
 def project_modules(root: Path = REPO) -> dict[str, Path]:
-    """Dotted name -> file, for every module of the project's packages (generated protobuf code left out)."""
+    """Dotted name -> file, for every module of the project's packages and development folders (generated protobuf
+    code left out)."""
     found = {}
-    for folder, dotted in PACKAGES.items():
+    for folder, dotted in (PACKAGES | LAB).items():
         for path in (root / folder).rglob("*.py"):
             parts = (*dotted.split("."), *path.relative_to(root / folder).with_suffix("").parts)
             if "v1" in parts:
@@ -137,6 +143,19 @@ def test_the_stage_checker_catches_an_import_up_the_pipeline():
     graph = {"elmo.model.bilm": {"elmo.train.vocab", "elmo.model.config"}, "elmo.train.vocab": {"elmo.text.chars"}}
     assert imports_up_the_pipeline(graph) == ["elmo.model.bilm (model) -> elmo.train.vocab (train)"]
     assert imports_up_the_pipeline({"elmo.train.loop": {"elmo.model.bilm"}}) == []
+    lab = {"elmo.bench.run": {"bench.kit.texts"}, "bench.kit.load": {"elmo.bench.figures", "elmo.service.server"}}
+    assert imports_up_the_pipeline(lab) == ["elmo.bench.run (commands) -> bench.kit.texts (lab)"]
+
+
+def test_the_benches_are_checked_and_not_installed():
+    """bench/ is in the checks (its kit and a script of each subject), `elmo bench` and its figures are installed,
+    and nothing maps bench/ into the package."""
+    modules = project_modules()
+    assert {"bench.kit.serve", "bench.kit.load", "bench.service.loadgen", "bench.batch.throughput"} <= set(modules)
+    assert {"elmo.bench.run", "elmo.bench.figures"} <= set(modules)
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert not any(name == "bench" or name.startswith("bench.") for name in config["packages"])
+    assert "bench" not in config["package-dir"].values()
 
 
 def test_imports_only_go_down_the_pipeline():
@@ -144,8 +163,8 @@ def test_imports_only_go_down_the_pipeline():
 
 
 def test_an_install_holds_one_package_and_every_folder_of_it():
-    """pyproject.toml lists every package directory, each under `elmo` (the folders service/, export/, bench/
-    mapped into it), so a wheel has all the code and no generic top-level name."""
+    """pyproject.toml lists every package directory, each under `elmo` (the folders service/ and export/ mapped
+    into it), so a wheel has all the code and no generic top-level name."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     assert all(name == "elmo" or name.startswith("elmo.") for name in listed)
@@ -190,6 +209,7 @@ def test_the_wheel_puts_only_elmo_into_site_packages(tmp_path):
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"elmo"}
+    assert not any(name.startswith("elmo/bench/") and name.split("/")[2] in ("service", "kit") for name in names)
     for inside in ("elmo/service/server.py", "elmo/service/http/page/index.html", "elmo/export/onnx_export.py",
                    "elmo/bench/run.py", "elmo/senses/en.tsv", "elmo/v1/embedder_pb2.py"):  # fmt: skip
         assert inside in names

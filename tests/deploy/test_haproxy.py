@@ -14,9 +14,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from bench.service import replicas
 from bench.service.replicas import HAPROXY_CFG, HTTP_RETRY, Balancer, parse_log, start_replicas
-
 from elmo.client import EmbedderClient
 from tests.conftest import in_ci
 
@@ -98,7 +98,7 @@ def test_grpc_and_http_are_balanced_and_a_killed_replica_leaves_the_rotation(fle
 
 
 def test_the_replicas_bench_runs_and_reports_every_window(haproxy, tiny_model_dir, tmp_path):
-    """bench/service/replicas.py end to end for a few seconds (one mode, 2 + 2 clients): it measures, nothing is timed."""
+    """bench/service/replicas.py end to end for a few seconds (one mode, 2 + 2 clients): it measures, times nothing."""
     out = tmp_path / "out"
     argv = ["--model", str(tiny_model_dir), "--seconds", "4.5", "--window", "1", "--grpc-clients", "2"]
     argv += ["--http-clients", "2", "--mode", "no-balancer-retries", "--shutdown-delay", "0.5", "--out", str(out)]

@@ -1,8 +1,8 @@
 """One sentence at a time (issue 28): served latency over gRPC and HTTP beside the in-process runtime, and where the
 served extra time goes.
 
-    python -m bench.latency --model models/default --sentences 300
-    python -m bench.latency --model models/default --sentences 300 --before REV
+    python -m bench.service.latency --model models/default --sentences 300
+    python -m bench.service.latency --model models/default --sentences 300 --before REV
 
 One client sends 15-25-word English sentences one after another (no concurrency: the latency of a lone request,
 not a loaded server's). Every sentence goes through three paths, which take turns in blocks of ``--block``
@@ -40,20 +40,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from elmo.bench.serving import (
-    RESULTS,
-    Http,
-    bench_parser,
-    code_trees,
-    fmt,
-    machine,
-    percentiles_ms,
-    pyplot,
-    revision_info,
-    save_result,
-    sentences,
-    start_server,
-)
+
+from bench.kit.load import Http
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.revision import code_trees, revision_info
+from bench.kit.serve import start_server
+from bench.kit.texts import sentences
+from elmo.bench.figures import machine, percentiles, percentiles_ms
 
 PATHS = ("grpc", "http", "in-process")
 
@@ -102,7 +95,7 @@ class Paths:
 
 
 def measure(args: argparse.Namespace, label: str, tree: Path | None, texts: list[str], embedder) -> dict:
-    served = start_server(args.model, args.threads, args.serve_arg, tree, label)
+    served = start_server(args.model, threads=args.threads, serve_args=args.serve_arg, tree=tree, label=label)
     try:
         paths = Paths(served, embedder)
         calls = {"grpc": paths.grpc, "http": paths.http_embed, "in-process": paths.in_process}
@@ -145,13 +138,9 @@ def analyse(samples: dict[str, list], texts: list[str]) -> dict:
             "transport and (de)serialization (observed - total_ms)": [r["ms"] - r["total_ms"] for r in rows],
             "extra over in-process (observed - in-process)": [r["ms"] - p for r, p in zip(rows, inproc)],
         }
+        figures = {part: percentiles(values, (50, 99), digits=3) for part, values in parts.items()}
         out["breakdown_ms"][name] = {
-            part: {
-                "median": round(statistics.median(values), 3),
-                "mean": round(statistics.fmean(values), 3),
-                "p99": round(float(np.percentile(values, 99)), 3),
-            }
-            for part, values in parts.items()
+            part: {"median": f["p50"], "mean": f["mean"], "p99": f["p99"]} for part, f in figures.items()
         }
     out["served_over_in_process_p50"] = {
         name: round(out["latency_ms"][name]["p50"] / out["latency_ms"]["in-process"]["p50"], 2)
@@ -229,7 +218,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = bench_parser("latency", __doc__)
+    parser = bench_parser("service.latency", __doc__)
     parser.add_argument("--sentences", type=int, default=300, help="sentences measured on each path")
     parser.add_argument("--block", type=int, default=10, help="sentences per path before the next path's turn")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured sentences per path first")
@@ -238,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--before", metavar="REV", help="also serve git revision REV's code (a worktree), in turn")
     parser.add_argument("--rounds", type=int, default=1, help="with --before: before/after pairs, alternating")
     parser.add_argument("--label", default="after", help="without --before: the name of this checkout's runs")
-    parser.add_argument("--text", type=Path, default=None, help="text to take the sentences from (see bench.serving)")
+    parser.add_argument("--text", type=Path, default=None, help="text to take the sentences from (see bench.kit.texts)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latency.json", help="JSON (a .png plot beside it)")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)

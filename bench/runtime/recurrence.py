@@ -1,6 +1,6 @@
 """The exact biLSTM recurrence, measured in the forms we considered (docs/runtime.md, "alternatives").
 
-    python -m bench.recurrence --model runs/bench-models/small --batch-sizes 1 8 64 --steps 27 --threads 1
+    python -m bench.runtime.recurrence --model runs/bench-models/small --batch-sizes 1 8 64 --steps 27 --threads 1
 
 Every variant computes the same thing from the same token vectors (B, S, P) and lengths: both directions, all
 layers, clips, residual, padding-exact reversal, output (B, L+1, S-2, 2P). Variants:
@@ -31,8 +31,8 @@ import torch
 from elmo.export.context_graph import build_context_graph
 
 import elmo.model.bilm as elmo_model
+from elmo.bench.figures import machine
 from elmo.model.checkpoint import load_model
-from elmo.runtime.host import host_facts
 
 
 class TorchContext(torch.nn.Module):
@@ -173,7 +173,7 @@ def main() -> None:
     if args.json:
         clock = "thread CPU time" if args.cpu_time else "wall time"
         summary = {"threads": args.threads, "clock": clock, "model": str(args.model), "rows": rows}
-        summary["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+        summary |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -1,16 +1,16 @@
 """Noisy neighbours (issue 28): do well-behaved clients and health probes keep their latency while two clients send
 the worst requests the server's limits allow?
 
-    python -m bench.noisy --model models/default --duration 20                  # alone, then with the abusers
-    python -m bench.noisy --model models/default --duration 20 --before REV --rounds 2
-    python -m bench.noisy --model models/default --single                       # the worst single requests, one by one
+    python -m bench.service.noisy --model models/default --duration 20                  # alone, then with the abusers
+    python -m bench.service.noisy --model models/default --duration 20 --before REV --rounds 2
+    python -m bench.service.noisy --model models/default --single               # the worst single requests, one by one
 
 Phases (one ``elmo serve --port 0 --http-port 0`` on 127.0.0.1 per run): a short warm-up, then ``--duration``
 seconds of 8 well-behaved clients alone (4 gRPC through ``elmo.client.EmbedderClient``, 4 HTTP ``POST
 /v1/embeddings`` on a kept-alive connection, each one 15-25-word sentence per request, back to back), then
 ``--duration`` seconds of the same with 2 abusers (``--abusers``), each rotating back to back through the largest
 request of each kind that the server *accepts* (sized from the server's own limits, GetModelInfo, then shrunk
-before the run while the server refuses it with 413: bench.noisy_load.fit_abuse_sizes):
+before the run while the server refuses it with 413: bench.service.noisy_load.fit_abuse_sizes):
 
   largest-pooled    POST /v1/embeddings, --max-pooled-inputs texts (2,048) of --max-pooled-tokens (300,000) in all
   most-tokens       POST /v1/embed, --max-inputs sentences totalling --max-tokens-per-request tokens, base64
@@ -46,7 +46,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from elmo.bench.noisy_load import (
+from bench.kit.load import Http
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.revision import code_trees, revision_info
+from bench.kit.serve import start_server
+from bench.kit.texts import sentences
+from bench.service.noisy_load import (
     ABUSE_KINDS,
     HEALTH_BAR_MS,
     PROBE_INTERVAL_S,
@@ -59,20 +64,7 @@ from elmo.bench.noisy_load import (
     server_limits,
     single_requests,
 )
-from elmo.bench.serving import (
-    RESULTS,
-    Http,
-    bench_parser,
-    code_trees,
-    fmt,
-    machine,
-    percentiles_ms,
-    pyplot,
-    revision_info,
-    save_result,
-    sentences,
-    start_server,
-)
+from elmo.bench.figures import machine, percentiles_ms
 
 MAX_PHASE_S = 600.0
 
@@ -161,7 +153,7 @@ def start_prober(served) -> Workers:
 
 
 def run_phases(args: argparse.Namespace, label: str, tree: Path | None, texts: list[str]) -> dict:
-    served = start_server(args.model, args.threads, args.serve_arg, tree, label)
+    served = start_server(args.model, threads=args.threads, serve_args=args.serve_arg, tree=tree, label=label)
     try:
         limits = server_limits(served.grpc_target)
         limits["fitted"], fitted = fit_abuse_sizes(served.http_url, limits)
@@ -225,7 +217,7 @@ def _timeline(events: dict[str, list], origin: float, marks: tuple[float, ...]) 
 
 
 def run_single(args: argparse.Namespace, label: str, tree: Path | None) -> dict:
-    served = start_server(args.model, args.threads, args.serve_arg, tree, label)
+    served = start_server(args.model, threads=args.threads, serve_args=args.serve_arg, tree=tree, label=label)
     rows = []
     try:
         limits = server_limits(served.grpc_target)
@@ -426,7 +418,7 @@ def plot_single(result: dict, path: Path) -> None:
 
 # -- command line ------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = bench_parser("noisy", __doc__)
+    parser = bench_parser("service.noisy", __doc__)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per phase (alone, with abusers)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured well-behaved load first")
     parser.add_argument("--grpc-clients", type=int, default=4)
@@ -449,7 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1, help="with --before: before/after pairs, alternating")
     parser.add_argument("--label", default="after", help="without --before: the name of this checkout's runs")
     parser.add_argument("--texts", type=int, default=400, help="well-behaved sentence pool")
-    parser.add_argument("--text", type=Path, default=None, help="text to take the sentences from (see bench.serving)")
+    parser.add_argument("--text", type=Path, default=None, help="text to take the sentences from (see bench.kit.texts)")
     parser.add_argument("--out", type=Path, default=None, help="JSON (a .png plot beside it)")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)

@@ -1,11 +1,11 @@
 """OpenAI-sized requests on /v1/embeddings (issue 29): 2,048 inputs in one call, and the server's peak memory.
 
-    python -m bench.pooled --model models/default
-    python -m bench.pooled --model models/default --inputs 2048 --words 30 60 110
+    python -m bench.service.pooled --model models/default
+    python -m bench.service.pooled --model models/default --inputs 2048 --words 30 60 110
 
 One ``elmo serve`` (127.0.0.1, ``--port 0 --http-port 0``, default limits) gets, one after another, a request of
 ``--inputs`` paragraph-length inputs for each ``--words`` size (real English sentences joined until the paragraph
-has that many words: bench.serving.sentences), each as one ``POST /v1/embeddings``; the first on the fresh server,
+has that many words: bench.kit.sentences), each as one ``POST /v1/embeddings``; the first on the fresh server,
 the others on the server as the requests before left it. Throughout, ``GET /health`` is probed every 50 ms on a
 connection of its own: its worst wait during each request. For each: the status, the
 wall time, the tokens (``usage``), the answer's size, and the server's memory: its VmRSS before, and the peak
@@ -26,8 +26,12 @@ import threading
 import time
 from pathlib import Path
 
-from elmo.bench.server_process import RssSampler, rss_mib
-from elmo.bench.serving import RESULTS, Http, bench_parser, fmt, machine, pyplot, save_result, sentences, start_server
+from bench.kit.load import Http
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.sample import RssSampler, peak_rss_mib, reset_peak, rss_mib
+from bench.kit.serve import start_server
+from bench.kit.texts import sentences
+from elmo.bench.figures import machine
 
 SAMPLE_S = 0.02
 PROBE_S = 0.05
@@ -44,15 +48,6 @@ def paragraphs(n: int, words: int, seed: int) -> list[str]:
             i += 1
         out.append(" ".join(text[:words]))
     return out
-
-
-def reset_peak(pid: int) -> bool:
-    """Reset the process's VmHWM to its current RSS (Linux: ``echo 5 > /proc/PID/clear_refs``)."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 class HealthProber:
@@ -92,7 +87,7 @@ def one_request(served, http: Http, documents: list[str], n_layers: int, dim: in
     seconds = time.perf_counter() - began
     health_worst_ms = prober.stop()
     samples = [(round(t - t0, 3), round(v, 1)) for t, v in sampler.stop()]
-    peak = rss_mib(served.pid, "VmHWM") if exact_peak else max(v for _, v in samples)
+    peak = peak_rss_mib(served.pid) if exact_peak else max(v for _, v in samples)
     answer = json.loads(data) if status == "200" else {"error": data[:300].decode(errors="replace")}
     tokens = answer.get("usage", {}).get("prompt_tokens", 0)
     return {
@@ -148,7 +143,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("pooled", __doc__)
+    parser = bench_parser("service.pooled", __doc__)
     parser.add_argument("--inputs", type=int, default=2048, help="inputs per request (default 2048, OpenAI's)")
     parser.add_argument(
         "--words", type=int, nargs="+", default=[110, 30, 60, 110], help="words per input, one request each, in turn"
@@ -161,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()
     from elmo.client import EmbedderClient
 
-    served = start_server(args.model, args.threads, args.serve_arg)
+    served = start_server(args.model, threads=args.threads, serve_args=args.serve_arg)
     try:
         with EmbedderClient(served.grpc_target) as client:
             info = client.model_info()

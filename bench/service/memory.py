@@ -1,9 +1,9 @@
 """Server memory under steady load (issue 28): does the RSS settle, or keep growing?
 
-    python -m bench.memory --model models/default --window 60 --windows 10   # 16 gRPC clients, 10 windows of 60 s
-    python -m bench.memory --model models/default --window 60 --before REV
+    python -m bench.service.memory --model models/default --window 60 --windows 10 # 16 gRPC clients, 10 windows of 60 s
+    python -m bench.service.memory --model models/default --window 60 --before REV
 
-``elmo serve`` (127.0.0.1, ``--port 0 --http-port 0``) is driven by bench.loadgen's client loop (``drive``: 16
+``elmo serve`` (127.0.0.1, ``--port 0 --http-port 0``) is driven by bench.service.loadgen's client loop (``drive``: 16
 gRPC clients, one channel each, requests of 8 sentences of 4-40 tokens, serialized once, back to back) for
 ``--windows`` consecutive windows of ``--window`` seconds (the clients reconnect between two windows, nothing
 else pauses). The server's VmRSS is read from /proc/PID/status every second throughout. Per window: requests,
@@ -25,26 +25,20 @@ import sys
 import time
 from pathlib import Path
 
-from elmo.bench.loadgen import build_requests, drive, make_texts
-from elmo.bench.server_process import RssSampler, rss_mib
-from elmo.bench.serving import (
-    RESULTS,
-    bench_parser,
-    code_trees,
-    fmt,
-    machine,
-    pyplot,
-    revision_info,
-    save_result,
-    start_server,
-)
+from bench.kit.load import build_requests, drive
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.revision import code_trees, revision_info
+from bench.kit.sample import RssSampler, rss_mib
+from bench.kit.serve import start_server
+from bench.kit.texts import make_texts
+from elmo.bench.figures import machine
 
 TOLERANCE = 0.03  # every window from REFERENCE_WINDOW on within 3 % of it
 REFERENCE_WINDOW = 4  # the RSS grows for about three windows of 60 s (arenas, caches), then must stay level
 
 
 def measure(args: argparse.Namespace, label: str, tree: Path | None, requests: list) -> dict:
-    served = start_server(args.model, args.threads, args.serve_arg, tree, label)
+    served = start_server(args.model, threads=args.threads, serve_args=args.serve_arg, tree=tree, label=label)
     origin = time.monotonic()
     sampler = RssSampler(served.pid).start()
     windows = []
@@ -163,7 +157,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = bench_parser("memory", __doc__)
+    parser = bench_parser("service.memory", __doc__)
     parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before window 1")

@@ -1,6 +1,6 @@
 """How far ``overflow: window`` vectors are from whole-sentence vectors, on real long text.
 
-    python -m bench.window_distance --model models/default --text data/handbook/handbook.en.txt --tokens 5000
+    python -m bench.runtime.window_distance --model models/default --text data/handbook/handbook.en.txt --tokens 5000
 
 Consecutive paragraphs of TEXT are joined into documents of at least ``--tokens`` tokens (the service's tokenizer).
 Each document is embedded once whole (one sequence, no limit) and once in windows of ``--window`` tokens for every
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elmo.runtime.host import host_facts
+from elmo.bench.figures import machine, percentiles
 from elmo.text.overflow import embed_windowed, windowed
 from elmo.text.tokenize import tokenize
 
@@ -62,9 +62,10 @@ def measure(model: Path, text: Path, tokens: int, count: int, window: int, overl
         pieces = sum(len(p) for p in windowed(docs, window, overlap).pieces)
         row = {"overlap": overlap, "extra_tokens": round(pieces / sum(map(len, docs)) - 1, 3), "seconds": seconds}
         for layer in range(cos.shape[0]):
+            figures = percentiles(cos[layer], (1,), digits=5)
             row[f"layer{layer}"] = {
-                "mean": round(float(cos[layer].mean()), 5),
-                "p1": round(float(np.percentile(cos[layer], 1)), 5),
+                "mean": figures["mean"],
+                "p1": figures["p1"],
                 "min": round(float(cos[layer].min()), 5),
                 "share_ge_0.99": round(float((cos[layer] >= 0.99).mean()), 4),
             }
@@ -94,7 +95,8 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.window_distance", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.runtime.window_distance",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path("models/default"))
     parser.add_argument("--text", type=Path, required=True, help="UTF-8 text, one paragraph per line")
     parser.add_argument("--tokens", type=int, default=5000, help="tokens per document (default 5000)")
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.model, args.text, args.tokens, args.documents, args.window, args.overlaps, args.threads)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+        result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(table(result))
     return 0

@@ -1,7 +1,7 @@
 """HTTP and gRPC clients at once against one server, every answer checked: loopback only, bounded in time.
 
-    python -m bench.mixed_load --model models/default --clients 16 --seconds 60
-    python -m bench.mixed_load --grpc 127.0.0.1:50051 --http http://127.0.0.1:8080 --clients 16 --seconds 60
+    python -m bench.service.mixed_load --model models/default --clients 16 --seconds 60
+    python -m bench.service.mixed_load --grpc 127.0.0.1:50051 --http http://127.0.0.1:8080 --clients 16 --seconds 60
 
 Half the clients speak gRPC (Embed), half HTTP (alternating OpenAI's /v1/embeddings and /v1/embed with base64).
 Every answer is compared with the vectors gRPC gave for the same text alone before the run (the pooled vector for
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from elmo.bench.loadgen import make_texts
-from elmo.bench.server_process import check_loopback, spawn_server, stop_server
 
-from elmo.runtime.host import host_facts
+from bench.kit.serve import check_loopback, start_server
+from bench.kit.texts import make_texts
+from elmo.bench.figures import machine, percentiles_ms
 
 TOLERANCE = 1e-5  # a sentence batched with others may differ from the same sentence alone by float rounding
 MAX_SECONDS = 600.0
@@ -42,9 +42,8 @@ class MixedReport:
 
     def to_dict(self) -> dict:
         def pct(values: list[float]) -> dict:
-            if not values:
-                return {}
-            return {f"p{q}_ms": round(1000 * float(np.percentile(values, q)), 2) for q in (50, 99)}
+            figures = percentiles_ms(values, (50, 99))
+            return {f"p{q}_ms": figures[f"p{q}"] for q in (50, 99)} if values else {}
 
         return {
             "seconds": round(self.seconds, 1),
@@ -143,7 +142,7 @@ def run_mixed_load(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mixed_load", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.service.mixed_load", description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--model", type=Path, help="start `elmo serve --model DIR --http-port 0` on loopback")
     where.add_argument("--grpc", help="a running server's gRPC address (loopback), with --http")
@@ -153,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="server onnxruntime threads (with --model)")
     parser.add_argument("--token", default=None, help="bearer token of the running server")
     args = parser.parse_args(argv)
-    proc = None
+    server = None
     if args.model:
-        proc, grpc_target, log_path = spawn_server(args.model, args.threads, ["--http-port", "0"])
-        http_url = f"http://127.0.0.1:{(log_path.parent / 'port').read_text().split()[-1]}"
+        server = start_server(args.model, threads=args.threads)
+        grpc_target, http_url = server.grpc_target, server.http_url
     else:
         if not args.http:
             parser.error("--grpc needs --http")
@@ -164,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run_mixed_load(grpc_target, http_url, args.clients, args.seconds, token=args.token)
     finally:
-        if proc is not None:
-            stop_server(proc)
-    print(json.dumps({"clients": args.clients, **report.to_dict(), "host": host_facts()}, ensure_ascii=False))
+        if server is not None:
+            server.stop()
+    print(json.dumps({"clients": args.clients, **report.to_dict(), **machine()}, ensure_ascii=False))
     return 0 if not report.errors else 1
 
 

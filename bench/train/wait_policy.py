@@ -1,10 +1,10 @@
 """How should torch's OpenMP threads wait (elmo.train.threads)? Training tokens/s under each wait policy, on an idle
 machine and on a busy one, the variants taking turns so that the machine's own load hits them alike.
 
-    python -m elmo.bench.wait_policy --out wait.json                         # elmo train, configs/default.json
-    python -m elmo.bench.wait_policy --corpus /data/corpus --steps 8 --repeats 3 --out wait.json
-    python -m elmo.bench.wait_policy --workload adapt --text docs.txt --out wait-adapt.json   # elmo adapt's step
-    python -m elmo.bench.wait_policy --variants default cli OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=10000 --out w.json
+    python -m bench.train.wait_policy --out wait.json                         # elmo train, configs/default.json
+    python -m bench.train.wait_policy --corpus /data/corpus --steps 8 --repeats 3 --out wait.json
+    python -m bench.train.wait_policy --workload adapt --text docs.txt --out wait-adapt.json   # elmo adapt's step
+    python -m bench.train.wait_policy --variants default cli OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=10000 --out w.json
 
 Each run is a fresh process (libgomp reads the variables once, when torch loads it) that takes ``--steps`` training
 steps with the real loop (elmo.train.loop.train) and reports the tokens/s of the steps after the first ``--skip``
@@ -35,10 +35,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from elmo.runtime.host import host_facts
+from bench.kit.revision import REPO
+from elmo.bench.figures import machine
 from elmo.train.threads import SPIN_COUNT, WAIT_POLICY
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VARIANTS = ("default", "cli")
 HOG = "while True: pass"
 THREADS = "threads"  # in a variant: the torch thread count of the run (threads=1), beside any variable
@@ -129,7 +129,7 @@ def step_rate(history: list[dict], skip: int) -> dict:
 
 
 def run_worker(spec: dict, env: dict[str, str]) -> dict:
-    cmd = [sys.executable, "-m", "elmo.bench.wait_policy", "--worker", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "bench.train.wait_policy", "--worker", json.dumps(spec)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"wait_policy: run {spec['variant']} failed:\n{proc.stderr[-3000:]}")
@@ -187,7 +187,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
                     print(f"  round {repeat + 1} {'busy' if busy else 'idle'} {variant:<28} "
                           f"{result['tokens_per_s']:>9.1f} tokens/s  ({result['policy']})", flush=True)  # fmt: skip
     return {"workload": args.workload, "settings": {k: str(v) for k, v in vars(args).items()},
-            "machine": {"cpus": cores, **host_facts()},
+            "machine": {"cpus": cores, **machine()},
             "runs": runs, "medians": medians(runs, args.variants)}  # fmt: skip
 
 
@@ -207,7 +207,7 @@ def table(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m elmo.bench.wait_policy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.train.wait_policy", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="JSON results file (required)")
     p.add_argument("--workload", choices=["train", "adapt"], default="train")
     p.add_argument("--config", default=str(REPO / "configs" / "default.json"), help="train: the training config")

@@ -1,6 +1,6 @@
 """A user's published-size weights through the whole CPU chain, each step timed and its peak memory taken:
 
-    python -m bench.published_chain --preset original [--work runs/bench/original] [--lines 200] [--threads 2]
+    python -m bench.export.published_chain --preset original [--work runs/bench/original] [--lines 200] [--threads 2]
 
 1. ``elmo import-allennlp`` on random bilm-tf files of the preset's shape (export/random_model.py writes them);
 2. ``elmo export`` (graphs + verification against PyTorch float64);
@@ -15,32 +15,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from elmo.bench.loadgen import make_texts
-from elmo.bench.server_process import rss_mib, spawn_server, stop_server
-
-from elmo.runtime.host import host_facts
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.kit.revision import REPO
+from bench.kit.sample import peak_rss_mib, run_measured
+from bench.kit.serve import start_server
+from bench.kit.texts import make_texts
+from elmo.bench.figures import machine
 
 
 def run_step(name: str, argv: list[str], log: Path) -> dict:
     """One ``elmo`` command as a child process -> wall seconds and its peak RSS (MiB)."""
-    started = time.perf_counter()
     with open(log, "a") as handle:
         handle.write(f"\n$ elmo {' '.join(argv)}\n")
         handle.flush()
-        proc = subprocess.Popen([sys.executable, "-m", "elmo.cli", *argv], stdout=handle, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"step {name!r} failed with exit code {proc.returncode}; log: {log}")
-    return {"step": name, "seconds": round(time.perf_counter() - started, 1), "peak_rss_mib": usage.ru_maxrss // 1024}
+        done = run_measured([sys.executable, "-m", "elmo.cli", *argv], stdout=handle, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"step {name!r} failed with exit code {done.returncode}; log: {log}")
+    return {"step": name, "seconds": round(done.seconds, 1), "peak_rss_mib": int(done.peak_rss_mib)}
 
 
 def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
@@ -62,7 +57,8 @@ def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
         run_step("export", ["export", "--model", str(model), "--threads", str(threads)], log),
     ]
     started = time.perf_counter()
-    server, target, server_log = spawn_server(model, threads, [], timeout=900)
+    server = start_server(model, threads=threads, http=False, timeout=900)
+    target = server.grpc_target
     serve = {"step": "serve (start to SERVING)", "seconds": round(time.perf_counter() - started, 1)}
     try:
         layers = ["--layers", "all"]
@@ -73,9 +69,9 @@ def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
                 log,
             )
         )
-        serve["peak_rss_mib"] = round(rss_mib(server.pid, "VmHWM"))
+        serve["peak_rss_mib"] = round(peak_rss_mib(server.pid))
     finally:
-        stop_server(server)
+        server.stop()
     steps.insert(2, serve)
     steps.append(
         run_step(
@@ -93,7 +89,7 @@ def run_chain(preset: str, work: Path, lines: int, threads: int) -> list[dict]:
             log,
         )
     )
-    print(f"logs: {log}, {server_log}")
+    print(f"logs: {log}, {server.log_path}")
     return steps
 
 
@@ -109,7 +105,7 @@ def markdown(preset: str, steps: list[dict], lines: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.published_chain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.export.published_chain", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="original", choices=["small", "medium", "original", "tiny"])
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default runs/bench/chain-PRESET)")
     parser.add_argument("--lines", type=int, default=200, help="lines embedded by each embed-file step")
@@ -119,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or REPO / "runs" / "bench" / f"chain-{args.preset}"
     steps = run_chain(args.preset, work, args.lines, args.threads)
     result = {"preset": args.preset, "lines": args.lines, "threads": args.threads, "steps": steps}
-    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+    result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
     (args.out or work / "chain.json").write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(args.preset, steps, args.lines))
     return 0

@@ -27,17 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
+from elmo.bench.figures import load_average, percentiles_ms
 from elmo.errors import ElmoError, InputError
 from elmo.runtime.host import host_facts, host_summary
 from elmo.text.chars import batch_to_char_ids
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("bench-results")  # relative: under the directory the user runs `elmo bench` in
 DEFAULT_MODEL = REPO / "models" / "default"
 ENGINES = ("torch eager", "torch sorted", "ort", "ort+cache")
@@ -136,7 +136,6 @@ def engine_bound(meta: dict, max_error: float | None = None, provider: str = "CP
     The export verifies on the CPU provider. On another (CUDA), cuBLAS/cuDNN may multiply float32 in TF32, which
     keeps fp16's 11 significant bits, so a float32 graph is held to the fp16 rule there (reasoned, not measured)."""
     from elmo.export.onnx_export import export_bound
-
     from elmo.runtime import CPU
 
     return export_bound(meta.get("dtype") == "float16" or provider != CPU, max_error)
@@ -151,7 +150,6 @@ def float64_reference(model_dir: Path, model, sentences: list[list[str]]):
     """export.verify.Reference of ``sentences`` (``model`` in float64, and float32's error on them), cached by
     the checkpoint (path and modification time) and the sentences."""
     from elmo.export.verify import references
-
     from elmo.runtime.modeldir import WEIGHTS_FILE
 
     weights = Path(model_dir).resolve() / WEIGHTS_FILE
@@ -231,10 +229,11 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
     row = {"batch_size": batch_size, "batches": len(tokens), "tokens": int(sum(tokens)), "provider": provider}
     row["agreement"] = agreement
     for name, values in times.items():
+        latency = percentiles_ms(values, (50,), digits=3)
         row[name] = {
             "tokens_per_s": sum(tokens) / sum(values),
-            "latency_ms_p50": 1e3 * statistics.median(values),
-            "latency_ms_max": 1e3 * max(values),
+            "latency_ms_p50": latency["p50"],
+            "latency_ms_max": latency["max"],
         }
     row["speedup_ort"] = row["ort"]["tokens_per_s"] / row["torch eager"]["tokens_per_s"]
     row["speedup_ort_cache"] = row["ort+cache"]["tokens_per_s"] / row["torch eager"]["tokens_per_s"]
@@ -330,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     if args.text:
         sentences, workload = text_sentences(args.text, args.sentences), f"{args.text.name} (first lines)"
     else:
-        sentences, workload = synthetic_sentences(args.sentences), "synthetic Zipf text (bench/run.py), seed 0"
+        sentences, workload = synthetic_sentences(args.sentences), "synthetic Zipf text (elmo/bench/run.py), seed 0"
     mean_length = float(np.mean([len(s) for s in sentences]))
     results = {
         "workload": f"{workload}, {len(sentences)} sentences, mean {mean_length:.1f} tokens",
@@ -338,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
             **host_facts(),  # the CPU, its kernel-relevant flags, cores and library versions (elmo.runtime.host)
             "threads": args.threads,
             "cpu_count": os.cpu_count(),
-            "load_before": [round(v, 1) for v in os.getloadavg()],
+            "load_before": load_average(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
         "models": [],
@@ -357,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
         results["models"].append(entry)
-    results["environment"]["load_after"] = [round(v, 1) for v in os.getloadavg()]
+    results["environment"]["load_after"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)

@@ -1,4 +1,4 @@
-"""The load side of bench.noisy: the worst legal requests for a server's limits, and the three worker processes
+"""The load side of bench.service.noisy: the worst legal requests for a server's limits, and the three worker processes
 (well-behaved clients, abusers, health prober) that send them and record every event with ``time.monotonic()``
 (one clock for all processes on Linux). Workers are spawned, not forked, so no gRPC state crosses a fork.
 """
@@ -13,7 +13,7 @@ import re
 import threading
 import time
 
-from elmo.bench.serving import Http
+from bench.kit.load import Http
 
 PROBE_INTERVAL_S = 0.05
 HEALTH_BAR_MS = 250.0

@@ -1,4 +1,4 @@
-"""A git worktree of an older revision, for the benches' ``--before REV`` comparisons.
+"""A git worktree of an older revision, for the benches' ``--before REV`` comparisons, and what each side ran.
 
     with revision_tree("5ad4e74") as old:        # a detached checkout of 5ad4e74 in a temporary folder
         subprocess.run([sys.executable, "-m", "elmo.cli", ...], cwd=old, env=tree_env(old))
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
@@ -57,4 +57,28 @@ def describe(rev: str) -> str:
     return result.stdout.strip() or rev
 
 
-__all__ = ["REPO", "describe", "revision_tree", "tree_env"]
+@contextmanager
+def code_trees(before: str | None, label: str = "after") -> Iterator[list[tuple[str, Path | None]]]:
+    """[(label, None)] (this checkout), or with ``before`` [("before", worktree of REV), ("after", None)]: the
+    benches alternate them within one run, so both see the same machine state."""
+    if not before:
+        yield [(label, None)]
+        return
+    with revision_tree(before, prefix="served-bench-before-") as old:
+        yield [("before", old), ("after", None)]
+
+
+def revision_info(before: str | None, label: str = "after") -> dict:
+    """What each label's runs served: this checkout (its HEAD, and whether elmo/ or service/ have local changes),
+    and the --before revision."""
+    head = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--", "elmo", "service"], capture_output=True, text=True
+    )
+    info = {
+        label if not before else "after": f"working tree on {head.stdout.strip()}"
+        + (" (modified)" if dirty.stdout.strip() else "")
+    }
+    if before:
+        info["before"] = describe(before)
+    return info

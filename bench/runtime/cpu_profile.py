@@ -1,7 +1,7 @@
 """Where CPU time goes in the runtime's two graphs, measured on real text (docs/runtime.md, issue 19).
 
-    python -m bench.cpu_profile --preset small                      # ELMo-small shape, random weights
-    python -m bench.cpu_profile --model models/default --threads 2
+    python -m bench.runtime.cpu_profile --preset small                      # ELMo-small shape, random weights
+    python -m bench.runtime.cpu_profile --model models/default --threads 2
 
 *char-CNN* (encoder.onnx): the distinct tokens of ``--lines`` handbook lines, full 50-id rows against rows cut to
 their chunk's longest token + the widest filter (what the runtime sends: ``Embedder._encode``), alternating
@@ -14,7 +14,7 @@ per-step products inside the Scans (recurrent ``Gemm``, projection ``MatMul``), 
 projection, and the element-wise rest. Beside it the same batch with one table row per position (what layer 0's
 projection costs when it is computed per position, as model.onnx does and the runtime did before).
 
-Writes JSON to ``--out`` (default runs/bench/cpu_profile.json) and prints Markdown tables.
+Writes JSON to ``--out`` (default bench/results/cpu_profile.json) and prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from elmo.bench.batch_throughput import REPO, corpus_lines, prepare_model
 
-from elmo.runtime.host import host_facts
+from bench.kit.models import prepare_model
+from bench.kit.results import result_path
+from bench.kit.revision import REPO
+from bench.kit.texts import corpus_lines
+from elmo.bench.figures import machine
 
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"
 
@@ -136,7 +139,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--out", default=str(REPO / "runs" / "bench" / "cpu_profile.json"))
+    parser.add_argument("--out", default=str(result_path("cpu_profile.json")))
     args = parser.parse_args()
 
     from elmo.runtime import Embedder
@@ -158,7 +161,7 @@ def main() -> None:
     result["context"] = context_profile(model, feeds, args.runs)
     result["context_one_row_per_position"] = context_profile(model, one_row_per_position(feeds), args.runs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+    result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(render(result))
 

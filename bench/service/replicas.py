@@ -1,7 +1,7 @@
 """Three `elmo serve` replicas behind HAProxy (deploy/haproxy.cfg) on loopback, under faults (issue 32).
 
-    .venv/bin/python -m elmo.bench.replicas --model models/default --seconds 60            # both modes
-    .venv/bin/python -m elmo.bench.replicas --model models/default --seconds 20 --mode no-balancer-retries
+    .venv/bin/python -m bench.service.replicas --model models/default --seconds 60            # both modes
+    .venv/bin/python -m bench.service.replicas --model models/default --seconds 20 --mode no-balancer-retries
 
 16 clients (by default 8 gRPC through elmo.client with its retry policy, 8 HTTP `POST /v1/embeddings` through
 urllib3 with `Retry`, docs/scaling.md's settings) send requests for --seconds. At one third of the run one replica
@@ -15,8 +15,9 @@ The replicas run with `--shutdown-delay 5` (--shutdown-delay), as deploy/ runs t
 NOT_SERVING at once but keeps answering for 5 s, while HAProxy's checks take it out. Modes: `balancer-retries`
 runs deploy/haproxy.cfg as shipped (retries 3, redispatch, retry-on); `no-balancer-retries` sets
 ELMO_LB_RETRIES=0, a balancer that never retries, as a Kubernetes Service does not.
-JSON and Markdown go to --out (default ./bench-results/), replicas-<mode>.json / .md. Loopback only; needs
-`haproxy` on PATH (`make haproxy`). The helpers (Replica, Balancer) are what tests/deploy/test_haproxy.py uses.
+JSON and Markdown go to --out (default bench/results/), replicas-<mode>.json / .md. Loopback only; needs
+`haproxy` on PATH (`make haproxy`). The helpers (start_replicas from bench.kit.serve, Balancer) are what
+tests/deploy/test_haproxy.py uses.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,109 +45,24 @@ from datetime import datetime
 from pathlib import Path
 
 import grpc
-import numpy as np
 
+from bench.kit.results import RESULTS
+from bench.kit.revision import REPO
+from bench.kit.serve import Server, free_port, start_replicas, wait_until
+from elmo.bench.figures import machine, percentiles_ms
 from elmo.client import RETRY_POLICY
-from elmo.runtime.host import host_facts
 
-REPO = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
 REPLICAS = 3  # deploy/haproxy.cfg names elmo1..elmo3
 MODES = ("balancer-retries", "no-balancer-retries")
 HTTP_RETRY = {"total": 4, "backoff_factor": 0.1, "status_forcelist": (502, 503, 504), "allowed_methods": None}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not reached within {timeout:.0f} s")
-        time.sleep(0.05)
-
-
-# -- replicas --------------------------------------------------------------------------------------------------------
-@dataclass
-class Replica:
-    """One `elmo serve --host 127.0.0.1 --port 0 --http-port 0` child process."""
-
-    name: str
-    proc: subprocess.Popen
-    port_file: Path
-    log_path: Path
-    grpc_port: int = 0
-    http_port: int = 0
-
-    def read_ports(self) -> bool:
-        lines = self.port_file.read_text().split("\n") if self.port_file.is_file() else []
-        if len(lines) < 3 or not lines[0].strip() or not lines[2].strip():
-            return False
-        self.grpc_port, self.http_port = int(lines[0]), int(lines[2])
-        return True
-
-    def health(self) -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=5) as reply:
-                return json.loads(reply.read())["status"]
-        except urllib.error.HTTPError:
-            return "NOT_SERVING"  # 503: warming up or draining
-        except OSError:
-            return "DOWN"
-
-    def signal(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-
-    def stop(self) -> None:
-        """SIGTERM, and a second one to cut a --shutdown-delay short (nothing is sent to it any more)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(0.5)
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-def start_replicas(model: Path, workdir: Path, n: int = REPLICAS, threads: int = 1, extra=()) -> list[Replica]:
-    """``n`` replicas started at once, returned once every one answers /health SERVING."""
-    replicas = []
-    for i in range(1, n + 1):
-        port_file, log_path = workdir / f"elmo{i}.port", workdir / f"elmo{i}.log"
-        command = [sys.executable, "-m", "elmo.cli", "serve", "--model", str(Path(model).resolve())]
-        command += ["--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--port-file", str(port_file)]
-        command += ["--threads", str(threads), *extra]
-        env = {k: v for k, v in os.environ.items() if k != "ELMO_AUTH_TOKEN"}
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        replicas.append(Replica(f"elmo{i}", proc, port_file, log_path))
-    try:
-        for replica in replicas:
-            wait_until(lambda r=replica: r.proc.poll() is not None or r.read_ports(), 120, f"{replica.name} port")
-            if replica.proc.poll() is not None:
-                raise RuntimeError(f"{replica.name} exited: {replica.log_path.read_text()[-2000:]}")
-            wait_until(lambda r=replica: r.health() == "SERVING", 120, f"{replica.name} SERVING")
-    except BaseException:
-        for replica in replicas:
-            replica.proc.kill()
-        raise
-    return replicas
-
-
 # -- the balancer ----------------------------------------------------------------------------------------------------
 class Balancer:
     """Debian's haproxy running deploy/haproxy.cfg as shipped, its addresses set through the environment."""
 
-    def __init__(self, replicas: list[Replica], workdir: Path, retries: bool = True, config: Path = HAPROXY_CFG):
+    def __init__(self, replicas: list[Server], workdir: Path, retries: bool = True, config: Path = HAPROXY_CFG):
         if shutil.which("haproxy") is None:
             raise FileNotFoundError("haproxy is not installed (make haproxy: Debian's package)")
         self.grpc_port, self.http_port, self.stats_port = free_port(), free_port(), free_port()
@@ -313,15 +228,15 @@ def window_report(calls: list[Call], log: list[dict], start: float, end: float, 
     for protocol in ("grpc", "http"):
         seconds = [c.seconds for c in inside if c.protocol == protocol and c.ok]
         if seconds:
-            report[f"{protocol}_p50_ms"] = round(1000 * float(np.percentile(seconds, 50)), 1)
-            report[f"{protocol}_p99_ms"] = round(1000 * float(np.percentile(seconds, 99)), 1)
+            figures = percentiles_ms(seconds, (50, 99), digits=1)
+            report[f"{protocol}_p50_ms"], report[f"{protocol}_p99_ms"] = figures["p50"], figures["p99"]
     report["errors"] = sorted({c.error for c in inside if not c.ok})[:5]
     report["http_retry_reasons"] = dict(Counter(reason for c in inside for reason in c.retry_reasons))
     return report
 
 
 def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
-    from elmo.bench.loadgen import make_texts
+    from bench.kit.texts import make_texts
 
     (workdir / mode).mkdir()
     extra = ["--shutdown-delay", str(args.shutdown_delay)]
@@ -379,7 +294,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
     finally:
         balancer.stop()
         for replica in replicas:
-            replica.stop()
+            replica.stop(cut_delay=True)
 
 
 def markdown(result: dict) -> str:
@@ -405,7 +320,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m elmo.bench.replicas", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.service.replicas", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=REPO / "models" / "default")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--window", type=float, default=5.0, help="seconds after each event reported on their own")
@@ -420,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "say NOT_SERVING (default 5, as deploy/ runs them; 0: refuse at once, the server's default)",
     )
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--config", type=Path, default=HAPROXY_CFG, help="HAProxy configuration (deploy/haproxy.cfg)")
     args = parser.parse_args(argv)
     if not args.config.is_file():
@@ -429,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="replicas-"))
     for mode in MODES if args.mode == "both" else (args.mode,):
         result = run_mode(args, mode, workdir)
-        result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+        result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
         (args.out / f"replicas-{mode}.json").write_text(json.dumps(result, indent=2) + "\n")
         (args.out / f"replicas-{mode}.md").write_text(markdown(result))
         print(markdown(result))

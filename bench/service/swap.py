@@ -1,7 +1,7 @@
 """Hot swaps under load (issue 31): no failed request, every answer from exactly the version it names.
 
-    .venv/bin/python -m elmo.bench.swap                        # 16 clients, 60 s, small-preset versions
-    .venv/bin/python -m elmo.bench.swap --rss-model DIR        # and the RSS check with an exported model DIR
+    .venv/bin/python -m bench.service.swap                        # 16 clients, 60 s, small-preset versions
+    .venv/bin/python -m bench.service.swap --rss-model DIR        # and the RSS check with an exported model DIR
 
 ``elmo serve --model-root ROOT --poll-interval-s 0.2`` runs as a child process (127.0.0.1, free ports, gRPC and
 HTTP). ``--clients`` clients (half gRPC ``Embed``, half HTTP: ``/v1/embed`` and ``/v1/embeddings`` in turn, base64)
@@ -24,7 +24,7 @@ total length with no swap (the end of the first third).
 --preset original``) then measures, on a fresh server: RSS before the model is loaded, after it is loaded and has
 answered requests, and after it is unloaded (admin API) and released. The check: after within 10 % of before.
 
-Writes swap.json and swap.md into ``--out`` (default ./bench-results/).
+Writes swap.json and swap.md into ``--out`` (default bench/results/).
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,9 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from elmo.bench.server_process import rss_mib
 
-from elmo.runtime.host import host_facts
+from bench.kit import serve
+from bench.kit.results import RESULTS
+from bench.kit.sample import rss_mib
+from elmo.bench.figures import machine, percentiles_ms
 
 ADMIN_TOKEN = "swap-bench-admin"
 SENTENCES = [
@@ -116,11 +116,8 @@ def references(directory: Path) -> dict[str, np.ndarray]:
 
 # -- the server ----------------------------------------------------------------------------------------------------
 @dataclass
-class Server:
-    proc: subprocess.Popen
-    grpc_target: str
-    http_port: int
-    log_path: Path
+class Server(serve.Server):
+    """The swap bench's server: bench.kit.serve.Server and the admin API's calls."""
 
     def index(self) -> dict:
         status, _, body = http_call(self.http_port, "GET", "/admin/models", None, ADMIN_TOKEN)
@@ -143,36 +140,12 @@ class Server:
             time.sleep(0.05)
         raise SystemExit(f"{name}@{version} did not reach {states} within {timeout:.0f} s; log {self.log_path}")
 
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
-
 
 def start_server(root: Path, poll: float, threads: int | None, timeout: float = 300.0) -> Server:
-    from elmo.bench.server_process import _wait_serving
-
-    workdir = Path(tempfile.mkdtemp(prefix="swap-"))
-    port_file, log_path = workdir / "ports", workdir / "server.log"
-    command = [sys.executable, "-m", "elmo.cli", "serve", "--model-root", str(root), "--poll-interval-s", str(poll),
-               "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--port-file", str(port_file),
-               "--admin-token", ADMIN_TOKEN]  # fmt: skip
-    if threads:
-        command += ["--threads", str(threads)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while not (port_file.is_file() and len(port_file.read_text().split("\n")) >= 3 and port_file.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"server did not start; log {log_path}:\n{log_path.read_text()[-2000:]}")
-        time.sleep(0.1)
-    grpc_port, _, http_port = port_file.read_text().split("\n")[:3]
-    target = f"127.0.0.1:{grpc_port}"
-    _wait_serving(target, timeout)
-    return Server(proc, target, int(http_port), log_path)
+    """``elmo serve --model-root ROOT --poll-interval-s POLL`` with the admin API, gRPC and HTTP, SERVING."""
+    serve_args = ["--poll-interval-s", str(poll), "--admin-token", ADMIN_TOKEN]
+    return serve.start_server(model_root=root, threads=threads, serve_args=serve_args, timeout=timeout, label="swap",
+                              kind=Server)  # fmt: skip
 
 
 def http_call(port: int, method: str, path: str, body, token: str | None = None, conn=None):
@@ -292,14 +265,8 @@ class Load:
 
 
 def percentiles(latencies: list[float]) -> dict:
-    if not latencies:
-        return {"requests": 0, "p50_ms": None, "p99_ms": None}
-    values = np.array(latencies) * 1000
-    return {
-        "requests": len(latencies),
-        "p50_ms": round(float(np.percentile(values, 50)), 2),
-        "p99_ms": round(float(np.percentile(values, 99)), 2),
-    }
+    figures = percentiles_ms(latencies, (50, 99))
+    return {"requests": figures["n"], "p50_ms": figures.get("p50"), "p99_ms": figures.get("p99")}
 
 
 # -- the runs ------------------------------------------------------------------------------------------------------
@@ -385,7 +352,7 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
 
 def run_rss(args: argparse.Namespace, small: Path) -> dict:
     """RSS before loading ``--rss-model``, with it loaded (after requests), and after unloading it."""
-    from elmo.service.versions import model_file_bytes
+    from elmo.service.models.versions import model_file_bytes
 
     root = Path(tempfile.mkdtemp(prefix="swap-rss-"))
     publish(small, root, "default")
@@ -431,7 +398,7 @@ def run_rss(args: argparse.Namespace, small: Path) -> dict:
 def markdown(result: dict) -> str:
     swaps = result["swaps"]
     lines = [
-        "# Hot swaps under load (bench/swap.py)",
+        "# Hot swaps under load (bench/service/swap.py)",
         "",
         f"`{result['command']}`",
         "",
@@ -470,7 +437,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m elmo.bench.swap", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.service.swap", description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
     parser.add_argument("--clients", type=int, default=16, help="clients, half gRPC, half HTTP (default 16)")
     parser.add_argument("--preset", default="small", help="random model preset of the versions (default small)")
@@ -482,11 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-model", type=Path, default=None, help="an exported model dir for the RSS check")
     parser.add_argument("--rss-requests", type=int, default=5)
     parser.add_argument("--skip-swaps", action="store_true", help="only the RSS check")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     versions = model_versions(args.models, args.preset)
     result: dict = {
-        "command": " ".join([".venv/bin/python -m elmo.bench.swap", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join([".venv/bin/python -m bench.service.swap", *(argv if argv is not None else sys.argv[1:])]),
         "clients": args.clients,
         "duration_s": args.duration,
         "preset": args.preset,
@@ -504,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RSS: {result['rss']}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "swap" if not args.skip_swaps else "swap_rss"
-    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+    result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     if not args.skip_swaps:
         (args.out / f"{name}.md").write_text(markdown(result))

@@ -1,8 +1,8 @@
 """int8 against float32, side by side in one run: vectors, task scores and speed (``elmo export --int8``).
 
-    python -m bench.int8 --model models/default                  # quality (cosine + the stored tasks) and speed
-    python -m bench.int8 --preset small --no-tasks               # ELMo-small shape, random weights: cosine, speed
-    python -m bench.int8 --model models/default --schemes u8u8 u8s8 u8s8-reduce-range --no-tasks
+    python -m bench.export.int8 --model models/default                  # quality (cosine + the stored tasks) and speed
+    python -m bench.export.int8 --preset small --no-tasks             # ELMo-small shape, random weights: cosine, speed
+    python -m bench.export.int8 --model models/default --schemes u8u8 u8s8 u8s8-reduce-range --no-tasks
                                                                  # the weight schemes side by side (export/quantize.py)
 
 The int8 copy is exported into runs/int8/<name>-<scheme> (``elmo export --int8``, judged there on the handbook text
@@ -17,10 +17,10 @@ on its full test split: the stored mix and head (trained on float32 features) ap
 vectors, the same sentences, the task's own metric; the difference in points. Nothing is retrained: what a user
 serving the int8 model with the shipped tasks gets.
 
-*speed*: the whole ``elmo embed-file`` job and the in-process runtime (bench/batch_throughput.py's two paths) on
+*speed*: the whole ``elmo embed-file`` job and the in-process runtime (bench/batch/throughput.py's two paths) on
 the same ``--speed-lines`` handbook lines, float32 and int8 alternating ``--repeat`` times, best of each.
 
-Writes JSON to ``--out`` (default runs/bench/int8.json; the machine's CPU, flags, cores and library versions in
+Writes JSON to ``--out`` (default bench/results/int8.json; the machine's CPU, flags, cores and library versions in
 ``host``) and prints Markdown tables.
 """
 
@@ -31,8 +31,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from elmo.bench.batch_throughput import REPO, corpus_lines, prepare_model, time_embed_file, time_runtime
 from elmo.export.quantize import DEFAULT_SCHEME, SCHEMES
+
+from bench.batch.throughput import time_embed_file, time_runtime
+from bench.kit.models import prepare_model
+from bench.kit.results import result_path
+from bench.kit.revision import REPO
+from bench.kit.texts import corpus_lines
 
 TEXTS = ("data/handbook/handbook.en.txt", "data/handbook/handbook.zh.txt", "data/corpus/test.en.txt",
          "data/corpus/test.zh.txt")  # fmt: skip
@@ -132,18 +137,18 @@ def main() -> None:
     parser.add_argument("--no-speed", dest="speed", action="store_false")
     parser.add_argument("--schemes", nargs="+", default=[DEFAULT_SCHEME], choices=sorted(SCHEMES),
                         help=f"int8 weight schemes to compare (default: the export's, {DEFAULT_SCHEME})")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "int8.json")
+    parser.add_argument("--out", type=Path, default=result_path("int8.json"))
     args = parser.parse_args()
     # what time_embed_file / time_runtime read
     args.batch_tokens, args.shard_lines, args.layers, args.format, args.dtype = None, 1000, "all", "hdf5", "float32"
 
+    from elmo.bench.figures import machine
     from elmo.errors import ModelFileError
     from elmo.runtime import Embedder
-    from elmo.runtime.host import host_facts
 
     model, label = prepare_model(args)
     handbook = REPO / "data" / "handbook" / "handbook.en.txt"
-    result = {"model": label, "threads": args.threads, "host": host_facts(), "schemes": {}}
+    result = {"model": label, "threads": args.threads, **machine(), "schemes": {}}
     float32 = Embedder(model, intra_op_threads=args.threads)
     passing = {"float32": model}
     for scheme in args.schemes:

@@ -1,8 +1,8 @@
 """The transport floor of one gRPC call (issue 28): what a bare ``grpc.aio`` server, with no code of this project in
 its path, adds to a call whose handler works for as long as the runtime takes on one sentence.
 
-    python -m bench.grpc_floor                       # 4.5 ms of work, an answer the size of one sentence's layers
-    python -m bench.grpc_floor --work-ms 0 --layers 0
+    python -m bench.service.grpc_floor                     # 4.5 ms of work, an answer the size of one sentence's layers
+    python -m bench.service.grpc_floor --work-ms 0 --layers 0
 
 The server (a child process, 127.0.0.1) answers ``elmo.v1.Embedder/Embed`` with a prebuilt ``EmbedResponse`` of
 ``--tokens`` tokens x ``--layers`` layers x ``--dim`` floats, after spinning ``--work-ms`` ms on a worker thread
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -25,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from elmo.runtime.host import host_facts
+from bench.kit.revision import REPO
+from elmo.bench.figures import machine, percentiles
 
 
 def _spin(ms: float) -> None:
@@ -89,16 +89,17 @@ def measure(args: argparse.Namespace, port: int) -> dict:
             if i >= args.warmup:
                 observed.append(ms)
                 transport.append(ms - response.timing.total_ms)
+    observed_ms, transport_ms = percentiles(observed, (50,), digits=3), percentiles(transport, (50,), digits=3)
     return {
         "answer_bytes": response.ByteSize(),
-        "observed_p50_ms": round(statistics.median(observed), 3),
-        "transport_p50_ms": round(statistics.median(transport), 3),
-        "transport_mean_ms": round(statistics.fmean(transport), 3),
+        "observed_p50_ms": observed_ms["p50"],
+        "transport_p50_ms": transport_ms["p50"],
+        "transport_mean_ms": transport_ms["mean"],
     }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.grpc_floor", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.service.grpc_floor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--work-ms", type=float, default=4.5, help="the handler's work per call (default 4.5)")
     parser.add_argument("--tokens", type=int, default=22)
@@ -116,15 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args)
         return 0
-    child = [sys.executable, "-m", "elmo.bench.grpc_floor", "--serve", *(argv if argv is not None else sys.argv[1:])]
-    server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True)
+    child = [sys.executable, "-m", "bench.service.grpc_floor", "--serve", *(argv if argv is not None else sys.argv[1:])]
+    # a bare grpc.aio server (this module with --serve), not `elmo serve`: the transport alone
+    server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         port = int(server.stdout.readline())
         result = {"config": {k: v for k, v in vars(args).items() if k != "serve"}, **measure(args, port)}
     finally:
         server.terminate()
         server.wait(10)
-    result["host"] = host_facts()  # the CPU and the flags that pick its kernels (elmo.runtime.host)
+    result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -1,8 +1,8 @@
 """Throughput of ``elmo embed-file`` against the in-process runtime on the same model, sentences and threads.
 
-    python -m bench.batch_throughput --model models/default [--lines 9000] [--threads 2] [--repeat 3]
-    python -m bench.batch_throughput --preset small          # ELMo-small shape, random weights (exported once)
-    python -m bench.batch_throughput --preset small --before 5ad4e74 --text data/handbook/handbook.en.txt
+    python -m bench.batch.throughput --model models/default [--lines 9000] [--threads 2] [--repeat 3]
+    python -m bench.batch.throughput --preset small          # ELMo-small shape, random weights (exported once)
+    python -m bench.batch.throughput --preset small --before 5ad4e74 --text data/handbook/handbook.en.txt
 
 ``--before REV``: the same measurement of an older revision, side by side in one run: REV is checked out in a
 temporary git worktree, exports its own random model (same preset and seed: the same weights) and reads the same
@@ -20,7 +20,7 @@ The paths alternate ``--repeat`` times and the best of each is kept (the machine
 time, all threads) are reported too. ``--memory`` also runs the job as a subprocess on 1x and 4x the lines and
 reports each one's peak RSS: bounded memory means the two are close once the pipeline is full (several shards).
 
-Writes JSON to ``--out`` (default runs/bench/batch_throughput.json) and prints a Markdown table.
+Writes JSON to ``--out`` (default bench/results/batch_throughput.json) and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -35,37 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from elmo.runtime.host import host_facts
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "data" / "corpus" / "test.txt"
-
-
-def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
-    """The first ``n`` non-blank lines of ``text``, else real held-out text when `elmo data` has run
-    (data/corpus/test.txt, English + Chinese), else a synthetic text."""
-    source = text or CORPUS
-    if source.is_file():
-        with open(source, encoding="utf-8") as handle:
-            lines = [line.rstrip("\n") for line in handle if line.strip()][:n]
-        while len(lines) < n:
-            lines += lines[: n - len(lines)]
-        return lines, f"{source.name} (first {n} non-blank lines)"
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    words = [f"w{i}" for i in range(5000)]
-    lines = [" ".join(rng.choice(words, size=max(1, int(rng.lognormal(3.0, 0.6))))) for _ in range(n)]
-    return lines, f"synthetic ({n} lines, log-normal lengths)"
-
-
-def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
-    if args.model:
-        return Path(args.model), str(args.model)
-    from elmo.export.random_model import cached_random_model
-
-    directory = cached_random_model(REPO / "runs" / "bench-models" / f"elmo-{args.preset}", args.preset)
-    return directory, f"ELMo-{args.preset} shape, random weights ({directory.relative_to(REPO)})"
+from bench.kit.models import prepare_model
+from bench.kit.results import result_path
+from bench.kit.revision import REPO, revision_tree
+from bench.kit.sample import run_measured
+from bench.kit.texts import corpus_lines
+from elmo.bench.figures import machine
 
 
 def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dict:
@@ -118,8 +93,8 @@ def time_embed_file(
 
 
 def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespace) -> float:
-    """Peak resident memory of one `elmo embed-file` process (MB), measured by a fresh parent so that earlier
-    children do not count."""
+    """Peak resident memory of one `elmo embed-file` process (MiB), from its own rusage (bench.kit.sample), so that
+    earlier children do not count."""
     command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model)]
     command += ["--layers", args.layers, "--format", args.format, "--dtype", args.dtype, "--no-progress", "--overwrite"]
     command += ["--shard-lines", str(args.shard_lines)]
@@ -127,12 +102,12 @@ def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespac
         command += ["--batch-tokens", str(args.batch_tokens)]
     if args.threads:
         command += ["--threads", str(args.threads)]
-    probe = (
-        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-    )
-    result = subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, cwd=REPO)
-    return int(result.stdout.split()[-1]) / 1024  # ru_maxrss is in KB on Linux
+    log = output.with_suffix(".log")
+    with open(log, "w") as handle:
+        done = run_measured(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"embed-file failed with exit code {done.returncode}; log: {log}")
+    return done.peak_rss_mib
 
 
 def main() -> None:
@@ -148,7 +123,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x --lines (subprocesses)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "batch_throughput.json")
+    parser.add_argument("--out", type=Path, default=result_path("batch_throughput.json"))
     parser.add_argument("--text", type=Path, help="input text (default: data/corpus/test.txt, else synthetic)")
     parser.add_argument("--before", metavar="REV", help="compare with git revision REV, side by side (see above)")
     args = parser.parse_args()
@@ -199,7 +174,7 @@ def main() -> None:
             "runtime_cpu_seconds": runtime_cpu,
             "embed_file_cpu_seconds": embed_file_cpu,
             "output_bytes": output_bytes,
-            "host": host_facts(),  # CPU model, kernel-relevant flags, cores, library versions
+            **machine(),  # CPU model, kernel-relevant flags, cores, library versions, load
         }
         result["ratio"] = result["embed_file_tokens_per_s"] / result["runtime_tokens_per_s"]
         result["ratio_vs_texts"] = result["embed_file_tokens_per_s"] / result["runtime_texts_tokens_per_s"]
@@ -245,10 +220,15 @@ def main() -> None:
         print("peak RSS:", ", ".join(f"{k}: {v:.0f} MB" for k, v in result["peak_rss_mb"].items()))
 
 
+def bench_module(tree: Path) -> str:
+    """This bench's module in ``tree``: bench.batch.throughput, or bench.batch_throughput in a revision from before
+    bench/ was grouped by subject (issue 40)."""
+    grouped = (tree / "bench" / "batch" / "throughput.py").is_file()
+    return "bench.batch.throughput" if grouped else "bench.batch_throughput"
+
+
 def compare_revisions(args: argparse.Namespace) -> None:
     """``--before REV``: this tree and REV's, alternating, each a subprocess of its own bench (``--repeat 1``)."""
-    from elmo.bench.worktree import revision_tree
-
     lines, corpus_name = corpus_lines(args.lines, args.text)
     with revision_tree(args.before, prefix="batch-bench-before-") as old:
         work = old.parent
@@ -262,7 +242,7 @@ def compare_revisions(args: argparse.Namespace) -> None:
         for _ in range(args.repeat):
             for name, tree in (("before", old), ("after", REPO)):
                 out = work / f"{name}.json"
-                command = [sys.executable, "-m", "bench.batch_throughput", "--preset", args.preset, "--repeat", "1"]
+                command = [sys.executable, "-m", bench_module(tree), "--preset", args.preset, "--repeat", "1"]
                 command += ["--lines", str(args.lines), "--threads", str(args.threads), "--out", str(out)]
                 command += ["--shard-lines", str(args.shard_lines), "--layers", args.layers, "--format", args.format]
                 if tree == REPO:

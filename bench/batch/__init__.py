@@ -1,0 +1,1 @@
+"""Benches of the batch job, `elmo embed-file`, against the in-process runtime."""

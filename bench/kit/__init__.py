@@ -1,0 +1,15 @@
+"""The kit every bench script stands on; each piece exists once, here or (what ``elmo bench`` shares) in the
+installed elmo.bench.figures:
+
+- bench.kit.serve: ``elmo serve`` as a child process, one (start_server) or N replicas (start_replicas), of this
+  checkout or a revision's tree; Server (ports, health, stop); check_loopback
+- bench.kit.revision: revision_tree / code_trees (``--before REV`` worktrees), tree_env, revision_info
+- bench.kit.load: gRPC and HTTP load loops (drive, drive_http), requests built up front, Http, check_answers, the
+  in-process baseline (measure_in_process), LoadResult
+- bench.kit.sample: RSS, peak memory (VmHWM, reset_peak), CPU time of a process; RssSampler; run_measured (a child
+  command's wall time, peak RSS and CPU time)
+- bench.kit.texts: make_texts, sentences (real English), corpus_lines
+- bench.kit.models: prepare_model (--model or a random-weights --preset)
+- bench.kit.results: bench/results/ (RESULTS, result_path), write_json, save_result, pyplot, bench_parser
+- elmo.bench.figures (installed): percentiles / percentiles_ms, machine (elmo.runtime.host), load_average
+"""

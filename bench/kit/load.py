@@ -1,0 +1,393 @@
+"""Client load against a served model, gRPC and HTTP/JSON alike: requests built once up front, ``concurrency``
+clients sending back to back through a warm-up and a measured window, the server's RSS and CPU at the window's edges
+(and RSS every second inside it), and the same figures (:class:`LoadResult`) for the in-process runtime.
+
+    requests = build_requests(make_texts(1024), 8, [], "float32")
+    result = asyncio.run(drive(server.grpc_target, requests, 16, 30.0, MAX_REQUESTS, server_pid=server.pid))
+    result.tokens_per_s, result.latency_ms["p99"]
+
+A request counts when it answers (gRPC OK / HTTP 200, a non-empty body) inside the window, with the tokens this
+checkout's tokenizer finds in its texts; errors (gRPC status codes, HTTP statuses, ``conn:<exception>``) are
+counted, never raised. :func:`check_answers` decodes one answer per protocol and checks its token count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bench.kit.sample import cpu_seconds, rss_mib
+from bench.kit.serve import REQUEST_TIMEOUT_S, split_address
+from elmo.bench.figures import percentiles_ms
+
+MAX_REQUESTS = 1_000_000
+EMBED_METHOD = "/elmo.v1.Embedder/Embed"
+
+
+@dataclass
+class LoadResult:
+    mode: str
+    concurrency: int
+    seconds: float
+    requests: int
+    sentences: int
+    tokens: int
+    errors: dict[str, int] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    rss_mib: dict = field(default_factory=dict)
+    cpu_s: float | None = None  # CPU seconds spent by the embedding process (server, or this one in-process)
+    client_cpu_s: float | None = None  # CPU seconds of the load generator's clients (served runs)
+    protocol: str | None = None  # "grpc" or "http" (served runs)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["tokens_per_s"] = round(self.tokens_per_s, 1)
+        out["requests_per_s"] = round(self.requests_per_s, 2)
+        out["tokens_per_cpu_s"] = round(self.tokens / self.cpu_s, 1) if self.cpu_s else None
+        return out
+
+
+def auth_metadata(auth_token: str | None) -> tuple | None:
+    return (("authorization", f"Bearer {auth_token}"),) if auth_token else None
+
+
+def auth_headers(auth_token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
+
+
+# -- requests --------------------------------------------------------------------------------------------------------
+def build_requests(texts: list[str], per_request: int, layers: list[int], dtype: str) -> list[tuple[bytes, int, int]]:
+    """(serialized EmbedRequest, sentences, tokens) for consecutive groups of texts."""
+    from elmo.text.tokenize import tokenize
+    from elmo.v1 import embedder_pb2 as pb
+    from elmo.wire import DTYPE_NAMES
+
+    out = []
+    for start in range(0, len(texts) - per_request + 1, per_request):
+        group = texts[start : start + per_request]
+        request = pb.EmbedRequest(inputs=[pb.Input(text=t) for t in group], layers=layers, dtype=DTYPE_NAMES[dtype])
+        out.append((request.SerializeToString(), len(group), sum(len(tokenize(t).tokens) for t in group)))
+    return out
+
+
+def build_http_requests(
+    texts: list[str], per_request: int, layers: list[int], dtype: str
+) -> list[tuple[bytes, int, int]]:
+    """(``POST /v1/embed`` JSON body, sentences, tokens) for the same groups of texts as :func:`build_requests`,
+    with the same layers and dtype, ``"encoding": "base64"`` (the vectors' bytes, as on the gRPC wire)."""
+    from elmo.text.tokenize import tokenize
+
+    out = []
+    for start in range(0, len(texts) - per_request + 1, per_request):
+        group = texts[start : start + per_request]
+        body: dict = {"inputs": group, "dtype": dtype, "encoding": "base64"}
+        if layers:
+            body["layers"] = layers
+        data = json.dumps(body, ensure_ascii=False).encode()
+        out.append((data, len(group), sum(len(tokenize(t).tokens) for t in group)))
+    return out
+
+
+# -- HTTP ------------------------------------------------------------------------------------------------------------
+class Http:
+    """One kept-alive HTTP/1.1 connection that reconnects after an error or a ``Connection: close``."""
+
+    def __init__(self, host: str, port: int, timeout: float = REQUEST_TIMEOUT_S, headers: dict | None = None):
+        self.host, self.port, self.timeout = host, port, timeout
+        self.headers = dict(headers or {})
+        self.conn: http.client.HTTPConnection | None = None
+
+    def connect(self) -> bool:
+        """Open the connection now (so that a measured window sees no handshake); False if refused."""
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            self.conn.connect()
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> tuple[str, bytes]:
+        """-> (status as a string, body); a transport failure is ('conn:<ExceptionName>', b'')."""
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})
+            self.conn.request(method, path, body=body, headers=headers)
+            response = self.conn.getresponse()
+            data = response.read()
+            if response.will_close:
+                self.close()
+            return str(response.status), data
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            return f"conn:{type(exc).__name__}", b""
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+# -- served load -----------------------------------------------------------------------------------------------------
+class Window:
+    """A measured window after ``warmup_s``, and the server's RSS / CPU and the clients' CPU at its edges."""
+
+    def __init__(self, duration: float, warmup_s: float, server_pid: int | None):
+        self.start = time.monotonic() + warmup_s
+        self.end = self.start + duration
+        self.duration, self.server_pid = duration, server_pid
+        self.marks: dict[str, float | None] = {}
+        self.rss: list[float] = []
+
+    def inside(self) -> bool:
+        return self.start <= time.monotonic() <= self.end
+
+    def mark(self, edge: str) -> None:
+        """Server RSS and CPU and this process's CPU at the window's ``edge`` ("start" or "end")."""
+        pid = self.server_pid
+        self.marks[f"rss_{edge}"] = rss_mib(pid) if pid else None
+        self.marks[f"cpu_{edge}"] = cpu_seconds(pid) if pid else None
+        self.marks[f"client_cpu_{edge}"] = time.process_time()
+
+    def sample(self) -> float:
+        """Take the server's RSS; the seconds to sleep until the next sample (at most 1)."""
+        if self.server_pid and (value := rss_mib(self.server_pid)) is not None:
+            self.rss.append(value)
+        return min(1.0, max(0.0, self.end - time.monotonic()))
+
+    def result(self, protocol: str, concurrency: int, counts: dict, errors: dict, latencies: list) -> LoadResult:
+        """One served phase's figures, the same for both protocols."""
+        marks, rss, cpu = self.marks, self.rss, None
+        if marks.get("cpu_start") is not None and marks.get("cpu_end") is not None:
+            cpu = round(marks["cpu_end"] - marks["cpu_start"], 2)
+        return LoadResult(
+            mode="served",
+            concurrency=concurrency,
+            seconds=round(self.duration, 3),
+            requests=counts["requests"],
+            sentences=counts["sentences"],
+            tokens=counts["tokens"],
+            errors=errors,
+            latency_ms=percentiles_ms(latencies),
+            rss_mib={"start": marks.get("rss_start"), "end": marks.get("rss_end"), "max": max(rss, default=None),
+                     "every_10s": [round(v, 1) for v in rss[::10]]},  # fmt: skip
+            cpu_s=cpu,
+            client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
+            protocol=protocol,
+        )
+
+
+async def drive(
+    target: str,
+    requests: list[tuple[bytes, int, int]],
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+    auth_token: str | None = None,
+    server_pid: int | None = None,
+    warmup_s: float = 0.0,
+) -> LoadResult:
+    """``concurrency`` clients (one channel each) send requests back to back until ``duration`` or ``max_requests``;
+    serialized once up front, answers not decoded."""
+    import grpc
+    import grpc.aio
+
+    metadata = auth_metadata(auth_token)
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(concurrency)]
+    calls = [c.unary_unary(EMBED_METHOD, request_serializer=None, response_deserializer=None) for c in channels]
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    counts = {"requests": 0, "sentences": 0, "tokens": 0}
+    issued = 0
+
+    async def client(index: int, window: Window) -> None:
+        """Send back to back until the window closes; count the requests that complete inside the window."""
+        nonlocal issued
+        rng = random.Random(index)
+        while time.monotonic() < window.end and issued < max_requests:
+            issued += 1
+            data, n_sentences, n_tokens = requests[rng.randrange(len(requests))]
+            started = time.perf_counter()
+            try:
+                response = await calls[index](data, timeout=REQUEST_TIMEOUT_S, metadata=metadata)
+                ok = len(response) > 0
+            except grpc.aio.AioRpcError as exc:  # every error counts, in the warm-up and the tail too
+                errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                ok = False
+            if ok and window.inside():
+                latencies.append(time.perf_counter() - started)
+                counts["requests"] += 1
+                counts["sentences"] += n_sentences
+                counts["tokens"] += n_tokens
+
+    async def sampler(window: Window) -> None:
+        await asyncio.sleep(max(0.0, window.start - time.monotonic()))
+        window.mark("start")
+        while time.monotonic() < window.end:
+            await asyncio.sleep(window.sample())
+        window.mark("end")
+
+    try:
+        for channel in channels:
+            await asyncio.wait_for(channel.channel_ready(), timeout=30)
+        # Clients run through warm-up, window and tail without a pause, so the window sees a steady state.
+        window = Window(duration, warmup_s, server_pid)
+        await asyncio.gather(sampler(window), *(client(i, window) for i in range(concurrency)))
+    finally:
+        for channel in channels:
+            await channel.close()
+    return window.result("grpc", concurrency, counts, errors, latencies)
+
+
+def drive_http(
+    address: str,
+    requests: list[tuple[bytes, int, int]],
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+    auth_token: str | None = None,
+    server_pid: int | None = None,
+    warmup_s: float = 0.0,
+) -> LoadResult:
+    """:func:`drive` over HTTP: ``concurrency`` clients, a thread and one kept-alive connection (:class:`Http`) each,
+    ``POST /v1/embed`` back to back until ``duration`` or ``max_requests``; the answers are read, not decoded. A
+    transport failure is counted as ``conn:<exception>`` and the client reconnects."""
+    host, port = split_address(address)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    counts = {"requests": 0, "sentences": 0, "tokens": 0, "issued": 0}
+    clients = [Http(host, port, REQUEST_TIMEOUT_S, auth_headers(auth_token)) for _ in range(concurrency)]
+    for one in clients:  # connect first, as drive waits for its channels: the window sees no handshakes
+        one.connect()  # refused: the client retries, and counts the failure
+
+    def client(index: int, window: Window) -> None:
+        rng = random.Random(index)
+        while time.monotonic() < window.end:
+            with lock:
+                if counts["issued"] >= max_requests:
+                    break
+                counts["issued"] += 1
+            body, n_sentences, n_tokens = requests[rng.randrange(len(requests))]
+            started = time.perf_counter()
+            status, data = clients[index].call("POST", "/v1/embed", body)
+            elapsed = time.perf_counter() - started
+            with lock:
+                if status != "200":  # every error counts, in the warm-up and the tail too
+                    errors[status] = errors.get(status, 0) + 1
+                elif data and window.inside():
+                    latencies.append(elapsed)
+                    counts["requests"] += 1
+                    counts["sentences"] += n_sentences
+                    counts["tokens"] += n_tokens
+            if status.startswith("conn:"):
+                time.sleep(0.01)  # a server that is gone: no busy loop of refused connections
+        clients[index].close()
+
+    window = Window(duration, warmup_s, server_pid)
+    threads = [threading.Thread(target=client, args=(i, window), daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    time.sleep(max(0.0, window.start - time.monotonic()))
+    window.mark("start")
+    while time.monotonic() < window.end:
+        time.sleep(window.sample())
+    window.mark("end")
+    for thread in threads:
+        thread.join()
+    return window.result("http", concurrency, counts, errors, latencies)
+
+
+def check_answers(
+    grpc_target: str | None,
+    http_address: str | None,
+    grpc_request: tuple[bytes, int, int],
+    http_request: tuple[bytes, int, int],
+    auth_token: str | None = None,
+) -> dict:
+    """One request per protocol, its answer decoded: the tokens the server embedded (every embedding's layers
+    shaped [layers, tokens, dim] with its bytes all there) against the count the load's tallies use."""
+    out: dict = {}
+    if grpc_target is not None:
+        import grpc
+
+        from elmo.v1 import embedder_pb2 as pb
+
+        data, _, expected = grpc_request
+        try:
+            with grpc.insecure_channel(grpc_target, options=[("grpc.max_receive_message_length", -1)]) as channel:
+                call = channel.unary_unary(EMBED_METHOD, request_serializer=None)
+                reply = call(data, timeout=REQUEST_TIMEOUT_S, metadata=auth_metadata(auth_token))
+                response = pb.EmbedResponse.FromString(reply)
+            found = sum(len(e.tokens) for e in response.embeddings)
+            shapes_ok = all(e.layers.shape[1] == len(e.tokens) for e in response.embeddings)
+            out["grpc"] = {"tokens": found, "expected": expected, "ok": found == expected and shapes_ok}
+        except grpc.RpcError as exc:
+            out["grpc"] = {"error": exc.code().name, "ok": False}
+    if http_address is not None:
+        body, _, expected = http_request
+        connection = Http(*split_address(http_address), REQUEST_TIMEOUT_S, auth_headers(auth_token))
+        status, data = connection.call("POST", "/v1/embed", body)
+        connection.close()
+        if status != "200":
+            out["http"] = {"error": status, "body": data[:300].decode(errors="replace"), "ok": False}
+        else:
+            answer = json.loads(data)
+            found = sum(len(e["tokens"]) for e in answer["embeddings"])
+            shapes_ok = True
+            for e in answer["embeddings"]:
+                layers = e["layers"]
+                size = int(np.prod(layers["shape"])) * np.dtype(layers["dtype"]).itemsize
+                shapes_ok &= layers["shape"][1] == len(e["tokens"]) and len(base64.b64decode(layers["data"])) == size
+            out["http"] = {"tokens": found, "expected": expected, "ok": found == expected and shapes_ok}
+    return out
+
+
+# -- in-process baseline -----------------------------------------------------------------------------------------------
+def load_embedder(model_dir: Path, threads: int | None, texts: list[str], batch: int):
+    from elmo.runtime import Embedder
+
+    embedder = Embedder(model_dir, intra_op_threads=threads)
+    embedder.warmup()
+    embedder.embed_texts(texts[:batch])
+    return embedder
+
+
+def measure_in_process(embedder, texts: list[str], duration: float, batch: int) -> LoadResult:
+    """Embedder.embed_texts on the same texts, ``batch`` texts per call, back to back for ``duration`` seconds."""
+    latencies, n_tokens, n_texts, calls = [], 0, 0, 0
+    cpu_start = time.process_time()
+    started = time.monotonic()
+    position = 0
+    while time.monotonic() - started < duration:
+        chunk = texts[position : position + batch] or texts[:batch]
+        position = (position + batch) % len(texts)
+        t0 = time.perf_counter()
+        results = embedder.embed(chunk)
+        latencies.append(time.perf_counter() - t0)
+        n_tokens += sum(len(result.tokens) for result in results)
+        n_texts += len(chunk)
+        calls += 1
+    seconds = time.monotonic() - started
+    cpu = time.process_time() - cpu_start
+    return LoadResult("in-process", 1, round(seconds, 3), calls, n_texts, n_tokens,
+                      latency_ms=percentiles_ms(latencies), cpu_s=round(cpu, 2))  # fmt: skip

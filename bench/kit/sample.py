@@ -1,0 +1,96 @@
+"""What a process costs, read the same way by every bench (Linux): resident memory (``VmRSS``) and its peak
+(``VmHWM``, resettable) from /proc/PID/status, sampled in a thread or read once; CPU time from /proc/PID/stat; and a
+child command's wall time, peak memory and CPU time from its own rusage (``os.wait4``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
+    """A process's resident set (``VmRSS``) or its peak (``VmHWM``) in MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """The process's peak resident set (``VmHWM``) in MiB, since it started or since :func:`reset_peak`."""
+    return rss_mib(pid, "VmHWM")
+
+
+def reset_peak(pid: int) -> bool:
+    """Reset the process's VmHWM to its current RSS (Linux: ``echo 5 > /proc/PID/clear_refs``); False if refused."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """user + system CPU time of a process (from /proc/PID/stat); None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RssSampler:
+    """VmRSS of ``pid`` every ``interval`` s in a thread: [(monotonic time, MiB)].
+
+    sampler = RssSampler(pid, 1.0).start(); ...; samples = sampler.stop()"""
+
+    def __init__(self, pid: int, interval: float = 1.0):
+        self.pid, self.interval = pid, interval
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = rss_mib(self.pid)
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
+            self._stop.wait(self.interval)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+@dataclass
+class Measured:
+    """A finished child command: exit code, wall seconds, its peak resident set (MiB) and CPU seconds."""
+
+    returncode: int
+    seconds: float
+    peak_rss_mib: float
+    cpu_s: float
+
+
+def run_measured(command: list[str], **popen) -> Measured:
+    """Run ``command`` to its end; its figures from its own rusage (``os.wait4``: this child only, not the bench's
+    other children). ``popen``: subprocess.Popen's keywords (stdout, cwd, env)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, **popen)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - started
+    # ru_maxrss is in KiB on Linux
+    return Measured(proc.returncode, seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)

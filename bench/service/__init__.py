@@ -1,0 +1,1 @@
+"""Benches of the served model: load over gRPC and HTTP, latency, memory, noisy neighbours, swaps, replicas."""
