@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from elmo.errors import InputError
-from elmo.mix.store import POOLINGS, Task, TaskStore, mix_layers, pool
 from elmo.runtime.feature_cache import CachedFeatures, cache_features, sentences_digest  # noqa: F401  (re-exported)
+from elmo.runtime.tasks import POOLINGS, Task, TaskStore, mix_layers, pool
 from elmo.text.tokenize import tokenize
 
 log = logging.getLogger(__name__)

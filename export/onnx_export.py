@@ -32,7 +32,6 @@ from onnx import numpy_helper
 
 import elmo.model.bilm as elmo_model
 from elmo.errors import ConfigError, InputError, ModelFileError
-from elmo.mix.store import TASKS_DIR
 from elmo.model.checkpoint import load_model
 from elmo.model.config import CONFIG_FILE, ModelConfig
 from elmo.runtime.modeldir import (
@@ -49,6 +48,7 @@ from elmo.runtime.modeldir import (
 )
 from elmo.runtime.probe import PROBE_FILE
 from elmo.runtime.repository import readable_by_all
+from elmo.runtime.tasks import TASKS_DIR
 from elmo.text.chars import BYTES, ByteScheme, VocabScheme, load_char_scheme
 from elmo.text.tokenize import TOKENIZER_SETTINGS
 

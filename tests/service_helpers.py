@@ -25,7 +25,7 @@ from elmo.service.models.registry import serve_model
 from elmo.service.server import ElmoServer, TlsFiles
 from elmo.service.telemetry.metrics import ServiceMetrics
 
-from elmo.mix.store import Task, save_task
+from elmo.runtime.tasks import Task, save_task
 
 # Small limits so that every hard edge is cheap to reach with the tiny model (dim 16, 3 layers: 192 B per token).
 EDGE_LIMITS = Limits(

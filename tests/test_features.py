@@ -14,7 +14,6 @@ from sklearn.pipeline import Pipeline
 
 from elmo.errors import DataError, InputError
 from elmo.features import ElmoVectorizer, Features, cache_features, select_layer
-from elmo.mix.store import Task, TaskStore, save_task
 from elmo.mix.task_data import (
     bmes_entities,
     brown_to_universal,
@@ -25,6 +24,7 @@ from elmo.mix.task_data import (
     sentiment_texts,
 )
 from elmo.runtime import Embedder
+from elmo.runtime.tasks import Task, TaskStore, save_task
 
 SENTENCES = [["The", "cat", "sat", "."], ["苹", "果", "很", "甜"], ["a"]]
 

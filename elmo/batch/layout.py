@@ -65,7 +65,7 @@ def output_format(output: str, requested: str | None) -> str:
 @dataclass(frozen=True)
 class LayerSpec:
     """``--layers``: ``all`` -> (n_layers, n, dim); ``top`` (last layer), ``average`` (mean of the layers) and
-    ``mix:TASK`` (the task's scalar mix, elmo.mix.store) -> (n, dim)."""
+    ``mix:TASK`` (the task's scalar mix, elmo.runtime.tasks) -> (n, dim)."""
 
     kind: str
     task: str | None = None
@@ -108,11 +108,11 @@ TaskMix = Callable[[np.ndarray], np.ndarray]  # one sentence's layers (L, n, dim
 
 
 def load_task_mix(model_dir: Path, task: str, n_layers: int, dim: int) -> TaskMix:
-    """The one hook to elmo.mix.store: the stored task's numpy mix, per sentence (its layer norm is per sentence).
+    """The one hook to elmo.runtime.tasks: the stored task's numpy mix, per sentence (its layer norm is per sentence).
 
-    An unknown task raises elmo.mix.store.UnknownTaskError ("unknown task 'x' for model DIR; available tasks: ...").
+    An unknown task raises elmo.runtime.tasks.UnknownTaskError ("unknown task 'x' for model DIR; available tasks: ...").
     """
-    from elmo.mix.store import TaskStore, apply_task
+    from elmo.runtime.tasks import TaskStore, apply_task
 
     stored = TaskStore(model_dir, n_layers=n_layers, dim=dim).get(task)
     return lambda layers: apply_task(layers, stored)

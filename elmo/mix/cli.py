@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from elmo.errors import DataError, InputError
-from elmo.mix.store import TaskStore, check_task_name, save_task
 from elmo.mix.task_data import (
     BUILTIN,
     KINDS,
@@ -34,6 +33,7 @@ from elmo.mix.task_data import (
     read_user_data,
     sentence_counts,
 )
+from elmo.runtime.tasks import TaskStore, check_task_name, save_task
 from elmo.senses.benchmark import markdown_tables, occurrence_layers, parse_line, run_benchmark, word_vector
 from elmo.significance import paired_bootstrap, score_counts, verdict
 

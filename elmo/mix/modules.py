@@ -2,7 +2,7 @@
 task heads trained on frozen, cached biLM features by ``elmo mix train``.
 
 Shapes: B = batch, L = biLM output layers (token layer + LSTM layers), T = tokens (padded), D = layer width.
-The numpy twin used for serving is :mod:`elmo.mix.store`; both compute exactly the same function (tested).
+The numpy twin used for serving is :mod:`elmo.runtime.tasks`; both compute exactly the same function (tested).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from elmo.errors import ConfigError, DataError
-from elmo.mix.store import LAYER_NORM_EPS, POOLINGS, Task
+from elmo.runtime.tasks import LAYER_NORM_EPS, POOLINGS, Task
 from elmo.text.chars import batch_to_char_ids
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class TaskModel(nn.Module):
 
 
 def pool_torch(x: Tensor, mask: Tensor, pooling: str) -> Tensor:
-    """(B, T, D) + mask (B, T) -> (B, D) or (B, 2D); matches elmo.mix.store.pool (empty sentence -> zeros)."""
+    """(B, T, D) + mask (B, T) -> (B, D) or (B, 2D); matches elmo.runtime.tasks.pool (empty sentence -> zeros)."""
     m = mask.to(x.dtype).unsqueeze(-1)
     count = m.sum(dim=1)
     mean = (x * m).sum(dim=1) / count.clamp_min(1.0)
@@ -262,7 +262,7 @@ def pool_torch(x: Tensor, mask: Tensor, pooling: str) -> Tensor:
 
 
 def segment_pool(x: Tensor, segments: Tensor, n_sentences: int, pooling: str) -> Tensor:
-    """Flat tokens (n, D) with their sentence ids (n,) -> (B, D) or (B, 2D); matches elmo.mix.store.pool."""
+    """Flat tokens (n, D) with their sentence ids (n,) -> (B, D) or (B, 2D); matches elmo.runtime.tasks.pool."""
     dim = x.shape[1]
     count = torch.zeros(n_sentences, dtype=x.dtype).index_add_(0, segments, torch.ones_like(segments, dtype=x.dtype))
     mean = torch.zeros(n_sentences, dim, dtype=x.dtype).index_add_(0, segments, x) / count.clamp_min(1.0)[:, None]
@@ -273,7 +273,7 @@ def segment_pool(x: Tensor, segments: Tensor, n_sentences: int, pooling: str) ->
 
 
 def normalize_per_sentence(layers: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """elmo.mix.store.normalize_layers for every sentence of a flat (L, N, D) array at once -> float32 (L, N, D)."""
+    """elmo.runtime.tasks.normalize_layers for every sentence of a flat (L, N, D) array at once -> float32 (L, N, D)."""
     lengths = np.diff(offsets)
     segment = np.repeat(np.arange(len(lengths)), lengths)
     out = np.empty(layers.shape, dtype=np.float32)
@@ -451,7 +451,7 @@ def train_task_model(
 def to_task(
     trained: TaskModel, name: str, labels: list[str], **extra
 ) -> tuple[Task, list[tuple[np.ndarray, np.ndarray]]]:
-    """A trained TaskModel -> the numpy :class:`elmo.mix.store.Task` and its head arrays, ready for ``save_task``."""
+    """A trained TaskModel -> the numpy :class:`elmo.runtime.tasks.Task` and its head arrays (for ``save_task``)."""
     mix = trained.mix
     task = Task(
         name=name,

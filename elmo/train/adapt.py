@@ -47,11 +47,11 @@ import numpy as np
 import torch
 
 from elmo.errors import ConfigError, DataError
-from elmo.mix.store import TASKS_DIR, mark_tasks_stale
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_config, load_model, load_state, load_vocab, save_model
 from elmo.model.config import ModelConfig
 from elmo.runtime.modeldir import sha256_of
+from elmo.runtime.tasks import TASKS_DIR, mark_tasks_stale
 from elmo.significance import paired_bootstrap, verdict
 from elmo.text.chars import load_char_scheme
 from elmo.train.budget import CommandClock, reserve_s, spent_in_earlier_runs, training_time_s

@@ -1,7 +1,7 @@
 """Scalar-mix tasks of one served model: one lookup call for the servicer.
 
-The tasks live in the model directory and are read by ``elmo.mix.store.TaskStore`` (issue 6). When that module is not
-there (an older checkout, a trimmed image) the model simply has no tasks. Unknown names are NOT_FOUND.
+The tasks live in the model directory and are read by ``elmo.runtime.tasks.TaskStore`` (torch-free, beside the
+runtime; elmo.mix trains them). Unknown names are NOT_FOUND.
 
 Requests never touch the disk for a task: the listing and the loaded tasks are kept, and at most once per
 ``refresh_s`` a cheap check (the tasks folder's and each task.json's modification time) decides whether to read them
@@ -20,6 +20,7 @@ import numpy as np
 from elmo.service.core.errors import ServiceError, clip, from_library_error, not_found
 
 from elmo.errors import ElmoError
+from elmo.runtime.tasks import TASK_FILE, TaskStore, UnknownTaskError
 
 log = logging.getLogger("service.tasks")  # the documented logger name (docs/operations.md)
 
@@ -37,24 +38,18 @@ REFRESH_S = 1.0
 class ModelTasks:
     def __init__(self, model_dir: Path, n_layers: int, dim: int, refresh_s: float = REFRESH_S):
         self._model_dir = model_dir
-        self._store = None
         self._refresh_s = refresh_s
         self._lock = threading.Lock()  # lookups run on the request workers too
         self._checked = float("-inf")
         self._signature: tuple | None = None
         self._names: list[str] = []
         self._tasks: dict[str, Task] = {}
-        try:
-            from elmo.mix.store import TaskStore
-        except ImportError:
-            log.info("elmo.mix.store is not available: model %s serves no tasks", model_dir)
-            return
         self._store = TaskStore(model_dir, n_layers=n_layers, dim=dim)
 
     def _refresh(self) -> None:
         """Re-read the listing (and drop loaded tasks) when the folder changed; looked at once per ``refresh_s``."""
         now = time.monotonic()
-        if self._store is None or now - self._checked < self._refresh_s:
+        if now - self._checked < self._refresh_s:
             return
         with self._lock:
             self._checked = now
@@ -65,8 +60,6 @@ class ModelTasks:
                 self._tasks = {}
 
     def _disk_signature(self) -> tuple:
-        from elmo.mix.store import TASK_FILE  # (the module is there: a store exists)
-
         root = self._store.root
         try:
             entries = sorted((p.name, (p / TASK_FILE).stat().st_mtime_ns) for p in root.iterdir() if p.is_dir())
@@ -91,10 +84,6 @@ class ModelTasks:
 
     def get(self, name: str) -> Task:
         """The task called ``name``; ServiceError NOT_FOUND "unknown task 'x'" when there is none."""
-        if self._store is None:
-            raise not_found(f"unknown task '{clip(name)}' (this server has no task support: elmo.mix.store is missing)")
-        from elmo.mix.store import UnknownTaskError
-
         names = self.names()  # refreshes the listing (and drops loaded tasks) when the folder changed
         if name in self._tasks:
             return self._tasks[name]

@@ -118,7 +118,7 @@ def test_top_and_average_are_n_by_dim(tmp_path, tiny_model_dir, embedder, layers
 
 
 def test_task_mix_and_unknown_task(tmp_path, tiny_model_dir, embedder, capsys):
-    from elmo.mix.store import Task, TaskStore, apply_task, save_task
+    from elmo.runtime.tasks import Task, TaskStore, apply_task, save_task
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -448,7 +448,7 @@ def test_options_dataclass_is_what_the_cli_builds(tmp_path, tiny_model_dir):
 # -- remote mode ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("layers", ["all", "top", "average", "mix:demo"])
 def test_remote_server_gives_the_same_output(tmp_path, tiny_model_dir, layers):
-    from elmo.mix.store import Task, save_task
+    from elmo.runtime.tasks import Task, save_task
     from tests.service_helpers import EDGE_LIMITS, ServerThread
 
     model = tmp_path / "model"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from elmo.cli import main
-from elmo.mix.store import TaskStore
 from elmo.runtime import Embedder
+from elmo.runtime.tasks import TaskStore
 
 WORDS = {"DET": ["the", "a", "this"], "NOUN": ["cat", "dog", "house", "tree"], "VERB": ["sees", "likes", "runs"]}
 

@@ -1,7 +1,7 @@
 """The scalar mix γ · Σ_j softmax(w)_j · h_j with uneven weights, against a computation written out by hand.
 
-tests/mix/test_store.py checks the numpy and torch mixes against each other (and with equal weights, where a mix-up of
-which weight scales which layer cannot show); here both are held to the formula itself, in float64 numpy, with
+tests/runtime/test_tasks.py checks the numpy and torch mixes against each other (and with equal weights, where a mix-up
+of which weight scales which layer cannot show); here both are held to the formula itself, in float64 numpy, with
 weights that single out each layer differently, with and without the per-layer normalisation (AllenNLP's
 ``do_layer_norm``), on a padded batch, and for the gradients that ``elmo mix train`` follows.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from elmo.mix.modules import ScalarMix
-from elmo.mix.store import Task, mix_layers
+from elmo.runtime.tasks import Task, mix_layers
 
 W = [2.0, -1.0, 0.5]  # softmax ≈ 0.786 / 0.039 / 0.175: every layer a different share, none negligible
 GAMMA = 1.7

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from elmo.cli import main
-from elmo.mix.store import TaskStore
 from elmo.runtime import CPU, Embedder
+from elmo.runtime.tasks import TaskStore
 
 # Three classes of made-up words; the label is the class. Class shares 0.5 / 0.3 / 0.2.
 CLASSES = {

@@ -39,8 +39,8 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
-from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
+from elmo.runtime.tasks import Task, save_task
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
 from tests.conftest import FUZZ_SEED

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from elmo.service.core.limits import Limits
 
-from elmo.mix.store import Task, save_task
 from elmo.runtime import Embedder
+from elmo.runtime.tasks import Task, save_task
 from tests.browser import Browser
 from tests.service_helpers import ServerThread
 

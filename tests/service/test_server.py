@@ -405,7 +405,7 @@ def test_several_models_by_name(runtime):
 
 
 def test_served_task_mix_equals_offline_apply(tiny_model_dir, tmp_path):
-    from elmo.mix.store import Task, apply_task, save_task
+    from elmo.runtime.tasks import Task, apply_task, save_task
 
     model_dir = tmp_path / "with_task"
     shutil.copytree(tiny_model_dir, model_dir)
@@ -535,7 +535,7 @@ def test_operations_doc_lists_exactly_the_metrics_served(server):
 # -- process-level -------------------------------------------------------------------------------------------------
 def test_serving_path_imports_no_torch():
     code = (
-        "import sys, elmo.service.server, elmo.client, elmo.runtime, elmo.mix.store, elmo.service.grpc.servicer; "
+        "import sys, elmo.service.server, elmo.client, elmo.runtime, elmo.runtime.tasks, elmo.service.grpc.servicer; "
         "import bench.service.loadgen; "
         "sys.exit('torch' in sys.modules)"
     )

@@ -11,8 +11,8 @@ import pytest
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.features import Features
-from elmo.mix.store import Task, TaskStore, apply_task, save_task
 from elmo.runtime import Embedder
+from elmo.runtime.tasks import Task, TaskStore, apply_task, save_task
 from tests.service_helpers import ServerThread, limits_with
 
 TEXTS = ["The cat sat on the mat.", "我买了一台苹果电脑。", "苹果很甜", "a"]
@@ -109,7 +109,7 @@ def test_shipped_tasks_are_served_exactly():
 
 def test_model_info_names_the_stale_tasks(tiny_model_dir, tmp_path):
     """Tasks carried over by `elmo adapt` (mark_tasks_stale) still answer, and GetModelInfo says they are stale."""
-    from elmo.mix.store import mark_tasks_stale
+    from elmo.runtime.tasks import mark_tasks_stale
 
     directory = tmp_path / "model"
     shutil.copytree(tiny_model_dir, directory)

@@ -228,7 +228,7 @@ def test_admin_api_needs_its_token_and_loads_unloads_lists(tiny_model_dir, secon
 
 
 def test_an_answer_that_applied_a_stale_mix_says_so(tiny_model_dir, tmp_path):
-    from elmo.mix.store import Task, mark_tasks_stale, save_task
+    from elmo.runtime.tasks import Task, mark_tasks_stale, save_task
 
     source = tmp_path / "source"
     shutil.copytree(tiny_model_dir, source)

@@ -18,10 +18,10 @@ import pytest
 
 from elmo.cli import main
 from elmo.mix.cli import results_table
-from elmo.mix.store import Task, TaskStore, save_task
 from elmo.model.checkpoint import load_state
 from elmo.model.config import tiny
 from elmo.runtime import Embedder
+from elmo.runtime.tasks import Task, TaskStore, save_task
 from elmo.train.adapt import split_heldout
 from tests.lm_fixtures import ADAPT_FAST, REPO, write_domain_text
 

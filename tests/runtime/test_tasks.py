@@ -25,7 +25,9 @@ from elmo.mix.modules import (
     to_task,
     train_task_model,
 )
-from elmo.mix.store import (
+from elmo.model.bilm import BiLM
+from elmo.model.config import tiny
+from elmo.runtime.tasks import (
     Task,
     TaskStore,
     UnknownTaskError,
@@ -37,8 +39,6 @@ from elmo.mix.store import (
     save_task,
     softmax,
 )
-from elmo.model.bilm import BiLM
-from elmo.model.config import tiny
 
 torch.set_num_threads(1)
 
@@ -262,7 +262,7 @@ def test_shape_checks(tmp_path):
 
 
 def test_serving_half_imports_no_torch():
-    code = "import sys, elmo.mix.store, elmo.features; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, elmo.runtime.tasks, elmo.features; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
