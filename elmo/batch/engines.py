@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from elmo.batch.layout import LayerSpec, load_task_mix, reduce_layers
-from elmo.batch.plan import WINDOW_BYTES
+from elmo.batch.plan import GROUP_BYTES
 from elmo.batch.state import JobOptions
 from elmo.errors import ElmoError, InputError
 
@@ -39,13 +39,13 @@ REQUEST_BYTES_SHARE = 0.8
 # -- embedding backends --------------------------------------------------------------------------------------------
 class Backend(Protocol):
     """Where vectors come from: the in-process runtime or a remote server. ``embed`` returns per sentence the
-    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim)), for one window of
-    sentences of about ``window_tokens`` tokens."""
+    output of ``layout.spec`` as float32 ((n_layers, n, dim) for ``all``, else (n, dim)), for one call group of
+    sentences of about ``group_tokens`` tokens."""
 
     n_layers: int
     dim: int
     max_tokens_per_sentence: int
-    window_tokens: int
+    group_tokens: int
 
     def identity(self) -> dict: ...
 
@@ -86,7 +86,7 @@ class LocalBackend:
         self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
         self.max_tokens_per_sentence = self.embedder.info.max_tokens_per_sentence
         vector_bytes = self.n_layers * self.dim * 4
-        self.window_tokens = max(self.embedder.max_batch_tokens, WINDOW_BYTES // vector_bytes)
+        self.group_tokens = max(self.embedder.max_batch_tokens, GROUP_BYTES // vector_bytes)
         self.spec = spec
         self.mix = load_task_mix(self.model_dir, spec.task, self.n_layers, self.dim) if spec.kind == "mix" else None
 
@@ -143,7 +143,7 @@ class RemoteBackend:
         self.max_request_tokens = int(limits.max_tokens_per_request) or 8192
         self.max_response_bytes = int(limits.max_response_bytes) or 64 << 20
         self.max_message_bytes = int(limits.max_message_bytes) or 4 << 20  # gRPC's own default
-        self.window_tokens = REMOTE_IN_FLIGHT * self.max_request_tokens
+        self.group_tokens = REMOTE_IN_FLIGHT * self.max_request_tokens
         self.pool = ThreadPoolExecutor(REMOTE_IN_FLIGHT, thread_name_prefix="embed-file-rpc")
 
     def _wait_until_serving(self, target: str, wait_s: float) -> None:
@@ -246,7 +246,7 @@ class RemoteBackend:
         return requests
 
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """The window cut into requests, REMOTE_IN_FLIGHT of them on the wire at once."""
+        """The call group cut into requests, REMOTE_IN_FLIGHT of them on the wire at once."""
         out: list[np.ndarray] = [np.empty(0)] * len(sentences)
         requests = self.requests(sentences)
         answers = self.pool.map(self._call, [[sentences[p] for p in positions] for positions in requests])

@@ -1,4 +1,4 @@
-"""The embedding loop shared by the local and Ray engines and remote mode: read a shard, embed its windows a
+"""The embedding loop shared by the local and Ray engines and remote mode: read a shard, embed its call groups a
 couple ahead of the writer (in a background thread), write the shard file; and the progress bar.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from elmo.batch.engines import Backend
 from elmo.batch.layout import DTYPES, Layout
-from elmo.batch.plan import JSONL, InputPlan, Record, ShardSpec, plan_windows, read_shard
+from elmo.batch.plan import JSONL, InputPlan, Record, ShardSpec, plan_call_groups, read_shard
 from elmo.batch.state import JobOptions, _fsync_dir, _fsync_file
 from elmo.batch.writers import WRITERS, ShardStats
 from elmo.errors import ElmoError, InputError
@@ -27,7 +27,7 @@ from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
 log = logging.getLogger("elmo.batch")
 
 
-PREFETCH = 2  # windows embedded ahead of the writer, in a background thread
+PREFETCH = 2  # call groups embedded ahead of the writer, in a background thread
 @dataclass
 class ShardStart:
     shard: ShardSpec
@@ -35,7 +35,7 @@ class ShardStart:
 
 
 @dataclass
-class Window:
+class CallGroup:
     positions: list[int]  # into the current shard's records
     outputs: list[np.ndarray]  # float32, layout.spec's shape
 
@@ -71,23 +71,23 @@ def _checked_records(plan: InputPlan, shard: ShardSpec, options: JobOptions, lim
 
 def embed_events(
     plan: InputPlan, shards: Sequence[ShardSpec], options: JobOptions, backend: Backend
-) -> Iterator[ShardStart | Window | ShardEnd]:
+) -> Iterator[ShardStart | CallGroup | ShardEnd]:
     """The embedding itself, the same for every engine: per shard its records (read and tokenized one shard
-    ahead, in a thread of their own), then per window its vectors. Windows are length-sorted; blank lines get no
+    ahead, in a thread of their own), then per call group its vectors. Groups are length-sorted; blank lines get no
     model call (the writer fills them in)."""
     limit = sentence_limit(options, backend)
     read_ahead = prefetched(((shard, _checked_records(plan, shard, options, limit)) for shard in shards), depth=1)
     for shard, records in read_ahead:
         yield ShardStart(shard, records)
-        for positions in plan_windows([len(r.tokens) for r in records], backend.window_tokens):
+        for positions in plan_call_groups([len(r.tokens) for r in records], backend.group_tokens):
             sentences = [records[p].tokens for p in positions]
-            yield Window(positions, embed_windowed(backend.embed, sentences, limit, options.window_overlap))
+            yield CallGroup(positions, embed_windowed(backend.embed, sentences, limit, options.window_overlap))
         yield ShardEnd(shard)
 
 
 def prefetched(items: Iterator, depth: int = PREFETCH) -> Iterator:
     """``items`` produced by a background thread, up to ``depth`` ahead of the consumer. The runtime (and gRPC)
-    release the GIL, so the next window computes while this thread writes the last one to disk; on a GPU that
+    release the GIL, so the next call group computes while this thread writes the last one to disk; on a GPU that
     keeps the device busy. An exception in the producer is raised here; leaving early stops the producer."""
     queue: Queue = Queue(maxsize=depth)
     stop = threading.Event()
@@ -123,7 +123,7 @@ def prefetched(items: Iterator, depth: int = PREFETCH) -> Iterator:
             yield item
     finally:
         stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish its window
+        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish its group
             try:
                 queue.get(timeout=0.1)
             except Empty:
@@ -136,7 +136,7 @@ class _Failure:
 
 
 def write_shards(
-    events: Iterator[ShardStart | Window | ShardEnd],
+    events: Iterator[ShardStart | CallGroup | ShardEnd],
     options: JobOptions,
     layout: Layout,
     directory: Path,
@@ -161,13 +161,13 @@ def write_shards(
                 stats = ShardStats(lines=len(records), blank=len(blank))
                 if on_batch and blank:
                     on_batch(len(blank), 0)
-            elif isinstance(event, Window):
-                window = [records[position] for position in event.positions]
-                for record, vectors in zip(window, event.outputs):
+            elif isinstance(event, CallGroup):
+                group = [records[position] for position in event.positions]
+                for record, vectors in zip(group, event.outputs):
                     if tuple(vectors.shape) != layout.shape(len(record.tokens)):
                         raise ElmoError(f"line {record.index + 1}: got vectors of shape {vectors.shape}")
-                writer.add(window, [vectors.astype(dtype, copy=False) for vectors in event.outputs])
-                tokens = sum(len(record.tokens) for record in window)
+                writer.add(group, [vectors.astype(dtype, copy=False) for vectors in event.outputs])
+                tokens = sum(len(record.tokens) for record in group)
                 stats.tokens += tokens
                 if on_batch:
                     on_batch(len(event.positions), tokens)

@@ -1,5 +1,5 @@
 """The input side of the job: scan and validate the input once, cut it into shards, read a shard's lines
-back as records, and plan length-sorted windows of them for the runtime.
+back as records, and plan length-sorted call groups of them for the runtime.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ log = logging.getLogger("elmo.batch")
 
 TEXT, JSONL = "text", "jsonl"
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
-# One runtime call gets a length-sorted *window* of a shard: as many tokens as make WINDOW_BYTES of float32
-# vectors (at least one batch). The runtime plans its batches over the whole window (the more it sees, the less
-# padding), and memory holds at most PREFETCH + 2 windows, whatever the input's size.
-WINDOW_BYTES = 128 << 20
+# One runtime call gets a length-sorted *call group* of a shard: as many tokens as make GROUP_BYTES of float32
+# vectors (at least one batch). The runtime plans its batches over the whole group (the more it sees, the less
+# padding), and memory holds at most PREFETCH + 2 groups, whatever the input's size. (Not the overflow policy's
+# windows, elmo.text.overflow: those are pieces of one long sentence.)
+GROUP_BYTES = 128 << 20
 
 
 # -- input ---------------------------------------------------------------------------------------------------------
@@ -187,24 +188,24 @@ def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool) -> list[Recor
     ]
 
 
-def plan_windows(lengths: Sequence[int], window_tokens: int) -> list[list[int]]:
-    """Positions of the non-empty sentences sorted by length, cut into windows of about ``window_tokens`` real
-    tokens (a window closes once it reaches the budget; a longer sentence is a window alone).
+def plan_call_groups(lengths: Sequence[int], group_tokens: int) -> list[list[int]]:
+    """Positions of the non-empty sentences sorted by length, cut into call groups of about ``group_tokens``
+    real tokens (a group closes once it reaches the budget; a longer sentence is a group alone).
 
-    A window is what one runtime call gets: the runtime cuts it into batches under ``--batch-tokens`` by its own
-    padding rule, and since the window is sorted those batches waste almost no padding."""
+    A call group is what one runtime call gets: the runtime cuts it into batches under ``--batch-tokens`` by its
+    own padding rule, and since the group is sorted those batches waste almost no padding."""
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
-    windows: list[list[int]] = []
+    groups: list[list[int]] = []
     current: list[int] = []
     tokens = 0
     for position in order:
         current.append(position)
         tokens += lengths[position]
-        if tokens >= window_tokens:
-            windows.append(current)
+        if tokens >= group_tokens:
+            groups.append(current)
             current, tokens = [], 0
     if current:
-        windows.append(current)
-    return windows
+        groups.append(current)
+    return groups
 
 

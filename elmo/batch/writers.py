@@ -74,10 +74,11 @@ def _write_dataset(group_id, name: str, array: np.ndarray):
 
 
 class Hdf5ShardWriter:
-    """One shard as a small hdf5 file holding its windows as they come: per window the vectors of its sentences
+    """One shard as a small hdf5 file holding its call groups as they come: per group the vectors of its sentences
     concatenated along the token axis (``w<k>/vectors``), their line indices and token counts; plus every line's
-    sentence and id. One write per window, not per sentence: the per-sentence datasets of AllenNLP's layout are
-    made once, by :class:`Hdf5Assembly`. Memory: one window."""
+    sentence and id. One write per group, not per sentence: the per-sentence datasets of AllenNLP's layout are
+    made once, by :class:`Hdf5Assembly`. Memory: one group. (On disk a group is still
+    ``w{n}`` with the count in ``attrs["windows"]``: shard files written before the rename stay readable.)"""
 
     def __init__(self, path: Path, layout: Layout, shard: ShardSpec, with_ids: bool) -> None:
         import h5py
@@ -222,12 +223,12 @@ def _ordered_entries(job: JobDirectory, plan: InputPlan) -> list[dict]:
 
 
 class Hdf5Assembly:
-    """The final hdf5 in AllenNLP's layout, built while the job runs: as soon as a shard is committed its windows
+    """The final hdf5 in AllenNLP's layout, built while the job runs: as soon as a shard is committed its call groups
     are cut into one dataset per line (so this overlaps the embedding of the next shards), and the file is
     fsynced; :meth:`finish` adds ``sentence_to_index`` and renames the file to OUTPUT. The file is only ever a copy
     of committed shards: a crash leaves it as a temporary in OUTPUT.partial/, deleted on resume and rebuilt.
 
-    Memory: one window; at the end the sentence -> index map (the size of the input's text), as in AllenNLP."""
+    Memory: one call group; at the end the sentence -> index map (the size of the input's text), as in AllenNLP."""
 
     def __init__(self, job: JobDirectory, fingerprint: dict, layout: Layout, with_ids: bool) -> None:
         import h5py
@@ -246,8 +247,8 @@ class Hdf5Assembly:
         done = np.zeros(n_lines, dtype=bool)
         with h5py.File(self.job.path / entry["file"], "r") as shard:
             ids = shard[SHARD_IDS].asstr()[...] if self.with_ids else None
-            for window in range(int(shard.attrs["windows"])):
-                group = shard[f"w{window}"]
+            for index in range(int(shard.attrs["windows"])):
+                group = shard[f"w{index}"]
                 vectors, index, lengths = group["vectors"][...], group["index"][...], group["lengths"][...]
                 starts = np.concatenate([[0], np.cumsum(lengths)])
                 for line, start, stop in zip(index.tolist(), starts[:-1].tolist(), starts[1:].tolist()):

@@ -23,7 +23,7 @@ from elmo.batch.cli import add_arguments, options_from_args
 from elmo.batch.engines import LOCAL_MAX_TOKENS_PER_SENTENCE, make_backend
 from elmo.batch.layout import Layout, parse_layers
 from elmo.batch.pipeline import prefetched, write_shard
-from elmo.batch.plan import plan_windows, read_shard, scan_input
+from elmo.batch.plan import plan_call_groups, read_shard, scan_input
 from elmo.batch.state import JobDirectory, JobOptions, job_fingerprint
 from elmo.batch.writers import iter_parquet
 from elmo.cli import main as cli
@@ -200,14 +200,14 @@ def test_parquet_top_matches_hdf5(tmp_path, tiny_model_dir):
 
 
 # -- streaming pieces ----------------------------------------------------------------------------------------------
-def test_windows_are_sorted_bounded_and_cover_every_sentence():
+def test_call_groups_are_sorted_bounded_and_cover_every_sentence():
     lengths = [5, 0, 1, 40, 7, 7, 3, 0, 12, 2, 9]
-    windows = plan_windows(lengths, window_tokens=16)
-    order = [p for w in windows for p in w]
+    groups = plan_call_groups(lengths, group_tokens=16)
+    order = [p for g in groups for p in g]
     assert sorted(order) == [i for i, n in enumerate(lengths) if n > 0]
     assert [lengths[p] for p in order] == sorted(lengths[p] for p in order)  # sorted: little padding per batch
-    for window in windows:
-        assert sum(lengths[p] for p in window[:-1]) < 16  # closes as soon as it reaches the budget
+    for group in groups:
+        assert sum(lengths[p] for p in group[:-1]) < 16  # closes as soon as it reaches the budget
 
 
 def test_scan_streams_and_shards_cover_the_file(tmp_path):
