@@ -146,6 +146,79 @@ class Http:
             self.conn = None
 
 
+# -- client threads --------------------------------------------------------------------------------------------------
+@dataclass
+class Record:
+    """One call of a client thread: who, when (monotonic and wall clock), how long, what it returned or raised."""
+
+    client: int
+    turn: int
+    started: float  # time.monotonic()
+    wall: float  # time.time(), to line up with other processes' logs
+    seconds: float
+    value: object = None
+    error: BaseException | None = None
+
+
+class ClosedLoop:
+    """One thread per step: thread i calls ``steps[i](turn)`` back to back (turn 0, 1, ...) until :meth:`stop` or
+    ``seconds`` have passed; every call timed and kept as a :class:`Record` with what it returned or the exception
+    it raised (counted, never raised). The benches whose clients check each answer (bench.service.mixed_load, swap,
+    replicas) run their calls through it; :func:`drive` / :func:`drive_http` are the pure-throughput loops.
+
+        loop = ClosedLoop([grpc_call, http_call], seconds=60).run()      # or .start() ... .stop()
+        [r.seconds for r in loop.records if r.error is None]"""
+
+    def __init__(self, steps, seconds: float | None = None):
+        self.steps = list(steps)
+        self.seconds = seconds
+        self.deadline: float | None = None  # set by start()
+        self.records: list[Record] = []
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True, name=f"client-{i}")
+                         for i in range(len(self.steps))]  # fmt: skip
+
+    def running(self) -> bool:
+        return not self._stop.is_set() and (self.deadline is None or time.monotonic() < self.deadline)
+
+    def _client(self, index: int) -> None:
+        step, turn = self.steps[index], 0
+        while self.running():
+            started, wall, t0 = time.monotonic(), time.time(), time.perf_counter()
+            try:
+                value, error = step(turn), None
+            except Exception as exc:  # noqa: BLE001 - every failure is a finding, recorded
+                value, error = None, exc
+            record = Record(index, turn, started, wall, time.perf_counter() - t0, value, error)
+            with self.lock:
+                self.records.append(record)
+            turn += 1
+
+    def start(self) -> ClosedLoop:
+        if self.seconds is not None:
+            self.deadline = time.monotonic() + self.seconds
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self, timeout: float = 300.0) -> list[Record]:
+        """Stop the clients (each finishes its call in flight) and return the records."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        return self.records
+
+    def run(self, timeout: float = 300.0) -> ClosedLoop:
+        """Start, wait for ``seconds``, stop."""
+        assert self.seconds is not None, "run() needs seconds"
+        self.start()
+        for thread in self._threads:
+            thread.join(max(0.0, self.deadline - time.monotonic()) + timeout)
+        self.stop(0)
+        return self
+
+
 # -- served load -----------------------------------------------------------------------------------------------------
 class Window:
     """A measured window after ``warmup_s``, and the server's RSS / CPU and the clients' CPU at its edges."""

@@ -15,15 +15,16 @@ import argparse
 import base64
 import json
 import random
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from bench.kit.load import ClosedLoop
 from bench.kit.serve import check_loopback, start_server
 from bench.kit.texts import make_texts
 from elmo.bench.figures import machine, percentiles_ms
@@ -89,8 +90,6 @@ def run_mixed_load(
     with EmbedderClient(grpc_target, auth_token=token) as client:
         reference = [embedding.layers for embedding in (client.embed([text])[0] for text in texts)]
         report = MixedReport(seconds)
-        lock = threading.Lock()
-        stop_at = time.monotonic() + seconds
 
         def one_call(kind: str, rng: random.Random, turn: int) -> int:
             picked = rng.sample(range(len(texts)), k=rng.randint(1, 4))
@@ -111,33 +110,20 @@ def run_mixed_load(
                     _close(layers, reference[i], f"/v1/embed of text {i}")
             return sum(reference[i].shape[1] for i in picked)
 
-        def worker(index: int) -> None:
-            kind = "grpc" if index % 2 else "http"
-            rng = random.Random(seed * 1000 + index)
-            turn = 0
-            while time.monotonic() < stop_at:
-                started = time.perf_counter()
-                try:
-                    tokens = one_call(kind, rng, turn)
-                except Exception as exc:  # noqa: BLE001 - every failure is a finding, reported, never raised
-                    detail = exc.read().decode()[:300] if isinstance(exc, urllib.error.HTTPError) else str(exc)
-                    with lock:
-                        report.errors.append(f"{kind}: {type(exc).__name__}: {detail}")
-                    continue
-                finally:
-                    turn += 1
-                with lock:
-                    report.requests[kind] += 1
-                    report.tokens += tokens
-                    report.latencies[kind].append(time.perf_counter() - started)
-
-        threads = [threading.Thread(target=worker, args=(i,), name=f"mixed-{i}") for i in range(clients)]
+        kinds = ["grpc" if index % 2 else "http" for index in range(clients)]
+        steps = [partial(one_call, kind, random.Random(seed * 1000 + index)) for index, kind in enumerate(kinds)]
         started = time.monotonic()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(seconds + 300)
+        loop = ClosedLoop(steps, seconds).run()
         report.seconds = time.monotonic() - started
+    for record in loop.records:  # every failure is a finding, reported, never raised
+        kind, exc = kinds[record.client], record.error
+        if exc is not None:
+            detail = exc.read().decode()[:300] if isinstance(exc, urllib.error.HTTPError) else str(exc)
+            report.errors.append(f"{kind}: {type(exc).__name__}: {detail}")
+        else:
+            report.requests[kind] += 1
+            report.tokens += record.value
+            report.latencies[kind].append(record.seconds)
     return report
 
 

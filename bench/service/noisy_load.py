@@ -13,7 +13,7 @@ import re
 import threading
 import time
 
-from bench.kit.load import Http
+from bench.kit.load import ClosedLoop, Http
 
 PROBE_INTERVAL_S = 0.05
 HEALTH_BAR_MS = 250.0
@@ -220,88 +220,91 @@ def single_requests(limits: dict) -> list[dict]:
 
 # -- worker processes (spawned: no gRPC state crosses a fork) -------------------------------------------------------
 def clients_process(grpc_target, http_url, texts, n_grpc, n_http, ready, stop, out) -> None:
-    """``n_grpc`` EmbedderClient threads and ``n_http`` /v1/embeddings threads, one sentence per request, back to
-    back until ``stop``. Events: (protocol, start, end, status)."""
+    """``n_grpc`` EmbedderClient clients and ``n_http`` /v1/embeddings clients (bench.kit.load.ClosedLoop), one
+    sentence per request, back to back until ``stop``; each connected and warm first. Events: (protocol, start,
+    end, status)."""
     from elmo.client import EmbedderClient, RemoteError
 
     host, port = http_url.split("//", 1)[1].rsplit(":", 1)
-    events: list[tuple] = []
-    lock = threading.Lock()
 
-    def grpc_client(index: int) -> None:
+    def grpc_step(index: int):
         rng = random.Random(index)
-        with EmbedderClient(grpc_target, timeout=120) as client:
-            client.wait_ready(30)
-            client.embed([texts[0]])
-            barrier.wait()
-            while not stop.is_set():
-                text = texts[rng.randrange(len(texts))]
-                started = time.monotonic()
-                try:
-                    (result,) = client.embed([text])
-                    status = "OK" if result.layers is not None else "EMPTY"
-                except RemoteError as exc:
-                    status = exc.code.name
-                with lock:
-                    events.append(("grpc", started, time.monotonic(), status))
+        client = EmbedderClient(grpc_target, timeout=120)
+        client.wait_ready(30)
+        client.embed([texts[0]])
+        closers.append(client.close)
 
-    def http_client(index: int) -> None:
+        def step(turn: int) -> str:
+            try:
+                (result,) = client.embed([texts[rng.randrange(len(texts))]])
+                return "OK" if result.layers is not None else "EMPTY"
+            except RemoteError as exc:
+                return exc.code.name
+
+        return step
+
+    def http_step(index: int):
         rng = random.Random(1000 + index)
         conn = Http(host, int(port), 120)
         conn.call("POST", "/v1/embeddings", json.dumps({"input": texts[0]}).encode())
-        barrier.wait()
-        while not stop.is_set():
-            body = json.dumps({"input": texts[rng.randrange(len(texts))]}).encode()
-            started = time.monotonic()
-            status, data = conn.call("POST", "/v1/embeddings", body)
-            if status == "200" and len(json.loads(data)["data"]) != 1:
-                status = "WRONG"
-            with lock:
-                events.append(("http", started, time.monotonic(), status))
-        conn.close()
+        closers.append(conn.close)
 
-    barrier = threading.Barrier(n_grpc + n_http + 1)
-    threads = [threading.Thread(target=grpc_client, args=(i,), daemon=True) for i in range(n_grpc)]
-    threads += [threading.Thread(target=http_client, args=(i,), daemon=True) for i in range(n_http)]
-    for thread in threads:
-        thread.start()
-    barrier.wait(120)
+        def step(turn: int) -> str:
+            body = json.dumps({"input": texts[rng.randrange(len(texts))]}).encode()
+            status, data = conn.call("POST", "/v1/embeddings", body)
+            return "WRONG" if status == "200" and len(json.loads(data)["data"]) != 1 else status
+
+        return step
+
+    closers: list = []
+    steps = [grpc_step(i) for i in range(n_grpc)] + [http_step(i) for i in range(n_http)]
+    kinds = ["grpc"] * n_grpc + ["http"] * n_http
+    loop = ClosedLoop(steps).start()
     ready.put("clients")
-    for thread in threads:
-        thread.join()
+    stop.wait()
+    records = loop.stop()
+    for close in closers:
+        close()
+    events = [(kinds[r.client], r.started, r.started + r.seconds, _status(r)) for r in records]
     out.put(("clients", events))
 
 
 def abusers_process(http_url, limits, n_abusers, ready, go, stop, out) -> None:
-    """``n_abusers`` threads, each rotating through the kinds back to back from its own starting kind, from ``go``
-    until ``stop`` (the request in flight at ``stop`` completes). Events: (kind, start, end, status, answer bytes,
-    refusal message)."""
+    """``n_abusers`` clients (bench.kit.load.ClosedLoop), each rotating through the kinds back to back from its own
+    starting kind, from ``go`` until ``stop`` (the request in flight at ``stop`` completes). Events: (kind, start,
+    end, status, answer bytes, refusal message)."""
     host, port = http_url.split("//", 1)[1].rsplit(":", 1)
     requests = abuse_requests(limits)
-    events: list[tuple] = []
-    lock = threading.Lock()
+    conns = [Http(host, int(port), 600) for _ in range(n_abusers)]
 
-    def abuser(index: int) -> None:
-        conn = Http(host, int(port), 600)
-        turn = index * max(1, len(requests) // max(1, n_abusers))  # the abusers start on different kinds
-        go.wait()
-        while not stop.is_set():
-            item = requests[turn % len(requests)]
-            turn += 1
-            started = time.monotonic()
-            status, data = conn.call("POST", item["path"], item["body"])
+    def abuser(index: int):
+        first = index * max(1, len(requests) // max(1, n_abusers))  # the abusers start on different kinds
+
+        def step(turn: int) -> tuple:
+            item = requests[(first + turn) % len(requests)]
+            status, data = conns[index].call("POST", item["path"], item["body"])
             message = data[:300].decode("utf-8", "replace") if not status.startswith("2") else ""
-            with lock:
-                events.append((item["kind"], started, time.monotonic(), status, len(data), message))
-        conn.close()
+            return item["kind"], status, len(data), message
 
-    threads = [threading.Thread(target=abuser, args=(i,), daemon=True) for i in range(n_abusers)]
-    for thread in threads:
-        thread.start()
+        return step
+
     ready.put("abusers")
-    for thread in threads:
-        thread.join()
+    go.wait()
+    loop = ClosedLoop([abuser(i) for i in range(n_abusers)]).start()
+    stop.wait()
+    records = loop.stop()
+    for conn in conns:
+        conn.close()
+    events = []
+    for r in records:
+        kind, status, size, message = r.value if r.error is None else ("?", _status(r), 0, str(r.error)[:300])
+        events.append((kind, r.started, r.started + r.seconds, status, size, message))
     out.put(("abusers", events))
+
+
+def _status(record) -> str:
+    """A client call's status: what its step returned, or the exception it did not expect."""
+    return record.value if record.error is None else f"error:{type(record.error).__name__}"
 
 
 def prober_process(grpc_target, http_url, interval, ready, stop, out) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import itertools
 import json
 import os
 import random
@@ -35,7 +34,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +44,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.kit.load import ClosedLoop, Record
 from bench.kit.results import RESULTS
 from bench.kit.revision import REPO
 from bench.kit.serve import Server, free_port, start_replicas, wait_until
@@ -146,64 +145,74 @@ class Call:
 
 @dataclass
 class Load:
+    """The clients: gRPC through elmo.client (its retry policy), HTTP through urllib3 (``HTTP_RETRY``), each call
+    run by bench.kit.load.ClosedLoop and counted as a :class:`Call`."""
+
     balancer: Balancer
     texts: list[str]
     grpc_clients: int
     http_clients: int
-    calls: list[Call] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    closers: list = field(default_factory=list)  # each client's channel or pool, closed after the run
 
-    def _grpc(self, seed: int) -> None:
+    def _grpc(self, seed: int):
         from elmo.client import EmbedderClient
 
         rng = random.Random(seed)
-        with EmbedderClient(self.balancer.grpc_target, timeout=30) as client:
-            for n in itertools.count():
-                if self.stop.is_set():
-                    break
-                request = client.request(rng.sample(self.texts, 4), layers=[2], dtype="float16")
-                rid = f"g{seed}-{n}"  # the channel's own retry policy applies; the id shows each attempt
-                start, t0 = time.time(), time.perf_counter()
-                try:
-                    client.stub.Embed(request, timeout=30, metadata=(("x-request-id", rid),))
-                    call = Call("grpc", start, time.perf_counter() - t0, True, request_id=rid)
-                except grpc.RpcError as error:  # a failed request is what is counted
-                    message = f"{error.code().name}: {error.details()}"[:200]
-                    call = Call("grpc", start, time.perf_counter() - t0, False, error=message, request_id=rid)
-                with self.lock:
-                    self.calls.append(call)
+        client = EmbedderClient(self.balancer.grpc_target, timeout=30)
+        self.closers.append(client.close)
 
-    def _http(self, seed: int) -> None:
+        def step(n: int) -> dict:
+            request = client.request(rng.sample(self.texts, 4), layers=[2], dtype="float16")
+            rid = f"g{seed}-{n}"  # the channel's own retry policy applies; the id shows each attempt
+            try:
+                client.stub.Embed(request, timeout=30, metadata=(("x-request-id", rid),))
+                return {"protocol": "grpc", "ok": True, "request_id": rid}
+            except grpc.RpcError as error:  # a failed request is what is counted
+                message = f"{error.code().name}: {error.details()}"[:200]
+                return {"protocol": "grpc", "ok": False, "error": message, "request_id": rid}
+
+        return step
+
+    def _http(self, seed: int):
         import urllib3
 
         rng = random.Random(seed)
         pool = urllib3.PoolManager(retries=urllib3.Retry(**HTTP_RETRY, raise_on_status=False), timeout=30)
+        self.closers.append(pool.clear)
         url = f"{self.balancer.http_url}/v1/embeddings"
-        for n in itertools.count():
-            if self.stop.is_set():
-                break
+
+        def step(n: int) -> dict:
             body = {"model": "", "input": rng.sample(self.texts, 4)}
             rid = f"h{seed}-{n}"
-            start, t0 = time.time(), time.perf_counter()
             try:
                 reply = pool.request("POST", url, json=body, headers={"X-Request-Id": rid})
                 history = reply.retries.history if reply.retries else ()
                 ok = reply.status == 200 and len(json.loads(reply.data)["data"]) == 4
-                error = "" if ok else f"HTTP {reply.status}"
                 reasons = tuple(f"HTTP {h.status}" if h.status else type(h.error).__name__ for h in history)
-                call = Call("http", start, time.perf_counter() - t0, ok, len(history), error, rid, reasons)
+                error = "" if ok else f"HTTP {reply.status}"
+                return {"protocol": "http", "ok": ok, "retries": len(history), "error": error, "request_id": rid,
+                        "retry_reasons": reasons}  # fmt: skip
             except Exception as error:  # noqa: BLE001 - a failed request is what is counted
-                call = Call("http", start, time.perf_counter() - t0, False, error=str(error)[:200], request_id=rid)
-            with self.lock:
-                self.calls.append(call)
+                return {"protocol": "http", "ok": False, "error": str(error)[:200], "request_id": rid}
 
-    def start(self) -> list[threading.Thread]:
-        threads = [threading.Thread(target=self._grpc, args=(i,), daemon=True) for i in range(self.grpc_clients)]
-        threads += [threading.Thread(target=self._http, args=(100 + i,), daemon=True) for i in range(self.http_clients)]
-        for thread in threads:
-            thread.start()
-        return threads
+        return step
+
+    def start(self) -> ClosedLoop:
+        steps = [self._grpc(i) for i in range(self.grpc_clients)]
+        steps += [self._http(100 + i) for i in range(self.http_clients)]
+        return ClosedLoop(steps).start()
+
+    def calls(self, records: list[Record]) -> list[Call]:
+        """Each record as a Call: started at its wall-clock time (HAProxy's log is in wall-clock time)."""
+        calls = []
+        for r in records:
+            fields = r.value if r.error is None else {"protocol": "?", "ok": False, "error": str(r.error)[:200]}
+            calls.append(Call(start=r.wall, seconds=r.seconds, **fields))
+        return calls
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
 
 
 def attributed_time(call: Call, events: tuple[float, ...]) -> float:
@@ -246,9 +255,9 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
         balancer.wait_states({r.name: "UP" for r in replicas})
         load = Load(balancer, make_texts(400, seed=1, max_tokens=24), args.grpc_clients, args.http_clients)
         t_load = time.time()
-        threads = load.start()
+        loop = load.start()
         t0 = time.time()  # once every client runs: the events' times count from here
-        print(f"{mode}: {len(threads)} clients started in {t0 - t_load:.1f} s", flush=True)
+        print(f"{mode}: {len(loop.steps)} clients started in {t0 - t_load:.1f} s", flush=True)
         events = [("sigterm", replicas[1], signal.SIGTERM), ("sigkill", replicas[2], signal.SIGKILL)]
         marks = [("start", t0)]
         for k, (name, replica, signum) in enumerate(events, 1):
@@ -256,9 +265,8 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
             marks.append((f"{name} {replica.name}", time.time()))
             replica.signal(signum)
         time.sleep(max(0.0, t0 + args.seconds - time.time()))
-        load.stop.set()
-        for thread in threads:
-            thread.join(60)
+        records = loop.stop(60)
+        load.close()
         t_end = time.time()
         time.sleep(1.5)  # HAProxy writes a request's line when it ends
         log = parse_log(balancer.log_lines())
@@ -268,7 +276,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
             windows[name] = (t, min(t + args.window, next_t))
         if t_end - args.window > marks[-1][1] + args.window:
             windows[f"after (last {args.window:.0f} s)"] = (t_end - args.window, t_end)
-        calls = load.calls
+        calls = load.calls(records)
         return {
             "mode": mode,
             "replicas": REPLICAS,

@@ -38,7 +38,6 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kit import serve
+from bench.kit.load import ClosedLoop, Record
 from bench.kit.results import RESULTS
 from bench.kit.sample import rss_mib
 from elmo.bench.figures import machine, percentiles_ms
@@ -178,13 +178,19 @@ class Load:
     server: Server
     expected: dict[int, dict[str, np.ndarray]]  # server version -> sentence -> vectors
     tolerance: float
-    stop: threading.Event = field(default_factory=threading.Event)
-    outcomes: list[Outcome] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    closers: list = field(default_factory=list)  # each client's channel or connection, closed after the run
 
-    def record(self, outcome: Outcome) -> None:
-        with self.lock:
-            self.outcomes.append(outcome)
+    def outcome(self, record: Record) -> Outcome:
+        """A client call (bench.kit.load.ClosedLoop's record) as this bench counts it: a step returns (kind, version,
+        error), an exception it did not expect is an error too."""
+        if record.error is not None:
+            error = f"{type(record.error).__name__}: {record.error}"
+            return Outcome(record.started, record.seconds, "client", 0, error)
+        return Outcome(record.started, record.seconds, *record.value)
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
 
     def check(self, version: int, texts: list[str], got: list[np.ndarray], pooled: bool) -> str:
         if version not in self.expected:
@@ -199,39 +205,42 @@ class Load:
             worst = max(worst, float(np.abs(want - vectors).max()))
         return "" if worst <= self.tolerance else f"vectors differ from version {version}'s by {worst:.3g}"
 
-    def grpc_client(self, seed: int) -> None:
+    def grpc_step(self, seed: int):
+        """A gRPC client's call (one channel per client): (kind, version, error)."""
         import grpc
 
         from elmo.v1 import embedder_pb2 as pb
         from elmo.v1 import embedder_pb2_grpc as pb_grpc
 
         rng = random.Random(seed)
-        with grpc.insecure_channel(self.server.grpc_target) as channel:
-            stub = pb_grpc.EmbedderStub(channel)
-            while not self.stop.is_set():
-                texts = rng.sample(SENTENCES, 2)
-                started = time.monotonic()
-                version, error = 0, ""
-                try:
-                    response = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=t) for t in texts]), timeout=60)
-                    version = int(response.model_version)
-                    got = [
-                        np.frombuffer(e.layers.data, "<f4").reshape(tuple(e.layers.shape)) for e in response.embeddings
-                    ]
-                    error = self.check(version, texts, got, pooled=False)
-                except grpc.RpcError as exc:
-                    error = f"{exc.code().name}: {exc.details()}"
-                self.record(Outcome(started, time.monotonic() - started, "grpc", version, error))
+        channel = grpc.insecure_channel(self.server.grpc_target)
+        self.closers.append(channel.close)
+        stub = pb_grpc.EmbedderStub(channel)
 
-    def http_client(self, seed: int) -> None:
+        def step(turn: int) -> tuple[str, int, str]:
+            texts = rng.sample(SENTENCES, 2)
+            version, error = 0, ""
+            try:
+                response = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=t) for t in texts]), timeout=60)
+                version = int(response.model_version)
+                got = [np.frombuffer(e.layers.data, "<f4").reshape(tuple(e.layers.shape)) for e in response.embeddings]
+                error = self.check(version, texts, got, pooled=False)
+            except grpc.RpcError as exc:
+                error = f"{exc.code().name}: {exc.details()}"
+            return "grpc", version, error
+
+        return step
+
+    def http_step(self, seed: int):
+        """An HTTP client's call (one kept-alive connection per client, /v1/embeddings and /v1/embed in turn)."""
         rng = random.Random(seed)
         conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=120)
-        turn = 0
-        while not self.stop.is_set():
+        self.closers.append(lambda: conn.close())
+
+        def step(turn: int) -> tuple[str, int, str]:
+            nonlocal conn
             texts = rng.sample(SENTENCES, 2)
             pooled = turn % 2 == 1
-            turn += 1
-            started = time.monotonic()
             version, error = 0, ""
             try:
                 if pooled:
@@ -260,8 +269,9 @@ class Load:
                 error = f"{type(exc).__name__}: {exc}"
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port, timeout=120)
-            self.record(Outcome(started, time.monotonic() - started, "pooled" if pooled else "embed", version, error))
-        conn.close()
+            return "pooled" if pooled else "embed", version, error
+
+        return step
 
 
 def percentiles(latencies: list[float]) -> dict:
@@ -278,13 +288,9 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
     server = start_server(root, args.poll_interval_s, args.threads)
     load = Load(server, expected, args.tolerance)
     half = args.clients // 2
-    threads = [threading.Thread(target=load.grpc_client, args=(i,), daemon=True) for i in range(half)]
-    threads += [
-        threading.Thread(target=load.http_client, args=(100 + i,), daemon=True) for i in range(args.clients - half)
-    ]
+    steps = [load.grpc_step(i) for i in range(half)] + [load.http_step(100 + i) for i in range(args.clients - half)]
     t0 = time.monotonic()
-    for thread in threads:
-        thread.start()
+    loop = ClosedLoop(steps).start()
     events = []
 
     def at(fraction: float) -> None:
@@ -311,15 +317,14 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
     server.wait_state("default", number, ("unloaded",))
     events.append({"event": f"swap v2 -> v3 (version {number3})", "start": begun - t0, "end": time.monotonic() - t0})
     at(1.0)
-    load.stop.set()
-    for thread in threads:
-        thread.join(120)
+    records = loop.stop(120)
+    load.close()
     index = server.index()["default"]
     code = server.stop()
     model_log = [line for line in server.log_path.read_text().splitlines() if "service.models" in line]
     shutil.rmtree(root, ignore_errors=True)
 
-    outcomes = load.outcomes
+    outcomes = [load.outcome(record) for record in records]
     failed = [o for o in outcomes if o.error]
     swap_windows = [(e["start"], e["end"]) for e in events]
     in_swap = [o.latency for o in outcomes if any(a <= o.started - t0 < b for a, b in swap_windows)]
