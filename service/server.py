@@ -37,11 +37,11 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from elmo.service.core import switching
-from elmo.service.core.errors import ServiceError
-from elmo.service.core.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
+from elmo.service.common import switching
+from elmo.service.common.errors import ServiceError
+from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
+from elmo.service.common.shares import Shares
 from elmo.service.core.requests import RequestCore
-from elmo.service.core.shares import Shares
 from elmo.service.core.state import ServerState
 from elmo.service.grpc.admin import (
     ADMIN_PREFIX,

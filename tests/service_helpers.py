@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 from elmo.service.models.registry import serve_model
 from elmo.service.server import ElmoServer, TlsFiles
 from elmo.service.telemetry.metrics import ServiceMetrics

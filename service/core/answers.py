@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from elmo.service.core.batcher import BatchStats
 from elmo.service.core.encodings import AnswerEncoding
+from elmo.service.models.batcher import BatchStats
 from elmo.service.models.registry import ServedModel
 from elmo.service.models.tasks import Task
 

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from elmo.service.common.errors import invalid, too_large
+from elmo.service.common.limits import Limits, human_bytes
 from elmo.service.core.encodings import AnswerEncoding
-from elmo.service.core.errors import invalid, too_large
-from elmo.service.core.limits import Limits, human_bytes
 
 from elmo.text.overflow import Overflow
 from elmo.text.tokenize import Tokenized, tokenize

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
-from elmo.service.core import switching
+from elmo.service.common import switching
+from elmo.service.common.errors import Kind, ServiceError, clip, invalid, too_large
+from elmo.service.common.limits import Limits
 from elmo.service.core.answers import (
     EmbedResult,
     PooledResult,
@@ -53,8 +55,6 @@ from elmo.service.core.checks import (
     response_size_message,
 )
 from elmo.service.core.encodings import AnswerEncoding
-from elmo.service.core.errors import Kind, ServiceError, clip, invalid, too_large
-from elmo.service.core.limits import Limits
 from elmo.service.core.state import ServerState
 from elmo.service.models.registry import ModelRegistry, ServedModel
 from elmo.service.models.tasks import Task

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from elmo.service.core.errors import Kind, ServiceError
+from elmo.service.common.errors import Kind, ServiceError
 
 
 class ServerState:

@@ -8,33 +8,16 @@ from __future__ import annotations
 
 import grpc
 import grpc.aio
-from elmo.service.core.errors import Kind, ServiceError
+from elmo.service.common.tokens import AdminToken
 from elmo.service.grpc.decode import lenient_parser
 from elmo.service.grpc.interceptors import AuthInterceptor
 from elmo.service.grpc.servicer import _answer
 from elmo.service.models.versions import ModelManager
-from elmo.service.telemetry.observe import BearerToken
 
 from elmo.v1 import embedder_pb2 as pb
 
 ADMIN_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ModelAdmin"].full_name  # "elmo.v1.ModelAdmin"
 ADMIN_PREFIX = f"/{ADMIN_SERVICE_NAME}/"
-
-
-class AdminToken:
-    """The admin token's check, for gRPC metadata and HTTP headers alike: missing -> UNAUTHENTICATED, another
-    token -> PERMISSION_DENIED."""
-
-    def __init__(self, token: str):
-        self._token = BearerToken(token)
-
-    def check(self, presented: str | None, where: str) -> None:
-        try:
-            self._token.check(presented, where)
-        except ServiceError as exc:
-            if presented is None:
-                raise ServiceError(Kind.UNAUTHENTICATED, f"{exc.message} (the admin API needs --admin-token)") from None
-            raise ServiceError(Kind.PERMISSION_DENIED, "not the admin token (--admin-token)") from None
 
 
 def admin_auth_interceptor(token: str) -> AuthInterceptor:

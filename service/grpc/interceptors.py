@@ -11,9 +11,10 @@ import inspect
 
 import grpc
 import grpc.aio
-from elmo.service.core.errors import ServiceError, grpc_code
-from elmo.service.core.shares import Shares, peer_address
-from elmo.service.telemetry.observe import BearerToken, Observation, RequestObserver
+from elmo.service.common.errors import ServiceError, grpc_code
+from elmo.service.common.shares import Shares, peer_address
+from elmo.service.common.tokens import BearerToken
+from elmo.service.telemetry.observe import Observation, RequestObserver
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 CLIENT_FAULT_CODES = {

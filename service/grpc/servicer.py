@@ -13,9 +13,9 @@ import time
 
 import grpc
 import grpc.aio
+from elmo.service.common.errors import ServiceError, grpc_code, invalid
 from elmo.service.core.answers import EmbedResult, build_response
 from elmo.service.core.encodings import PROTOBUF
-from elmo.service.core.errors import ServiceError, grpc_code, invalid
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 

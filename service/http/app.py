@@ -35,9 +35,10 @@ from typing import TypeVar
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
+from elmo.service.common.errors import Kind, ServiceError, clip, http_status, invalid
+from elmo.service.common.limits import human_bytes
+from elmo.service.common.tokens import AdminToken, BearerToken
 from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed, build_response
-from elmo.service.core.errors import Kind, ServiceError, clip, http_status, invalid
-from elmo.service.core.limits import human_bytes
 from elmo.service.core.requests import RequestCore
 from elmo.service.http import schema
 from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
@@ -46,7 +47,7 @@ from elmo.service.http.encodings import ENCODINGS
 from elmo.service.http.openapi import openapi_document
 from elmo.service.models.registry import ServedModel
 from elmo.service.models.tasks import Task
-from elmo.service.telemetry.observe import CLIENT_GONE, BearerToken, RequestObserver
+from elmo.service.telemetry.observe import CLIENT_GONE, RequestObserver
 
 from elmo.v1 import embedder_pb2 as pb
 
@@ -168,8 +169,6 @@ class HttpFrontend:
         self._is_serving = is_serving
         self._admin = None
         if admin_token:
-            from elmo.service.grpc.admin import AdminToken
-
             self._admin = AdminToken(admin_token)
         self.guard = ConnectionGuard(core.limits)
         observer.metrics.watch_connections(self.guard)

@@ -36,8 +36,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import http_exceptions, web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
-from elmo.service.core.limits import Limits
-from elmo.service.core.shares import Shares, peer_address
+from elmo.service.common.limits import Limits
+from elmo.service.common.shares import Shares, peer_address
 
 from elmo.errors import ConfigError
 

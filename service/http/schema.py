@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from elmo.service.core.errors import clip, invalid
+from elmo.service.common.errors import clip, invalid
 from elmo.service.http.encodings import ENCODINGS
 
 from elmo.v1 import embedder_pb2 as pb

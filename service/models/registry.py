@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from elmo.service.core import switching
-from elmo.service.core.batcher import Batcher, BatcherObserver
-from elmo.service.core.errors import Kind, ServiceError, clip, not_found
-from elmo.service.core.limits import Limits
+from elmo.service.common import switching
+from elmo.service.common.errors import Kind, ServiceError, clip, not_found
+from elmo.service.common.limits import Limits
+from elmo.service.models.batcher import Batcher
 from elmo.service.models.tasks import ModelTasks
+from elmo.service.telemetry.hooks import BatcherObserver
 
 from elmo.errors import ConfigError, ModelFileError
 from elmo.runtime.repository import VERSION_PATTERN

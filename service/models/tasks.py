@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from elmo.service.core.errors import ServiceError, clip, from_library_error, not_found
+from elmo.service.common.errors import ServiceError, clip, from_library_error, not_found
 
 from elmo.errors import ElmoError
 from elmo.runtime.tasks import TASK_FILE, TaskStore, UnknownTaskError

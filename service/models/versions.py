@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elmo.service.core.errors import Kind, ServiceError, clip, not_found
-from elmo.service.core.limits import Limits, human_bytes
+from elmo.service.common.errors import Kind, ServiceError, clip, not_found
+from elmo.service.common.limits import Limits, human_bytes
 from elmo.service.models.registry import ModelRegistry, ServedModel, serve_model
 from elmo.service.telemetry.metrics import ServiceMetrics
 

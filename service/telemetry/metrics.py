@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from elmo.service.core.batcher import BatcherObserver
+from elmo.service.telemetry.hooks import BatcherObserver
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 

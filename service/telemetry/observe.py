@@ -1,4 +1,4 @@
-"""Per-request observation and bearer-token checking, written once for both front doors.
+"""Per-request observation, written once for both front doors.
 
 gRPC (service.grpc.interceptors) and HTTP (service.http.app) each work out their own method name and outcome (a status
 code name or an HTTP status), then hand them here: one in-flight gauge, one request counter and one latency histogram
@@ -8,34 +8,16 @@ warnings and the 5xx rate mean the same thing). A client that went away is its o
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elmo.service.core.errors import Kind, ServiceError
 from elmo.service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger("service.requests")
 
 CLIENT_GONE = "client_disconnected"  # the outcome of a request whose client hung up before the answer
-
-
-class BearerToken:
-    """``Bearer <token>`` compared in constant time; the same check for gRPC metadata and HTTP headers."""
-
-    def __init__(self, token: str):
-        self._expected = f"Bearer {token}".encode()
-
-    def check(self, presented: str | None, where: str) -> None:
-        """Raise UNAUTHENTICATED unless ``presented`` (the header's value, None when absent) is the token.
-        ``where`` names the carrier in the message: "metadata" (gRPC) or "header" (HTTP)."""
-        if presented is None:
-            name = "Authorization" if where == "header" else "authorization"
-            raise ServiceError(Kind.UNAUTHENTICATED, f"missing '{name}: Bearer <token>' {where}")
-        if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self._expected):
-            raise ServiceError(Kind.UNAUTHENTICATED, "invalid bearer token")
 
 
 @dataclass
@@ -82,4 +64,4 @@ class RequestObserver:
             )
 
 
-__all__ = ["CLIENT_GONE", "BearerToken", "Observation", "RequestObserver"]
+__all__ = ["CLIENT_GONE", "Observation", "RequestObserver"]

@@ -10,8 +10,9 @@ import time
 
 import numpy as np
 import pytest
-from elmo.service.core.batcher import Batcher, BatcherObserver
-from elmo.service.core.errors import Kind, ServiceError
+from elmo.service.common.errors import Kind, ServiceError
+from elmo.service.models.batcher import Batcher
+from elmo.service.telemetry.hooks import BatcherObserver
 
 from elmo.runtime import Embedder
 from elmo.runtime.priority import per_thread_priorities, thread_nice
@@ -232,7 +233,7 @@ def test_workers_bound_the_runtime_calls_in_flight(runtime, workers):
 
 
 def test_served_model_runs_as_many_calls_as_the_runtime_runs_batches(tiny_model_dir):
-    from elmo.service.core.limits import Limits
+    from elmo.service.common.limits import Limits
     from elmo.service.models.registry import serve_model
 
     for runs in (1, 2):
@@ -367,9 +368,9 @@ def test_a_long_request_yields_to_short_ones_only_while_they_are_about(runtime, 
     """With an express lane, a batch holding a request over express_tokens runs on a lowered thread, through the
     background embed function, while a short request came within SHORT_TRAFFIC_S; otherwise (no short request yet,
     or none for that long) it runs at the normal priority. Short requests always do."""
-    import elmo.service.core.batcher
+    import elmo.service.models.batcher
 
-    monkeypatch.setattr(elmo.service.core.batcher, "SHORT_TRAFFIC_S", short_traffic_s)
+    monkeypatch.setattr(elmo.service.models.batcher, "SHORT_TRAFFIC_S", short_traffic_s)
     seen: list[tuple[str, int, int]] = []  # (function, tokens, the thread's nice value)
 
     def recording(name):

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from elmo.service.core.batcher import Batcher, BatcherObserver, BatchStats
-from elmo.service.core.limits import add_limit_arguments, limits_from_args
+from elmo.service.common.limits import add_limit_arguments, limits_from_args
+from elmo.service.models.batcher import Batcher, BatchStats
 from elmo.service.models.registry import serve_model
+from elmo.service.telemetry.hooks import BatcherObserver
 
 from elmo.runtime import Embedder, EmbedStats
 

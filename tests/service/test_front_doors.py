@@ -166,7 +166,7 @@ def test_a_silent_connection_is_closed_at_the_header_timeout_and_counted(tiny_mo
 
 
 def test_a_large_answer_sent_in_pieces_equals_the_in_process_vectors(tiny_model_dir):
-    from elmo.service.core.limits import Limits
+    from elmo.service.common.limits import Limits
     from elmo.service.http.app import SEND_PIECE_BYTES
 
     runtime = Embedder(tiny_model_dir, intra_op_threads=1)

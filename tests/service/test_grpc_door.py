@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from elmo.service.core.shares import Shares, peer_address
+from elmo.service.common.shares import Shares, peer_address
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from elmo.v1 import embedder_pb2 as pb

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 from elmo.service.http.openapi import openapi_document
 
 from elmo.client import EmbedderClient, RemoteError

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import pytest
 from aiohttp import web
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 from elmo.service.http.connections import REASONS, ClientGone, ConnectionGuard, over_capacity_response, read_body
 
 from elmo.errors import ConfigError

@@ -11,7 +11,7 @@ import urllib.request
 
 import grpc
 import pytest
-from elmo.service.core.errors import ServiceError
+from elmo.service.common.errors import ServiceError
 from elmo.service.http import schema
 
 from elmo.client import EmbedderClient, RemoteError

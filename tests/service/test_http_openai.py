@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import openai
 import pytest
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 
 from elmo.client import EmbedderClient
 from elmo.runtime import Embedder

@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from elmo.service.core.errors import Kind
+from elmo.service.common.errors import Kind
 from elmo.service.http.app import ADMIN_PATH, OPEN_PATHS
 from elmo.service.http.openapi import openapi_document
 from elmo.service.server import RepositoryOptions

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 
 from elmo.runtime import Embedder
 from elmo.runtime.tasks import Task, save_task

@@ -10,7 +10,7 @@ import json
 import urllib.request
 
 import pytest
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 
 from elmo.runtime import Embedder
 from tests.browser import Browser

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime import Embedder
@@ -352,7 +352,7 @@ def _wait_until(condition, timeout: float = 20.0) -> None:
 def test_a_model_that_fails_its_load_time_check_is_never_served(tiny_model_dir, tmp_path):
     """The check runs in the warm-up, the port open: health stays NOT_SERVING, Embed UNAVAILABLE, the refusal names
     the host's CPU, the figures and the bar (elmo.runtime.probe)."""
-    from elmo.service.core.errors import Kind, ServiceError
+    from elmo.service.common.errors import Kind, ServiceError
 
     from elmo.runtime.host import cpu_facts
     from tests.runtime.test_probe import edit_a_graph_after_export
@@ -633,7 +633,7 @@ def test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering
 def test_the_switch_interval_is_short_only_while_heavy_work_runs(runtime):
     """--switch-interval-ms holds while a large request is worked on (service.core.switching), and Python's own
     interval comes back once none is."""
-    from elmo.service.core import switching
+    from elmo.service.common import switching
 
     before = sys.getswitchinterval()
     seen = []

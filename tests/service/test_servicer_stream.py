@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from elmo.service.core.limits import Limits
+from elmo.service.common.limits import Limits
 
 from elmo.runtime import Embedder
 from elmo.v1 import embedder_pb2 as pb

@@ -281,7 +281,7 @@ def test_flags():
 def test_serve_flags_take_one_source_of_models(tmp_path):
     import argparse
 
-    from elmo.service.core.limits import limits_from_args
+    from elmo.service.common.limits import limits_from_args
     from elmo.service.server import _repository_from_args, add_arguments
 
     parser = argparse.ArgumentParser()

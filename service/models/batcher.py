@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from elmo.service.core.errors import Kind, ServiceError, from_library_error
+from elmo.service.common.errors import Kind, ServiceError, from_library_error
+from elmo.service.telemetry.hooks import BatcherObserver
 
 from elmo.errors import ElmoError
 from elmo.runtime import EmbedStats
@@ -71,16 +72,6 @@ class _Item:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
-
-
-class BatcherObserver:
-    """Hooks for metrics; the default does nothing (service.telemetry.metrics implements them)."""
-
-    def queue_changed(self, sentences: int, tokens: int) -> None: ...
-
-    def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None: ...
-
-    def dropped(self, reason: str, count: int) -> None: ...
 
 
 class Batcher:
@@ -442,4 +433,4 @@ def _as_service_error(exc: Exception) -> ServiceError:
     return ServiceError(Kind.INTERNAL, f"inference failed: {type(exc).__name__}: {exc}")
 
 
-__all__ = ["BatchStats", "Batcher", "BatcherObserver", "EmbedFn"]
+__all__ = ["BatchStats", "Batcher", "EmbedFn"]

@@ -9,7 +9,7 @@ to the whole (docs/service.md, "Limits").
 
 from __future__ import annotations
 
-from elmo.service.core.errors import Kind, ServiceError
+from elmo.service.common.errors import Kind, ServiceError
 
 
 def peer_address(peer: str) -> str:
