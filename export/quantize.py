@@ -12,7 +12,7 @@ How it is judged (before the export is kept): per-token cosine similarity of eac
 graphs of the same weights, on the verification sentences and on held-out text when given (``--heldout FILE``).
 The bar: mean >= INT8_MEAN_COSINE for every layer and no token below INT8_MIN_COSINE. The export stores a probe
 (export/probe.py) judged by the same bar on every host that loads it (elmo.runtime.probe). Measured figures per
-scheme and CPU: docs/runtime.md, ``python -m elmo.bench.int8 --schemes ...``.
+scheme and CPU: docs/runtime.md, ``python -m bench.export.int8 --schemes ...``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import onnx
 
 from elmo.runtime.probe import token_cosines
 
-INT8_MEAN_COSINE = 0.999  # the issue's bar: a mean this close keeps task scores (bench/int8.py)
+INT8_MEAN_COSINE = 0.999  # the issue's bar: a mean this close keeps task scores (bench/export/int8.py)
 INT8_MIN_COSINE = 0.99  # and no single token far off (measured worst: 0.997 on real text)
 QUANTIZED_OPS = ("MatMul", "Gemm")
 QUANTIZATION = {  # what onnx.json records of every int8 export; quantization_record adds the weights' scheme
@@ -49,7 +49,7 @@ Sentences = list[list[str]]
 # AMX accumulate into int32 and do not saturate, so the same file is right on one CPU and wrong on another. Either
 # of onnxruntime's documented remedies keeps every kernel exact: 7-bit weights (reduce_range: two products stay
 # under 2^15) or u8 weights (u8 x u8 kernels widen to int16 before multiplying: no saturating step on any ISA).
-# The integer results are then the same on every x86-64 CPU; bench/int8.py --schemes measures all three.
+# The integer results are then the same on every x86-64 CPU; bench/export/int8.py --schemes measures all three.
 SCHEMES: dict[str, dict] = {
     "u8u8": {"weight_type": "QUInt8", "reduce_range": False},
     "u8s8": {"weight_type": "QInt8", "reduce_range": False},

@@ -42,7 +42,6 @@ from elmo.service.common.errors import ServiceError
 from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
 from elmo.service.common.shares import Shares
 from elmo.service.core.requests import RequestCore
-from elmo.service.core.state import ServerState
 from elmo.service.grpc.admin import (
     ADMIN_PREFIX,
     ADMIN_SERVICE_NAME,
@@ -153,7 +152,6 @@ class ElmoServer:
         self.limits = limits
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
-        self.state = ServerState()
         self._warmed = False  # warm_up done: from then on health follows what is loaded (_health_follows_models)
         self._health_updates: set[asyncio.Task] = set()
         self.repository: ModelManager | FixedModels = FixedModels(self.registry)
@@ -167,7 +165,8 @@ class ElmoServer:
         swappable = isinstance(self.repository, ModelManager)
         if admin_token and not swappable:
             raise ConfigError("--admin-token controls a model repository: serve one with --model-root DIR")
-        self.core = RequestCore(self.registry, limits, self.state, self.repository)
+        self.core = RequestCore(self.registry, limits, self.repository)
+        self.state = self.core.state  # the drain below sets the core's switch
         self.health = health_aio.HealthServicer()
         observer = RequestObserver(metrics)
         interceptors: list[grpc.aio.ServerInterceptor] = [ObserverInterceptor(observer)]
@@ -210,7 +209,7 @@ class ElmoServer:
     def _health_follows_models(self) -> None:
         """After warm-up, a version loaded or released under --model-root flips gRPC health to what is loaded now:
         NOT_SERVING while no model is, SERVING again once one is (the drain and --shutdown-delay keep theirs)."""
-        if not self._warmed or self.state.draining or self.state.leaving:
+        if not self._warmed or not self.core.taking_requests:
             return
         answer = health_pb2.HealthCheckResponse
         status = answer.SERVING if self._serving() else answer.NOT_SERVING

@@ -151,7 +151,7 @@ SLOW: tuple[str, ...] = (
     "tests/service/test_second_user.py",  # 6: an import + export, then `elmo serve` as nobody
     "tests/service/test_grpc_door.py",  # 8.4: two `elmo serve` processes, 2,054 silent calls each
     "tests/importers/test_manylangs.py::test_a_wrong_graph_fails_verification_on_this_fixture",  # 2.8: two exports
-    "tests/service/test_cancellation.py::test_openai_dimensions_are_checked_against_the_version_that_embeds_them",  # export
+    "tests/service/test_cancellation.py::test_openai_dimensions_are_checked_against_the_version_that_embeds_them",
     # needed, whatever their time: Chromium, which `make test` installs
     "tests/service/test_page.py",
     "tests/service/test_page_token.py",

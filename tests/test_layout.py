@@ -26,7 +26,7 @@ LAB = {"bench": "bench"}
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("elmo", "elmo.errors", "elmo.text", "elmo.embedding", "elmo.wire", "elmo.significance",
               "elmo.model.config", "elmo.senses")),  # fmt: skip
-    ("runtime", ("elmo.runtime", "elmo.mix.store")),
+    ("runtime", ("elmo.runtime",)),
     ("model", ("elmo.model",)),
     ("train", ("elmo.train", "elmo.importers")),
     ("export", ("elmo.export",)),
@@ -42,7 +42,7 @@ TORCH_FREE = [
     "elmo.model.config",
     "elmo.runtime",
     "elmo.runtime.modeldir",
-    "elmo.mix.store",
+    "elmo.runtime.tasks",
     "elmo.batch.cli",
     "elmo.batch.ray_engine",
     "elmo.client",
@@ -160,6 +160,68 @@ def test_the_benches_are_checked_and_not_installed():
 
 def test_imports_only_go_down_the_pipeline():
     assert imports_up_the_pipeline(import_graph(project_modules())) == []
+
+
+# The service's parts, lowest first (docs/architecture.md, "Service"): a part may import its own and earlier ones;
+# the two doors stand side by side and never import each other.
+SERVICE_PARTS = [("common",), ("telemetry",), ("models",), ("core",), ("grpc", "http"), ("server",)]
+
+
+def service_part(module: str) -> tuple[int, str]:
+    """(rank in SERVICE_PARTS, part name) of an ``elmo.service.*`` module."""
+    part = module.removeprefix("elmo.service.").split(".")[0]
+    rank = next((i for i, names in enumerate(SERVICE_PARTS) if part in names), None)
+    assert rank is not None, f"{module}: its part '{part}' is not in SERVICE_PARTS (and docs/architecture.md)"
+    return rank, part
+
+
+def service_imports_against_the_parts(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a later part, or of the other door, as 'importer -> imported'."""
+    wrong = []
+    for module, targets in graph.items():
+        if not module.startswith("elmo.service."):
+            continue
+        rank, part = service_part(module)
+        for target in targets:
+            if target.startswith("elmo.service.") and target != "elmo.service":
+                their_rank, theirs = service_part(target)
+                if their_rank > rank or (their_rank == rank and theirs != part):
+                    wrong.append(f"{module} -> {target}")
+    return sorted(wrong)
+
+
+TRAINING_SIDE = ("elmo.mix", "elmo.train", "elmo.importers", "elmo.model.bilm", "elmo.model.checkpoint")
+
+
+def training_imports_of_the_serving_path(graph: dict[str, set[str]]) -> list[str]:
+    """Training-side modules an ``elmo.service`` module reaches through its imports (at any depth)."""
+    found = set()
+    for module in (m for m in graph if m.startswith("elmo.service")):
+        seen, todo = set(), [module]
+        while todo:
+            for target in graph.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        found |= {f"{module} -> {t}" for t in seen if t.startswith(TRAINING_SIDE)}
+    return sorted(found)
+
+
+def test_the_serving_path_reads_tasks_beside_the_runtime_not_from_a_training_package():
+    assert training_imports_of_the_serving_path(import_graph(project_modules())) == []
+    graph = {"elmo.service.models.tasks": {"elmo.runtime.tasks"}, "elmo.runtime.tasks": {"elmo.mix.modules"}}
+    assert training_imports_of_the_serving_path(graph) == ["elmo.service.models.tasks -> elmo.mix.modules"]
+
+
+def test_the_service_parts_import_only_down():
+    assert service_imports_against_the_parts(import_graph(project_modules())) == []
+    checked = {"elmo.service.core.requests": {"elmo.service.http.encodings"},
+               "elmo.service.grpc.admin": {"elmo.service.http.app"},
+               "elmo.service.http.app": {"elmo.service.core.requests", "elmo.service.common.errors"}}  # fmt: skip
+    assert service_imports_against_the_parts(checked) == [
+        "elmo.service.core.requests -> elmo.service.http.encodings",
+        "elmo.service.grpc.admin -> elmo.service.http.app",
+    ]
 
 
 def test_an_install_holds_one_package_and_every_folder_of_it():

@@ -79,8 +79,8 @@ def cosine_rows(float32, int8, lines: int) -> list[dict]:
 
 def task_rows(model: Path, float32, int8, corpus: Path) -> list[dict]:
     from elmo.mix.cli import make_scorer, metric_for
-    from elmo.mix.store import TaskStore, list_tasks
     from elmo.mix.task_data import load_builtin
+    from elmo.runtime.tasks import TaskStore, list_tasks
 
     store, rows = TaskStore(model), []
     for name in list_tasks(model):

@@ -284,7 +284,7 @@ class Adaptation:
         return True
 
     def adapt_config(self) -> TrainConfig:
-        """The training configuration of the adapt step (also what elmo.bench.wait_policy times). Its time budget
+        """The training configuration of the adapt step (also what bench/train/wait_policy.py times). Its time budget
         is what the command's budget still holds after the reserve for the final scoring and the export, plus what
         an earlier run of this adaptation already trained (the loop counts its seconds across a resume)."""
         start = self.work / "softmax-fit" if self.record["split"]["new_softmax"] else self.model

@@ -94,10 +94,10 @@ class _Plan:
 class RequestCore:
     """The embedding, tokenizing and model-info operations shared by gRPC and HTTP, and the workers that run them."""
 
-    def __init__(self, models: ModelRegistry, limits: Limits, state: ServerState, versions: Versions):
+    def __init__(self, models: ModelRegistry, limits: Limits, versions: Versions):
         self.models = models
         self.limits = limits
-        self.state = state
+        self.state = ServerState()  # the drain switch and the count it waits for: the server's drain sets it
         self.versions = versions
         # Only large requests reach the workers (small ones run in place). They run at the event loop's priority,
         # not lowered: they hold the GIL (Python work), and a lowered thread that holds it while the OS runs others
@@ -115,6 +115,15 @@ class RequestCore:
         return await asyncio.get_running_loop().run_in_executor(self.workers, switching.PROCESS.wrap(work))
 
     # -- the request's place in flight ---------------------------------------------------------------------------
+    def check_open(self) -> None:
+        """UNAVAILABLE once the drain began: a door's early refusal, before it reads a body."""
+        self.state.check_open()
+
+    @property
+    def taking_requests(self) -> bool:
+        """False once the server leaves the rotation (--shutdown-delay) or drains: what health answers follow."""
+        return not (self.state.draining or self.state.leaving)
+
     def admit(self) -> contextlib.AbstractContextManager[None]:
         """A stream's admission for the drain: requests embedded inside it pass ``admitted=True``, so that a stream
         open before a drain began keeps being served until it ends or the drain's grace runs out."""

@@ -162,7 +162,7 @@ class HttpFrontend:
         normalize: bool = False,
         admin_token: str | None = None,
     ):
-        self.core, self.state, self.limits = core, core.state, core.limits
+        self.core, self.limits = core, core.limits
         self.normalize = normalize  # /v1/embeddings' default when a request does not say
         self.observer = observer
         self._token = BearerToken(auth_token) if auth_token else None
@@ -277,7 +277,7 @@ class HttpFrontend:
         (so that no web page can start work with a plain form)."""
         self._check_token(request)
         if request.path not in OPEN_PATHS:
-            self.state.check_open()
+            self.core.check_open()
         routed = getattr(request.match_info, "http_exception", None) is None
         if routed and request.method == "POST" and not _is_json(request.content_type):
             sent = request.headers.get("Content-Type", "none")[:64]
@@ -427,7 +427,7 @@ class HttpFrontend:
         return web.json_response(schema.status_json(status))
 
     async def health(self, request: web.Request) -> web.Response:
-        serving = self._is_serving() and not (self.state.draining or self.state.leaving)
+        serving = self._is_serving() and self.core.taking_requests
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -6,7 +6,6 @@ import asyncio
 
 from elmo.service.core.checks import _give_way, _stay, gil_yielder
 from elmo.service.core.requests import RequestCore
-from elmo.service.core.state import ServerState
 from elmo.service.models.registry import ModelRegistry
 from elmo.service.models.versions import FixedModels
 
@@ -26,7 +25,7 @@ def test_the_request_workers_run_at_the_event_loops_priority():
     """They hold the GIL for their Python work: lowered, one preempted by the OS while holding it kept the event loop
     (health checks) waiting up to 1.3 s. --background-nice lowers the runtime's threads, never these."""
     registry = ModelRegistry([], allow_empty=True)
-    core = RequestCore(registry, limits_with(background_nice=7), ServerState(), FixedModels(registry))
+    core = RequestCore(registry, limits_with(background_nice=7), FixedModels(registry))
     try:
         seen = asyncio.run(core.run(thread_nice, heavy=True))
     finally:
