@@ -124,7 +124,7 @@ SLOW: tuple[str, ...] = (
     "tests/batch/test_job.py::test_batch_job_imports_no_torch",  # 2.7
     "tests/test_healthcheck_real.py",  # 2.9 (tests/test_healthcheck.py stays)
     "tests/service/test_lifecycle.py::test_drain_grace_expiry_cancels_the_rpc_still_running_and_exits_0",  # 2.6
-    "tests/mix/test_store.py::test_serving_half_imports_no_torch",  # 2.5
+    "tests/runtime/test_tasks.py::test_serving_half_imports_no_torch",  # 2.5
     "tests/importers/test_allennlp.py::test_import_export_embed_file_reproduces_the_reference",  # 2.2
     # the second pass: `make check` timed with --durations=0 on the tiers above, 2:59 with the machine busy; these
     # came next (all of them at 2 s or more on that run, or a module fixture of that size)

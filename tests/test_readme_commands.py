@@ -49,6 +49,7 @@ from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
 from elmo.wire import from_tensor
 from tests.conftest import in_ci
+from tests.lm_fixtures import write_domain_text
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -311,8 +312,7 @@ def write_user_files(folder: Path) -> None:
     (folder / "corpus.jsonl").write_text("".join(f"{r}\n" for r in records), encoding="utf-8")
     conll = ["\n".join(f"{w} {t}" for w, t in zip(words.split(), tags.split())) for words, tags in USER_TAGGED]
     (folder / "train.conll").write_text("\n\n".join(conll) + "\n", encoding="utf-8")
-    docs = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
-    (folder / "my_domain.txt").write_text("".join(f"{line}\n" for line in docs if line), encoding="utf-8")
+    write_domain_text(folder / "my_domain.txt")
     from tests.importers.test_manylangs import write_synthetic_folder  # a tiny model in ELMoForManyLangs' format
 
     write_synthetic_folder(folder / "zhs.model")

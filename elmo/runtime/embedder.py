@@ -265,7 +265,7 @@ class Embedder:
 
         ``background``: the call yields the cores to others under load: its parallel batches run on threads of
         lower priority (``background_nice``); a call of one batch runs on the calling thread, at the caller's
-        priority (the service calls from a lowered thread: service.core.batcher)."""
+        priority (the service calls from a lowered thread: service.models.batcher)."""
         return self._embed_valid(self._validated(sentences), background)
 
     def _embed_valid(self, sentences: list[list[str]], background: bool = False) -> tuple[list[np.ndarray], EmbedStats]:

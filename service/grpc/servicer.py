@@ -2,7 +2,7 @@
 numerical code.
 
 Every RPC runs inside :func:`_answer`, which turns a :class:`ServiceError` into its status code (the one mapping in
-service.core.errors) and an undecodable request into INVALID_ARGUMENT.
+service.common.errors) and an undecodable request into INVALID_ARGUMENT.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_services_hpa_and_pdb_select_the_deployment():
     assert hpa["spec"]["minReplicas"] > resource("PodDisruptionBudget")["spec"]["maxUnavailable"]
     (metric,) = hpa["spec"]["metrics"]
     name = metric["pods"]["metric"]["name"]
-    assert f'"{name}"' in (REPO / "service" / "metrics.py").read_text()  # a metric the server exports
+    assert f'"{name}"' in (REPO / "service" / "telemetry" / "metrics.py").read_text()  # a metric the server exports
 
 
 # -- compose ---------------------------------------------------------------------------------------------------------
