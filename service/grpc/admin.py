@@ -59,5 +59,4 @@ def admin_handler(servicer: ModelAdminServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(ADMIN_SERVICE_NAME, handlers)
 
 
-__all__ = ["ADMIN_PREFIX", "ADMIN_SERVICE_NAME", "admin_auth_interceptor", "AdminToken", "ModelAdminServicer",
-           "admin_handler"]  # fmt: skip
+__all__ = ["ADMIN_PREFIX", "ADMIN_SERVICE_NAME", "ModelAdminServicer", "admin_auth_interceptor", "admin_handler"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
@@ -56,20 +55,13 @@ class ServedModel:
         return self._in_flight
 
     def acquire(self) -> None:
+        """Taken and given back by the request core only (service/core/requests.py, ``_in_flight``)."""
         with self._count_lock:
             self._in_flight += 1
 
     def release(self) -> None:
         with self._count_lock:
             self._in_flight -= 1
-
-    @contextlib.contextmanager
-    def counted(self):
-        """Give back, when the block ends, the in-flight count that preparing a request took on this version."""
-        try:
-            yield self
-        finally:
-            self.release()
 
     async def warm_up(self) -> None:
         """runtime.warmup() in the worker thread, then one real forward through the batcher (checked)."""
