@@ -235,7 +235,7 @@ class ElmoServer:
             raise ConfigError(f"cannot listen on {address}: {exc} (port in use?)") from None
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
-        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs (common/switching.py)
+        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs: common/switching.py
         for model in self.registry:
             model.batcher.start()
         await self.server.start()
