@@ -27,11 +27,13 @@ from tests.conftest import REPO
 from tests.serve_process import clean_env, health_status, wait_until
 
 NOBODY = 65534
-# Runs as root until the drop: every module the server imports later is imported first (Python's own library may be
-# unreadable to nobody), then the process becomes nobody for good and serves.
+# Runs as root until the drop: every module the server imports later is imported first (Python's own library, and
+# the checkout itself, may be unreadable to nobody: elmo.cli.main imports elmo.train.threads), then the process
+# becomes nobody for good and serves.
 LAUNCH = """
 import os, sys
-import elmo.cli, elmo.service.server, elmo.service.models.versions, elmo.runtime, onnxruntime, grpc, encodings.idna
+import elmo.cli, elmo.train.threads, elmo.service.server, elmo.service.models.versions, elmo.runtime
+import onnxruntime, grpc, encodings.idna
 os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})
