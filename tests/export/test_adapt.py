@@ -19,7 +19,8 @@ FAST = ADAPT_FAST
 
 @pytest.fixture(scope="module")
 def domain_text(tmp_path_factory) -> Path:
-    return write_domain_text(tmp_path_factory.mktemp("domain") / "docs.txt")
+    """100 KB of the docs: the publishing, stopping and resuming are under test here, not the adaptation's gain."""
+    return write_domain_text(tmp_path_factory.mktemp("domain") / "docs.txt", max_chars=100_000)
 
 
 @pytest.fixture(scope="module")
