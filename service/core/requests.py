@@ -169,12 +169,10 @@ class RequestCore:
         deadline: float | None = None,
     ) -> T:
         """One vector per input (OpenAI's /v1/embeddings; the pooled limits hold). ``check(model, task)``: the door's
-        own checks against the resolved version (``dimensions``), run before any work."""
+        own checks against the resolved version (``dimensions``), run with the preparation, before any other work."""
         started = time.monotonic()
         with self._in_flight(request.model, admitted=False) as (model, alias_task):
-            if check is not None:
-                check(model, self._task(model, request.task or alias_task))
-            prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, pooled=True),
+            prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
             vectors = await self._pooled_vectors(prepared, deadline, started, normalize)
             result = PooledResult(prepared, vectors)
@@ -229,13 +227,16 @@ class RequestCore:
     # -- preparing: checks, then tokens (thread-safe: runs on a worker for large requests) ---------------------------
     def _prepare(
         self, request: pb.EmbedRequest, model: ServedModel, alias_task: str, encoding: AnswerEncoding,
-        pooled: bool = False,
+        pooled: bool = False, check: Callable[[ServedModel, Task | None], None] | None = None,
     ) -> PreparedEmbed:  # fmt: skip
         """Check an EmbedRequest against its resolved version and the limits, cheapest first; tokenize its texts.
         ``pooled``: the answer is one vector per input: the pooled limits hold, and the size limit counts one vector
-        per input."""
-        bounds = Bounds.of(self.limits, pooled)
-        plan = self._checked_plan(request, bounds, model, self._task(model, request.task or alias_task))
+        per input. ``check(model, task)``: the door's own checks, once the task is known (reading a task may touch
+        the disk, so this runs where the preparation runs, off the event loop for large requests)."""
+        task = self._task(model, request.task or alias_task)
+        if check is not None:
+            check(model, task)
+        plan = self._checked_plan(request, Bounds.of(self.limits, pooled), model, task)
         sentences, offsets, truncated = self._tokens(request, plan)
         if pooled:  # one vector per input: the offsets are never sent, and 300,000 of them are worth freeing
             offsets = [None] * len(sentences)
