@@ -52,6 +52,15 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path) -> None:
+    """A bench's figure as a PNG at ``path`` (tight layout, 110 dpi), then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def bench_parser(module: str, doc: str | None, model: bool = True) -> argparse.ArgumentParser:
     """``python -m bench.MODULE``'s parser (MODULE: ``service.noisy``), with the module docstring as its help and,
     when ``model``, the common ``--model`` (default models/default)."""

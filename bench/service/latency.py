@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kit.load import Http
-from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_figure, save_result
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
@@ -212,9 +212,7 @@ def plot(result: dict, path: Path) -> None:
         right.set_ylabel("ms (medians)")
         right.set_title("where the served time goes")
         right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.kit.load import build_requests, drive
-from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_figure, save_result
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.sample import RssSampler, rss_mib
 from bench.kit.serve import start_server
@@ -151,9 +151,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("server VmRSS (MiB)")
     ax.set_title(f"server RSS under {result['config']['concurrency']} gRPC clients")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

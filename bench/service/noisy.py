@@ -47,7 +47,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.kit.load import Http
-from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_figure, save_result
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
@@ -386,9 +386,7 @@ def plot(result: dict, path: Path) -> None:
             f"health worst {fmt(v['health']['worst_ms'])} ms"
         )
         ax.legend(fontsize=7, loc="upper left", ncol=3, markerscale=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_single(result: dict, path: Path) -> None:
@@ -411,9 +409,7 @@ def plot_single(result: dict, path: Path) -> None:
         ax.set_ylabel("health wait (ms)")
         ax.set_title(f"{run['tree']}: health probe waits during the worst single requests")
         ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # -- command line ------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.kit.load import Http
-from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_result
+from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_figure, save_result
 from bench.kit.sample import RssSampler, peak_rss_mib, reset_peak, rss_mib
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
@@ -137,9 +137,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("server RSS (MiB)")
     ax.set_title("one POST /v1/embeddings at OpenAI's request size")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
