@@ -31,10 +31,11 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5", TRAIN),
     "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder", TRAIN),
     "pull": ("elmo.export.pull", "download a published ELMo by name, check it, import, export (servable)", TRAIN),
+    "spacy": ("elmo.spacy.cli", "spaCy: labelled sets as DocBin files, a listener's mix as a served task", "spacy"),
     "bench": ("elmo.bench.run", "throughput / latency benchmarks", TRAIN),
 }
 # what each extra brings that the core does not (checked without importing it)
-EXTRA_MODULES = {TRAIN: ("torch", "onnx", "safetensors")}
+EXTRA_MODULES = {TRAIN: ("torch", "onnx", "safetensors"), "spacy": ("spacy",)}
 
 
 def missing_for(extra: str | None) -> list[str]:

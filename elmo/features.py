@@ -27,7 +27,7 @@ import numpy as np
 
 from elmo.errors import InputError
 from elmo.runtime.feature_cache import CachedFeatures, cache_features, sentences_digest  # noqa: F401  (re-exported)
-from elmo.runtime.tasks import POOLINGS, Task, TaskStore, mix_layers, pool
+from elmo.runtime.tasks import POOLINGS, Task, TaskStore, UnknownTaskError, mix_layers, pool
 from elmo.text.tokenize import tokenize
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,19 @@ class Backend(Protocol):
 
     n_layers: int
     dim: int
+    max_tokens_per_sentence: int
 
     def embed_tokens(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """Tokenized sentences -> per sentence float32 (n_layers, n_tokens, dim)."""
 
     def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
         """The stored task's mix per sentence, float32 (n_tokens, dim)."""
+
+    def layers_and_mix(self, sentences: list[list[str]], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Both in one pass: per sentence (layers (n_layers, n_tokens, dim), the task's mix (n_tokens, dim))."""
+
+    def check_task(self, task: str) -> None:
+        """UnknownTaskError (naming the tasks there are) when the model has no task ``task``."""
 
 
 class LocalBackend:
@@ -54,14 +61,21 @@ class LocalBackend:
 
         self.embedder = Embedder(model, **runtime_options)
         self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
+        self.max_tokens_per_sentence = self.embedder.info.max_tokens_per_sentence
         self.tasks = TaskStore(self.embedder.model_dir, n_layers=self.n_layers, dim=self.dim)
 
     def embed_tokens(self, sentences: list[list[str]]) -> list[np.ndarray]:
         return self.embedder.embed_tokens(sentences)
 
     def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
+        return [mixed for _, mixed in self.layers_and_mix(sentences, task)]
+
+    def layers_and_mix(self, sentences: list[list[str]], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
         stored = self.tasks.get(task)
-        return [stored.apply(layers) for layers in self.embed_tokens(sentences)]
+        return [(layers, stored.apply(layers)) for layers in self.embed_tokens(sentences)]
+
+    def check_task(self, task: str) -> None:
+        self.tasks.get(task)
 
 
 class RemoteBackend:
@@ -83,6 +97,10 @@ class RemoteBackend:
             # All layers (float32) plus a mix per token, with a margin for tokens, offsets and framing.
             per_token = 4 * self.dim * (self.n_layers + 1)
             self.max_tokens = max(1, min(self.max_tokens, int(0.7 * limits.max_response_bytes) // per_token))
+        # The longest sentence one request may carry: the server's per-sentence limit and this client's cut.
+        per_sentence = int(limits.max_tokens_per_sentence) if limits and limits.max_tokens_per_sentence else 0
+        per_sentence = per_sentence or int(info.max_tokens_per_sentence) or self.max_tokens
+        self.max_tokens_per_sentence = min(per_sentence, self.max_tokens)
 
     def _chunks(self, sentences: list[list[str]]):
         start = 0
@@ -107,6 +125,15 @@ class RemoteBackend:
 
     def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
         return [e.mix for e in self._embed(sentences, task=task, omit_layers=True)]
+
+    def layers_and_mix(self, sentences: list[list[str]], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(e.layers, e.mix) for e in self._embed(sentences, task=task)]
+
+    def check_task(self, task: str) -> None:
+        if task not in self.tasks:
+            raise UnknownTaskError(
+                f"unknown task {task!r} for the server's model; available tasks: {', '.join(self.tasks) or 'none'}"
+            )
 
 
 def connect(model: str | Path | None = None, server: str | None = None, **options: Any) -> Backend:

@@ -1,0 +1,1 @@
+"""Benches of the spaCy component and listener."""

@@ -1,0 +1,144 @@
+"""spaCy's default tok2vec (HashEmbedCNN) against the ELMo listener, same data, epochs and seed, side by side.
+
+    python -m bench.spacy.compare --set brown-pos --epochs 10 --out bench/results/spacy_brown_pos.json
+    python -m bench.spacy.compare --set msra-ner --train 8000 --epochs 10 --out bench/results/spacy_msra_ner.json
+
+For one built-in set (``elmo spacy data``: Brown POS on the held-out files, MSRA NER on its own test split), each
+system is trained by ``python -m spacy train configs/spacy/{tagger,ner}_{tok2vec,elmo}.cfg`` for ``--epochs``
+epochs with ``--seed`` (the same batches: same data, same batcher), in turn, each in a process of its own, and its
+last model is scored on the test split with the gold tokens. The difference (ELMo − tok2vec) comes with a 95 %
+interval from a paired bootstrap over test sentences (elmo.significance). Training time per epoch is the run's
+wall time divided by the epochs (for ELMo, the first epoch also runs the biLM on every sentence; later ones read
+its cache). Writes JSON, a Markdown table and a PNG beside it. A benchmark: the figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.kit.results import bench_parser, pyplot, result_path, save_figure, save_result, write_text
+from bench.kit.revision import REPO
+from elmo.bench.figures import machine
+from elmo.significance import paired_bootstrap, verdict
+
+SYSTEMS = ("tok2vec", "elmo")
+# set -> (config prefix, metric, the pipeline's component)
+SETS = {"brown-pos": ("tagger", "accuracy", "tagger"), "msra-ner": ("ner", "entity_f1", "ner")}
+
+
+def train(config: Path, data: Path, out: Path, epochs: int, seed: int) -> float:
+    """``spacy train`` as a user runs it; returns its wall time in seconds."""
+    command = [
+        sys.executable, "-m", "spacy", "train", str(config), "--output", str(out),
+        "--paths.train", str(data / "train.spacy"), "--paths.dev", str(data / "dev.spacy"),
+        "--training.max_epochs", str(epochs), "--system.seed", str(seed),
+    ]  # fmt: skip
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, cwd=REPO, check=True)
+    return time.perf_counter() - start
+
+
+def sentence_counts(pipeline: Path, test: Path, metric: str) -> np.ndarray:
+    """Per test sentence (correct, total, 0) for tags or (true positives, predicted, gold) for entities."""
+    import spacy
+    from spacy.tokens import Doc, DocBin
+
+    nlp = spacy.load(pipeline)
+    gold = list(DocBin().from_disk(test).get_docs(nlp.vocab))
+    inputs = [Doc(nlp.vocab, words=[t.text for t in doc], spaces=[bool(t.whitespace_) for t in doc]) for doc in gold]
+    counts = []
+    for reference, predicted in zip(gold, nlp.pipe(inputs, batch_size=256)):
+        if metric == "accuracy":
+            correct = sum(a.tag_ == b.tag_ for a, b in zip(reference, predicted))
+            counts.append((correct, len(reference), 0))
+        else:
+            want = {(e.start, e.end, e.label_) for e in reference.ents}
+            got = {(e.start, e.end, e.label_) for e in predicted.ents}
+            counts.append((len(want & got), len(got), len(want)))
+    return np.array(counts, dtype=np.int64)
+
+
+def score(metric: str, counts: np.ndarray) -> float:
+    total = counts.sum(0)
+    return float(2 * total[0] / max(total[1] + total[2], 1) if metric == "entity_f1" else total[0] / max(total[1], 1))
+
+
+def compare(args) -> dict:
+    from elmo.spacy.data import write_splits
+
+    prefix, metric, _ = SETS[args.set]
+    work = Path(args.work or tempfile.mkdtemp(prefix="spacy-compare-"))
+    data = work / "data"
+    described = write_splits(args.set, data, {"train": args.train, "dev": args.dev, "test": args.test})
+    systems = {}
+    for system in SYSTEMS:
+        out = work / system
+        seconds = train(REPO / "configs" / "spacy" / f"{prefix}_{system}.cfg", data, out, args.epochs, args.seed)
+        counts = sentence_counts(out / "model-last", data / "test.spacy", metric)
+        systems[system] = {"score": score(metric, counts), "train_seconds": seconds,
+                           "seconds_per_epoch": seconds / args.epochs, "counts": counts}  # fmt: skip
+        print(f"{system}: {metric} {systems[system]['score']:.4f}, {seconds / args.epochs:.1f} s/epoch", flush=True)
+    comparison = paired_bootstrap(metric, systems["elmo"]["counts"], systems["tok2vec"]["counts"], seed=args.seed)
+    comparison["verdict"] = verdict(comparison)
+    for entry in systems.values():
+        entry.pop("counts")
+    return {
+        "set": args.set, "metric": metric, "epochs": args.epochs, "seed": args.seed, "data": described,
+        "systems": systems, "elmo_minus_tok2vec": comparison, "machine": machine(),
+        "command": "python -m bench.spacy.compare " + " ".join(sys.argv[1:]),
+    }  # fmt: skip
+
+
+def table(result: dict) -> str:
+    diff = result["elmo_minus_tok2vec"]
+    low, high = diff["ci95"]
+    rows = [f"| system | {result['metric']} (test) | training s / epoch |", "|---|---:|---:|"]
+    for name, entry in result["systems"].items():
+        rows.append(f"| {name} | {entry['score']:.4f} | {entry['seconds_per_epoch']:.1f} |")
+    rows.append(f"\nELMo − tok2vec: {diff['difference']:+.4f} [{low:+.4f}, {high:+.4f}] ({diff['verdict']})")
+    return "\n".join(rows) + "\n"
+
+
+def plot(result: dict, png: Path) -> None:
+    plt = pyplot()
+    names = list(result["systems"])
+    scores = [result["systems"][n]["score"] for n in names]
+    low, high = result["elmo_minus_tok2vec"]["ci95"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(names, scores, color=["#999999", "#3b7dd8"])
+    ax.errorbar([1], [scores[1]], yerr=[[scores[1] - (scores[0] + low)], [(scores[0] + high) - scores[1]]],
+                fmt="none", ecolor="black", capsize=6, label="95 % interval of the difference")  # fmt: skip
+    ax.set_ylim(min(scores) - 0.1, min(1.0, max(scores) + 0.05))
+    ax.set_ylabel(f"{result['metric']} (test)")
+    ax.set_title(f"{result['set']}: spaCy tok2vec vs ELMo listener, {result['epochs']} epochs")
+    ax.legend(loc="lower right", fontsize=8)
+    save_figure(fig, png)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = bench_parser("spacy.compare", __doc__, model=False)
+    parser.add_argument("--set", choices=tuple(SETS), required=True)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    for split in ("train", "dev", "test"):
+        parser.add_argument(f"--{split}", type=int, help=f"{split} sentences (a seeded subsample; default all)")
+    parser.add_argument("--work", help="folder for the data and the trained pipelines (default: a new temp folder)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    out = args.out or result_path(f"spacy_{args.set.replace('-', '_')}.json")
+    result = compare(args)
+    save_result(out, result, plot, args.no_plot)
+    write_text(out.with_suffix(".md"), table(result))
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""``elmo.ElmoListener.v1``: a spaCy tok2vec that learns its own ELMo scalar mix inside ``spacy train``.
+
+Peters et al. (2018), equation 1, per downstream component::
+
+    ELMo_k = gamma * sum_j softmax(w)_j * h_{k,j}        h_{k,j}: layer j of token k, read from doc._.elmo_layers
+
+``w`` (n_layers,) and ``gamma`` (1,) are the listener's parameters, learned by backprop with the component's own
+loss; the biLM is frozen (the ``elmo`` component computes its layers once per sentence and caches them). With
+``width`` > 0 a Maxout layer (spaCy's own tok2vec unit: 3 pieces, layer-normalised) projects the mix to the
+component's width. The forward pass is :func:`elmo.runtime.tasks.mix_layers`, the function the service applies
+for ``task=NAME``: a mix exported with ``elmo spacy export-task`` is served with the same numbers.
+
+Shapes: docs (a list of B Docs) -> B arrays (len(doc), dim) for the mix, (len(doc), width) after the projection.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from spacy.tokens import Doc
+from spacy.util import registry
+from thinc.api import Maxout, Model, chain, with_array
+from thinc.types import Floats2d
+
+from elmo.runtime.tasks import mix_layers, softmax
+from elmo.spacy.component import DEFAULT_EXTENSION, ElmoSpacyError
+
+LISTENER_NAME = "elmo_listener"
+
+
+class ElmoListener(Model):
+    """The scalar mix layer. ``upstream_name``: the ``elmo`` component it listens to ("*": any); ``source`` (set by
+    that component when spaCy links the pipeline) lets it compute layers a Doc lacks, e.g. the sample Docs spaCy
+    initializes with."""
+
+    def __init__(self, upstream_name: str, extension: str, init_task: str) -> None:
+        Model.__init__(
+            self,
+            name=LISTENER_NAME,
+            forward=mix_forward,
+            init=mix_init,
+            dims={"nO": None, "nI": None, "nL": None},
+            attrs={"extension": extension, "init_task": init_task},
+        )
+        self.upstream_name = upstream_name
+        self.source = None  # weakref to the ElmoComponent, set by its add_listener
+
+    def layers_of(self, docs: list[Doc]) -> list[np.ndarray]:
+        """Per Doc (n_layers, len(doc), dim) float32 from the Doc, computed by the linked component when missing."""
+        extension = self.attrs["extension"]
+        missing = [doc for doc in docs if not Doc.has_extension(extension) or doc._.get(extension) is None]
+        if missing:
+            component = self.source() if self.source is not None else None
+            if component is None:
+                raise ElmoSpacyError(
+                    f"elmo listener: doc._.{extension} is not set and no 'elmo' component is linked; put an 'elmo' "
+                    "component before this one in the pipeline (for `spacy train`, in [training] frozen_components "
+                    "and annotating_components)"
+                )
+            component.annotate(missing)
+        layers = [doc._.get(extension) for doc in docs]
+        self._check_shapes(docs, layers)
+        return layers
+
+    def _check_shapes(self, docs: list[Doc], layers: list[np.ndarray]) -> None:
+        want = (self.get_dim("nL") if self.has_dim("nL") else None, self.get_dim("nI") if self.has_dim("nI") else None)
+        for doc, array in zip(docs, layers):
+            shape = getattr(array, "shape", None)
+            if shape is None or len(shape) != 3 or shape[1] != len(doc):
+                raise ElmoSpacyError(f"elmo listener: doc._.{self.attrs['extension']} must be (n_layers, {len(doc)}, "
+                                     f"dim) for this Doc, got {shape}")  # fmt: skip
+            if want[0] is not None and (shape[0], shape[2]) != want:
+                raise ElmoSpacyError(
+                    f"elmo listener: it was trained on {want[0]} layers of width {want[1]}, but the 'elmo' component "
+                    f"gives {shape[0]} of width {shape[2]}: the pipeline's model is not the one it was trained with"
+                )
+
+
+def mix_init(model: ElmoListener, X: list[Doc] | None = None, Y=None) -> ElmoListener:
+    """Dims from the first Docs' layers (or the linked component), w = 0 (equal weights) and gamma = 1, or the mix
+    of the task folder named by ``init_task``."""
+    if not model.has_dim("nL"):
+        if X:
+            n_layers, _, dim = model.layers_of(list(X)[:1])[0].shape
+        elif model.source is not None and model.source() is not None:
+            component = model.source()
+            n_layers, dim = component.n_layers, component.dim
+        else:
+            raise ElmoSpacyError("elmo listener: cannot initialize without Docs or a linked 'elmo' component")
+        model.set_dim("nL", int(n_layers))
+        model.set_dim("nI", int(dim))
+    if not model.has_dim("nO"):
+        model.set_dim("nO", model.get_dim("nI"))
+    weights, gamma = np.zeros(model.get_dim("nL"), np.float32), 1.0
+    if model.attrs["init_task"]:
+        from elmo.spacy.tasks import read_task_mix
+
+        weights, gamma = read_task_mix(model.attrs["init_task"], model.get_dim("nL"), model.get_dim("nI"))
+    model.set_param("W", model.ops.asarray1f(np.asarray(weights, np.float32)))
+    model.set_param("g", model.ops.asarray1f(np.asarray([gamma], np.float32)))
+    return model
+
+
+def mix_forward(model: ElmoListener, docs: list[Doc], is_train: bool):
+    layers = model.layers_of(list(docs))
+    weights = model.get_param("W")
+    gamma = float(model.get_param("g")[0])
+    outputs = [model.ops.asarray2f(mix_layers(array, weights, gamma)) for array in layers]
+
+    def backprop(d_outputs: list[Floats2d]) -> list:
+        # d loss / d scale_j, scale_j = gamma * s_j: the sum over tokens of d_output . h_j
+        d_scale = np.zeros(len(weights), np.float64)
+        for array, d_out in zip(layers, d_outputs):
+            d_scale += np.einsum("nd,lnd->l", np.asarray(d_out, np.float64), array, dtype=np.float64)
+        s = softmax(weights)
+        d_s = d_scale * gamma
+        model.inc_grad("W", model.ops.asarray1f((s * (d_s - float(s @ d_s))).astype(np.float32)))
+        model.inc_grad("g", model.ops.asarray1f(np.array([d_scale @ s], np.float32)))
+        return []
+
+    return outputs, backprop
+
+
+@registry.architectures("elmo.ElmoListener.v1")
+def elmo_listener(
+    width: int = 0,
+    upstream: str = "*",
+    extension: str = DEFAULT_EXTENSION,
+    dropout: float = 0.0,
+    init_task: str = "",
+) -> Model[list[Doc], list[Floats2d]]:
+    """The mix, then (``width`` > 0) a Maxout projection to ``width`` with ``dropout``; ``init_task``: a task
+    folder (``models/default/tasks/pos_brown``) whose mix starts the listener's."""
+    mix = ElmoListener(upstream, extension, init_task)
+    if width <= 0:
+        return mix
+    return chain(mix, with_array(Maxout(nO=width, nP=3, dropout=dropout, normalize=True)))
+
+
+def find_mix(model: Model) -> ElmoListener:
+    """The listener's mix layer inside a component's model."""
+    for node in model.walk():
+        if isinstance(node, ElmoListener):
+            return node
+    raise ElmoSpacyError("this component's model has no elmo.ElmoListener.v1 layer")
