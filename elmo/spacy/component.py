@@ -6,7 +6,7 @@
     nlp.add_pipe("elmo", config={"model": "models/default"})   # or {"server": "host:50051"}
     doc = nlp("The apple fell.")
     doc._.elmo_layers                            # float32 (n_layers, len(doc), dim): layer 0 = char-CNN, 1..L = biLSTM
-    doc.tensor                                   # float32 (len(doc), dim): config "output" (average / top / layer:N / task:NAME)
+    doc.tensor                   # float32 (len(doc), dim): config "output" (average / top / layer:N / task:NAME)
     doc[1].vector, doc.vector, doc[1].similarity(other[3])     # ELMo vectors, no static vectors needed
 
 How a batch runs (``nlp.pipe(texts, batch_size=...)`` hands the component a batch at a time): each Doc becomes one
@@ -46,6 +46,7 @@ from elmo.errors import ElmoError, InputError
 from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
 
 DEFAULT_EXTENSION = "elmo_layers"
+LISTENER_NAME = "elmo_listener"  # the name of elmo.ElmoListener.v1's mix layer, by which this component finds it
 CFG_FILE = "cfg.json"
 BUNDLE_DIR = "model"
 # The model directory's files the runtime reads (graphs, metadata, char scheme, probe) and its tasks; the PyTorch
@@ -213,7 +214,8 @@ class ElmoComponent(Pipe):
                     self._backend.check_task(self.output.task)
                 except ElmoError as exc:
                     self._backend = None
-                    raise ElmoSpacyError(f"elmo component '{self.name}': output task:{self.output.task}: {exc}") from None
+                    raise ElmoSpacyError(f"elmo component '{self.name}': output task:{self.output.task}: {exc}") \
+                        from None
         return self._backend
 
     def _where(self) -> str:
@@ -257,8 +259,10 @@ class ElmoComponent(Pipe):
         """Set ``doc._.<extension>``, ``doc.tensor`` and the similarity hooks on every Doc."""
         sequences = [seq for index, doc in enumerate(docs) for seq in self._sequences(index, doc)]
         arrays = self._layers_of([seq.tokens for seq in sequences], [seq.doc for seq in sequences], docs)
-        n_layers, dim = self.n_layers, self.dim
-        stacked = [np.zeros((n_layers + self._extra, len(doc), dim), np.float32) for doc in docs]
+        # the shape from what came back (all of it may be cached); from the model only for Docs with no words
+        rows, dim = (arrays[0].shape[0], arrays[0].shape[2]) if arrays else (self.n_layers + self._extra, self.dim)
+        n_layers = rows - self._extra
+        stacked = [np.zeros((rows, len(doc), dim), np.float32) for doc in docs]
         for seq, array in zip(sequences, arrays):
             stacked[seq.doc][:, seq.positions[: array.shape[1]]] = array
         for doc, full in zip(docs, stacked):
@@ -297,10 +301,9 @@ class ElmoComponent(Pipe):
         if self.overflow is Overflow.REJECT:
             for tokens, owner in zip(sentences, owners):
                 if len(tokens) > limit:
-                    raise ElmoSpacyError(
-                        f"elmo component '{self.name}': " + over_limit_message(f"document {owner}", len(tokens), limit)
-                        + f" (component config overflow = \"window\" or \"truncate\"; text starts {docs[owner].text[:40]!r})"
-                    )
+                    refusal = over_limit_message(f"document {owner}", len(tokens), limit)
+                    raise ElmoSpacyError(f"elmo component '{self.name}': {refusal} (component config overflow = "
+                                         f"\"window\" or \"truncate\"; the text starts {docs[owner].text[:40]!r})")
         elif self.overflow is Overflow.TRUNCATE:
             sentences = [tokens[:limit] for tokens in sentences]
         try:
@@ -346,11 +349,9 @@ class ElmoComponent(Pipe):
         return False
 
     def find_listeners(self, component: Any) -> None:
-        from elmo.spacy.listener import ElmoListener
-
         if isinstance(getattr(component, "model", None), Model):
             for node in component.model.walk():
-                if isinstance(node, ElmoListener) and node.upstream_name in ("*", self.name):
+                if node.name == LISTENER_NAME and getattr(node, "upstream_name", None) in ("*", self.name):
                     self.add_listener(node, component.name)
 
     # -- saving and loading -----------------------------------------------------------------------------------------

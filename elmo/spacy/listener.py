@@ -15,16 +15,18 @@ Shapes: docs (a list of B Docs) -> B arrays (len(doc), dim) for the mix, (len(do
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from spacy.tokens import Doc
 from spacy.util import registry
-from thinc.api import Maxout, Model, chain, with_array
+from thinc.api import Maxout, Model, chain, concatenate, with_array
 from thinc.types import Floats2d
 
-from elmo.runtime.tasks import mix_layers, softmax
-from elmo.spacy.component import DEFAULT_EXTENSION, ElmoSpacyError
-
-LISTENER_NAME = "elmo_listener"
+from elmo.errors import ElmoError
+from elmo.runtime.tasks import TASK_FILE, Task, mix_layers, softmax
+from elmo.spacy.component import DEFAULT_EXTENSION, LISTENER_NAME, ElmoSpacyError
 
 
 class ElmoListener(Model):
@@ -38,7 +40,7 @@ class ElmoListener(Model):
             name=LISTENER_NAME,
             forward=mix_forward,
             init=mix_init,
-            dims={"nO": None, "nI": None, "nL": None},
+            dims={"nO": None, "nD": None, "nL": None},  # nD: the biLM layers' width (not nI: the input is Docs)
             attrs={"extension": extension, "init_task": init_task},
         )
         self.upstream_name = upstream_name
@@ -62,7 +64,7 @@ class ElmoListener(Model):
         return layers
 
     def _check_shapes(self, docs: list[Doc], layers: list[np.ndarray]) -> None:
-        want = (self.get_dim("nL") if self.has_dim("nL") else None, self.get_dim("nI") if self.has_dim("nI") else None)
+        want = (self.get_dim("nL") if self.has_dim("nL") else None, self.get_dim("nD") if self.has_dim("nD") else None)
         for doc, array in zip(docs, layers):
             shape = getattr(array, "shape", None)
             if shape is None or len(shape) != 3 or shape[1] != len(doc):
@@ -87,14 +89,12 @@ def mix_init(model: ElmoListener, X: list[Doc] | None = None, Y=None) -> ElmoLis
         else:
             raise ElmoSpacyError("elmo listener: cannot initialize without Docs or a linked 'elmo' component")
         model.set_dim("nL", int(n_layers))
-        model.set_dim("nI", int(dim))
+        model.set_dim("nD", int(dim))
     if not model.has_dim("nO"):
-        model.set_dim("nO", model.get_dim("nI"))
+        model.set_dim("nO", model.get_dim("nD"))
     weights, gamma = np.zeros(model.get_dim("nL"), np.float32), 1.0
     if model.attrs["init_task"]:
-        from elmo.spacy.tasks import read_task_mix
-
-        weights, gamma = read_task_mix(model.attrs["init_task"], model.get_dim("nL"), model.get_dim("nI"))
+        weights, gamma = read_task_mix(model.attrs["init_task"], model.get_dim("nL"), model.get_dim("nD"))
     model.set_param("W", model.ops.asarray1f(np.asarray(weights, np.float32)))
     model.set_param("g", model.ops.asarray1f(np.asarray([gamma], np.float32)))
     return model
@@ -127,13 +127,39 @@ def elmo_listener(
     extension: str = DEFAULT_EXTENSION,
     dropout: float = 0.0,
     init_task: str = "",
+    embed: Model[list[Doc], list[Floats2d]] | None = None,
+    encode: Model[list[Floats2d], list[Floats2d]] | None = None,
 ) -> Model[list[Doc], list[Floats2d]]:
-    """The mix, then (``width`` > 0) a Maxout projection to ``width`` with ``dropout``; ``init_task``: a task
-    folder (``models/default/tasks/pos_brown``) whose mix starts the listener's."""
+    """The mix; ``embed``: the component's own token embedding x_k (e.g. spacy.MultiHashEmbed.v2) set beside it,
+    [ELMo_k; x_k] as the paper feeds its task models; ``width`` > 0: a Maxout projection to ``width`` (with
+    ``dropout``); ``encode``: a context encoder over the projection (e.g. spacy.MaxoutWindowEncoder.v2 of the same
+    width, the paper's "task RNN"); ``init_task``: a task folder (``models/default/tasks/pos_brown``) whose mix
+    starts the listener's."""
     mix = ElmoListener(upstream, extension, init_task)
-    if width <= 0:
-        return mix
-    return chain(mix, with_array(Maxout(nO=width, nP=3, dropout=dropout, normalize=True)))
+    model = mix if embed is None else concatenate(mix, embed)
+    if width > 0:
+        model = chain(model, with_array(Maxout(nO=width, nP=3, dropout=dropout, normalize=True)))
+    elif embed is not None or encode is not None:
+        raise ElmoSpacyError("elmo listener: embed and encode need a projection width > 0")
+    if encode is not None:
+        model = chain(model, encode)
+    return model
+
+
+def read_task_mix(folder: str | Path, n_layers: int, dim: int) -> tuple[list[float], float]:
+    """(raw weights w, gamma) of the task stored in ``folder`` (``<model>/tasks/<name>``), checked against the
+    listener's shape."""
+    path = Path(folder) / TASK_FILE
+    try:
+        task = Task.from_json(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ElmoSpacyError(f"elmo listener: init_task {folder}: cannot read {path} ({exc})") from None
+    except ElmoError as exc:
+        raise ElmoSpacyError(f"elmo listener: init_task {folder}: {exc}") from None
+    if (task.n_layers, task.dim) != (n_layers, dim):
+        raise ElmoSpacyError(f"elmo listener: init_task {folder} mixes {task.n_layers} layers of width {task.dim}, "
+                             f"the listener {n_layers} of width {dim}")  # fmt: skip
+    return list(task.weights), float(task.gamma)
 
 
 def find_mix(model: Model) -> ElmoListener:

@@ -2,39 +2,21 @@
 
 ``export_task(pipeline, component, model_dir, name)`` reads the ``elmo.ElmoListener.v1`` mix (w, gamma) of one
 component of a saved spaCy pipeline and stores it as ``<model_dir>/tasks/<name>/task.json`` (no head: the spaCy
-component keeps its own). ``read_task_mix(folder)`` is the reverse: a stored task's (w, gamma) to start a listener.
+component keeps its own). The reverse, a stored task starting a listener, is the listener's ``init_task``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from elmo.errors import ElmoError
 from elmo.runtime.modeldir import read_onnx_metadata
-from elmo.runtime.tasks import TASK_FILE, Task, check_task_name, save_task
+from elmo.runtime.tasks import Task, check_task_name, save_task
 from elmo.spacy.component import ElmoSpacyError
 from elmo.spacy.listener import find_mix
 
 CLASSIFIERS = ("textcat", "textcat_multilabel")
-
-
-def read_task_mix(folder: str | Path, n_layers: int, dim: int) -> tuple[list[float], float]:
-    """(raw weights w, gamma) of the task stored in ``folder`` (``<model>/tasks/<name>``), checked against the
-    listener's shape."""
-    path = Path(folder) / TASK_FILE
-    try:
-        task = Task.from_json(json.loads(path.read_text(encoding="utf-8")), source=str(path))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ElmoSpacyError(f"elmo listener: init_task {folder}: cannot read {path} ({exc})") from None
-    except ElmoError as exc:
-        raise ElmoSpacyError(f"elmo listener: init_task {folder}: {exc}") from None
-    if (task.n_layers, task.dim) != (n_layers, dim):
-        raise ElmoSpacyError(f"elmo listener: init_task {folder} mixes {task.n_layers} layers of width {task.dim}, "
-                             f"the listener {n_layers} of width {dim}")  # fmt: skip
-    return list(task.weights), float(task.gamma)
 
 
 def listener_task(nlp, component: str, name: str) -> Task:
@@ -51,7 +33,7 @@ def listener_task(nlp, component: str, name: str) -> Task:
         name=check_task_name(name),
         kind="classification" if classification else "tagging",
         n_layers=int(mix.get_dim("nL")),
-        dim=int(mix.get_dim("nI")),
+        dim=int(mix.get_dim("nD")),
         weights=[float(v) for v in np.asarray(mix.get_param("W"))],
         gamma=float(np.asarray(mix.get_param("g"))[0]),
         labels=[str(label) for label in getattr(proc, "labels", ())],
