@@ -88,6 +88,7 @@ SLOW_FIXTURES = frozenset(
         "served",  # tests/test_readme_commands.py: `make serve` as written (builds .venv-serve; ports 50051/8080/9090)
         "trained_tiny_lm",  # the CI-sized training run: 28-33 s of set-up
         "brown_corpus",  # `elmo data fetch --sources brown`: 8 s of set-up, then short trainings on it
+        "trained_pipeline",  # tests/spacy: a real `spacy train` of the toy tagger: 4-5 s of set-up
     }
 )
 SLOW: tuple[str, ...] = (
@@ -152,6 +153,11 @@ SLOW: tuple[str, ...] = (
     "tests/service/test_grpc_door.py",  # 8.4: two `elmo serve` processes, 2,054 silent calls each
     "tests/importers/test_manylangs.py::test_a_wrong_graph_fails_verification_on_this_fixture",  # 2.8: two exports
     "tests/service/test_cancellation.py::test_openai_dimensions_are_checked_against_the_version_that_embeds_them",
+    # the fifth pass (issue 41, the spaCy component): its calls of 2 s or more, each a fresh interpreter
+    "tests/spacy/test_component.py::test_to_disk_and_load_by_reference_from_another_folder",  # 5.3
+    "tests/spacy/test_component.py::test_add_pipe_by_entry_point_without_importing_the_package",  # 4.0
+    "tests/spacy/test_component.py::test_the_component_runs_where_torch_cannot_be_imported",  # 3.0
+    "tests/spacy/test_component.py::test_a_server_failure_mid_pipe_keeps_the_documents_already_processed",  # 2.4
     # needed, whatever their time: Chromium, which `make test` installs
     "tests/service/test_page.py",
     "tests/service/test_page_token.py",

@@ -653,7 +653,7 @@ def test_readme_python_blocks_run_against_the_served_model(served) -> None:
     """Each ```python block of DOCUMENTS (the README's tour blocks now live in docs/clients.md), as written, from the
     repo root, against `make serve`: in the torch-free serve venv, or, for the OpenAI client's block, in .venv (the
     `openai` package is the user's, not the service's: the dev extra)."""
-    clients = set(documented_snippets().values())  # run in .venv-clients, below
+    clients = set(documented_snippets().values()) | set(spacy_blocks())  # run in .venv-clients / .venv, below
     blocks = [(page, block) for page, text in documents_text().items() for block in fenced_blocks(text, "python")
               if block not in clients]  # fmt: skip
     assert blocks, f"{[page_name(path) for path in DOCUMENTS]} have no Python block"
@@ -678,6 +678,29 @@ def test_readme_python_blocks_run_against_the_served_model(served) -> None:
     with EmbedderClient(f"127.0.0.1:{GRPC_PORT}") as client:
         layers = client.embed_texts(["我吃了一个苹果。"])[0]
     assert layers.shape == (3, 8, dim) and layers.dtype == np.float32
+
+
+# -- the spaCy blocks: in .venv (the `spacy` extra), on the shipped model in the checkout, no server needed ----------
+SPACY_BLOCK = re.compile(r"^<!-- spacy -->\n```python\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def spacy_blocks() -> list[str]:
+    """The ```python blocks of DOCUMENTS marked ``<!-- spacy -->`` (they need spaCy, which .venv-serve lacks)."""
+    return [block for text in documents_text().values() for block in SPACY_BLOCK.findall(text)]
+
+
+def test_readme_spacy_blocks_run_as_written() -> None:
+    """The README's spaCy block, verbatim, from the repo root in .venv: 苹果 as the company is further from 苹果 the
+    fruit than another fruit is, and the layers are (3, 8, dim) float32."""
+    blocks = spacy_blocks()
+    assert len(blocks) == 1 and "nlp.add_pipe(\"elmo\"" in blocks[0], blocks
+    output = run_command(f"{shlex.quote(str(REPO / '.venv' / 'bin' / 'python'))} -c "
+                         f"{shlex.quote(python_block_runner(blocks[0]))}", REPO)  # fmt: skip
+    lines = output.strip().splitlines()
+    company, fruit = (float(v) for v in lines[-2].split())
+    assert company < fruit < 1.0, lines[-2]
+    dim = json.loads((DEFAULT_MODEL / "onnx.json").read_text())["dim"]
+    assert json.loads(lines[-1])["layers"] == {"shape": [3, 8, dim], "dtype": "float32"}
 
 
 # -- the OpenAI-compatible clients' snippets, in the clients' own environment, against `make serve` ----------------
