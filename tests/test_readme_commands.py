@@ -56,7 +56,8 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 # The README and the pages its blocks moved to: every ```bash command of each is run or listed in README_COMMANDS,
 # every ```python block of each runs against `make serve`. A page that takes a README block joins this list.
-DOCUMENTS = (README, DOCS / "clients.md", DOCS / "pipeline.md", DOCS / "quality.md", DOCS / "speed.md", DOCS / "api.md")
+DOCUMENTS = (README, DOCS / "clients.md", DOCS / "pipeline.md", DOCS / "quality.md", DOCS / "speed.md", DOCS / "api.md",
+             DOCS / "spacy.md")
 DEFAULT_MODEL = REPO / "models" / "default"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
@@ -66,6 +67,7 @@ SENTENCE = "The cat sat on the mat ."
 
 # -- the table: how each README bash command is covered --------------------------------------------------------------
 FIXTURE, CI, SERVED, USER_FILES, PIPELINE, NOT_RUN = "fixture", "ci", "served", "user files", "pipeline", "not run"
+SPACY = "spacy"  # docs/spacy.md's commands, in a scratch folder (test_docs_spacy_commands_run_in_order)
 REPO_ROOT = "repo root"  # as written, in the checkout
 
 
@@ -143,6 +145,40 @@ README_COMMANDS: dict[str, Coverage] = {
         run_as=".venv/bin/elmo serve --model runs/default --port 0 --port-file serve.port",
         why="50052 may be taken on a test machine (the README picks it to sit beside `make serve`'s 50051); any "
         "free port instead, read back from --port-file",
+    ),
+    # docs/spacy.md: tests/test_readme_commands.py::test_docs_spacy_commands_run_in_order, in a scratch folder
+    ".venv/bin/elmo spacy data brown-pos --out corpus/brown": Coverage(
+        SPACY,
+        run_as=".venv/bin/elmo spacy data brown-pos --out corpus/brown --train 300 --dev 60 --test 60",
+        why="the whole set trains for minutes an epoch; the same command on a seeded subsample",
+    ),
+    ".venv/bin/python -m spacy train configs/spacy/tagger_elmo_tok2vec.cfg --output training/brown --paths.train "
+    "corpus/brown/train.spacy --paths.dev corpus/brown/dev.spacy": Coverage(
+        SPACY,
+        run_as=".venv/bin/python -m spacy train configs/spacy/tagger_elmo_tok2vec.cfg --output training/brown "
+        "--paths.train corpus/brown/train.spacy --paths.dev corpus/brown/dev.spacy --training.max_epochs 1",
+        why="the config trains 8 epochs; one takes the same path (tests/spacy train the configs to a better score)",
+    ),
+    ".venv/bin/elmo spacy export-task training/brown/model-last --component tagger --model models/default --task "
+    "spacy_pos": Coverage(SPACY),
+    ".venv/bin/python -m bench.spacy.served_mix --pipeline training/brown/model-last --component tagger --sentences "
+    "500": Coverage(
+        SPACY,
+        run_as=".venv/bin/python -m bench.spacy.served_mix --pipeline training/brown/model-last --component tagger "
+        "--sentences 20 --out served.json",
+        why="20 sentences take the same path as 500; --out keeps the checkout's bench/results/ as it is",
+    ),
+    ".venv/bin/python -m bench.spacy.compare --set brown-pos --epochs 8 --out bench/results/spacy_brown_pos.json":
+    Coverage(NOT_RUN, why="trains three systems for 8 epochs (about 10 minutes); tests/spacy train its configs"),
+    ".venv/bin/python -m bench.spacy.compare --set msra-ner --train 6000 --epochs 8 --out "
+    "bench/results/spacy_msra_ner.json": Coverage(
+        NOT_RUN, why="trains three NER systems for 8 epochs (about 40 minutes); tests/spacy train its configs"
+    ),
+    ".venv/bin/python -m bench.spacy.throughput --sentences 2000 --batch-size 128 --rounds 3": Coverage(
+        SPACY,
+        run_as=".venv/bin/python -m bench.spacy.throughput --sentences 100 --batch-size 128 --rounds 1 "
+        "--out throughput.json",
+        why="100 sentences and one round take the same path; --out keeps the checkout's bench/results/ as it is",
     ),
 }
 
@@ -229,7 +265,7 @@ def test_every_readme_command_is_run_or_listed() -> None:
     commands = [command for _, command in page_commands(pages)]
     assert len(commands) == len(set(commands)), "a command written on two pages: keep one, link to it from the other"
     for command, coverage in README_COMMANDS.items():
-        assert coverage.how in (FIXTURE, CI, SERVED, REPO_ROOT, USER_FILES, PIPELINE, NOT_RUN), command
+        assert coverage.how in (FIXTURE, CI, SERVED, REPO_ROOT, USER_FILES, PIPELINE, SPACY, NOT_RUN), command
         if coverage.run_as is not None or coverage.how in (FIXTURE, CI, NOT_RUN):
             assert coverage.why, f"{command!r}: a substituted, fixture-run or unrun command needs its reason"
 
@@ -690,17 +726,38 @@ def spacy_blocks() -> list[str]:
 
 
 def test_readme_spacy_blocks_run_as_written() -> None:
-    """The README's spaCy block, verbatim, from the repo root in .venv: 苹果 as the company is further from 苹果 the
-    fruit than another fruit is, and the layers are (3, 8, dim) float32."""
+    """The spaCy blocks (README, docs/spacy.md), verbatim, from the repo root in .venv. The README's: 苹果 as the
+    company is further from 苹果 the fruit than another fruit is, and the layers are (3, 8, dim) float32; the docs':
+    whitespace tokens are tokens with zero vectors."""
     blocks = spacy_blocks()
-    assert len(blocks) == 1 and "nlp.add_pipe(\"elmo\"" in blocks[0], blocks
-    output = run_command(f"{shlex.quote(str(REPO / '.venv' / 'bin' / 'python'))} -c "
-                         f"{shlex.quote(python_block_runner(blocks[0]))}", REPO)  # fmt: skip
-    lines = output.strip().splitlines()
-    company, fruit = (float(v) for v in lines[-2].split())
-    assert company < fruit < 1.0, lines[-2]
+    assert len(blocks) == 2 and all("nlp.add_pipe(\"elmo\"" in block for block in blocks), blocks
     dim = json.loads((DEFAULT_MODEL / "onnx.json").read_text())["dim"]
-    assert json.loads(lines[-1])["layers"] == {"shape": [3, 8, dim], "dtype": "float32"}
+    python = shlex.quote(str(REPO / ".venv" / "bin" / "python"))
+    readme, docs = (run_command(f"{python} -c {shlex.quote(python_block_runner(block))}", REPO).strip().splitlines()
+                    for block in blocks)  # fmt: skip
+    company, fruit = (float(v) for v in readme[-2].split())
+    assert company < fruit < 1.0, readme[-2]
+    assert json.loads(readme[-1])["layers"] == {"shape": [3, 8, dim], "dtype": "float32"}
+    assert json.loads(docs[-1])["spaced"] == {"shape": [3, 6, dim], "dtype": "float32"}
+
+
+def test_docs_spacy_commands_run_in_order(tmp_path) -> None:
+    """docs/spacy.md's commands, in page order, in a scratch folder holding a copy of models/default (export-task
+    writes into it) and the checkout's configs/, bench/ and .venv: data, a short `spacy train`, the export, the served
+    mix against the listener, the throughput bench."""
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    for folder in ("configs", "bench"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    shutil.copytree(DEFAULT_MODEL, tmp_path / "models" / "default", ignore=shutil.ignore_patterns("report", "*.png"))
+    commands = commands_covered_by(SPACY)
+    assert len(commands) == 5, commands
+    outputs = [run_command(README_COMMANDS[command].run_as or command, tmp_path, timeout=900) for command in commands]
+    assert json.loads(outputs[0].strip().splitlines()[-1])["train"]["sentences"] == 300
+    task = json.loads((tmp_path / "models" / "default" / "tasks" / "spacy_pos" / "task.json").read_text())
+    assert task["data"]["component"] == "tagger" and len(task["mix"]["weights"]) == 3
+    served = json.loads((tmp_path / "served.json").read_text())
+    assert served["sentences"] == 20 and served["max_abs_difference"] <= 1e-5
+    assert json.loads((tmp_path / "throughput.json").read_text())["sentences"] == 100
 
 
 # -- the OpenAI-compatible clients' snippets, in the clients' own environment, against `make serve` ----------------
