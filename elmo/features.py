@@ -243,7 +243,12 @@ def select_layer(layers: np.ndarray, layer: int | str) -> np.ndarray:
 try:
     from sklearn.base import BaseEstimator, TransformerMixin
 except ImportError:  # the serving image has no scikit-learn; the transformer then is a plain class
-    BaseEstimator, TransformerMixin = object, object
+
+    class BaseEstimator:  # two distinct stand-ins: a class cannot list `object` twice among its bases
+        pass
+
+    class TransformerMixin:
+        pass
 
 
 class ElmoVectorizer(TransformerMixin, BaseEstimator):

@@ -216,3 +216,23 @@ def test_sentiment_dedup_drops_conflicts(tmp_path):
     assert pairs == [("好", "pos"), ("差", "neg"), ("很好", "pos")]
     assert sorted(pairs) == sorted([("好", "pos"), ("差", "neg"), ("很好", "pos")])
     assert counts["conflicting_dropped"] == 1 and counts["kept"] == 3
+
+
+def test_features_import_where_scikit_learn_is_not_installed(tiny_model_dir) -> None:
+    """The serving install (and the `spacy` extra) has no scikit-learn: elmo.features still imports and embeds."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "class NoSklearn:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'sklearn' or name.startswith('sklearn.'):\n"
+        "            raise ImportError('scikit-learn is not installed here')\n"
+        "sys.meta_path.insert(0, NoSklearn())\n"
+        "from elmo.features import ElmoVectorizer, Features\n"
+        f"print(Features(model={str(tiny_model_dir)!r}).layers([['a', 'b']])[0].shape[1])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "2"
