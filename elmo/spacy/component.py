@@ -301,9 +301,9 @@ class ElmoComponent(Pipe):
         if self.overflow is Overflow.REJECT:
             for tokens, owner in zip(sentences, owners):
                 if len(tokens) > limit:
-                    refusal = over_limit_message(f"document {owner}", len(tokens), limit)
-                    raise ElmoSpacyError(f"elmo component '{self.name}': {refusal} (component config overflow = "
-                                         f"\"window\" or \"truncate\"; the text starts {docs[owner].text[:40]!r})")
+                    refusal = over_limit_message(f"the document starting {docs[owner].text[:30]!r}", len(tokens), limit)
+                    raise ElmoSpacyError(f"elmo component '{self.name}': {refusal} (component config: overflow = "
+                                         "\"window\" or \"truncate\")")
         elif self.overflow is Overflow.TRUNCATE:
             sentences = [tokens[:limit] for tokens in sentences]
         try:
