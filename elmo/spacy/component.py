@@ -27,7 +27,9 @@ the model's serving files inside the pipeline folder (``bundle = true``).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -140,6 +142,16 @@ def cosine(a: Any, b: Any) -> float:
     return float(x @ y / norm) if norm > 0 else 0.0
 
 
+def add_similarity_hooks(doc: Doc) -> Doc:
+    """Make ``.similarity()`` of the Doc, its spans and tokens the cosine of their ELMo vectors. The component does
+    this for every Doc; Docs that crossed processes (``nlp.pipe(..., n_process=2)``) lose their hooks on the way (spaCy
+    cannot send functions), and get them back with this."""
+    doc.user_hooks["similarity"] = cosine
+    doc.user_span_hooks["similarity"] = cosine
+    doc.user_token_hooks["similarity"] = cosine
+    return doc
+
+
 # -- the component --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TokenSequence:
@@ -187,6 +199,7 @@ class ElmoComponent(Pipe):
         self.threads = int(threads)
         self.cache = LayerCache(int(cache_mb) << 20)
         self._backend = None
+        self._pid = os.getpid()
         # spaCy's ListenedToComponent: the elmo.ElmoListener.v1 layers of later components, by component name.
         self.model: Model | None = None
         self.listener_map: dict[str, list[Model]] = {}
@@ -242,6 +255,10 @@ class ElmoComponent(Pipe):
         """One runtime call per batch; a batch that fails goes to the error handler (spaCy's: raise), and the
         Docs already yielded keep their layers."""
         error_handler = self.get_error_handler()
+        if os.getpid() != self._pid:
+            # a worker of nlp.pipe(n_process=N): spaCy drops the Docs' hooks when it sends them back and says so (W109)
+            # for every batch; the loss is documented (add_similarity_hooks puts them back), the warning is noise
+            warnings.filterwarnings("ignore", message=r"\[W109\]")
         for batch in minibatch(stream, size=batch_size):
             docs = list(batch)
             try:
@@ -321,9 +338,7 @@ class ElmoComponent(Pipe):
         doc._.set(self.extension, layers)
         if self.output.kind != "none":
             doc.tensor = np.ascontiguousarray(self.output.vectors(layers, mixed), dtype=np.float32)
-            doc.user_hooks["similarity"] = cosine
-            doc.user_span_hooks["similarity"] = cosine
-            doc.user_token_hooks["similarity"] = cosine
+            add_similarity_hooks(doc)
 
     # -- spaCy's ListenedToComponent --------------------------------------------------------------------------------
     @property

@@ -249,3 +249,18 @@ def test_the_component_runs_where_torch_cannot_be_imported(tiny_model_dir) -> No
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[True, True] False"
+
+
+def test_several_processes_give_the_same_layers_and_the_hooks_come_back(tiny_model_dir, capfd) -> None:
+    from elmo.spacy.component import add_similarity_hooks
+
+    nlp = elmo_nlp(model=str(tiny_model_dir), output="top")
+    texts = [f"Sentence {i} is about the bank ." for i in range(12)]
+    one = list(nlp.pipe(texts))
+    two = list(nlp.pipe(texts, n_process=2, batch_size=4))
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a._.elmo_layers, b._.elmo_layers)
+    assert "W109" not in capfd.readouterr().err  # the workers' warning that hooks were dropped: documented, not noise
+    add_similarity_hooks(two[0])
+    assert two[0][5].similarity(two[1][5]) == pytest.approx(one[0][5].similarity(one[1][5]))
+    assert one[0][5].similarity(one[1][5]) < 0.9999  # "the" in two contexts: not spaCy's 1.0 for equal texts
