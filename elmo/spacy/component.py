@@ -279,10 +279,16 @@ class ElmoComponent(Pipe):
         # the shape from what came back (all of it may be cached); from the model only for Docs with no words
         rows, dim = (arrays[0].shape[0], arrays[0].shape[2]) if arrays else (self.n_layers + self._extra, self.dim)
         n_layers = rows - self._extra
-        stacked = [np.zeros((rows, len(doc), dim), np.float32) for doc in docs]
+        stacked: list[np.ndarray | None] = [None] * len(docs)
         for seq, array in zip(sequences, arrays):
+            if array.shape[1] == len(docs[seq.doc]):  # the whole Doc, no whitespace token: the array as it is
+                stacked[seq.doc] = array
+                continue
+            if stacked[seq.doc] is None:
+                stacked[seq.doc] = np.zeros((rows, len(docs[seq.doc]), dim), np.float32)
             stacked[seq.doc][:, seq.positions[: array.shape[1]]] = array
         for doc, full in zip(docs, stacked):
+            full = np.zeros((rows, len(doc), dim), np.float32) if full is None else full
             self._set(doc, full[:n_layers], full[n_layers] if self._extra else None)
 
     @property
@@ -292,12 +298,13 @@ class ElmoComponent(Pipe):
 
     @staticmethod
     def _sequences(index: int, doc: Doc) -> list[TokenSequence]:
-        spans = list(doc.sents) if doc.has_annotation("SENT_START") else [doc[:]]
+        spans = doc.sents if doc.has_annotation("SENT_START") else (doc,)
         out = []
         for span in spans:
-            positions = np.array([t.i for t in span if not t.is_space], dtype=np.int64)
-            if positions.size:
-                out.append(TokenSequence(index, positions, tuple(doc[int(i)].text for i in positions)))
+            kept = [(token.i, token.text) for token in span if not token.is_space]  # one Token object each
+            if kept:
+                positions, words = zip(*kept)
+                out.append(TokenSequence(index, np.array(positions, dtype=np.int64), words))
         return out
 
     def _layers_of(self, sequences: list[tuple[str, ...]], owners: list[int], docs: Sequence[Doc]) -> list[np.ndarray]:
@@ -307,8 +314,9 @@ class ElmoComponent(Pipe):
         if missing:
             computed = self._compute([sequences[i] for i in missing], [owners[i] for i in missing], docs)
             for i, array in zip(missing, computed):
-                array.flags.writeable = False
-                self.cache.put(sequences[i], array)
+                if self.cache.max_bytes:
+                    array.flags.writeable = False  # shared by every Doc of this sentence: nobody may change it
+                    self.cache.put(sequences[i], array)
                 out[i] = array
         return out
 
