@@ -174,7 +174,7 @@ README_COMMANDS: dict[str, Coverage] = {
     "bench/results/spacy_msra_ner.json": Coverage(
         NOT_RUN, why="trains three NER systems for 8 epochs (about 40 minutes); tests/spacy train its configs"
     ),
-    ".venv/bin/python -m bench.spacy.throughput --sentences 2000 --batch-size 128 --rounds 3": Coverage(
+    ".venv/bin/python -m bench.spacy.throughput --sentences 2000 --batch-size 128 --rounds 5": Coverage(
         SPACY,
         run_as=".venv/bin/python -m bench.spacy.throughput --sentences 100 --batch-size 128 --rounds 1 "
         "--out throughput.json",

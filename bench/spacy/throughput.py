@@ -6,8 +6,8 @@ The sentences are real English (Brown's held-out dev and test files, as ``elmo s
 when ``data/corpus`` holds the package; else bench.kit.texts' sentences). Each round times, in turn, (a)
 ``list(nlp.pipe(texts, batch_size=B))`` on ``spacy.blank("en")`` with the component (spaCy's tokenizer, the
 component's batching, ``doc._.elmo_layers``, ``doc.tensor``) and (b) ``Embedder.embed_tokens`` on the same
-tokens in batches of B, on the very runtime the component opened (same threads; its token-vector cache, filled by the
-warm-up pass, serves both alike). The ratio is (a)'s tokens/s over (b)'s, median over rounds.
+tokens in batches of B, kept like the Docs are, on the very runtime the component opened (same threads; its
+token-vector cache, filled by the warm-up pass, serves both alike). The ratio is (a)'s tokens/s over (b)'s, median over rounds.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def run(args) -> dict:
 
     def in_process() -> float:
         start = time.perf_counter()
+        kept = []  # the layers stay, as the Docs' do: both sides pay for the memory they fill
         for i in range(0, len(tokens), args.batch_size):
-            embedder.embed_tokens(tokens[i : i + args.batch_size])
+            kept.extend(embedder.embed_tokens(tokens[i : i + args.batch_size]))
         return time.perf_counter() - start
 
     piped(), in_process()  # warm: allocations, kernel choice
