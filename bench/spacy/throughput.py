@@ -1,13 +1,14 @@
 """``nlp.pipe`` with the ``elmo`` component against the in-process runtime on the same tokens, side by side.
 
-    python -m bench.spacy.throughput --sentences 2000 --batch-size 128 --rounds 3 --out bench/results/spacy_pipe.json
+    python -m bench.spacy.throughput --sentences 2000 --batch-size 128 --rounds 5 --out bench/results/spacy_pipe.json
 
 The sentences are real English (Brown's held-out dev and test files, as ``elmo spacy data brown-pos`` has them,
 when ``data/corpus`` holds the package; else bench.kit.texts' sentences). Each round times, in turn, (a)
 ``list(nlp.pipe(texts, batch_size=B))`` on ``spacy.blank("en")`` with the component (spaCy's tokenizer, the
 component's batching, ``doc._.elmo_layers``, ``doc.tensor``) and (b) ``Embedder.embed_tokens`` on the same
 tokens in batches of B, kept like the Docs are, on the very runtime the component opened (same threads; its
-token-vector cache, filled by the warm-up pass, serves both alike). The ratio is (a)'s tokens/s over (b)'s, median over rounds.
+token-vector cache, filled by the warm-up pass, serves both alike). The ratio is (a)'s tokens/s over (b)'s, median
+over rounds.
 """
 
 from __future__ import annotations
