@@ -47,8 +47,14 @@ def export_task(pipeline: str | Path, component: str, model_dir: str | Path, nam
     """Load the spaCy pipeline, take ``component``'s mix and store it as task ``name`` of ``model_dir``."""
     import spacy
 
+    check_task_name(name)
     meta = read_onnx_metadata(model_dir, check_checkpoint=False)
-    nlp = spacy.load(pipeline)
+    if not (Path(pipeline) / "config.cfg").is_file():
+        raise ElmoSpacyError(f"{pipeline}: not a saved spaCy pipeline (no config.cfg; e.g. training/model-last)")
+    try:
+        nlp = spacy.load(pipeline)
+    except (OSError, ValueError) as exc:
+        raise ElmoSpacyError(f"{pipeline}: spaCy cannot load it: {exc}") from None
     task = listener_task(nlp, component, name)
     if (task.n_layers, task.dim) != (int(meta["n_layers"]), int(meta["dim"])):
         raise ElmoSpacyError(f"component {component!r} mixes {task.n_layers} layers of width {task.dim}; the model "

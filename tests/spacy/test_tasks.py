@@ -12,6 +12,7 @@ from spacy.training import Example
 
 from elmo.cli import main
 from elmo.client import EmbedderClient
+from elmo.errors import ElmoError
 from elmo.runtime.tasks import TaskStore
 from elmo.spacy.component import ElmoSpacyError
 from elmo.spacy.listener import find_mix
@@ -58,6 +59,10 @@ def test_a_stored_task_starts_a_listener(trained_pipeline, spacy_model) -> None:
 
 
 def test_export_names_what_is_wrong(trained_pipeline, spacy_model, tmp_path) -> None:
+    with pytest.raises(ElmoSpacyError, match=r"nowhere: not a saved spaCy pipeline \(no config.cfg"):
+        export_task(tmp_path / "nowhere", "tagger", spacy_model, "x")
+    with pytest.raises(ElmoError, match=r"task name 'bad name!' is not valid"):
+        export_task(trained_pipeline, "tagger", spacy_model, "bad name!")
     with pytest.raises(ElmoSpacyError, match=r"no component 'ner'; it has elmo, tagger"):
         export_task(trained_pipeline, "ner", spacy_model, "x")
     with pytest.raises(ElmoSpacyError, match=r"has no elmo.ElmoListener.v1 layer"):
