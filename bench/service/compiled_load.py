@@ -1,0 +1,178 @@
+"""Served ÷ in-process with compiled load generators: nghttp2's ``h2load`` for gRPC ``Embed``, ``wrk`` for HTTP
+``POST /v1/embed`` (base64), so that the client costs the server's cores little (issue 42's table).
+
+    python -m bench.service.compiled_load --rounds 3 --duration 15 --out bench/results/compiled_load.json
+    python -m bench.service.compiled_load --before a11166d --rounds 3    # this checkout and REV alternating
+
+For each model (``--models``: ``default`` = models/default, ``tiny`` = random weights of the tiny shape, where the
+runtime costs little and the door's own cost shows), each round measures in turn: the in-process runtime
+(``Embedder.embed`` on the same texts, ``--batch`` texts per call, back to back), then per code tree (this checkout,
+and ``--before REV`` when given) ``elmo serve --threads N`` under ``h2load -c C`` (gRPC, one request of
+``--per-request`` sentences sent again and again, framed as gRPC) and under ``wrk -c C`` (HTTP/1.1 keep-alive, the
+same sentences as a ``/v1/embed`` JSON body with ``"encoding": "base64"``, all layers). Each generator runs on one
+thread. Before the runs, one request of each kind is sent by this checkout's client and its answer checked (h2load
+cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and served ÷
+in-process, per round and as medians. The generators come from Debian (``nghttp2-client``, ``wrk``) and are installed
+by this command when missing. A benchmark: the figures depend on the machine, which the JSON names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench.kit.load import build_http_requests, build_requests, load_embedder, measure_in_process
+from bench.kit.models import DEFAULT_MODEL, MODELS_CACHE
+from bench.kit.results import bench_parser, result_path, write_json
+from bench.kit.revision import code_trees, revision_info
+from bench.kit.serve import start_server
+from bench.kit.texts import sentences
+from elmo.bench.figures import machine
+
+GENERATORS = {"h2load": "nghttp2-client", "wrk": "wrk"}
+
+
+def ensure_generators() -> None:
+    """h2load and wrk on PATH, from Debian's packages when missing (with sudo when not root)."""
+    missing = [package for tool, package in GENERATORS.items() if shutil.which(tool) is None]
+    if not missing:
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    print(f"installing {' '.join(missing)} (Debian) for the compiled load generators", flush=True)
+    subprocess.run([*sudo, "apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True,
+                   stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+
+
+def model_directory(name: str) -> Path:
+    if name == "default":
+        return DEFAULT_MODEL
+    from elmo.export.random_model import cached_random_model
+
+    return cached_random_model(MODELS_CACHE / f"elmo-{name}", name)
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """A gRPC length-prefixed message: no compression, 4-byte big-endian length."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def run_h2load(target: str, body: Path, connections: int, duration: int) -> dict:
+    command = ["h2load", "-t", "1", "-c", str(connections), "-m", "1", "-D", str(duration), "-d", str(body),
+               "-H", "content-type: application/grpc", "-H", "te: trailers",
+               f"http://{target}/elmo.v1.Embedder/Embed"]  # fmt: skip
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
+                     output)  # fmt: skip
+    seconds = float(re.search(r"finished in ([\d.]+)s", output).group(1))
+    return {"requests": int(done.group(2)), "failed": int(done.group(3)) + int(done.group(4)), "seconds": seconds}
+
+
+def run_wrk(address: str, body: bytes, connections: int, duration: int, work: Path) -> dict:
+    script = work / "post.lua"
+    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f"wrk.body = {json.dumps(body.decode())}\n")  # fmt: skip
+    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "-s", str(script),
+               f"http://{address}/v1/embed"]  # fmt: skip
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    total = re.search(r"(\d+) requests in ([\d.]+)(m?s)", output)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    seconds = float(total.group(2)) / (1000 if total.group(3) == "ms" else 1)
+    failed = int(bad.group(1)) if bad else 0
+    failed += sum(int(v) for v in errors.groups()) if errors else 0
+    return {"requests": int(total.group(1)) - failed, "failed": failed, "seconds": seconds}
+
+
+def check_answers(grpc_target: str, http_address: str, texts: list[str], tokens: int) -> None:
+    """One answer of each protocol, decoded by this checkout's client, holds the tokens the load counts."""
+    import urllib.request
+
+    from elmo.client import EmbedderClient
+
+    with EmbedderClient(grpc_target) as client:
+        answered = sum(len(e.tokens) for e in client.embed(texts))
+    request = urllib.request.Request(f"http://{http_address}/v1/embed", method="POST",
+                                     data=json.dumps({"inputs": texts, "encoding": "base64"}).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        http_tokens = sum(len(r["tokens"]) for r in json.loads(reply.read())["embeddings"])
+    if answered != tokens or http_tokens != tokens:
+        raise SystemExit(f"answers hold {answered} (gRPC) / {http_tokens} (HTTP) tokens, the load counts {tokens}")
+
+
+def measure_model(args, name: str, trees: list, work: Path) -> dict:
+    model = model_directory(name)
+    texts, source = sentences(max(args.batch, args.per_request), min_words=15, max_words=25)
+    grpc_body, _, tokens = build_requests(texts[: args.per_request], args.per_request, [], "float32")[0]
+    http_body = build_http_requests(texts[: args.per_request], args.per_request, [], "float32")[0][0]
+    (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
+    embedder = load_embedder(model, args.threads, texts, args.batch)
+    servers = {label: start_server(model, threads=args.threads, tree=tree, label=label) for label, tree in trees}
+    rounds = []
+    try:
+        for server in servers.values():
+            check_answers(server.grpc_target, server.http_address, texts[: args.per_request], tokens)
+        for index in range(args.rounds):
+            local = measure_in_process(embedder, texts, args.duration, args.batch)
+            entry = {"in_process_tokens_per_s": local.tokens / local.seconds}
+            entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
+            for label, server in servers.items():
+                for protocol, run in (("grpc", lambda s=server: run_h2load(s.grpc_target, work / "grpc.bin",
+                                                                          args.connections, args.duration)),
+                                      ("http", lambda s=server: run_wrk(s.http_address, http_body, args.connections,
+                                                                        args.duration, work))):  # fmt: skip
+                    result = run()
+                    result["requests_per_s"] = result["requests"] / result["seconds"]
+                    result["served_over_in_process"] = result["requests_per_s"] / entry["in_process_requests_per_s"]
+                    entry[f"{label}_{protocol}"] = result
+            rounds.append(entry)
+            print(f"{name} round {index + 1}: " + ", ".join(
+                f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f})"
+                for k, v in entry.items() if isinstance(v, dict)), flush=True)  # fmt: skip
+    finally:
+        for server in servers.values():
+            server.stop()
+        embedder.close()
+    medians = {key: statistics.median(r[key]["served_over_in_process"] for r in rounds)
+               for key in rounds[0] if isinstance(rounds[0][key], dict)}  # fmt: skip
+    return {"model": str(model), "texts": source, "sentences_per_request": args.per_request,
+            "tokens_per_request": tokens, "rounds": rounds, "median_served_over_in_process": medians}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = bench_parser("service.compiled_load", __doc__, model=False)
+    parser.add_argument("--models", nargs="+", default=["tiny", "default"], help="default and/or a random preset")
+    parser.add_argument("--before", help="also serve this git revision's code, alternating with this checkout")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=15, help="seconds per measurement")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--per-request", type=int, default=8, help="sentences per request")
+    parser.add_argument("--batch", type=int, default=128, help="texts per in-process call")
+    parser.add_argument("--threads", type=int, default=2, help="the server's and the runtime's threads")
+    parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
+    args = parser.parse_args(argv)
+    ensure_generators()
+    result = {"machine": machine(), "connections": args.connections, "duration_s": args.duration,
+              "code": revision_info(args.before), "models": {}}  # fmt: skip
+    with code_trees(args.before) as trees:
+        work = Path(tempfile.mkdtemp(prefix="compiled-load-"))
+        try:
+            for name in args.models:
+                result["models"][name] = measure_model(args, name, trees, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    write_json(args.out, result)
+    for name, entry in result["models"].items():
+        print(name, {k: round(v, 3) for k, v in entry["median_served_over_in_process"].items()})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
