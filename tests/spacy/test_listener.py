@@ -126,3 +126,30 @@ def test_the_listener_learns_inside_nlp_update_without_an_annotating_component(s
         nlp.update(examples, sgd=optimizer, exclude=["elmo"])
     assert not np.array_equal(start, find_mix(tagger.model).get_param("W"))
     assert find_mix(tagger.model).ops.__class__ is NumpyOps
+
+
+def test_textcat_and_spancat_learn_through_the_listener(spacy_model) -> None:
+    """The listener serves spaCy's other trainable components: both link to `elmo` and their losses fall."""
+    from spacy.tokens import Span
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": str(spacy_model)})
+    listener = {"@architectures": "elmo.ElmoListener.v1", "width": 16, "upstream": "elmo"}
+    nlp.add_pipe("textcat", config={"model": {"@architectures": "spacy.TextCatReduce.v1", "tok2vec": listener,
+                 "exclusive_classes": True, "use_reduce_first": False, "use_reduce_last": False,
+                 "use_reduce_max": True, "use_reduce_mean": True}})  # fmt: skip
+    nlp.add_pipe("spancat", config={"model": {"@architectures": "spacy.SpanCategorizer.v1", "tok2vec": listener,
+                 "reducer": {"@layers": "spacy.mean_max_reducer.v1", "hidden_size": 16},
+                 "scorer": {"@layers": "spacy.LinearLogistic.v1"}}})  # fmt: skip
+    examples = []
+    for text, label in [("the cat runs", "A"), ("a dog sees", "B"), ("every bird runs", "A"), ("this cow sees", "B")]:
+        reference = nlp.make_doc(text)
+        reference.cats = {"A": float(label == "A"), "B": float(label == "B")}
+        reference.spans["sc"] = [Span(reference, 1, 2, label="ANIMAL")]
+        examples.append(Example(nlp.make_doc(text), reference))
+    optimizer = nlp.initialize(lambda: examples)
+    assert nlp.get_pipe("elmo").listening_components == ["textcat", "spancat"]
+    first = nlp.update(examples, sgd=optimizer, exclude=["elmo"])
+    for _ in range(40):
+        last = nlp.update(examples, sgd=optimizer, exclude=["elmo"], losses={})
+    assert last["textcat"] < 0.8 * first["textcat"] and last["spancat"] < 0.8 * first["spancat"], (first, last)
