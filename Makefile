@@ -5,7 +5,7 @@
 #                .venv-clients, Debian's chromium and haproxy for the browser and balancer tests), run them all
 #                (what CI runs), then list the 25 slowest
 #   make dev     only create .venv (what `make test` installs first): the serving install plus torch, for the
-#                training commands (train, adapt, mix train, export, imports) of the README
+#                training commands (train, adapt, mix train, export, imports) of the README, and the spaCy extra
 # and, for the inner loop:
 #   make check   ruff and the fast tier, `pytest -m "not slow"` (under 3 minutes on 2 cores; .venv only: no
 #                .venv-clients, no chromium). tests/conftest.py says which tests are slow and how that was chosen.
