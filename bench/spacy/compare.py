@@ -25,7 +25,7 @@ import numpy as np
 from bench.kit.results import bench_parser, pyplot, result_path, save_figure, save_result, write_text
 from bench.kit.revision import REPO
 from elmo.bench.figures import machine
-from elmo.significance import paired_bootstrap, verdict
+from elmo.significance import paired_bootstrap, score_counts, verdict
 
 # spaCy's default; the ELMo listener alone (mix + projection); the paper's recipe (the mix beside the default's
 # embedding, into its encoder): configs/spacy/{tagger,ner}_{system}.cfg
@@ -67,11 +67,6 @@ def sentence_counts(pipeline: Path, test: Path, metric: str) -> np.ndarray:
     return np.array(counts, dtype=np.int64)
 
 
-def score(metric: str, counts: np.ndarray) -> float:
-    total = counts.sum(0)
-    return float(2 * total[0] / max(total[1] + total[2], 1) if metric == "entity_f1" else total[0] / max(total[1], 1))
-
-
 def compare(args) -> dict:
     from elmo.spacy.data import write_splits
 
@@ -84,7 +79,7 @@ def compare(args) -> dict:
         out = work / system
         seconds = train(REPO / "configs" / "spacy" / f"{prefix}_{system}.cfg", data, out, args.epochs, args.seed)
         counts = sentence_counts(out / "model-last", data / "test.spacy", metric)
-        systems[system] = {"score": score(metric, counts), "train_seconds": seconds,
+        systems[system] = {"score": float(score_counts(metric, counts.sum(0))), "train_seconds": seconds,
                            "seconds_per_epoch": seconds / args.epochs, "counts": counts}  # fmt: skip
         print(f"{system}: {metric} {systems[system]['score']:.4f}, {seconds / args.epochs:.1f} s/epoch", flush=True)
     baseline = systems["tok2vec"]["counts"]

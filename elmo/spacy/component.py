@@ -45,6 +45,7 @@ from spacy.util import minibatch
 from thinc.api import Model
 
 from elmo.errors import ElmoError, InputError
+from elmo.features import connect, select_layer
 from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
 
 DEFAULT_EXTENSION = "elmo_layers"
@@ -90,16 +91,10 @@ class Output:
         """(L, n, D) layers (and the task's (n, D) mix) -> (n, D) float32."""
         if self.kind == "task":
             return mixed
-        if self.kind == "top":
-            return layers[-1]
-        if self.kind == "layer":
-            if not -layers.shape[0] <= self.layer < layers.shape[0]:
-                raise ElmoSpacyError(
-                    f"elmo component: output layer:{self.layer} does not exist; the model has layers "
-                    f"0..{layers.shape[0] - 1}"
-                )
-            return layers[self.layer]
-        return layers.mean(axis=0, dtype=np.float32)
+        try:
+            return select_layer(layers, self.layer if self.kind == "layer" else self.kind)
+        except InputError as exc:
+            raise ElmoSpacyError(f"elmo component: output layer:{self.layer}: {exc}") from None
 
 
 # -- the layer cache -------------------------------------------------------------------------------------------------
@@ -212,8 +207,6 @@ class ElmoComponent(Pipe):
         """The runtime (``model``) or the server's client (``server``), opened on first use: a pipeline being
         loaded may still point it elsewhere (from_disk)."""
         if self._backend is None:
-            from elmo.features import connect
-
             try:
                 if self.model_path:
                     options = {"intra_op_threads": self.threads} if self.threads else {}

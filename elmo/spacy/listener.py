@@ -15,7 +15,6 @@ Shapes: docs (a list of B Docs) -> B arrays (len(doc), dim) for the mix, (len(do
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from thinc.api import Maxout, Model, chain, concatenate, with_array
 from thinc.types import Floats2d
 
 from elmo.errors import ElmoError
-from elmo.runtime.tasks import TASK_FILE, Task, mix_layers, softmax
+from elmo.runtime.tasks import TaskStore, mix_layers, softmax
 from elmo.spacy.component import DEFAULT_EXTENSION, LISTENER_NAME, ElmoSpacyError
 
 
@@ -147,18 +146,13 @@ def elmo_listener(
 
 
 def read_task_mix(folder: str | Path, n_layers: int, dim: int) -> tuple[list[float], float]:
-    """(raw weights w, gamma) of the task stored in ``folder`` (``<model>/tasks/<name>``), checked against the
-    listener's shape."""
-    path = Path(folder) / TASK_FILE
+    """(raw weights w, gamma) of the task stored in ``folder`` (``<model>/tasks/<name>``), read by the model's task
+    store, which also checks it against the listener's shape."""
+    folder = Path(folder)
     try:
-        task = Task.from_json(json.loads(path.read_text(encoding="utf-8")), source=str(path))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ElmoSpacyError(f"elmo listener: init_task {folder}: cannot read {path} ({exc})") from None
+        task = TaskStore(folder.parent.parent, n_layers=n_layers, dim=dim).get(folder.name)
     except ElmoError as exc:
         raise ElmoSpacyError(f"elmo listener: init_task {folder}: {exc}") from None
-    if (task.n_layers, task.dim) != (n_layers, dim):
-        raise ElmoSpacyError(f"elmo listener: init_task {folder} mixes {task.n_layers} layers of width {task.dim}, "
-                             f"the listener {n_layers} of width {dim}")  # fmt: skip
     return list(task.weights), float(task.gamma)
 
 

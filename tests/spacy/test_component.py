@@ -174,7 +174,7 @@ def test_bad_configuration_names_the_cause(tmp_path, tiny_model_dir) -> None:
         missing("text")
     with pytest.raises(ElmoSpacyError, match=r"output task:no_such_task: unknown task 'no_such_task'.*available tasks"):
         elmo_nlp(model=str(tiny_model_dir), output="task:no_such_task")("text")
-    with pytest.raises(ElmoSpacyError, match=r"output layer:7 does not exist; the model has layers 0\.\.2"):
+    with pytest.raises(ElmoSpacyError, match=r"output layer:7: layer 7 does not exist: the model has layers 0\.\.2"):
         elmo_nlp(model=str(tiny_model_dir), output="layer:7")("text")
 
 
