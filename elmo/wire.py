@@ -5,6 +5,8 @@ Torch-free and grpc-free: only numpy and the generated protobuf messages.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from elmo.errors import InputError
@@ -36,6 +38,52 @@ def to_tensor(array: np.ndarray, dtype: int = pb.FLOAT32, out: pb.Tensor | None 
     return tensor
 
 
+_TABLED = 1 << 14  # offsets below this (texts of up to 16,384 code points) are looked up, not encoded
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint: 7 bits a byte, low first, the high bit set on all but the last."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _span_tables() -> tuple[list[bytes], list[bytes]]:
+    """Span.start (field 1) and Span.end (field 2), tag and varint, for every value below ``_TABLED``."""
+    return [b"\x08" + _varint(v) for v in range(_TABLED)], [b"\x10" + _varint(v) for v in range(_TABLED)]
+
+
+@functools.lru_cache(maxsize=4)
+def _span_heads(field: int) -> list[bytes]:
+    """A Span field's tag (length-delimited) and length byte, by the Span's length (always < 128 bytes)."""
+    return [bytes([(field << 3) | 2, n]) for n in range(128)]
+
+
+def span_fields(offsets: list[list[tuple[int, int]]], field: int) -> list[bytes]:
+    """Per sentence, its ``[start, end)`` offsets as the wire bytes of ``repeated Span <field>``: what
+    ``message.MergeFromString`` turns into the field. Built from tabled pieces (~0.12 us a token), where building
+    the Span messages one by one cost ~0.7 us a token, most of a small request's answer."""
+    starts, ends = _span_tables()
+    heads = _span_heads(field)
+    out = []
+    for spans in offsets:
+        parts = []
+        for start, end in spans:
+            if 0 <= start < _TABLED and 0 <= end < _TABLED:
+                body = starts[start] + ends[end]
+            elif 0 <= start < 2**31 and 0 <= end < 2**31:
+                body = b"\x08" + _varint(start) + b"\x10" + _varint(end)
+            else:
+                raise InputError(f"span ({start}, {end}) is outside [0, 2**31)")
+            parts.append(heads[len(body)] + body)
+        out.append(b"".join(parts))
+    return out
+
+
 def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     """Unpack a Tensor into a writable native-order numpy array of its shape (float32 or float16)."""
     if tensor.dtype not in NUMPY_DTYPES:
@@ -50,4 +98,4 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     return np.frombuffer(tensor.data, dtype=wire_dtype).reshape(shape).astype(wire_dtype.newbyteorder("="))
 
 
-__all__ = ["DTYPE_NAMES", "NUMPY_DTYPES", "OVERFLOW_VALUES", "from_tensor", "itemsize", "to_tensor"]
+__all__ = ["DTYPE_NAMES", "NUMPY_DTYPES", "OVERFLOW_VALUES", "from_tensor", "itemsize", "span_fields", "to_tensor"]

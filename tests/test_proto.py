@@ -9,7 +9,7 @@ from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 
 from elmo.errors import InputError
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import from_tensor, to_tensor
+from elmo.wire import from_tensor, span_fields, to_tensor
 from tests.conftest import REPO
 
 GENERATED = ["elmo/v1/embedder_pb2.py", "elmo/v1/embedder_pb2.pyi", "elmo/v1/embedder_pb2_grpc.py"]
@@ -65,6 +65,26 @@ def test_tensor_with_wrong_byte_count_is_refused():
         from_tensor(pb.Tensor(shape=[2, 3], dtype=pb.FLOAT32, data=b"\0" * 20))
     with pytest.raises(InputError, match="dtype 9"):
         from_tensor(pb.Tensor(shape=[1], dtype=9, data=b"\0" * 4))
+
+
+def test_span_fields_parse_into_the_same_spans_as_built_messages():
+    """span_fields' bytes, merged into an Embedding, are the Spans that building them one by one gives: every varint
+    length (1 to 5 bytes), zeros (which proto3 leaves out when it builds them), and empty sentences."""
+    edges = [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28, 2**31 - 1]
+    sentences = [[(a, b) for a in edges for b in edges], [], [(3, 7)], [(0, 0)]]
+    field = pb.Embedding.DESCRIPTOR.fields_by_name["offsets"].number
+    for spans, encoded in zip(sentences, span_fields(sentences, field), strict=True):
+        merged = pb.Embedding()
+        merged.MergeFromString(encoded)
+        built = pb.Embedding(offsets=[pb.Span(start=a, end=b) for a, b in spans])
+        assert merged == built
+        assert merged.SerializeToString() == built.SerializeToString()
+
+
+@pytest.mark.parametrize("span", [(-1, 3), (0, 2**31)])
+def test_span_fields_refuse_what_int32_cannot_hold(span):
+    with pytest.raises(InputError, match="outside"):
+        span_fields([[span]], 2)
 
 
 def test_lenient_parser_names_the_bad_field():

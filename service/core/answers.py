@@ -13,7 +13,9 @@ from elmo.service.models.registry import ServedModel
 from elmo.service.models.tasks import Task
 
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import to_tensor
+from elmo.wire import span_fields, to_tensor
+
+OFFSETS_FIELD = pb.Embedding.DESCRIPTOR.fields_by_name["offsets"].number
 
 
 @dataclass
@@ -80,12 +82,13 @@ def build_response(result: EmbedResult, request_id: str = "") -> pb.EmbedRespons
         request_id=request_id,
     )
     response.layers.extend(prepared.layers or range(prepared.model.n_layers))
+    offsets = iter(span_fields([spans for spans in prepared.offsets if spans is not None], OFFSETS_FIELD))
     for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
         embedding = response.embeddings.add()
         embedding.tokens.extend(tokens)
         embedding.truncated_tokens = cut
         if spans is not None:
-            embedding.offsets.extend(pb.Span(start=s, end=e) for s, e in spans)
+            embedding.MergeFromString(next(offsets))  # the Span messages, parsed from bytes built in one pass
         if not prepared.omit_layers:
             selected = layers if prepared.layers is None else layers[prepared.layers]
             to_tensor(selected, prepared.dtype, out=embedding.layers)

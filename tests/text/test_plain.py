@@ -1,0 +1,77 @@
+"""The tokenizer's fast path (elmo.text.plain) against ``tokenizers`` itself: every character it decides, in every
+position a character can take in a word, and random and real texts."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elmo.text.plain import character_classes, plain_tokens
+from elmo.text.tokenize import _pipeline_tokens, tokenize
+
+SENSES = Path(__file__).resolve().parents[2] / "elmo" / "senses"
+CLASSES = character_classes()
+PLAIN = sorted(set().union(*CLASSES.values()))
+
+
+def pipeline(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    tokens: list[str] = []
+    offsets: list[tuple[int, int]] = []
+    _pipeline_tokens(text, 0, tokens, offsets)
+    return tokens, offsets
+
+
+def chunks(chars: list[str], size: int = 2000):
+    for start in range(0, len(chars), size):
+        yield chars[start : start + size]
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_every_character_is_treated_as_tokenizers_treats_it(name):
+    """Each character alone, first, inside and last in a word, doubled, and beside punctuation and an ideograph."""
+    for chunk in chunks(CLASSES[name]):
+        text = " ".join(f"{c} a{c} b{c}c {c}d {c}{c} ({c}) 中{c}文" for c in chunk)
+        assert plain_tokens(text) == pipeline(text)
+
+
+def test_the_classes_cover_what_a_user_writes():
+    """The fast path is the common path: English, Chinese and their punctuation are all in it."""
+    for text in (
+        "Hello, world! It's 3.5% (ok) — “quoted” …",
+        "我吃了一个苹果。“苹果”公司，发布了新品！",
+        "naïve café Ünïcödé",
+    ):
+        assert plain_tokens(text) is not None, text
+
+
+@pytest.mark.parametrize(
+    "text", ["a\u200bb", "tab\x00nul", "soft\u00adhyphen", "emoji 😀 here", "ｶﾀｶﾅ", "日本語のテキスト"]
+)
+def test_other_characters_take_the_tokenizers_path(text):
+    assert plain_tokens(text) is None
+    result = tokenize(text)
+    assert (result.tokens, result.offsets) == pipeline(text)
+
+
+@given(st.text(alphabet=st.sampled_from(PLAIN), max_size=80))
+def test_random_plain_texts_match(text):
+    assert plain_tokens(text) == pipeline(text)
+
+
+@given(st.text(max_size=80))
+def test_any_text_matches_through_tokenize(text):
+    result = tokenize(text)
+    assert (result.tokens, result.offsets) == pipeline(text)
+
+
+def test_real_sentences_match():
+    lines = [line for path in sorted(SENSES.glob("*.tsv")) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(lines) > 100
+    plain = 0
+    for line in lines:
+        fast = plain_tokens(line)
+        plain += fast is not None
+        if fast is not None:
+            assert fast == pipeline(line), line
+    assert plain > 0.9 * len(lines)  # the sense sentences (English and Chinese) are nearly all on the fast path
