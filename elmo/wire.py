@@ -38,6 +38,7 @@ def to_tensor(array: np.ndarray, dtype: int = pb.FLOAT32, out: pb.Tensor | None 
     return tensor
 
 
+_TENSOR_DATA_FIELD = pb.Tensor.DESCRIPTOR.fields_by_name["data"].number
 _TABLED = 1 << 14  # offsets below this (texts of up to 16,384 code points) are looked up, not encoded
 
 
@@ -84,6 +85,23 @@ def span_fields(offsets: list[list[tuple[int, int]]], field: int) -> list[bytes]
     return out
 
 
+def field_head(number: int, length: int) -> bytes:
+    """A length-delimited field's tag and length: what precedes its ``length`` bytes on the wire."""
+    return _varint((number << 3) | 2) + _varint(length)
+
+
+def tensor_field(number: int, array: np.ndarray, dtype: int) -> list[bytes | memoryview]:
+    """Field ``number`` holding ``array`` as a ``Tensor`` message, as wire pieces: the array's bytes are not copied
+    here (a memoryview: ``b"".join`` copies them once, into the answer). ``array`` must be C-contiguous in the wire
+    dtype (``NUMPY_DTYPES[dtype]``)."""
+    if array.dtype != NUMPY_DTYPES[dtype] or not array.flags.c_contiguous:
+        raise InputError(f"tensor_field needs a C-contiguous {NUMPY_DTYPES[dtype]} array, got {array.dtype}")
+    head = pb.Tensor(shape=array.shape, dtype=dtype).SerializeToString()
+    data = memoryview(array).cast("B")
+    body = [head, field_head(_TENSOR_DATA_FIELD, len(data)), data]
+    return [field_head(number, len(head) + len(body[1]) + len(data)), *body]
+
+
 def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     """Unpack a Tensor into a writable native-order numpy array of its shape (float32 or float16)."""
     if tensor.dtype not in NUMPY_DTYPES:
@@ -98,4 +116,14 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
     return np.frombuffer(tensor.data, dtype=wire_dtype).reshape(shape).astype(wire_dtype.newbyteorder("="))
 
 
-__all__ = ["DTYPE_NAMES", "NUMPY_DTYPES", "OVERFLOW_VALUES", "from_tensor", "itemsize", "span_fields", "to_tensor"]
+__all__ = [
+    "DTYPE_NAMES",
+    "NUMPY_DTYPES",
+    "OVERFLOW_VALUES",
+    "field_head",
+    "from_tensor",
+    "itemsize",
+    "span_fields",
+    "tensor_field",
+    "to_tensor",
+]

@@ -13,9 +13,12 @@ from elmo.service.models.registry import ServedModel
 from elmo.service.models.tasks import Task
 
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import span_fields, to_tensor
+from elmo.wire import NUMPY_DTYPES, field_head, span_fields, tensor_field
 
+EMBEDDINGS_FIELD = pb.EmbedResponse.DESCRIPTOR.fields_by_name["embeddings"].number
 OFFSETS_FIELD = pb.Embedding.DESCRIPTOR.fields_by_name["offsets"].number
+LAYERS_FIELD = pb.Embedding.DESCRIPTOR.fields_by_name["layers"].number
+MIX_FIELD = pb.Embedding.DESCRIPTOR.fields_by_name["mix"].number
 
 
 @dataclass
@@ -73,40 +76,74 @@ def pooled_bytes(n_inputs: int, dim: int, encoding: AnswerEncoding) -> int:
     return n_inputs * (encoding.value_bytes(dim, pb.FLOAT32) + 64) + 512
 
 
-def build_response(result: EmbedResult, request_id: str = "") -> pb.EmbedResponse:
+@dataclass
+class SentenceAnswer:
+    """What both doors write for one sentence: its tokens, offsets (None for pre-tokenized input), the tokens cut off,
+    and its vectors in the wire dtype, C-contiguous: ``layers`` (n_layers, n_tokens, dim) in the requested order
+    (None under omit_layers) and the task's ``mix`` (n_tokens, dim) (None without a task)."""
+
+    tokens: list[str]
+    offsets: list[tuple[int, int]] | None
+    truncated: int
+    layers: np.ndarray | None
+    mix: np.ndarray | None
+
+
+def sentence_answers(result: EmbedResult) -> list[SentenceAnswer]:
     prepared = result.prepared
-    response = pb.EmbedResponse(
+    wire = NUMPY_DTYPES[prepared.dtype]
+    answers = []
+    for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
+        selected = None
+        if not prepared.omit_layers:
+            selected = np.ascontiguousarray(layers if prepared.layers is None else layers[prepared.layers], wire)
+        mix = None if prepared.task is None else np.ascontiguousarray(prepared.task.apply(layers), wire)
+        answers.append(SentenceAnswer(tokens, spans, cut, selected, mix))
+    return answers
+
+
+def timing_of(result: EmbedResult) -> dict[str, float | int]:
+    """``elmo.v1.Timing``'s fields: the slowest piece's queue and inference time, the largest batch it rode in, and
+    the total so far (milliseconds)."""
+    slowest = max(result.stats, key=lambda s: s.queue_s + s.inference_s)
+    largest = max(result.stats, key=lambda s: s.tokens)
+    return {
+        "queue_ms": 1000 * slowest.queue_s,
+        "inference_ms": 1000 * slowest.inference_s,
+        "total_ms": 1000 * (time.monotonic() - result.started),
+        "batch_sentences": largest.sentences,
+        "batch_tokens": largest.tokens,
+    }
+
+
+def response_bytes(result: EmbedResult, request_id: str = "") -> bytes:
+    """The ``elmo.v1.EmbedResponse`` of ``result``, serialized: the small fields by protobuf, each vector's bytes
+    copied once, straight from its array into the answer (building the message and serializing it copied them
+    three times: ~0.6 ms of a 1.7 MB answer). Fields are written in field-number order, as protobuf writes them."""
+    prepared = result.prepared
+    head = pb.EmbedResponse(
         model=prepared.model.name,
         model_version=prepared.model.number,
         task_stale=prepared.task_stale,
         request_id=request_id,
-    )
-    response.layers.extend(prepared.layers or range(prepared.model.n_layers))
-    offsets = iter(span_fields([spans for spans in prepared.offsets if spans is not None], OFFSETS_FIELD))
-    for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
-        embedding = response.embeddings.add()
-        embedding.tokens.extend(tokens)
-        embedding.truncated_tokens = cut
-        if spans is not None:
-            embedding.MergeFromString(next(offsets))  # the Span messages, parsed from bytes built in one pass
-        if not prepared.omit_layers:
-            selected = layers if prepared.layers is None else layers[prepared.layers]
-            to_tensor(selected, prepared.dtype, out=embedding.layers)
-        if prepared.task is not None:
-            to_tensor(prepared.task.apply(layers), prepared.dtype, out=embedding.mix)
-    fill_timing(response.timing, result)
-    return response
-
-
-def fill_timing(timing: pb.Timing, result: EmbedResult) -> None:
-    """The slowest piece's queue and inference time, the largest batch it rode in, and the total so far."""
-    slowest = max(result.stats, key=lambda s: s.queue_s + s.inference_s)
-    largest = max(result.stats, key=lambda s: s.tokens)
-    timing.queue_ms = 1000 * slowest.queue_s
-    timing.inference_ms = 1000 * slowest.inference_s
-    timing.total_ms = 1000 * (time.monotonic() - result.started)
-    timing.batch_sentences = largest.sentences
-    timing.batch_tokens = largest.tokens
+        layers=prepared.layers or range(prepared.model.n_layers),
+        timing=pb.Timing(**timing_of(result)),
+    ).SerializeToString()
+    sentences = sentence_answers(result)
+    offsets = iter(span_fields([s.offsets for s in sentences if s.offsets is not None], OFFSETS_FIELD))
+    parts: list[bytes | memoryview] = []
+    for sentence in sentences:
+        fields = [pb.Embedding(tokens=sentence.tokens).SerializeToString()]
+        if sentence.offsets is not None:
+            fields.append(next(offsets))
+        for number, array in ((LAYERS_FIELD, sentence.layers), (MIX_FIELD, sentence.mix)):
+            if array is not None:
+                fields.extend(tensor_field(number, array, prepared.dtype))
+        if sentence.truncated:
+            fields.append(pb.Embedding(truncated_tokens=sentence.truncated).SerializeToString())
+        parts.append(field_head(EMBEDDINGS_FIELD, sum(map(len, fields))))
+        parts.extend(fields)
+    return b"".join([*parts, head])  # embeddings (field 1) first
 
 
 def pooled(result: EmbedResult, normalize: bool = False) -> list[np.ndarray]:
@@ -142,8 +179,10 @@ __all__ = [
     "PooledResult",
     "PreparedEmbed",
     "answer_bytes",
-    "build_response",
-    "fill_timing",
+    "SentenceAnswer",
+    "response_bytes",
+    "sentence_answers",
+    "timing_of",
     "input_chunks",
     "pooled",
     "pooled_bytes",

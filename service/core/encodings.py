@@ -30,7 +30,8 @@ class AnswerEncoding:
     """One way of sending vectors. ``value_bytes(n, dtype)``: the most bytes ``n`` numbers of ``dtype`` take;
     ``advice``: how to make an answer that is over the size limit smaller; ``inline_bytes``: answers up to this
     size are built in place (building costs less than a thread hop); ``write_tensor`` / ``write_vector``: for
-    encodings inside a JSON answer, the value written for a tensor message and for a pooled float32 vector."""
+    encodings inside a JSON answer, the value written for a tensor (an array in the wire dtype) and for a pooled
+    float32 vector."""
 
     name: str
     value_bytes: Callable[[int, int], int]

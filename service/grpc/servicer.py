@@ -14,7 +14,7 @@ import time
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code, invalid
-from elmo.service.core.answers import EmbedResult, build_response
+from elmo.service.core.answers import EmbedResult, response_bytes
 from elmo.service.core.encodings import PROTOBUF
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
@@ -45,10 +45,11 @@ def _answer(method):
 
 
 def _embed(core: RequestCore, request: pb.EmbedRequest, context, admitted: bool = False):
-    """One EmbedRequest through the core, answered as the protobuf message (its request id echoed)."""
+    """One EmbedRequest through the core, answered as the serialized EmbedResponse (its request id echoed): the
+    bytes gRPC sends, which its serializer passes through (:func:`_serialized`)."""
 
-    def answer(result: EmbedResult) -> pb.EmbedResponse:
-        return build_response(result, request.request_id)
+    def answer(result: EmbedResult) -> bytes:
+        return response_bytes(result, request.request_id)
 
     return core.embed(request, PROTOBUF, answer, _deadline(context), admitted=admitted)
 
@@ -121,11 +122,16 @@ class EmbedderServicer:
         return pb.ListModelsResponse(models=[m.name for m in self.core.models], statuses=self.core.statuses())
 
 
+def _serialized(response: bytes | pb.EmbedResponse) -> bytes:
+    """Embed's answers are serialized already (service.core.answers.response_bytes); a message is serialized here."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
 def embedder_handler(servicer: EmbedderServicer) -> grpc.GenericRpcHandler:
     """The Embedder service's handlers, with deserializers that report invalid UTF-8 instead of failing."""
     serialize = {
-        "Embed": pb.EmbedResponse.SerializeToString,
-        "EmbedStream": pb.EmbedResponse.SerializeToString,
+        "Embed": _serialized,
+        "EmbedStream": _serialized,
         "Tokenize": pb.TokenizeResponse.SerializeToString,
         "GetModelInfo": pb.ModelInfo.SerializeToString,
         "ListModels": pb.ListModelsResponse.SerializeToString,

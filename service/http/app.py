@@ -38,7 +38,7 @@ from aiohttp.http import HttpVersion11
 from elmo.service.common.errors import Kind, ServiceError, clip, http_status, invalid
 from elmo.service.common.limits import human_bytes
 from elmo.service.common.tokens import AdminToken, BearerToken
-from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed, build_response
+from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed
 from elmo.service.core.requests import RequestCore
 from elmo.service.http import schema
 from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
@@ -365,7 +365,7 @@ class HttpFrontend:
         call = await self._parse(body, lambda value: schema.parse_embed(value, request_id))
 
         def answer(result: EmbedResult) -> JsonAnswer:
-            payload = schema.embed_answer(build_response(result, call.embed.request_id), call.encoding)
+            payload = schema.embed_answer(result, call.encoding, call.embed.request_id)
             return JsonAnswer(encode_json_parts(payload), answer_headers(result.prepared))
 
         built = await self.core.embed(call.embed, ENCODINGS[call.encoding], answer)

@@ -12,16 +12,17 @@ from elmo.service.core.encodings import AnswerEncoding, Framing, raw_bytes
 from elmo.service.http.encode import JSON_NUMBER_BYTES, base64_json
 
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import from_tensor
+from elmo.wire import NUMPY_DTYPES
 
 # per token its string (quotes, separators) and its offsets; per sentence its fields; per answer its envelope
 JSON_FRAMING = Framing(token=32, sentence=256, answer=512)
 INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one JSON answer, as sent, built in place below this
 
 
-def _base64_tensor(tensor: pb.Tensor) -> dict[str, Any]:
-    dtype = "float16" if tensor.dtype == pb.FLOAT16 else "float32"
-    return {"dtype": dtype, "shape": list(tensor.shape), "data": base64_json(tensor.data)}
+def _base64_tensor(array: np.ndarray) -> dict[str, Any]:
+    """An array in its wire dtype (C-contiguous little-endian float32 or float16), as the Tensor message holds it."""
+    dtype = "float16" if array.dtype == NUMPY_DTYPES[pb.FLOAT16] else "float32"
+    return {"dtype": dtype, "shape": list(array.shape), "data": base64_json(array)}
 
 
 def _base64_bytes(n_values: int, dtype: int) -> int:
@@ -34,7 +35,7 @@ JSON_FLOAT = AnswerEncoding(
     framing=JSON_FRAMING,
     advice='ask for fewer inputs or layers, or "encoding": "base64" (4x smaller than JSON numbers)',
     inline_bytes=INLINE_ANSWER_BYTES,
-    write_tensor=from_tensor,  # the array itself: nested lists of numbers, written by service.http.encode
+    write_tensor=lambda array: array,  # nested lists of numbers, written by service.http.encode
     write_vector=lambda vector: vector,
 )
 JSON_BASE64 = AnswerEncoding(

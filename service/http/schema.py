@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from elmo.service.common.errors import clip, invalid
+from elmo.service.core.answers import EmbedResult, sentence_answers, timing_of
 from elmo.service.http.encodings import ENCODINGS
 
 from elmo.v1 import embedder_pb2 as pb
@@ -293,42 +294,37 @@ def _embed_input(item: Any, i: int) -> pb.Input:
     raise invalid(f"'{name}' must be a string, a list of tokens, or an object with 'text' or 'tokens'")
 
 
-def tensor_json(tensor: pb.Tensor, encoding: str) -> Any:
-    """A tensor as its encoding writes it (service/http/encodings.py)."""
-    return ENCODINGS[encoding].write_tensor(tensor)
+def tensor_json(array: np.ndarray, encoding: str) -> Any:
+    """A tensor (an array in its wire dtype) as its encoding writes it (service/http/encodings.py)."""
+    return ENCODINGS[encoding].write_tensor(array)
 
 
-def embed_answer(response: pb.EmbedResponse, encoding: str) -> dict:
+def embed_answer(result: EmbedResult, encoding: str, request_id: str = "") -> dict:
+    """/v1/embed's answer: the fields of ``elmo.v1.EmbedResponse``, vectors written from the arrays themselves."""
+    prepared = result.prepared
     embeddings = []
-    for index, embedding in enumerate(response.embeddings):
-        item: dict[str, Any] = {"index": index, "tokens": list(embedding.tokens)}
-        if embedding.offsets:
-            item["offsets"] = [[span.start, span.end] for span in embedding.offsets]
-        if embedding.truncated_tokens:
-            item["truncated_tokens"] = embedding.truncated_tokens
-        if embedding.HasField("layers"):
-            item["layers"] = tensor_json(embedding.layers, encoding)
-        if embedding.HasField("mix"):
-            item["mix"] = tensor_json(embedding.mix, encoding)
+    for index, sentence in enumerate(sentence_answers(result)):
+        item: dict[str, Any] = {"index": index, "tokens": sentence.tokens}
+        if sentence.offsets:
+            item["offsets"] = sentence.offsets  # (start, end) pairs: JSON arrays
+        if sentence.truncated:
+            item["truncated_tokens"] = sentence.truncated
+        if sentence.layers is not None:
+            item["layers"] = tensor_json(sentence.layers, encoding)
+        if sentence.mix is not None:
+            item["mix"] = tensor_json(sentence.mix, encoding)
         embeddings.append(item)
-    timing = response.timing
-    n_tokens = sum(len(e.tokens) for e in response.embeddings)
+    n_tokens = prepared.n_tokens
     return {
         "object": "embed",
-        "model": response.model,
-        "model_version": response.model_version,
-        "task_stale": response.task_stale,
-        "layers": list(response.layers),
-        "request_id": response.request_id,
+        "model": prepared.model.name,
+        "model_version": prepared.model.number,
+        "task_stale": prepared.task_stale,
+        "layers": list(prepared.layers or range(prepared.model.n_layers)),
+        "request_id": request_id,
         "embeddings": embeddings,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        "timing": {
-            "queue_ms": timing.queue_ms,
-            "inference_ms": timing.inference_ms,
-            "total_ms": timing.total_ms,
-            "batch_sentences": timing.batch_sentences,
-            "batch_tokens": timing.batch_tokens,
-        },
+        "timing": timing_of(result),
     }
 
 
