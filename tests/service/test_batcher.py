@@ -159,6 +159,16 @@ def test_a_failing_batch_fails_its_callers_and_the_loop_goes_on(runtime):
     assert asyncio.run(scenario()).shape == (3, 2, 16)
 
 
+def test_a_request_of_no_sentences_is_answered_at_once(runtime):
+    async def scenario():
+        batcher = make(Recorder(runtime))
+        answer = await asyncio.wait_for(batcher.embed([]), timeout=10)
+        await batcher.close()
+        return answer
+
+    assert asyncio.run(scenario()) == ([], [])
+
+
 def test_close_fails_queued_work_with_unavailable(runtime):
     async def scenario():
         recorder = Recorder(runtime)

@@ -1,0 +1,116 @@
+"""The front door's CPU cost per request and per token (issue 42), and how many tokens a second one server process can
+feed a backend.
+
+    python -m bench.service.door_cost --duration 10
+    python -m bench.service.door_cost --sizes 1 8 32 --model tiny --out bench/results/door_cost.json
+
+One ``elmo serve`` of a model whose runtime costs little (``tiny``: random weights of the tiny shape) is loaded by the
+compiled generators of bench.service.compiled_load (``h2load`` for gRPC ``Embed``, ``wrk`` for HTTP ``/v1/embed``
+with base64), ``--connections`` at once, with requests of each of ``--sizes`` sentences in turn. Read from /proc
+around each run: the CPU time of the server's event-loop thread (its main thread: accepting, decoding, checking,
+tokenizing, queueing, building and sending answers; the runtime computes on other threads) and of the whole process.
+Per run: the event loop's CPU microseconds per request; over the sizes, a least-squares line ``a + b * tokens``
+gives the door's cost per request (``a``) and per token (``b``). The event loop is one thread, so one process
+feeds at most ``tokens / (a + b * tokens)`` tokens a second at a request size, whatever the backend.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.kit.load import build_http_requests, build_requests
+from bench.kit.results import bench_parser, result_path, write_json
+from bench.kit.serve import start_server
+from bench.kit.texts import sentences
+from bench.service.compiled_load import ensure_generators, grpc_frame, model_directory, run_h2load, run_wrk
+from elmo.bench.figures import machine
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of a process, or of one of its threads."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15 of stat)
+
+
+def measured(pid: int, run) -> dict:
+    """``run()``'s result with the event loop's and the process's CPU seconds while it ran."""
+    loop_before, process_before = cpu_seconds(pid, pid), cpu_seconds(pid)
+    result = run()
+    result["event_loop_cpu_s"] = cpu_seconds(pid, pid) - loop_before
+    result["process_cpu_s"] = cpu_seconds(pid) - process_before
+    return result
+
+
+def fit(points: list[tuple[int, float]]) -> dict:
+    """Least squares ``us_per_request = a + b * tokens`` over (tokens per request, microseconds per request)."""
+    tokens, micros = np.array(points, dtype=float).T
+    b, a = np.polyfit(tokens, micros, 1)
+    return {"us_per_request": float(a), "us_per_token": float(b)}
+
+
+def measure(args, work: Path) -> dict:
+    texts, source = sentences(max(args.sizes), min_words=15, max_words=25)
+    server = start_server(model_directory(args.model), threads=args.threads)
+    runs = {"grpc": [], "http": []}
+    try:
+        for size in args.sizes:
+            grpc_body, _, tokens = build_requests(texts[:size], size, [], "float32")[0]
+            http_body = build_http_requests(texts[:size], size, [], "float32")[0][0]
+            (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
+            loads = {
+                "grpc": lambda: run_h2load(server.grpc_target, work / "grpc.bin", args.connections, args.duration),
+                "http": lambda b=http_body: run_wrk(server.http_address, b, args.connections, args.duration, work),
+            }
+            for protocol, load in loads.items():
+                result = measured(server.pid, load)
+                result.update(sentences=size, tokens=tokens, requests_per_s=result["requests"] / result["seconds"])
+                for key in ("event_loop", "process"):
+                    result[f"{key}_us_per_request"] = 1e6 * result[f"{key}_cpu_s"] / max(1, result["requests"])
+                runs[protocol].append(result)
+                print(f"{protocol} {size} sentences ({tokens} tokens): {result['requests_per_s']:.0f} req/s, event "
+                      f"loop {result['event_loop_us_per_request']:.0f} us/request, process "
+                      f"{result['process_us_per_request']:.0f} us/request", flush=True)  # fmt: skip
+    finally:
+        server.stop()
+    summary = {}
+    for protocol, results in runs.items():
+        line = fit([(r["tokens"], r["event_loop_us_per_request"]) for r in results])
+        per_request = {r["tokens"]: line["us_per_request"] + line["us_per_token"] * r["tokens"] for r in results}
+        line["feeds_tokens_per_s"] = {str(tokens): 1e6 * tokens / micros for tokens, micros in per_request.items()}
+        summary[protocol] = line
+    return {"model": args.model, "texts": source, "runs": runs, "event_loop_cost": summary}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = bench_parser("service.door_cost", __doc__, model=False)
+    parser.add_argument("--model", default="tiny", help="a random preset (default tiny: the runtime costs little)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32], help="sentences per request, in turn")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per run")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2, help="the server's runtime threads")
+    parser.add_argument("--out", type=Path, default=result_path("door_cost.json"))
+    args = parser.parse_args(argv)
+    ensure_generators()
+    work = Path(tempfile.mkdtemp(prefix="door-cost-"))
+    try:
+        result = {"machine": machine(), "connections": args.connections, **measure(args, work)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_json(args.out, result)
+    for protocol, line in result["event_loop_cost"].items():
+        feeds = ", ".join(f"{int(v):,} at {k} tokens/request" for k, v in line["feeds_tokens_per_s"].items())
+        print(f"{protocol}: {line['us_per_request']:.0f} us per request + {line['us_per_token']:.2f} us per token "
+              f"on the event loop; one process feeds at most {feeds} tokens/s")  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
