@@ -90,6 +90,7 @@ class SentenceAnswer:
 
 
 def sentence_answers(result: EmbedResult) -> list[SentenceAnswer]:
+    """Per sentence what the doors write: the requested layers and the task's mix in the request's wire dtype."""
     prepared = result.prepared
     wire = NUMPY_DTYPES[prepared.dtype]
     answers = []
@@ -119,7 +120,8 @@ def timing_of(result: EmbedResult) -> dict[str, float | int]:
 def response_bytes(result: EmbedResult, request_id: str = "") -> bytes:
     """The ``elmo.v1.EmbedResponse`` of ``result``, serialized: the small fields by protobuf, each vector's bytes
     copied once, straight from its array into the answer (building the message and serializing it copied them
-    three times: ~0.6 ms of a 1.7 MB answer). Fields are written in field-number order, as protobuf writes them."""
+    three times: 3.7 ms against 0.13 ms for a 1.7 MB answer). Fields are written in field-number order, as protobuf
+    writes them."""
     prepared = result.prepared
     head = pb.EmbedResponse(
         model=prepared.model.name,
