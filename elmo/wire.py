@@ -90,13 +90,19 @@ def field_head(number: int, length: int) -> bytes:
     return _varint((number << 3) | 2) + _varint(length)
 
 
+@functools.lru_cache(maxsize=4096)
+def _tensor_head(shape: tuple[int, ...], dtype: int) -> bytes:
+    """A Tensor's shape and dtype fields, serialized (one per sentence length: cached)."""
+    return pb.Tensor(shape=shape, dtype=dtype).SerializeToString()
+
+
 def tensor_field(number: int, array: np.ndarray, dtype: int) -> list[bytes | memoryview]:
     """Field ``number`` holding ``array`` as a ``Tensor`` message, as wire pieces: the array's bytes are not copied
     here (a memoryview: ``b"".join`` copies them once, into the answer). ``array`` must be C-contiguous in the wire
     dtype (``NUMPY_DTYPES[dtype]``)."""
     if array.dtype != NUMPY_DTYPES[dtype] or not array.flags.c_contiguous:
         raise InputError(f"tensor_field needs a C-contiguous {NUMPY_DTYPES[dtype]} array, got {array.dtype}")
-    head = pb.Tensor(shape=array.shape, dtype=dtype).SerializeToString()
+    head = _tensor_head(array.shape, dtype)
     data = memoryview(array).cast("B")
     body = [head, field_head(_TENSOR_DATA_FIELD, len(data)), data]
     return [field_head(number, len(head) + len(body[1]) + len(data)), *body]

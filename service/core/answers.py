@@ -67,7 +67,8 @@ def answer_bytes(prepared: PreparedEmbed, encoding: AnswerEncoding) -> int:
     per_token = (n_layers + (1 if prepared.task else 0)) * prepared.model.dim
     vectors = encoding.value_bytes(prepared.n_tokens * per_token, prepared.dtype)
     framing = encoding.framing
-    strings = sum(len(t.encode("utf-8", "surrogatepass")) + framing.token for s in prepared.sentences for t in s)
+    # a sentence's tokens joined: their UTF-8 bytes in one encode, not one per token
+    strings = sum(len("".join(s).encode("utf-8", "surrogatepass")) + framing.token * len(s) for s in prepared.sentences)
     return vectors + strings + framing.sentence * len(prepared.sentences) + framing.answer
 
 
