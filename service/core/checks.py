@@ -55,20 +55,32 @@ def check_count(n: int, bounds: Bounds, field: str = "inputs") -> None:
         )
 
 
+YIELD_EVERY_S = 0.0005  # a worker tokenizing gives the GIL away this often (the server's busy switch interval)
+
+
 def gil_yielder() -> Callable[[], None]:
-    """What to call between two texts being tokenized: off the event loop (on a worker), give the GIL away, since
-    `tokenizers`' calls let no waiting thread in (2,048 texts tokenized back to back on a worker made the event loop
-    wait ~300 ms; with a yield between them, 3 ms); on the event loop, nothing (the request is small there, and the
-    loop would then have to wait for the GIL to come back)."""
+    """What to call between two texts being tokenized: off the event loop (on a worker), give the GIL away every
+    :data:`YIELD_EVERY_S`, since `tokenizers`' calls let no waiting thread in (2,048 texts tokenized back to back on
+    a worker made the event loop wait ~300 ms; with yields between them, 3 ms); on the event loop, nothing (the
+    request is small there, and the loop would then have to wait for the GIL to come back)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _give_way
+        return _GiveWay()
     return _stay
 
 
-def _give_way() -> None:
-    time.sleep(0)
+class _GiveWay:
+    """``time.sleep(0)`` once at least :data:`YIELD_EVERY_S` has passed since the last one: a yield is a system
+    call (~80 us on a 2-core VM), more than tokenizing a sentence on the fast path, so not one per text."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def __call__(self) -> None:
+        if time.perf_counter() - self._last >= YIELD_EVERY_S:
+            time.sleep(0)
+            self._last = time.perf_counter()
 
 
 def _stay() -> None:
