@@ -77,10 +77,13 @@ def test_latency_compares_served_and_in_process(tiny_model_dir, tmp_path):
     host = json.loads(out.read_text())["host"]  # the machine in every figure (elmo.runtime.host)
     assert host["cpu"] and "AVX-512 VNNI" in host["cpu_flags"] and host["cores"] >= 1
     (run,) = json.loads(out.read_text())["runs"]
-    assert [run["latency_ms"][path]["n"] for path in latency.PATHS] == [6, 6, 6]
+    assert [run["latency_ms"][path]["n"] for path in latency.PATHS] == [6, 6, 6, 6]  # the floor's server answered
     for protocol in ("grpc", "http"):
         parts = run["breakdown_ms"][protocol]
         assert parts["batch wait (queue_ms)"]["median"] >= 0 and "transport" in " ".join(parts)
+    over = run["p50_over_in_process_ms"]
+    assert run["bar_ms"] == pytest.approx(over["floor"] + latency.BAR_OVER_FLOOR_MS, abs=1e-3)
+    assert run["within_bar"] == {name: over[name] <= run["bar_ms"] + 1e-3 for name in ("grpc", "http")}
     assert out.with_suffix(".png").stat().st_size > 0
 
 

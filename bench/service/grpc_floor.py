@@ -10,6 +10,11 @@ The server (a child process, 127.0.0.1) answers ``elmo.v1.Embedder/Embed`` with 
 time in ``timing.total_ms``. The client is ``elmo.client``'s: a blocking stub on one channel, the answer decoded to
 numpy. Reported: the client-observed latency and observed - handler time (the transport: serialization, HTTP/2,
 the event loop's and the client's wake-ups), p50 over ``--calls`` calls after ``--warmup``.
+
+``--model DIR`` (what bench.service.latency runs beside the service, :func:`start_floor_server`): the handler runs
+the real runtime (``Embedder.embed_texts`` on the request's first text, ``--threads`` intra-op threads, on a thread)
+and answers its tokens and layers, an ``EmbedResponse`` built with protobuf's own API: a plain grpc.aio server in
+front of the same runtime, with none of the service's code (limits, batching, interceptors) in its path.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -47,6 +53,26 @@ def serve(args: argparse.Namespace) -> None:
     if args.layers:
         to_tensor(np.ones((args.layers, args.tokens, args.dim), np.float32), pb.FLOAT32, out=embedding.layers)
     pool = ThreadPoolExecutor(1)
+    runtime = None
+    if args.model is not None:
+        from elmo.runtime import Embedder
+        from elmo.text.tokenize import tokenize
+
+        runtime = Embedder(args.model, intra_op_threads=args.threads)
+        runtime.warmup()
+
+    def embedded(text: str) -> pb.EmbedResponse:
+        """The runtime's answer for one text, built field by field (what a plain server would write)."""
+        response = pb.EmbedResponse(model="bare")
+        (layers,) = runtime.embed_texts([text])
+        to_tensor(layers, pb.FLOAT32, out=response.embeddings.add(tokens=tokenize(text).tokens).layers)
+        return response
+
+    async def embed_runtime(request, context):
+        began = time.perf_counter()
+        response = await asyncio.get_running_loop().run_in_executor(pool, embedded, request.inputs[0].text)
+        response.timing.total_ms = 1000 * (time.perf_counter() - began)
+        return response
 
     async def embed(request, context):
         began = time.perf_counter()
@@ -62,7 +88,7 @@ def serve(args: argparse.Namespace) -> None:
     async def main() -> None:
         server = grpc.aio.server()
         handler = grpc.unary_unary_rpc_method_handler(
-            embed,
+            embed if runtime is None else embed_runtime,
             request_deserializer=pb.EmbedRequest.FromString,
             response_serializer=pb.EmbedResponse.SerializeToString,
         )
@@ -108,8 +134,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-hop", dest="hop", action="store_false", help="work on the event loop, not a thread")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--model", type=Path, default=None, help="answer with this model's runtime (see above)")
+    parser.add_argument("--threads", type=int, default=2, help="with --model: onnxruntime intra-op threads")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child process
     return parser.parse_args(argv)
+
+
+def start_floor_server(model: Path, threads: int) -> tuple[subprocess.Popen, int]:
+    """A bare grpc.aio server in front of ``model``'s runtime (``--serve --model``), on a free loopback port:
+    (the process, its port)."""
+    child = [sys.executable, "-m", "bench.service.grpc_floor", "--serve", "--model", str(model),
+             "--threads", str(threads)]  # fmt: skip
+    server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    line = server.stdout.readline()
+    if not line.strip().isdigit():
+        server.kill()
+        raise RuntimeError(f"the floor server did not start (it printed {line!r})")
+    return server, int(line)
 
 
 def main(argv: list[str] | None = None) -> int:

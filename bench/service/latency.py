@@ -5,12 +5,16 @@ served extra time goes.
     python -m bench.service.latency --model models/default --sentences 300 --before REV
 
 One client sends 15-25-word English sentences one after another (no concurrency: the latency of a lone request,
-not a loaded server's). Every sentence goes through three paths, which take turns in blocks of ``--block``
+not a loaded server's). Every sentence goes through four paths, which take turns in blocks of ``--block``
 sentences (the order rotating from block to block), so the machine's state hits them alike:
 
   grpc        ``Embed`` with one text through ``elmo.client.EmbedderClient``'s channel, the answer decoded to numpy
   http        ``POST /v1/embed`` {"inputs": [text], "encoding": "base64"} on a kept-alive connection, decoded
   in-process  ``elmo.runtime.Embedder.embed_texts([text])`` in this process, the server's ``--threads``
+  floor       the gRPC call to a bare grpc.aio server in front of the same runtime (bench.service.grpc_floor
+              ``--model``): what gRPC and one thread hop add with none of the service's code in the path
+
+Issue 42's bar, reported per run: served p50 - in-process p50 within (floor p50 - in-process p50) + 0.3 ms.
 
 The served answers carry the server's own ``timing``: ``queue_ms`` (enqueued -> its batch started: the batcher's
 wait), ``inference_ms`` (the batch's runtime call, thread hand-offs included) and ``total_ms`` (the servicer's whole
@@ -46,30 +50,38 @@ from bench.kit.results import RESULTS, bench_parser, fmt, pyplot, save_figure, s
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
+from bench.service.grpc_floor import start_floor_server
 from elmo.bench.figures import machine, percentiles, percentiles_ms
 
-PATHS = ("grpc", "http", "in-process")
+PATHS = ("grpc", "http", "in-process", "floor")
+BAR_OVER_FLOOR_MS = 0.3  # issue 42: served p50 - in-process p50 <= (floor p50 - in-process p50) + this
 
 
 class Paths:
-    """The three ways to embed one sentence; each returns the server's timing (ms) or None in process."""
+    """The four ways to embed one sentence; each returns the server's timing (ms) or None in process."""
 
-    def __init__(self, served, embedder):
+    def __init__(self, served, embedder, floor_port: int):
         from elmo.client import EmbedderClient
 
         self.client = EmbedderClient(served.grpc_target, timeout=60)
         self.client.wait_ready(30)
+        self.bare = EmbedderClient(f"127.0.0.1:{floor_port}", timeout=60)
         self.http = Http(*served.http_host_port, timeout=60)
         self.embedder = embedder
 
-    def grpc(self, text: str) -> dict:
+    def grpc(self, text: str, client=None) -> dict:
         from elmo.client import decode_response
 
-        response = self.client.stub.Embed(self.client.request([text]), timeout=60)
+        client = client or self.client
+        response = client.stub.Embed(client.request([text]), timeout=60)
         (result,) = decode_response(response)
         assert result.layers is not None and result.layers.shape[1] == len(result.tokens)
         t = response.timing
         return {"queue_ms": t.queue_ms, "inference_ms": t.inference_ms, "total_ms": t.total_ms}
+
+    def floor(self, text: str) -> None:
+        """The same call to a bare grpc.aio server in front of the same runtime (bench.service.grpc_floor)."""
+        self.grpc(text, self.bare)
 
     def http_embed(self, text: str) -> dict:
         status, data = self.http.call(
@@ -91,21 +103,24 @@ class Paths:
 
     def close(self) -> None:
         self.client.close()
+        self.bare.close()
         self.http.close()
 
 
-def measure(args: argparse.Namespace, label: str, tree: Path | None, texts: list[str], embedder) -> dict:
+def measure(
+    args: argparse.Namespace, label: str, tree: Path | None, texts: list[str], embedder, floor_port: int
+) -> dict:
     served = start_server(args.model, threads=args.threads, serve_args=args.serve_arg, tree=tree, label=label)
     try:
-        paths = Paths(served, embedder)
-        calls = {"grpc": paths.grpc, "http": paths.http_embed, "in-process": paths.in_process}
+        paths = Paths(served, embedder, floor_port)
+        calls = {"grpc": paths.grpc, "http": paths.http_embed, "in-process": paths.in_process, "floor": paths.floor}
         for name in PATHS:  # warm each path (connections, caches) on sentences outside the measured set
             for text in texts[-args.warmup :] if args.warmup else []:
                 calls[name](text)
         measured = texts[: args.sentences]
         samples: dict[str, list] = {name: [None] * len(measured) for name in PATHS}
         for block, start in enumerate(range(0, len(measured), args.block)):
-            order = PATHS[block % 3 :] + PATHS[: block % 3]
+            order = PATHS[block % len(PATHS) :] + PATHS[: block % len(PATHS)]
             for name in order:
                 for i in range(start, min(start + args.block, len(measured))):
                     began = time.perf_counter()
@@ -144,8 +159,13 @@ def analyse(samples: dict[str, list], texts: list[str]) -> dict:
         }
     out["served_over_in_process_p50"] = {
         name: round(out["latency_ms"][name]["p50"] / out["latency_ms"]["in-process"]["p50"], 2)
-        for name in ("grpc", "http")
+        for name in ("grpc", "http", "floor")
     }
+    # issue 42's bar: what the service adds to a sentence against what a bare grpc.aio server adds, same runtime
+    extra = {name: out["latency_ms"][name]["p50"] - out["latency_ms"]["in-process"]["p50"] for name in PATHS}
+    out["p50_over_in_process_ms"] = {name: round(extra[name], 3) for name in ("grpc", "http", "floor")}
+    out["bar_ms"] = round(extra["floor"] + BAR_OVER_FLOOR_MS, 3)
+    out["within_bar"] = {name: extra[name] <= extra["floor"] + BAR_OVER_FLOOR_MS for name in ("grpc", "http")}
     out["samples_ms"] = {name: [round(s["ms"], 3) for s in samples[name]] for name in PATHS}
     return out
 
@@ -161,6 +181,11 @@ def print_run(run: dict, threads: int) -> None:
             f"| {name} | {fmt(row['p50'], 2)} | {fmt(row['p90'], 2)} | {fmt(row['p99'], 2)} | {fmt(row['max'], 2)} | "
             f"{fmt(row['mean'], 2)} | {ratio:.2f}x |"
         )
+    over = run["p50_over_in_process_ms"]
+    print(f"\np50 over in-process: gRPC {over['grpc']:.2f} ms, HTTP {over['http']:.2f} ms, a bare grpc.aio server in "
+          f"front of the same runtime (the floor) {over['floor']:.2f} ms; bar (floor + {BAR_OVER_FLOOR_MS} ms) "
+          f"{run['bar_ms']:.2f} ms: gRPC {'within' if run['within_bar']['grpc'] else 'over'}, HTTP "
+          f"{'within' if run['within_bar']['http'] else 'over'}")  # fmt: skip
     print("\nwhere the served time goes (median of per-request values; mean in brackets), ms:")
     print("| part | gRPC | HTTP /v1/embed |\n|---|---:|---:|")
     for part in run["breakdown_ms"]["grpc"]:
@@ -186,7 +211,7 @@ def plot(result: dict, path: Path) -> None:
     runs = result["runs"]
     fig, axes = plt.subplots(len(runs), 2, figsize=(13, 4 * len(runs)), squeeze=False)
     for (left, right), run in zip(axes, runs):
-        for name, color in zip(PATHS, ("tab:blue", "tab:orange", "tab:green")):
+        for name, color in zip(PATHS, ("tab:blue", "tab:orange", "tab:green", "tab:gray")):
             values = np.sort(run["samples_ms"][name])
             left.plot(values, np.arange(1, values.size + 1) / values.size, color=color, label=name)
         left.set_xscale("log")
@@ -243,13 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     embedder = Embedder(args.model, intra_op_threads=args.threads)
     embedder.warmup()
     runs = []
-    with code_trees(args.before, args.label) as trees:
-        for _ in range(args.rounds if args.before else 1):
-            for label, tree in trees:
-                run = measure(args, label, tree, texts, embedder)
-                print_run(run, args.threads)
-                sys.stdout.flush()
-                runs.append(run)
+    floor, floor_port = start_floor_server(args.model, args.threads)
+    try:
+        with code_trees(args.before, args.label) as trees:
+            for _ in range(args.rounds if args.before else 1):
+                for label, tree in trees:
+                    run = measure(args, label, tree, texts, embedder, floor_port)
+                    print_run(run, args.threads)
+                    sys.stdout.flush()
+                    runs.append(run)
+    finally:
+        floor.terminate()
+        floor.wait(10)
     result = {
         "bench": "latency",
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
