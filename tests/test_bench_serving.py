@@ -163,3 +163,15 @@ def test_door_cost_reads_thread_cpu_and_fits_per_request_and_per_token_cost():
     assert door_cost.cpu_seconds(pid, pid) - thread >= 0.2  # the spinning ran on this (the main) thread
     line = door_cost.fit([(18, 500 + 4 * 18), (144, 500 + 4 * 144), (640, 500 + 4 * 640)])
     assert line["us_per_request"] == pytest.approx(500) and line["us_per_token"] == pytest.approx(4)
+
+
+def test_batcher_hops_times_every_step_of_a_lone_sentence(tiny_model_dir, capsys):
+    from bench.service import batcher_hops
+
+    assert batcher_hops.main(["--model", str(tiny_model_dir), "--threads", "1", "--calls", "12", "--warmup", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    steps = result["steps_ms"]
+    assert list(steps) == [f"{a} -> {b}" for a, b in zip(batcher_hops.STEPS, batcher_hops.STEPS[1:])]
+    assert all(ms >= 0 for ms in steps.values()) and steps["runtime starts -> runtime ends"] > 0
+    assert result["batcher_overhead_ms"] == pytest.approx(sum(steps.values()) - steps["runtime starts -> runtime ends"])
+    assert set(result["bare_hop_ms"]) == {"hop in", "hop back"}
