@@ -8,9 +8,9 @@ service all call :func:`tokenize`; pre-tokenized input bypasses it untouched.
 
 Speed: ``tokenizers`` costs ~25 us a sentence in call overhead, more than the tiny model's whole forward pass.
 A text made only of characters whose treatment the pipeline's rules fix (elmo.text.plain: ASCII, Latin letters,
-common Chinese characters and punctuation, ...) is tokenized by one regular expression instead, ~6x faster; any
-other text takes the ``tokenizers`` path. Both give the same tokens and offsets: tests/text/test_plain.py checks
-every such character against ``tokenizers`` itself.
+common Chinese characters and punctuation, ...) is tokenized by one regular expression instead (8 sentences:
+195 -> 68 us); any other text takes the ``tokenizers`` path. Both give the same tokens and offsets:
+tests/text/test_plain.py checks every such character against ``tokenizers`` itself.
 """
 
 from __future__ import annotations

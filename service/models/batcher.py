@@ -63,8 +63,8 @@ class BatchStats:
 
 class _Answers:
     """One request's sentences' results and the one future its caller awaits: resolved when its last sentence is
-    answered, failed by the first failure (one future per request, not per sentence: a future's callbacks cost the
-    event loop a turn each, ~70 us a sentence)."""
+    answered, failed by the first failure (one future per request, not per sentence: each future's callbacks cost the
+    event loop a turn)."""
 
     def __init__(self, future: asyncio.Future, n: int):
         self.future = future
