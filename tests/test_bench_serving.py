@@ -147,20 +147,21 @@ def test_a_revision_tree_serves_its_own_code():
 
 
 def test_door_cost_reads_thread_cpu_and_fits_per_request_and_per_token_cost():
-    """bench.service.door_cost's two pieces of arithmetic: /proc CPU time (of the process and of one thread) grows
-    by the work done, and the least-squares line gives back the cost it was built from."""
+    """bench.service.door_cost's two pieces of arithmetic: /proc CPU time (bench.kit.sample, of the process and of one
+    thread) grows by the work done, and the least-squares line gives back the cost it was built from."""
     import os
     import time
 
+    from bench.kit.sample import cpu_seconds
     from bench.service import door_cost
 
     pid = os.getpid()
-    process, thread = door_cost.cpu_seconds(pid), door_cost.cpu_seconds(pid, pid)
+    process, thread = cpu_seconds(pid), cpu_seconds(pid, pid)
     end = time.process_time() + 0.3
     while time.process_time() < end:
         pass
-    assert door_cost.cpu_seconds(pid) - process >= 0.2
-    assert door_cost.cpu_seconds(pid, pid) - thread >= 0.2  # the spinning ran on this (the main) thread
+    assert cpu_seconds(pid) - process >= 0.2
+    assert cpu_seconds(pid, pid) - thread >= 0.2  # the spinning ran on this (the main) thread
     line = door_cost.fit([(18, 500 + 4 * 18), (144, 500 + 4 * 144), (640, 500 + 4 * 640)])
     assert line["us_per_request"] == pytest.approx(500) and line["us_per_token"] == pytest.approx(4)
 

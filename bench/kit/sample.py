@@ -37,10 +37,12 @@ def reset_peak(pid: int) -> bool:
     return True
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """user + system CPU time of a process (from /proc/PID/stat); None once it is gone."""
+def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
+    """user + system CPU time of a process (from /proc/PID/stat), or of one of its threads
+    (/proc/PID/task/THREAD/stat); None once it is gone."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -16,7 +16,6 @@ feeds at most ``tokens / (a + b * tokens)`` tokens a second at a request size, w
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,19 +24,11 @@ import numpy as np
 
 from bench.kit.load import build_http_requests, build_requests
 from bench.kit.results import bench_parser, result_path, write_json
+from bench.kit.sample import cpu_seconds
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
 from bench.service.compiled_load import ensure_generators, grpc_frame, model_directory, run_h2load, run_wrk
 from elmo.bench.figures import machine
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """User + system CPU seconds of a process, or of one of its threads."""
-    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15 of stat)
 
 
 def measured(pid: int, run) -> dict:
