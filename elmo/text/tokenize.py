@@ -61,12 +61,14 @@ def tokenize(text: str, stop_after: int | None = None, piece_chars: int = PIECE_
     ``stop_after``: stop once the text is known to have more than this many tokens (a limit's check needs no more);
     the result is then marked incomplete. A text of N code points has at most N tokens, so a short one is done
     in one call."""
-    if len(text) <= piece_chars and (plain := plain_tokens(text)) is not None:
-        return Tokenized(*plain)
+    if len(text) <= piece_chars:
+        return Tokenized(*_piece_tokens(text))
     tokens: list[str] = []
     offsets: list[tuple[int, int]] = []
     for start, end in _pieces(text, piece_chars):
-        _tokenize_piece(text[start:end], start, tokens, offsets)
+        piece_tokens, piece_offsets = _piece_tokens(text[start:end])
+        tokens.extend(piece_tokens)
+        offsets.extend((first + start, last + start) for first, last in piece_offsets)
         if stop_after is not None and len(tokens) > stop_after and end < len(text):
             return Tokenized(tokens, offsets, complete=False)
     return Tokenized(tokens, offsets)
@@ -86,24 +88,26 @@ def _pieces(text: str, piece_chars: int) -> Iterator[tuple[int, int]]:
         yield start, len(text)
 
 
-def _tokenize_piece(text: str, shift: int, tokens: list[str], offsets: list[tuple[int, int]]) -> None:
-    if (plain := plain_tokens(text)) is None:
-        _pipeline_tokens(text, shift, tokens, offsets)
-        return
-    tokens.extend(plain[0])
-    offsets.extend((start + shift, end + shift) for start, end in plain[1])
+def _piece_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """A text's tokens and offsets into it: by the fast path when it applies (elmo.text.plain), else by
+    ``tokenizers``."""
+    plain = plain_tokens(text)
+    return plain if plain is not None else _pipeline_tokens(text)
 
 
-def _pipeline_tokens(text: str, shift: int, tokens: list[str], offsets: list[tuple[int, int]]) -> None:
+def _pipeline_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """``tokenizers``' BertNormalizer and BertPreTokenizer: any text."""
     normalizer, pre_tokenizer = _pipeline()
     pretokenized = PreTokenizedString(text)
     pretokenized.normalize(lambda normalized: normalizer.normalize(normalized))
     pre_tokenizer.pre_tokenize(pretokenized)
-    for token, (start, end), _ in pretokenized.get_splits(offset_referential="original", offset_type="char"):
+    tokens: list[str] = []
+    offsets: list[tuple[int, int]] = []
+    for token, span, _ in pretokenized.get_splits(offset_referential="original", offset_type="char"):
         if token:
             tokens.append(token)
-            offsets.append((start + shift, end + shift))
+            offsets.append(span)
+    return tokens, offsets
 
 
 def tokenize_many(texts: list[str]) -> list[Tokenized]:

@@ -16,10 +16,7 @@ PLAIN = sorted(set().union(*CLASSES.values()))
 
 
 def pipeline(text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    tokens: list[str] = []
-    offsets: list[tuple[int, int]] = []
-    _pipeline_tokens(text, 0, tokens, offsets)
-    return tokens, offsets
+    return _pipeline_tokens(text)
 
 
 def chunks(chars: list[str], size: int = 2000):
