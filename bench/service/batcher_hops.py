@@ -5,8 +5,8 @@ beside a bare ``run_in_executor`` round trip of the same shape.
 
 A served model's batcher (service.models.registry.serve_model, this machine's default limits) embeds one
 15-token sentence at a time, idle between calls; its steps are timed by wrapping the batcher's own methods:
-``embed`` called -> batch formed -> its run task starts -> the runtime call starts on the worker -> ends -> the run
-task ends -> ``embed`` returns. Then a bare asyncio ``run_in_executor`` of a function that spins as long as the
+``embed`` called -> batch formed -> the runtime call starts on the worker -> ends -> its answers are handed to
+the callers on the event loop -> ``embed`` returns. Then a bare asyncio ``run_in_executor`` of a function that spins as long as the
 runtime call took: its hop in and its hop back are what any thread hand-off costs on this machine. Medians (ms).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.kit.models import DEFAULT_MODEL
 from elmo.bench.figures import machine
 
-STEPS = ("embed called", "batch formed", "run starts", "runtime starts", "runtime ends", "run ends", "embed returns")
+STEPS = ("embed called", "batch formed", "runtime starts", "runtime ends", "answered", "embed returns")
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today .".split()
 
 
@@ -39,7 +39,7 @@ def traced_batcher(model_dir: Path, threads: int):
     runtime = Embedder(model_dir, intra_op_threads=threads, check_on_load=False)
     model = serve_model(runtime, model_dir, limits, ServiceMetrics().observer("m"), name="m")
     batcher = model.batcher
-    embed_fn, form_batch, run = batcher._embed_fn, batcher._form_batch, batcher._run
+    embed_fn, form_batch, answer = batcher._embed_fn, batcher._form_batch, batcher._answer
 
     def runtime_call(sentences):
         marks["runtime starts"].append(time.perf_counter())
@@ -54,14 +54,11 @@ def traced_batcher(model_dir: Path, threads: int):
             marks["batch formed"].append(time.perf_counter())
         return batch
 
-    async def running(batch, loop, long):
-        marks["run starts"].append(time.perf_counter())
-        try:
-            await run(batch, loop, long)
-        finally:
-            marks["run ends"].append(time.perf_counter())
+    def answering(run, outcome, error):
+        marks["answered"].append(time.perf_counter())
+        answer(run, outcome, error)
 
-    batcher._embed_fn, batcher._form_batch, batcher._run = runtime_call, formed, running
+    batcher._embed_fn, batcher._form_batch, batcher._answer = runtime_call, formed, answering
     return model, marks
 
 

@@ -1,12 +1,14 @@
 """Dynamic batching across concurrent requests under a token budget.
 
-Requests put their sentences (token lists) in one queue per model; a single loop forms batches and runs the
-runtime in worker threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device
+Requests put their sentences (token lists) in one queue per model; batches are formed on the event loop whenever
+something changes (a request arrives, a batch ends, a partial batch has waited long enough: ``_pump``, no task of
+its own, so that a lone request reaches a worker in the call that queued it) and run the runtime in worker threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device
 stream; on CPU as many as the runtime runs batches at once, so that the next call's char-CNN and first batches
 fill the cores while the last one's final batch finishes). Keeping the event loop free means a slow batch never
-blocks accepting or answering other calls.
+blocks accepting or answering other calls. A worker hands its outcome straight back to the event loop (one hop
+each way).
 
-Batch formation, when the worker is free:
+Batch formation, when a worker is free:
   * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
   * requests take turns, one sentence each per round, the least served first (the fewest of its tokens computed
     so far), while the batch's real token count stays within ``max_batch_tokens`` (first fit): a short request is
@@ -101,6 +103,18 @@ class _Item:
         return len(self.tokens)
 
 
+@dataclass(eq=False)
+class _Run:
+    """A dispatched batch: its items, which worker took it, whether it holds a long request, and when it started
+    (time.monotonic()) and how long the runtime call took, seen from the event loop's hand-over."""
+
+    batch: list[_Item]
+    express: bool
+    long: bool
+    started: float
+    seconds: float = 0.0
+
+
 class Batcher:
     def __init__(
         self,
@@ -142,11 +156,11 @@ class Batcher:
         self._free = workers  # workers not running a batch
         self._express_free = 1 if express_tokens else 0
         self._long_running = 0  # running batches that hold a request over express_tokens (only those make it wait)
-        self._running: set[asyncio.Task] = set()
+        self._running: set[_Run] = set()  # dispatched batches, until their answers are out
         self._queue: list[_Item] = []
         self._queued_tokens = 0
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
+        self._timer: asyncio.TimerHandle | None = None  # pumps again once a partial batch has waited max_delay
         self._closed = False
         self.batches_started = 0
         self.batches_run = 0
@@ -157,25 +171,22 @@ class Batcher:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the batching loop on the running event loop."""
-        self._wakeup = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+        """Serve on the running event loop: batches are formed there, whenever a request arrives, a batch ends or
+        a partial batch has waited ``max_delay`` (:meth:`_pump`; no task of its own, so a lone request goes to a
+        worker in the call that queued it)."""
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
-        """Refuse new work, fail what is still queued (UNAVAILABLE), stop the loop, let the running batches fail
-        their callers (UNAVAILABLE), stop the threads."""
+        """Refuse new work, fail what is still queued and what is running (UNAVAILABLE), stop the threads."""
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for item in self._take_all():
             item.answers.fail(ServiceError(Kind.UNAVAILABLE, "server is shutting down"))
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        for task in list(self._running):
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        for run in list(self._running):
+            for item in run.batch:
+                item.answers.fail(ServiceError(Kind.UNAVAILABLE, "server is shutting down"))
         for executor in (self.executor, self.background):
             if executor is not None:
                 await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
@@ -197,7 +208,7 @@ class Batcher:
         Raises ServiceError OVERLOADED (queue full), DEADLINE (expired while queued), UNAVAILABLE (closing),
         INVALID_INPUT / INTERNAL (runtime errors). Cancelling the caller abandons its queued sentences.
         """
-        if self._closed or self._wakeup is None:
+        if self._closed or self._loop is None:
             raise ServiceError(Kind.UNAVAILABLE, "server is shutting down")
         if not sentences:
             return [], []
@@ -209,24 +220,23 @@ class Batcher:
                 f"overloaded: {self._queued_tokens} tokens queued, this request adds {n_tokens}, "
                 f"limit {self.max_queue_tokens} (--max-queue-tokens); retry with backoff",
             )
-        loop = asyncio.get_running_loop()
         if n_tokens <= self.express_tokens:
             self._last_short = time.monotonic()
         self._requests += 1
         request = self._requests
-        answers = _Answers(loop.create_future(), len(sentences))
+        answers = _Answers(self._loop.create_future(), len(sentences))
         items = [_Item(list(tokens), answers, i, deadline, request) for i, tokens in enumerate(sentences)]
         self._served[request] = 0
         self._sizes[request] = n_tokens
         self._queue.extend(items)
         self._queued_tokens += n_tokens
         self.observer.queue_changed(len(self._queue), self._queued_tokens)
-        self._wakeup.set()
         try:
+            self._pump()
             results = await answers.future
         except BaseException:
             if not answers.future.done():
-                answers.future.cancel()  # abandoned: the loop drops cancelled items instead of computing them
+                answers.future.cancel()  # abandoned: the next pump drops cancelled items instead of computing them
             elif not answers.future.cancelled():
                 answers.future.exception()  # mark retrieved: no "exception was never retrieved" log at GC time
             raise
@@ -235,51 +245,49 @@ class Batcher:
             self._sizes.pop(request, None)
         return [r[0] for r in results], [r[1] for r in results]
 
-    # -- the loop -------------------------------------------------------------------------------------------------
-    async def _loop(self) -> None:
-        assert self._wakeup is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            express = await self._take_worker()
-            try:
-                if not express:
-                    await self._wait_for_work()
-                batch = self._form_batch()
-            except BaseException:
-                self._give_back(express)
-                raise
-            if not batch:
-                self._give_back(express)
-                continue
-            self.batches_running += 1
-            long = not all(self._is_short(item.request) for item in batch)
-            self._long_running += long
-            task = loop.create_task(self._run_guarded(batch, loop, express, long))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-
-    async def _take_worker(self) -> bool:
-        """Wait for a free worker; True when it is the express one (every other busy, one with a long request, and a
-        short request queued)."""
-        assert self._wakeup is not None
-        while True:
-            if self._free:
-                self._free -= 1
-                return False
+    # -- forming and dispatching batches --------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
+        A free worker takes the queue at once when no batch runs (an idle runtime: waiting for company would only
+        add latency) or when a full batch is queued; else a partial batch waits for company until its oldest item
+        has waited ``max_delay`` (a timer pumps again then). With every worker busy, the express one takes short
+        requests while a long one runs."""
+        while not self._closed:
             self._drop_dead()
-            if self._express_free and self._long_running and self._short_requests():
-                self._express_free -= 1
-                return True
-            self._wakeup.clear()
-            await self._wakeup.wait()  # set when a batch ends or a request arrives
+            if not self._queue:
+                return
+            express = False
+            if not self._free:
+                if not (self._express_free and self._long_running and self._short_requests()):
+                    return  # every worker busy: the next batch's end pumps again
+                express = True
+            elif self.batches_running and not self._full():
+                wait = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
+                if wait > 0:
+                    self._pump_in(wait)
+                    return
+            batch = self._form_batch()
+            if not batch:
+                return
+            self._dispatch(batch, express)
 
-    def _give_back(self, express: bool) -> None:
-        if express:
-            self._express_free += 1
-        else:
-            self._free += 1
-        if self._wakeup is not None:
-            self._wakeup.set()
+    def _full(self) -> bool:
+        return self._queued_tokens >= self.max_batch_tokens or len(self._queue) >= self.max_batch_sentences
+
+    def _pump_in(self, seconds: float) -> None:
+        """Pump again in ``seconds`` (a timer that would fire later is moved earlier; an earlier one is kept: the
+        pump it makes sets the next)."""
+        assert self._loop is not None
+        when = self._loop.time() + seconds
+        if self._timer is not None and self._timer.when() <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._pump()
 
     def _is_short(self, request: int) -> bool:
         """At most ``express_tokens`` tokens: what the express worker may take (none when it is off)."""
@@ -289,42 +297,56 @@ class Batcher:
         """Queued requests the express worker may take."""
         return {item.request for item in self._queue if self._is_short(item.request)}
 
-    async def _run_guarded(
-        self, batch: list[_Item], loop: asyncio.AbstractEventLoop, express: bool, long: bool
-    ) -> None:
+    def _dispatch(self, batch: list[_Item], express: bool) -> None:
+        """Hand ``batch`` to a worker thread; it reports back with :meth:`_finished` on the event loop (one hop
+        each way, no task in between)."""
+        assert self._loop is not None
+        long = not all(self._is_short(item.request) for item in batch)
+        if express:
+            self._express_free -= 1
+        else:
+            self._free -= 1
+        run = _Run(batch, express, long, time.monotonic())
+        self._running.add(run)
+        self.batches_running += 1
+        self._long_running += long
+        self.batches_started += 1
+        if self._in_background(long):
+            assert self.background is not None
+            self.background.submit(self._work, self._background_fn, run, self._loop)
+        else:
+            self.executor.submit(self._work, self._embed_fn, run, self._loop)
+
+    def _work(self, embed_fn: EmbedFn, run: _Run, loop: asyncio.AbstractEventLoop) -> None:
+        """On a worker thread: the runtime call, then its outcome back to the event loop."""
         try:
-            await self._run(batch, loop, long)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug here must fail this batch's callers, never stop the loop (or hang them)
+            outcome = embed_fn([item.tokens for item in run.batch])
+            error = None
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the callers
+            outcome, error = None, exc
+        run.seconds = time.monotonic() - run.started
+        try:
+            loop.call_soon_threadsafe(self._finished, run, outcome, error)
+        except RuntimeError:  # the event loop is closed: close() failed these callers already
+            pass
+
+    def _finished(self, run: _Run, outcome: tuple[list[np.ndarray], EmbedStats] | None, error: BaseException | None):
+        """On the event loop: a batch's answers (or its failure) to its callers, its worker back, the next batch."""
+        try:
+            self._answer(run, outcome, error)
+        except Exception:  # a bug here must fail this batch's callers, never stop the batcher (or hang them)
             log.exception("batcher %s: batch handling failed", self.name)
-            for item in batch:
+            for item in run.batch:
                 item.answers.fail(ServiceError(Kind.INTERNAL, "internal error while batching"))
         finally:
+            self._running.discard(run)
             self.batches_running -= 1
-            self._long_running -= long
-            self._give_back(express)
-
-    async def _wait_for_work(self) -> None:
-        """Return when a batch should be formed: full enough, or the oldest item waited ``max_delay``."""
-        assert self._wakeup is not None
-        while True:
-            self._drop_dead()
-            if self._queue:
-                if self.batches_running == 0:
-                    return  # an idle runtime: waiting for company would only add latency
-                if self._queued_tokens >= self.max_batch_tokens or len(self._queue) >= self.max_batch_sentences:
-                    return
-                wait = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
-                if wait <= 0:
-                    return
+            self._long_running -= run.long
+            if run.express:
+                self._express_free += 1
             else:
-                wait = None
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
-            except TimeoutError:
-                pass
+                self._free += 1
+            self._pump()
 
     def _drop_dead(self) -> None:
         """Remove cancelled items and fail expired ones with DEADLINE, so no compute is spent on them."""
@@ -404,44 +426,37 @@ class Batcher:
         recent_short = time.monotonic() - self._last_short < SHORT_TRAFFIC_S
         return long and recent_short and self.background is not None
 
-    async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop, long: bool) -> None:
-        """``long``: the batch holds a request over ``express_tokens`` (it may run in the background)."""
-        started = time.monotonic()
-        sentences = [item.tokens for item in batch]
-        real = sum(item.n_tokens for item in batch)
-        self.batches_started += 1
-        try:
-            if self._in_background(long):
-                outputs, cost = await loop.run_in_executor(self.background, self._background_fn, sentences)
-            else:
-                outputs, cost = await loop.run_in_executor(self.executor, self._embed_fn, sentences)
-            if len(outputs) != len(batch):
-                raise ServiceError(Kind.INTERNAL, f"runtime returned {len(outputs)} results for {len(batch)} sentences")
-        except asyncio.CancelledError:
+    def _answer(
+        self, run: _Run, outcome: tuple[list[np.ndarray], EmbedStats] | None, error: BaseException | None
+    ) -> None:
+        batch = run.batch
+        if error is None and outcome is not None and len(outcome[0]) != len(batch):
+            returned = len(outcome[0])
+            error = ServiceError(Kind.INTERNAL, f"runtime returned {returned} results for {len(batch)} sentences")
+        if error is not None or outcome is None:
+            failure = _as_service_error(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            if failure.kind is Kind.INTERNAL:
+                log.error("batch of %d sentences failed on model %s", len(batch), self.name, exc_info=error)
             for item in batch:
-                item.answers.fail(ServiceError(Kind.UNAVAILABLE, "server is shutting down"))
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure must reach the callers, never kill the loop
-            error = _as_service_error(exc)
-            if error.kind is Kind.INTERNAL:
-                log.exception("batch of %d sentences failed on model %s", len(batch), self.name)
-            for item in batch:
-                item.answers.fail(error)
+                item.answers.fail(failure)
             return
-        seconds = time.monotonic() - started
+        outputs, cost = outcome
+        real = sum(item.n_tokens for item in batch)
         self.batches_run += 1
-        self.observer.batch_done(len(batch), real, cost.padded_tokens, seconds)
-        log.info(
-            "model %s: batch of %d sentences, %d tokens (%d padded, %d runs), %.1f ms",
-            self.name,
-            len(batch),
-            real,
-            cost.padded_tokens,
-            cost.runs,
-            1000 * seconds,
-        )
+        self.observer.batch_done(len(batch), real, cost.padded_tokens, run.seconds)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "model %s: batch of %d sentences, %d tokens (%d padded, %d runs), %.1f ms",
+                self.name,
+                len(batch),
+                real,
+                cost.padded_tokens,
+                cost.runs,
+                1000 * run.seconds,
+            )
         for item, output in zip(batch, outputs):
-            item.answers.answer(item.index, (output, BatchStats(started - item.enqueued, seconds, len(batch), real)))
+            stats = BatchStats(run.started - item.enqueued, run.seconds, len(batch), real)
+            item.answers.answer(item.index, (output, stats))
 
     def _take_all(self) -> list[_Item]:
         items, self._queue, self._queued_tokens = self._queue, [], 0

@@ -142,20 +142,30 @@ class _ConnectionCollector:
 
 
 class _ModelObserver(BatcherObserver):
+    """One model's batcher metrics. Its label children are looked up once, here: ``labels()`` takes a lock and
+    builds a key on every call, and these are called for every batch and every queue change."""
+
     def __init__(self, metrics: ServiceMetrics, model: str):
         self.m = metrics
         self.model = model
+        self._queue_sentences = metrics.queue_sentences.labels(model)
+        self._queue_tokens = metrics.queue_tokens.labels(model)
+        self._batch_sentences = metrics.batch_sentences.labels(model)
+        self._batch_tokens = metrics.batch_tokens.labels(model)
+        self._batch_padded_tokens = metrics.batch_padded_tokens.labels(model)
+        self._inference = metrics.inference.labels(model)
+        self._tokens = metrics.tokens.labels(model)
 
     def queue_changed(self, sentences: int, tokens: int) -> None:
-        self.m.queue_sentences.labels(self.model).set(sentences)
-        self.m.queue_tokens.labels(self.model).set(tokens)
+        self._queue_sentences.set(sentences)
+        self._queue_tokens.set(tokens)
 
     def batch_done(self, sentences: int, tokens: int, padded_tokens: int, seconds: float) -> None:
-        self.m.batch_sentences.labels(self.model).observe(sentences)
-        self.m.batch_tokens.labels(self.model).observe(tokens)
-        self.m.batch_padded_tokens.labels(self.model).observe(padded_tokens)
-        self.m.inference.labels(self.model).observe(seconds)
-        self.m.tokens.labels(self.model).inc(tokens)
+        self._batch_sentences.observe(sentences)
+        self._batch_tokens.observe(tokens)
+        self._batch_padded_tokens.observe(padded_tokens)
+        self._inference.observe(seconds)
+        self._tokens.inc(tokens)
         self.m.record_tokens(tokens)
 
     def dropped(self, reason: str, count: int) -> None:

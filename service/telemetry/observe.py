@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from elmo.service.telemetry.metrics import ServiceMetrics
 
@@ -39,6 +40,9 @@ Describe = Callable[[], tuple[str, str, str]]
 class RequestObserver:
     def __init__(self, metrics: ServiceMetrics):
         self.metrics = metrics
+        # label children by method (and outcome), looked up once each: ``labels()`` locks and builds a key per call
+        self._counted: dict[tuple[str, ...], Any] = {}
+        self._timed: dict[tuple[str, ...], Any] = {}
 
     def start(self, method: str) -> Observation:
         self.metrics.in_flight.inc()
@@ -47,8 +51,8 @@ class RequestObserver:
     def finished(self, seen: Observation, outcome: str, *, server_fault: bool, describe: Describe) -> None:
         seconds = time.perf_counter() - seen.started
         self.metrics.in_flight.dec()
-        self.metrics.requests.labels(seen.method, outcome).inc()
-        self.metrics.latency.labels(seen.method).observe(seconds)
+        _child(self._counted, (seen.method, outcome), self.metrics.requests).inc()
+        _child(self._timed, (seen.method,), self.metrics.latency).observe(seconds)
         level = logging.WARNING if server_fault else logging.DEBUG
         if log.isEnabledFor(level):
             peer, request_id, detail = describe()
@@ -62,6 +66,19 @@ class RequestObserver:
                 request_id,
                 detail,
             )
+
+
+CACHED_CHILDREN = 1024  # label children kept at hand per metric: methods x outcomes is small, a flood is not kept
+
+
+def _child(cache: dict[tuple[str, ...], Any], labels: tuple[str, ...], metric: Any) -> Any:
+    """``metric.labels(*labels)``, looked up once per label values (up to :data:`CACHED_CHILDREN`)."""
+    child = cache.get(labels)
+    if child is None:
+        child = metric.labels(*labels)
+        if len(cache) < CACHED_CHILDREN:
+            cache[labels] = child
+    return child
 
 
 __all__ = ["CLIENT_GONE", "Observation", "RequestObserver"]
