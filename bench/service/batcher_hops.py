@@ -6,8 +6,9 @@ beside a bare ``run_in_executor`` round trip of the same shape.
 A served model's batcher (service.models.registry.serve_model, this machine's default limits) embeds one
 15-token sentence at a time, idle between calls; its steps are timed by wrapping the batcher's own methods:
 ``embed`` called -> batch formed -> the runtime call starts on the worker -> ends -> its answers are handed to
-the callers on the event loop -> ``embed`` returns. Then a bare asyncio ``run_in_executor`` of a function that spins as long as the
-runtime call took: its hop in and its hop back are what any thread hand-off costs on this machine. Medians (ms).
+the callers on the event loop -> ``embed`` returns. Then a bare asyncio ``run_in_executor`` of a function that
+spins as long as the runtime call took: its hop in and its hop back are what any thread hand-off costs on this
+machine. Medians (ms).
 """
 
 from __future__ import annotations

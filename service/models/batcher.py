@@ -2,9 +2,10 @@
 
 Requests put their sentences (token lists) in one queue per model; batches are formed on the event loop whenever
 something changes (a request arrives, a batch ends, a partial batch has waited long enough: ``_pump``, no task of
-its own, so that a lone request reaches a worker in the call that queued it) and run the runtime in worker threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device
-stream; on CPU as many as the runtime runs batches at once, so that the next call's char-CNN and first batches
-fill the cores while the last one's final batch finishes). Keeping the event loop free means a slow batch never
+its own, so that a lone request reaches a worker in the call that queued it) and run the runtime in worker
+threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device stream; on CPU as
+many as the runtime runs batches at once, so that the next call's char-CNN and first batches fill the cores while
+the last one's final batch finishes). Keeping the event loop free means a slow batch never
 blocks accepting or answering other calls. A worker hands its outcome straight back to the event loop (one hop
 each way).
 
