@@ -12,8 +12,11 @@ and ``--before REV`` when given) ``elmo serve --threads N`` under ``h2load -c C`
 same sentences as a ``/v1/embed`` JSON body with ``"encoding": "base64"``, all layers). Each generator runs on one
 thread. Before the runs, one request of each kind is sent by this checkout's client and its answer checked (h2load
 cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and served ÷
-in-process, per round and as medians. The generators come from Debian (``nghttp2-client``, ``wrk``) and are installed
-by this command when missing. A benchmark: the figures depend on the machine, which the JSON names.
+in-process, per round and as medians. ``--floor``: also, in each round, the same gRPC load on a bare grpc.aio
+server in front of the same runtime (bench.service.grpc_floor ``--model``: one runtime call per request, none of the
+service's code): what any Python grpc.aio door reaches on this machine. The generators come from Debian
+(``nghttp2-client``, ``wrk``) and are installed by this command when missing. A benchmark: the figures depend on
+the machine, which the JSON names.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
+from bench.service.grpc_floor import start_floor_server
 from elmo.bench.figures import machine
 
 GENERATORS = {"h2load": "nghttp2-client", "wrk": "wrk"}
@@ -115,6 +119,7 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
     (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
     embedder = load_embedder(model, args.threads, texts, args.batch)
     servers = {label: start_server(model, threads=args.threads, tree=tree, label=label) for label, tree in trees}
+    floor = start_floor_server(model, args.threads) if args.floor else None
     rounds = []
     try:
         for server in servers.values():
@@ -132,6 +137,11 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
                     result["requests_per_s"] = result["requests"] / result["seconds"]
                     result["served_over_in_process"] = result["requests_per_s"] / entry["in_process_requests_per_s"]
                     entry[f"{label}_{protocol}"] = result
+            if floor is not None:
+                result = run_h2load(f"127.0.0.1:{floor[1]}", work / "grpc.bin", args.connections, args.duration)
+                result["requests_per_s"] = result["requests"] / result["seconds"]
+                result["served_over_in_process"] = result["requests_per_s"] / entry["in_process_requests_per_s"]
+                entry["floor_grpc"] = result
             rounds.append(entry)
             print(f"{name} round {index + 1}: " + ", ".join(
                 f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f})"
@@ -139,6 +149,9 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
     finally:
         for server in servers.values():
             server.stop()
+        if floor is not None:
+            floor[0].terminate()
+            floor[0].wait(10)
         embedder.close()
     medians = {key: statistics.median(r[key]["served_over_in_process"] for r in rounds)
                for key in rounds[0] if isinstance(rounds[0][key], dict)}  # fmt: skip
@@ -156,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-request", type=int, default=8, help="sentences per request")
     parser.add_argument("--batch", type=int, default=128, help="texts per in-process call")
     parser.add_argument("--threads", type=int, default=2, help="the server's and the runtime's threads")
+    parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
     args = parser.parse_args(argv)
     ensure_generators()

@@ -11,10 +11,11 @@ time in ``timing.total_ms``. The client is ``elmo.client``'s: a blocking stub on
 numpy. Reported: the client-observed latency and observed - handler time (the transport: serialization, HTTP/2,
 the event loop's and the client's wake-ups), p50 over ``--calls`` calls after ``--warmup``.
 
-``--model DIR`` (what bench.service.latency runs beside the service, :func:`start_floor_server`): the handler runs
-the real runtime (``Embedder.embed_texts`` on the request's first text, ``--threads`` intra-op threads, on a thread)
-and answers its tokens and layers, an ``EmbedResponse`` built with protobuf's own API: a plain grpc.aio server in
-front of the same runtime, with none of the service's code (limits, batching, interceptors) in its path.
+``--model DIR`` (what bench.service.latency and bench.service.compiled_load run beside the service,
+:func:`start_floor_server`): the handler runs the real runtime (``Embedder.embed`` on the request's texts, one call
+per request, ``--threads`` intra-op threads, on one worker thread) and answers their tokens and layers, an
+``EmbedResponse`` built with protobuf's own API: a plain grpc.aio server in front of the same runtime, with none of
+the service's code (limits, batching across requests, interceptors) in its path.
 """
 
 from __future__ import annotations
@@ -56,21 +57,21 @@ def serve(args: argparse.Namespace) -> None:
     runtime = None
     if args.model is not None:
         from elmo.runtime import Embedder
-        from elmo.text.tokenize import tokenize
 
         runtime = Embedder(args.model, intra_op_threads=args.threads)
         runtime.warmup()
 
-    def embedded(text: str) -> pb.EmbedResponse:
-        """The runtime's answer for one text, built field by field (what a plain server would write)."""
+    def embedded(texts: list[str]) -> pb.EmbedResponse:
+        """The runtime's answer for the texts, built field by field (what a plain server would write)."""
         response = pb.EmbedResponse(model="bare")
-        (layers,) = runtime.embed_texts([text])
-        to_tensor(layers, pb.FLOAT32, out=response.embeddings.add(tokens=tokenize(text).tokens).layers)
+        for embedding in runtime.embed(texts):
+            to_tensor(embedding.layers, pb.FLOAT32, out=response.embeddings.add(tokens=embedding.tokens).layers)
         return response
 
     async def embed_runtime(request, context):
         began = time.perf_counter()
-        response = await asyncio.get_running_loop().run_in_executor(pool, embedded, request.inputs[0].text)
+        texts = [item.text for item in request.inputs]
+        response = await asyncio.get_running_loop().run_in_executor(pool, embedded, texts)
         response.timing.total_ms = 1000 * (time.perf_counter() - began)
         return response
 

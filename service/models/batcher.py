@@ -237,9 +237,11 @@ class Batcher:
             results = await answers.future
         except BaseException:
             if not answers.future.done():
-                answers.future.cancel()  # abandoned: the next pump drops cancelled items instead of computing them
+                answers.future.cancel()
             elif not answers.future.cancelled():
                 answers.future.exception()  # mark retrieved: no "exception was never retrieved" log at GC time
+            if answers.future.cancelled():
+                self._drop_dead()  # abandoned: its queued sentences leave the queue now, uncomputed
             raise
         finally:
             self._served.pop(request, None)

@@ -145,6 +145,33 @@ def test_expired_and_cancelled_work_never_reaches_the_runtime(runtime):
     assert recorder.dropped_counts == {"deadline": 2, "cancelled": 1}
 
 
+def test_an_abandoned_request_leaves_the_queue_at_once_and_frees_its_room(runtime):
+    """Its tokens stop counting against --max-queue-tokens when its caller goes, not when a batch next forms."""
+
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder, max_queue_tokens=10)
+        release = await held(batcher)
+        filler = asyncio.ensure_future(batcher.embed([sentence(2)]))
+        await until(lambda: batcher.batches_started == 1)  # the only worker took it: the rest queues
+        abandoned = asyncio.ensure_future(batcher.embed([sentence(8)]))
+        await until(lambda: batcher.queued_tokens == 8)
+        abandoned.cancel()
+        await asyncio.gather(abandoned, return_exceptions=True)
+        queued_after_cancel = batcher.queued_tokens
+        after = asyncio.ensure_future(batcher.embed([sentence(9)]))  # 9 fits only once the 8 are gone
+        await until(lambda: batcher.queued_tokens == 9)
+        release.set()
+        await asyncio.gather(filler, after)
+        await batcher.close()
+        return recorder, queued_after_cancel
+
+    recorder, queued_after_cancel = asyncio.run(scenario())
+    assert queued_after_cancel == 0
+    assert recorder.batches == [[2], [9]]
+    assert recorder.dropped_counts == {"cancelled": 1}
+
+
 def test_a_failing_batch_fails_its_callers_and_the_loop_goes_on(runtime):
     async def scenario():
         recorder = Recorder(runtime)
