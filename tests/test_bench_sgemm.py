@@ -16,8 +16,11 @@ CONFIG = {"filters": [[1, 2], [2, 3]], "char_dim": 4, "n_highway": 1, "projectio
 def test_work_counts_every_position_once_and_every_distinct_token_once():
     work = sgemm_bound.text_work(CONFIG, ["a bb a"])
     assert (work["sentences"], work["tokens"], work["distinct_tokens"]) == (1, 3, 2)
-    # 5 positions (3 tokens, <S>, </S>) x 2 layers x 2 directions x 2 FLOPs x (2 gates of 8 x 64 + projection 16 x 8)
-    assert work["lstm_gflop"] * 1e9 == pytest.approx(5 * 2 * 2 * 2 * (2 * 8 * 64 + 16 * 8))
+    # 2 directions x 2 FLOPs a multiply-add: 5 positions (3 tokens, <S>, </S>) x (2 layers x (recurrent gates 8 x 64
+    # + projection 16 x 8) + layer 1's input gates 8 x 64), and layer 0's input gates once per distinct row (a, bb,
+    # <S>, </S>)
+    per_position = 2 * 2 * (2 * (8 * 64 + 16 * 8) + 8 * 64)
+    assert work["lstm_gflop"] * 1e9 == pytest.approx(5 * per_position + 4 * 2 * 2 * 8 * 64)
     # "a": 3 char ids (BOW, a, EOW); "bb": 4. Conv 2 x char_dim x width x channels x (length - width + 1) per width,
     # then per distinct token the highway (S=5 -> 2S) and the projection (S -> 8), 2 FLOPs a multiply-add
     conv = (2 * 4 * 1 * 2 * 3 + 2 * 4 * 2 * 3 * 2) + (2 * 4 * 1 * 2 * 4 + 2 * 4 * 2 * 3 * 3)

@@ -9,11 +9,12 @@ on a constant weight matrix, at a large square shape and at the shapes ELMo runs
 any shape (a shared host's neighbours only ever make a rate lower).
 
 The work: the floating-point operations the model cannot avoid on the text, counted from its config (a
-multiply-add is 2): per position (tokens + <S> and </S> per sentence), layer and direction the LSTM's input and
-recurrent gates (P x 4C each) and its cell projection (C x P); per *distinct* token once (the runtime caches
-token vectors) the char-CNN over the token's own characters (+ BOW/EOW, no padding), the highway layers and the
-projection. Padding, the trim window and repeated tokens are not counted: the bound is the best any
-implementation of this model could do on this CPU.
+multiply-add is 2): per position (tokens + <S> and </S> per sentence), layer and direction the LSTM's recurrent
+gates (P x 4C) and cell projection (C x P), and the input gates (P x 4C) of every layer but the first; per
+*distinct* token once (the runtime caches token vectors, and the first layer's input gates depend on the token
+alone) the first layer's input gates, the char-CNN over the token's own characters (+ BOW/EOW, no padding), the
+highway layers and the projection. Padding, the trim window and repeated tokens are not counted: the bound is the
+best any implementation of this model could do on this CPU.
 
 Reported: GFLOP per 1,000 tokens, tokens/s at the bound, and with ``--throughput`` (bench.batch.throughput's JSON:
 its best ``after`` ``embed_file_tokens_per_s``) or ``--tokens-per-s``, the fraction of the bound reached.
@@ -73,12 +74,15 @@ def text_work(config: dict, lines: list[str]) -> dict:
     tokens = sum(len(s) for s in sentences)
     positions = tokens + 2 * len(sentences)
     p, c, layers = config["projection_dim"], config["cell_dim"], config["n_layers"]
-    lstm = positions * layers * 2 * 2 * (2 * p * 4 * c + c * p)  # 2 directions, 2 FLOPs a multiply-add
+    distinct = {t for sentence in sentences for t in sentence}
+    gates, projection = 2 * 2 * p * 4 * c, 2 * 2 * c * p  # 2 directions, 2 FLOPs a multiply-add
+    # every position: each layer's recurrent gates and cell projection, and the input gates of the layers above the
+    # first; the first layer's input gates depend on the token alone: once per distinct token and <S>, </S>
+    lstm = positions * (layers * (gates + projection) + (layers - 1) * gates) + (len(distinct) + 2) * gates
     width_of = {int(w): int(n) for w, n in config["filters"]}
     s = sum(width_of.values())
     max_chars, char_dim = config["max_chars"], config["char_dim"]
     encoder = 0
-    distinct = {t for sentence in sentences for t in sentence}
     for token in distinct:
         length = min(len(token.encode("utf-8")) + 2, max_chars)  # BOW + bytes + EOW, cut as the char ids are
         for width, channels in width_of.items():

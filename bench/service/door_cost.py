@@ -3,6 +3,7 @@ feed a backend.
 
     python -m bench.service.door_cost --duration 10
     python -m bench.service.door_cost --sizes 1 8 32 --model tiny --out bench/results/door_cost.json
+    python -m bench.service.door_cost --before 03f6808 --rounds 2      # REV's code and this checkout's in turn
 
 One ``elmo serve`` of a model whose runtime costs little (``tiny``: random weights of the tiny shape) is loaded by the
 compiled generators of bench.service.compiled_load (``h2load`` for gRPC ``Embed``, ``wrk`` for HTTP ``/v1/embed``
@@ -24,6 +25,7 @@ import numpy as np
 
 from bench.kit.load import build_http_requests, build_requests
 from bench.kit.results import bench_parser, result_path, write_json
+from bench.kit.revision import code_trees, revision_info
 from bench.kit.sample import cpu_seconds
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
@@ -47,9 +49,10 @@ def fit(points: list[tuple[int, float]]) -> dict:
     return {"us_per_request": float(a), "us_per_token": float(b)}
 
 
-def measure(args, work: Path) -> dict:
-    texts, source = sentences(max(args.sizes), min_words=15, max_words=25)
-    server = start_server(model_directory(args.model), threads=args.threads)
+def measure_server(args, texts: list[str], work: Path, tree: Path | None, label: str) -> dict:
+    """One ``elmo serve`` (this checkout's code, or ``tree``'s) under each request size and protocol in turn: per
+    protocol its runs and the least-squares line over them."""
+    server = start_server(model_directory(args.model), threads=args.threads, tree=tree, label=label)
     runs = {"grpc": [], "http": []}
     try:
         for size in args.sizes:
@@ -66,8 +69,8 @@ def measure(args, work: Path) -> dict:
                 for key in ("event_loop", "process"):
                     result[f"{key}_us_per_request"] = 1e6 * result[f"{key}_cpu_s"] / max(1, result["requests"])
                 runs[protocol].append(result)
-                print(f"{protocol} {size} sentences ({tokens} tokens): {result['requests_per_s']:.0f} req/s, event "
-                      f"loop {result['event_loop_us_per_request']:.0f} us/request, process "
+                print(f"{label} {protocol} {size} sentences ({tokens} tokens): {result['requests_per_s']:.0f} req/s, "
+                      f"event loop {result['event_loop_us_per_request']:.0f} us/request, process "
                       f"{result['process_us_per_request']:.0f} us/request", flush=True)  # fmt: skip
     finally:
         server.stop()
@@ -77,7 +80,17 @@ def measure(args, work: Path) -> dict:
         per_request = {r["tokens"]: line["us_per_request"] + line["us_per_token"] * r["tokens"] for r in results}
         line["feeds_tokens_per_s"] = {str(tokens): 1e6 * tokens / micros for tokens, micros in per_request.items()}
         summary[protocol] = line
-    return {"model": args.model, "texts": source, "runs": runs, "event_loop_cost": summary}
+    return {"runs": runs, "event_loop_cost": summary}
+
+
+def measure(args, work: Path) -> dict:
+    """``--rounds`` rounds, each code tree (this checkout; ``--before REV`` too) in turn within a round."""
+    texts, source = sentences(max(args.sizes), min_words=15, max_words=25)
+    rounds = []
+    with code_trees(args.before) as trees:
+        for _ in range(args.rounds):
+            rounds.append({label: measure_server(args, texts, work, tree, label) for label, tree in trees})
+    return {"model": args.model, "texts": source, "code": revision_info(args.before), "rounds": rounds}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=int, default=10, help="seconds per run")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="the server's runtime threads")
+    parser.add_argument("--before", help="also measure this git revision's code, in turn with this checkout's")
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=result_path("door_cost.json"))
     args = parser.parse_args(argv)
     ensure_generators()
@@ -96,10 +111,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write_json(args.out, result)
-    for protocol, line in result["event_loop_cost"].items():
-        feeds = ", ".join(f"{int(v):,} at {k} tokens/request" for k, v in line["feeds_tokens_per_s"].items())
-        print(f"{protocol}: {line['us_per_request']:.0f} us per request + {line['us_per_token']:.2f} us per token "
-              f"on the event loop; one process feeds at most {feeds} tokens/s")  # fmt: skip
+    for index, entry in enumerate(result["rounds"], 1):
+        for label, measured_tree in entry.items():
+            for protocol, line in measured_tree["event_loop_cost"].items():
+                feeds = ", ".join(f"{int(v):,} at {k}" for k, v in line["feeds_tokens_per_s"].items())
+                print(f"round {index} {label} {protocol}: {line['us_per_request']:.0f} us per request + "
+                      f"{line['us_per_token']:.2f} us per token on the event loop; one process feeds at most "
+                      f"{feeds} tokens/request tokens/s")  # fmt: skip
     print(f"wrote {args.out}")
 
 

@@ -5,9 +5,8 @@ something changes (a request arrives, a batch ends, a partial batch has waited l
 its own, so that a lone request reaches a worker in the call that queued it) and run the runtime in worker
 threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device stream; on CPU as
 many as the runtime runs batches at once, so that the next call's char-CNN and first batches fill the cores while
-the last one's final batch finishes). Keeping the event loop free means a slow batch never
-blocks accepting or answering other calls. A worker hands its outcome straight back to the event loop (one hop
-each way).
+the last one's final batch finishes). Keeping the event loop free means a slow batch never blocks accepting or
+answering other calls. A worker hands its outcome straight back to the event loop (one hop each way).
 
 Batch formation, when a worker is free:
   * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
@@ -106,8 +105,8 @@ class _Item:
 
 @dataclass(eq=False)
 class _Run:
-    """A dispatched batch: its items, which worker took it, whether it holds a long request, and when it started
-    (time.monotonic()) and how long the runtime call took, seen from the event loop's hand-over."""
+    """A dispatched batch: its items, which worker took it, whether it holds a long request, when it was handed to
+    the worker (time.monotonic()) and the seconds from then to the end of its runtime call."""
 
     batch: list[_Item]
     express: bool
@@ -333,7 +332,9 @@ class Batcher:
         except RuntimeError:  # the event loop is closed: close() failed these callers already
             pass
 
-    def _finished(self, run: _Run, outcome: tuple[list[np.ndarray], EmbedStats] | None, error: BaseException | None):
+    def _finished(
+        self, run: _Run, outcome: tuple[list[np.ndarray], EmbedStats] | None, error: BaseException | None
+    ) -> None:
         """On the event loop: a batch's answers (or its failure) to its callers, its worker back, the next batch."""
         try:
             self._answer(run, outcome, error)
@@ -379,8 +380,8 @@ class Batcher:
         """Fair and first fit: requests take turns, one sentence each per round, the one that has had the fewest of
         its tokens computed so far first (least attained service: a short request goes ahead of a long one that has
         been served for a while, and a long one alone fills whole batches); each takes its next sentence that still
-        fits the token budget, and the first sentence always goes in."""
-        self._drop_dead()
+        fits the token budget, and the first sentence always goes in. The queue holds live items only (the pump
+        dropped the dead ones just before)."""
         if not self._queue:
             return []
         # Short requests batch among themselves whenever any is queued (the express worker takes nothing else): a
@@ -432,6 +433,7 @@ class Batcher:
     def _answer(
         self, run: _Run, outcome: tuple[list[np.ndarray], EmbedStats] | None, error: BaseException | None
     ) -> None:
+        """Each caller its sentences' vectors and the batch's stats, or every caller the batch's failure."""
         batch = run.batch
         if error is None and outcome is not None and len(outcome[0]) != len(batch):
             returned = len(outcome[0])
