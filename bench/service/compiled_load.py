@@ -111,6 +111,13 @@ def check_answers(grpc_target: str, http_address: str, texts: list[str], tokens:
         raise SystemExit(f"answers hold {answered} (gRPC) / {http_tokens} (HTTP) tokens, the load counts {tokens}")
 
 
+def against(result: dict, in_process_requests_per_s: float) -> dict:
+    """A load run's result with its requests/s and their ratio to the in-process rate of the same round."""
+    result["requests_per_s"] = result["requests"] / result["seconds"]
+    result["served_over_in_process"] = result["requests_per_s"] / in_process_requests_per_s
+    return result
+
+
 def measure_model(args, name: str, trees: list, work: Path) -> dict:
     model = model_directory(name)
     texts, source = sentences(max(args.batch, args.per_request), min_words=15, max_words=25)
@@ -133,15 +140,10 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
                                                                           args.connections, args.duration)),
                                       ("http", lambda s=server: run_wrk(s.http_address, http_body, args.connections,
                                                                         args.duration, work))):  # fmt: skip
-                    result = run()
-                    result["requests_per_s"] = result["requests"] / result["seconds"]
-                    result["served_over_in_process"] = result["requests_per_s"] / entry["in_process_requests_per_s"]
-                    entry[f"{label}_{protocol}"] = result
+                    entry[f"{label}_{protocol}"] = against(run(), entry["in_process_requests_per_s"])
             if floor is not None:
                 result = run_h2load(f"127.0.0.1:{floor[1]}", work / "grpc.bin", args.connections, args.duration)
-                result["requests_per_s"] = result["requests"] / result["seconds"]
-                result["served_over_in_process"] = result["requests_per_s"] / entry["in_process_requests_per_s"]
-                entry["floor_grpc"] = result
+                entry["floor_grpc"] = against(result, entry["in_process_requests_per_s"])
             rounds.append(entry)
             print(f"{name} round {index + 1}: " + ", ".join(
                 f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f})"
