@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,6 +161,7 @@ class Batcher:
         self._queued_tokens = 0
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self._timer: asyncio.TimerHandle | None = None  # pumps again once a partial batch has waited max_delay
+        self._pump_queued = False  # a pump is scheduled for this pass of the event loop
         self._closed = False
         self.batches_started = 0
         self.batches_run = 0
@@ -232,7 +233,7 @@ class Batcher:
         self._queued_tokens += n_tokens
         self.observer.queue_changed(len(self._queue), self._queued_tokens)
         try:
-            self._pump()
+            self._pump_soon()
             results = await answers.future
         except BaseException:
             if not answers.future.done():
@@ -272,6 +273,18 @@ class Batcher:
             if not batch:
                 return
             self._dispatch(batch, express)
+
+    def _pump_soon(self) -> None:
+        """Pump once the requests of this pass of the event loop are all queued (one pump for a burst: requests that
+        arrive together at an idle server share its first batch instead of the first one going alone)."""
+        assert self._loop is not None
+        if not self._pump_queued:
+            self._pump_queued = True
+            self._loop.call_soon(self._queued_pump)
+
+    def _queued_pump(self) -> None:
+        self._pump_queued = False
+        self._pump()
 
     def _full(self) -> bool:
         return self._queued_tokens >= self.max_batch_tokens or len(self._queue) >= self.max_batch_sentences
@@ -313,11 +326,26 @@ class Batcher:
         self.batches_running += 1
         self._long_running += long
         self.batches_started += 1
+        executor, embed_fn = self.executor, self._embed_fn
         if self._in_background(long):
             assert self.background is not None
-            self.background.submit(self._work, self._background_fn, run, self._loop)
-        else:
-            self.executor.submit(self._work, self._embed_fn, run, self._loop)
+            executor, embed_fn = self.background, self._background_fn
+        try:
+            handed = executor.submit(self._work, embed_fn, run, self._loop)
+        except Exception as exc:  # noqa: BLE001 - no thread to be had: the batch fails, its worker comes back
+            self._loop.call_soon(self._finished, run, None, exc)
+            return
+        handed.add_done_callback(lambda future: self._check_handed(future, run))
+
+    def _check_handed(self, future: Future, run: _Run) -> None:
+        """A batch whose ``_work`` never ran (its pool broke, or was shut down with it queued) fails like a runtime
+        error, so that its callers hear and its worker comes back. (``_work`` itself never raises.)"""
+        error = CancelledError("the worker pool dropped the batch") if future.cancelled() else future.exception()
+        if error is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._finished, run, None, error)
+            except RuntimeError:  # the event loop is closed: close() failed these callers already
+                pass
 
     def _work(self, embed_fn: EmbedFn, run: _Run, loop: asyncio.AbstractEventLoop) -> None:
         """On a worker thread: the runtime call, then its outcome back to the event loop."""
@@ -433,7 +461,10 @@ class Batcher:
     def _answer(
         self, run: _Run, outcome: tuple[list[np.ndarray], EmbedStats] | None, error: BaseException | None
     ) -> None:
-        """Each caller its sentences' vectors and the batch's stats, or every caller the batch's failure."""
+        """Each caller its sentences' vectors and the batch's stats, or every caller the batch's failure. Nothing
+        once closed: close() answered these callers (UNAVAILABLE), and the batch is not counted as served."""
+        if self._closed:
+            return
         batch = run.batch
         if error is None and outcome is not None and len(outcome[0]) != len(batch):
             returned = len(outcome[0])

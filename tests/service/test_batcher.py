@@ -5,6 +5,7 @@ where a test needs work to queue up, so nothing depends on timing."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 
@@ -172,6 +173,59 @@ def test_an_abandoned_request_leaves_the_queue_at_once_and_frees_its_room(runtim
     assert recorder.dropped_counts == {"cancelled": 1}
 
 
+def test_requests_that_arrive_together_at_an_idle_server_share_its_first_batch(runtime):
+    """One pump per pass of the event loop: a burst is queued whole before the first batch forms."""
+
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder)
+        results = await asyncio.gather(*(batcher.embed([sentence(n, f"b{n}_")]) for n in (2, 3, 4)))
+        await batcher.close()
+        return recorder, results
+
+    recorder, results = asyncio.run(scenario())
+    assert recorder.batches == [[2, 3, 4]]
+    assert [r[1][0].sentences for r in results] == [3, 3, 3]
+
+
+class _NoThread(RuntimeError):
+    pass
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["submit raises", "pool drops it"])
+def test_a_batch_that_never_reaches_a_worker_fails_its_callers_and_the_batcher_goes_on(runtime, how):
+    """No thread to be had (a pid limit), or a pool that broke before the work ran: the callers get INTERNAL and the
+    worker comes back, so later requests are served (a lost worker would leave them queued for ever)."""
+
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder)
+        submit, failures = batcher.executor.submit, []
+
+        def flaky_submit(fn, *args):
+            if failures:
+                return submit(fn, *args)
+            failures.append(how)
+            if how == "submit raises":
+                raise _NoThread("can't start new thread")
+            dropped = concurrent.futures.Future()
+            dropped.set_exception(concurrent.futures.BrokenExecutor("a thread initializer failed"))
+            return dropped
+
+        batcher.executor.submit = flaky_submit
+        with pytest.raises(ServiceError) as info:
+            await batcher.embed([sentence(3)])
+        (vectors,), _ = await batcher.embed([sentence(2)])
+        state = (batcher.batches_running, batcher.queued_tokens)
+        await batcher.close()
+        return info.value, vectors, state
+
+    error, vectors, state = asyncio.run(scenario())
+    assert error.kind is Kind.INTERNAL
+    assert vectors.shape[1] == 2 and state == (0, 0)
+
+
 def test_a_failing_batch_fails_its_callers_and_the_loop_goes_on(runtime):
     async def scenario():
         recorder = Recorder(runtime)
@@ -212,12 +266,15 @@ def test_close_fails_queued_work_with_unavailable(runtime):
         release.set()
         await closing
         with pytest.raises(ServiceError) as info:
-            await running  # cancelled with the loop: its batch result is not waited for
+            await running  # answered by close(): its batch result is not waited for
         assert info.value.kind is Kind.UNAVAILABLE
         with pytest.raises(ServiceError):
             await batcher.embed([sentence(1)])
+        await asyncio.sleep(0.05)  # the held batch's end reaches the loop after close()
+        return recorder
 
-    asyncio.run(scenario())
+    recorder = asyncio.run(scenario())
+    assert recorder.done == []  # a batch whose callers were told UNAVAILABLE is not counted as served
 
 
 class Gate(Recorder):
