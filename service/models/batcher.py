@@ -1,12 +1,12 @@
 """Dynamic batching across concurrent requests under a token budget.
 
 Requests put their sentences (token lists) in one queue per model; batches are formed on the event loop whenever
-something changes (a request arrives, a batch ends, a partial batch has waited long enough: ``_pump``, no task of
-its own, so that a lone request reaches a worker in the call that queued it) and run the runtime in worker
-threads (``workers`` calls in flight per model: one on CUDA, where one session feeds one device stream; on CPU as
-many as the runtime runs batches at once, so that the next call's char-CNN and first batches fill the cores while
-the last one's final batch finishes). Keeping the event loop free means a slow batch never blocks accepting or
-answering other calls. A worker hands its outcome straight back to the event loop (one hop each way).
+something changes (requests arrived in this pass of the loop, a batch ended, a partial batch has waited long
+enough: ``_pump``, no task of its own) and run the runtime in worker threads (``workers`` calls in flight per
+model: one on CUDA, where one session feeds one device stream; on CPU as many as the runtime runs batches at once,
+so that the next call's char-CNN and first batches fill the cores while the last one's final batch finishes).
+Keeping the event loop free means a slow batch never blocks accepting or answering other calls. A worker hands its
+outcome straight back to the event loop (one hop each way).
 
 Batch formation, when a worker is free:
   * expired work (deadline passed) and abandoned work (caller cancelled) is dropped from the queue first;
@@ -172,9 +172,8 @@ class Batcher:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Serve on the running event loop: batches are formed there, whenever a request arrives, a batch ends or
-        a partial batch has waited ``max_delay`` (:meth:`_pump`; no task of its own, so a lone request goes to a
-        worker in the call that queued it)."""
+        """Serve on the running event loop: batches are formed there, once per pass in which requests arrived, when
+        a batch ends and when a partial batch has waited ``max_delay`` (:meth:`_pump`; no task of its own)."""
         self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
