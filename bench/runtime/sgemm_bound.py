@@ -1,7 +1,8 @@
 """This CPU's single-precision GEMM rate and the fraction of it a measured embedding rate reaches (issue 42).
 
-    python -m bench.runtime.sgemm_bound --model runs/bench-models/elmo-small --text brown.txt --lines 2000 \
-        --throughput bench/results/batch_throughput_issue42.json
+    python -m bench.runtime.sgemm_bound --preset small --text brown.txt --lines 2000 \
+        --throughput bench/results/batch_throughput_sgemm.json
+    python -m bench.runtime.sgemm_bound --model models/default --tokens-per-s 9000
 
 The rate: onnxruntime's own MatMul (MLAS, the library the runtime computes with; ``--threads`` intra-op threads)
 on a constant weight matrix, at a large square shape and at the shapes ELMo runs: the LSTM's gates (batch x P ->
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.kit.models import prepare_model
 from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
@@ -102,7 +104,9 @@ def measured_rate(args) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser("runtime.sgemm_bound", __doc__)
+    parser = bench_parser("runtime.sgemm_bound", __doc__, model=False)
+    parser.add_argument("--model", help="model directory (default: --preset random weights)")
+    parser.add_argument("--preset", default="small", help="random-weights shape when no --model (exported once)")
     parser.add_argument("--text", type=Path, default=None, help="text, one sentence a line (bench.kit.texts)")
     parser.add_argument("--lines", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=2)
@@ -111,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens-per-s", type=float, default=None, help="a measured rate to compare instead")
     parser.add_argument("--out", type=Path, default=result_path("sgemm_bound.json"))
     args = parser.parse_args(argv)
-    config = json.loads((args.model / "config.json").read_text())
+    if args.throughput is not None and not args.throughput.is_file():
+        parser.error(f"--throughput {args.throughput}: no such file (bench.batch.throughput --out writes it)")
+    directory, named = prepare_model(args)
+    config = json.loads((directory / "config.json").read_text())
     p, c, s = config["projection_dim"], config["cell_dim"], sum(int(n) for _, n in config["filters"])
     shapes = {"square": (SQUARE, SQUARE, SQUARE), "lstm gates, batch 64": (64, p, 4 * c),
               "lstm gates, batch 256": (256, p, 4 * c), "highway, 512 tokens": (512, s, 2 * s)}  # fmt: skip
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     work = text_work(config, lines)
     gflop = work["lstm_gflop"] + work["encoder_gflop"]
     bound = max(rates.values())
-    result = {"model": str(args.model), "text": source, "threads": args.threads, "matmul_gflop_per_s": rates,
+    result = {"model": named, "text": source, "threads": args.threads, "matmul_gflop_per_s": rates,
               "shapes": shapes, **work, "gflop_per_1000_tokens": 1000 * gflop / work["tokens"],
               "bound_gflop_per_s": bound, "tokens_per_s_at_bound": work["tokens"] * bound / gflop}  # fmt: skip
     print(f"{source}: {work['tokens']} tokens ({work['distinct_tokens']} distinct), {gflop:.1f} GFLOP "
