@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -195,6 +196,9 @@ class Embedder:
         runs = 1 if active == CUDA else min(threads, MAX_DEFAULT_RUNS_IN_FLIGHT) if runs is None else int(runs)
         self.runs_in_flight = runs
         self._parallel = self._pool = self._background_pool = None
+        # Context runs executing now, over all calls: a lone batch takes the all-threads session only when none is.
+        self._runs_lock = threading.Lock()
+        self._runs_busy = 0
         if runs > 1:
             self._parallel = open_session(self._paths["context"], [CPU], max(1, threads // runs), 1)
             self._pool = ThreadPoolExecutor(runs, thread_name_prefix="elmo-run")
@@ -264,8 +268,8 @@ class Embedder:
         """:meth:`embed_tokens` plus what the call cost (:class:`EmbedStats`: real vs padded tokens).
 
         ``background``: the call yields the cores to others under load: its parallel batches run on threads of
-        lower priority (``background_nice``); a call of one batch runs on the calling thread, at the caller's
-        priority (the service calls from a lowered thread: service.models.batcher)."""
+        lower priority (``background_nice``); a call of one batch while no other run executes runs on the calling
+        thread, at the caller's priority (the service calls from a lowered thread: service.models.batcher)."""
         return self._embed_valid(self._validated(sentences), background)
 
     def _embed_valid(self, sentences: list[list[str]], background: bool = False) -> tuple[list[np.ndarray], EmbedStats]:
@@ -412,16 +416,46 @@ class Embedder:
     def _run_batches(
         self, table: np.ndarray, rows: list[np.ndarray], batches: list[list[int]], pool: ThreadPoolExecutor | None
     ):
-        """Each batch's (B, L+1, T, D) layers, in order: several at once on the parallel session when there are
-        several (on ``pool``'s threads, started longest first, so that the call does not end on one long batch
-        while the other runs idle), else on the all-threads session."""
-        if pool is None or len(batches) < 2:
+        """Each batch's (B, L+1, T, D) layers, in order. A call of one batch on an otherwise idle runtime runs on
+        the all-threads session (a lone sentence's latency); otherwise every batch runs on the parallel session's
+        ``pool`` (started longest first, so that the call does not end on one long batch while the other runs
+        idle): calls from several threads at once (the service's batcher) then share the cores run by run instead
+        of each starting all the threads (measured: docs/runtime.md "Calls from several threads")."""
+        if pool is None:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
+        if len(batches) == 1 and self._claim_all_threads():
+            return [self._on_all_threads(table, [rows[i] for i in batches[0]])]
         work = [batch_positions([len(rows[i]) for i in indices]) for indices in batches]
         futures = {}
         for b in sorted(range(len(batches)), key=lambda b: -work[b]):
-            futures[b] = pool.submit(self._contextualize, table, [rows[i] for i in batches[b]], True)
+            futures[b] = pool.submit(self._counted_run, table, [rows[i] for i in batches[b]])
         return (futures[b].result() for b in range(len(batches)))
+
+    def _claim_all_threads(self) -> bool:
+        """True (and counted as a run) when no context run is executing: the caller may use every thread."""
+        with self._runs_lock:
+            if self._runs_busy:
+                return False
+            self._runs_busy += 1
+            return True
+
+    def _on_all_threads(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+        """One batch on the all-threads session, its claim (:meth:`_claim_all_threads`) given back after."""
+        try:
+            return self._contextualize(table, rows)
+        finally:
+            with self._runs_lock:
+                self._runs_busy -= 1
+
+    def _counted_run(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+        """One batch on the parallel session (a pool's thread), counted while it runs."""
+        with self._runs_lock:
+            self._runs_busy += 1
+        try:
+            return self._contextualize(table, rows, True)
+        finally:
+            with self._runs_lock:
+                self._runs_busy -= 1
 
     def _contextualize(self, table: np.ndarray, rows: list[np.ndarray], parallel: bool = False) -> np.ndarray:
         """One batch through the biLSTM graph -> (B, L+1, T, D)."""
