@@ -14,7 +14,10 @@ thread. Before the runs, one request of each kind is sent by this checkout's cli
 cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and served ÷
 in-process, per round and as medians. ``--floor``: also, in each round, the same gRPC load on a bare grpc.aio
 server in front of the same runtime (bench.service.grpc_floor ``--model``: one runtime call per request, none of the
-service's code): what any Python grpc.aio door reaches on this machine. The generators come from Debian
+service's code): what any Python grpc.aio door reaches on this machine. ``--ceiling``: also, in each round, bare
+grpc.aio and aiohttp servers that answer with the service's own answer bytes, prebuilt, under the same generators,
+and from their CPU per request the best served ÷ in-process any door on those stacks can reach on this machine's
+cores (bench.service.door_ceiling). Every load run records the machine's busy cores. The generators come from Debian
 (``nghttp2-client``, ``wrk``) and are installed by this command when missing. A benchmark: the figures depend on
 the machine, which the JSON names.
 """
@@ -36,6 +39,7 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
+from bench.service.door_ceiling import busy_cores, ceiling, service_answers, start_echo
 from bench.service.grpc_floor import start_floor_server
 from elmo.bench.figures import machine
 
@@ -118,6 +122,26 @@ def against(result: dict, in_process_requests_per_s: float) -> dict:
     return result
 
 
+def loaded(run) -> dict:
+    """A load run's result, with the machine's busy cores while it ran."""
+    result, cores = busy_cores(run)
+    return {**result, "machine_busy_cores": round(cores, 2)}
+
+
+def echo_ceiling(result: dict, in_process_rps: float, compute_s: float) -> dict:
+    """A bare echo server's run (bench.service.door_ceiling) with the machine's CPU per answer and the ceiling that
+    puts on served ÷ in-process beside the runtime's ``compute_s`` a request."""
+    rps = result["requests"] / result["seconds"]
+    door_s = result["machine_busy_cores"] / rps
+    cores = len(os.sched_getaffinity(0))
+    return {**result, "requests_per_s": rps, "machine_cpu_us_per_request": round(1e6 * door_s, 1),
+            "ceiling": ceiling(in_process_rps, compute_s, door_s, cores)}  # fmt: skip
+
+
+def served_runs(entry: dict) -> dict:
+    return {key: value for key, value in entry.items() if isinstance(value, dict) and "served_over_in_process" in value}
+
+
 def measure_model(args, name: str, trees: list, work: Path) -> dict:
     model = model_directory(name)
     texts, source = sentences(max(args.batch, args.per_request), min_words=15, max_words=25)
@@ -126,39 +150,78 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
     (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
     embedder = load_embedder(model, args.threads, texts, args.batch)
     servers = {label: start_server(model, threads=args.threads, tree=tree, label=label) for label, tree in trees}
-    floor = start_floor_server(model, args.threads) if args.floor else None
+    children: dict[str, tuple] = {}  # the bare servers: "floor", "echo_grpc", "echo_http" -> (process, port)
+    if args.floor:
+        children["floor"] = start_floor_server(model, args.threads)
+    loads = Loads(args, work, http_body)
     rounds = []
     try:
         for server in servers.values():
             check_answers(server.grpc_target, server.http_address, texts[: args.per_request], tokens)
+        if args.ceiling:
+            after = servers["after"]
+            answers = service_answers(after.grpc_target, after.http_address, grpc_body, http_body)
+            for protocol, answer in zip(("grpc", "http"), answers):
+                children[f"echo_{protocol}"] = start_echo(protocol, answer, work)
         for index in range(args.rounds):
-            local = measure_in_process(embedder, texts, args.duration, args.batch)
-            entry = {"in_process_tokens_per_s": local.tokens / local.seconds}
-            entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
-            for label, server in servers.items():
-                for protocol, run in (("grpc", lambda s=server: run_h2load(s.grpc_target, work / "grpc.bin",
-                                                                          args.connections, args.duration)),
-                                      ("http", lambda s=server: run_wrk(s.http_address, http_body, args.connections,
-                                                                        args.duration, work))):  # fmt: skip
-                    entry[f"{label}_{protocol}"] = against(run(), entry["in_process_requests_per_s"])
-            if floor is not None:
-                result = run_h2load(f"127.0.0.1:{floor[1]}", work / "grpc.bin", args.connections, args.duration)
-                entry["floor_grpc"] = against(result, entry["in_process_requests_per_s"])
-            rounds.append(entry)
-            print(f"{name} round {index + 1}: " + ", ".join(
-                f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f})"
-                for k, v in entry.items() if isinstance(v, dict)), flush=True)  # fmt: skip
+            rounds.append(measure_round(loads, embedder, texts, tokens, servers, children))
+            print(f"{name} round {index + 1}: {round_line(rounds[-1])}", flush=True)
     finally:
         for server in servers.values():
             server.stop()
-        if floor is not None:
-            floor[0].terminate()
-            floor[0].wait(10)
+        for process, _ in children.values():
+            process.terminate()
+            process.wait(10)
         embedder.close()
     medians = {key: statistics.median(r[key]["served_over_in_process"] for r in rounds)
-               for key in rounds[0] if isinstance(rounds[0][key], dict)}  # fmt: skip
+               for key in served_runs(rounds[0])}  # fmt: skip
+    for protocol in rounds[0].get("ceiling", {}):
+        medians[f"ceiling_{protocol}"] = statistics.median(r["ceiling"][protocol]["ceiling"] for r in rounds)
     return {"model": str(model), "texts": source, "sentences_per_request": args.per_request,
             "tokens_per_request": tokens, "rounds": rounds, "median_served_over_in_process": medians}  # fmt: skip
+
+
+class Loads:
+    """The two generators' runs against an address, with the machine's busy cores while each ran."""
+
+    def __init__(self, args, work: Path, http_body: bytes):
+        self.args, self.work, self.http_body = args, work, http_body
+
+    def grpc(self, target: str) -> dict:
+        args = self.args
+        return loaded(lambda: run_h2load(target, self.work / "grpc.bin", args.connections, args.duration))
+
+    def http(self, address: str) -> dict:
+        args = self.args
+        return loaded(lambda: run_wrk(address, self.http_body, args.connections, args.duration, self.work))
+
+
+def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, children: dict) -> dict:
+    """In process, then each server under each generator, then the bare servers (``children``)."""
+    args = loads.args
+    local = measure_in_process(embedder, texts, args.duration, args.batch)
+    entry = {"in_process_tokens_per_s": local.tokens / local.seconds}
+    rps = entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
+    entry["in_process_cpu_us_per_request"] = 1e6 * local.cpu_s * tokens / local.tokens
+    for label, server in servers.items():
+        entry[f"{label}_grpc"] = against(loads.grpc(server.grpc_target), rps)
+        entry[f"{label}_http"] = against(loads.http(server.http_address), rps)
+    if "floor" in children:
+        entry["floor_grpc"] = against(loads.grpc(f"127.0.0.1:{children['floor'][1]}"), rps)
+    if "echo_grpc" in children:
+        compute_s = entry["in_process_cpu_us_per_request"] / 1e6
+        entry["ceiling"] = {
+            "grpc": echo_ceiling(loads.grpc(f"127.0.0.1:{children['echo_grpc'][1]}"), rps, compute_s),
+            "http": echo_ceiling(loads.http(f"127.0.0.1:{children['echo_http'][1]}"), rps, compute_s),
+        }
+    return entry
+
+
+def round_line(entry: dict) -> str:
+    served = [f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f})"
+              for k, v in served_runs(entry).items()]  # fmt: skip
+    ceilings = [f"ceiling {p} {c['ceiling']:.2f}" for p, c in entry.get("ceiling", {}).items()]
+    return ", ".join(served + ceilings)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=128, help="texts per in-process call")
     parser.add_argument("--threads", type=int, default=2, help="the server's and the runtime's threads")
     parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
+    parser.add_argument("--ceiling", action="store_true", help="also load bare echo servers: the best any door reaches")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
     args = parser.parse_args(argv)
     ensure_generators()

@@ -263,16 +263,24 @@ class Embedder:
         return self.embed_tokens_with_stats(sentences)[0]
 
     def embed_tokens_with_stats(
-        self, sentences: Sequence[Sequence[str]], background: bool = False
+        self, sentences: Sequence[Sequence[str]], background: bool = False, views: bool = False
     ) -> tuple[list[np.ndarray], EmbedStats]:
         """:meth:`embed_tokens` plus what the call cost (:class:`EmbedStats`: real vs padded tokens).
 
         ``background``: the call yields the cores to others under load: its parallel batches run on threads of
         lower priority (``background_nice``); a call of one batch while no other run executes runs on the calling
-        thread, at the caller's priority (the service calls from a lowered thread: service.models.batcher)."""
-        return self._embed_valid(self._validated(sentences), background)
+        thread, at the caller's priority (the service calls from a lowered thread: service.models.batcher).
 
-    def _embed_valid(self, sentences: list[list[str]], background: bool = False) -> tuple[list[np.ndarray], EmbedStats]:
+        ``views``: each sentence's layers are a read-only view into its batch's output, not a copy of its own. A
+        copy of more than a few hundred floats gives the GIL away and must take it back; beside a busy thread (the
+        service's event loop) each take waits up to the switch interval: 64 sentences' copies took 0.2 ms alone and
+        140 ms beside a spinning thread (docs/runtime.md "The GIL convoy"). A caller that copies the vectors anyway
+        (the service writes them into its answers) asks for views."""
+        return self._embed_valid(self._validated(sentences), background, views)
+
+    def _embed_valid(
+        self, sentences: list[list[str]], background: bool = False, views: bool = False
+    ) -> tuple[list[np.ndarray], EmbedStats]:
         """:meth:`embed_tokens_with_stats` past the input checks (the load-time check's probe sentences are the
         export's, longer than a server's ``max_tokens_per_sentence`` may be)."""
         table, rows = self._token_table(sentences)
@@ -282,8 +290,11 @@ class Embedder:
         pool = self._background_pool if background else self._pool
         for indices, layers in zip(batches, self._run_batches(table, rows, batches, pool)):  # (B, L+1, T, D)
             padded += batch_positions([len(sentences[i]) for i in indices])
+            if views:
+                layers.flags.writeable = False  # the views share it: none may change another's vectors
             for row, index in enumerate(indices):
-                results[index] = np.ascontiguousarray(layers[row, :, : len(sentences[index])])
+                layer_rows = layers[row, :, : len(sentences[index])]
+                results[index] = layer_rows if views else np.ascontiguousarray(layer_rows)
         empty = np.zeros((self.info.n_layers, 0, self.info.dim), dtype=np.float32)
         stats = EmbedStats(len(sentences), sum(len(s) for s in sentences), padded, len(batches))
         return [empty.copy() if r is None else r for r in results], stats
@@ -348,13 +359,10 @@ class Embedder:
             out.append(tokens)
         return out
 
-    def _token_table(self, sentences: list[list[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _token_table(self, sentences: list[list[str]]) -> tuple[np.ndarray, list[list[int]]]:
         """(table (3 + U, P): pad, <S>, </S>, then the U distinct tokens; per sentence its rows in the table)."""
         distinct: dict[str, int] = {}
-        rows = [
-            np.array([distinct.setdefault(t, len(distinct) + _FIRST_TOKEN_ROW) for t in s], dtype=np.int64)
-            for s in sentences
-        ]
+        rows = [[distinct.setdefault(t, len(distinct) + _FIRST_TOKEN_ROW) for t in s] for s in sentences]
         tokens = list(distinct)
         vectors = self.cache.lookup(tokens)
         missing = [i for i, v in enumerate(vectors) if v is None]
@@ -472,15 +480,21 @@ class Embedder:
         return binding.get_outputs()[0].numpy()
 
     @staticmethod
-    def _feeds(table: np.ndarray, rows: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """The context graph's inputs for one batch: the batch's own rows of the call table, and each sentence's
-        ``[<S>, tokens, </S>]`` as indices into them (padding: the zero row)."""
-        lengths = np.array([len(r) for r in rows], dtype=np.int64)
-        index = np.full((len(rows), int(lengths.max()) + 2), _PAD_ROW, dtype=np.int64)
-        index[:, 0] = _BOS_ROW
-        for b, r in enumerate(rows):
-            index[b, 1 : len(r) + 1] = r
-            index[b, len(r) + 1] = _EOS_ROW
-        # Only the batch's own rows: the graph projects every row it gets once (layer 0's input projection).
-        used, index = np.unique(index, return_inverse=True)
-        return {"table": table[used], "index": index.reshape(len(rows), -1), "lengths": lengths}
+    def _feeds(table: np.ndarray, rows: list[list[int]]) -> dict[str, np.ndarray]:
+        """The context graph's inputs for one batch: the batch's own rows of the call table (ascending), and each
+        sentence's ``[<S>, tokens, </S>]`` as indices into them (padding: the zero row, there when some sentence is
+        shorter than the longest). Built in plain Python, without a sort: numpy's sorts give the GIL away, and
+        beside the service's busy event loop each take back waited for the switch interval."""
+        longest = max(map(len, rows))
+        used = set().union(*rows, (_BOS_ROW, _EOS_ROW))
+        if any(len(r) < longest for r in rows):
+            used.add(_PAD_ROW)
+        used = sorted(used)
+        at = {row: i for i, row in enumerate(used)}
+        pad = at.get(_PAD_ROW, 0)
+        index = [[at[_BOS_ROW], *map(at.__getitem__, r), at[_EOS_ROW]] + [pad] * (longest - len(r)) for r in rows]
+        return {
+            "table": table[used],
+            "index": np.array(index, dtype=np.int64),
+            "lengths": np.array([len(r) for r in rows], dtype=np.int64),
+        }

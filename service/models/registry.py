@@ -106,12 +106,19 @@ def _version(runtime: Any) -> str:
     return f"sha256:{sha[:12]}" if sha else ""
 
 
+def _embed_fn(runtime: Any, **options: bool):
+    """The runtime's embed function with those of ``options`` it offers (elmo.runtime.Embedder's ``background``
+    and ``views``; a duck-typed runtime may offer neither)."""
+    embed = runtime.embed_tokens_with_stats
+    offered = inspect.signature(embed).parameters
+    options = {name: value for name, value in options.items() if name in offered}
+    return functools.partial(embed, **options) if options else embed
+
+
 def _background_embed(runtime: Any):
     """The runtime's embed function for long requests: its parallel batches on lowered threads too, where the
     runtime offers that (elmo.runtime.Embedder's ``background``)."""
-    embed = runtime.embed_tokens_with_stats
-    if "background" in inspect.signature(embed).parameters:
-        embed = functools.partial(embed, background=True)
+    embed = _embed_fn(runtime, background=True, views=True)
     return switching.PROCESS.wrap(embed)  # its Python parts hold the GIL for milliseconds: hand it over fast
 
 
@@ -133,7 +140,9 @@ def serve_model(
     n_layers = int(_info_value(info, "n_layers"))
     dim = int(_info_value(info, "dim"))
     batcher = Batcher(
-        runtime.embed_tokens_with_stats,
+        # Views, not copies, of each sentence's vectors: the answers copy them anyway, and each copy on the worker
+        # would wait for the GIL beside the busy event loop (elmo.runtime.Embedder.embed_tokens_with_stats).
+        _embed_fn(runtime, views=True),
         max_batch_tokens=limits.max_batch_tokens,
         max_batch_sentences=limits.max_batch_sentences,
         max_delay_s=limits.max_delay_ms / 1000.0,

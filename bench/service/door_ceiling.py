@@ -1,0 +1,130 @@
+"""The ceiling of any Python door on this machine (issue 42): what served ÷ in-process can reach at best when the
+door is built on grpc.aio (or aiohttp) and shares the machine's cores with the runtime and the load generator.
+
+Two bare servers answer every request with the service's own answer bytes for that request, prebuilt: no parsing,
+no checks, no tokenizing, no batching, no answer building, no thread hop. Under the same compiled load generators
+as the service (bench.service.compiled_load), the machine's CPU per answered request (server, generator and kernel
+together, from /proc/stat) is the least that a door on that stack costs here. The runtime in process costs its own
+CPU per request (``measure_in_process``'s process time). Both share the same cores, so a served rate is at most
+``cores / (compute + door)`` requests a second, and
+
+    served ÷ in-process  <=  cores / ((compute + echo) × in-process rate)
+
+whatever the process layout (one process or several behind SO_REUSEPORT): more interpreters lift the GIL's limit,
+not the cores'. ``compiled_load --ceiling`` measures it in the same rounds as the service:
+
+    python -m bench.service.compiled_load --ceiling --rounds 3 --duration 8
+
+The servers run as child processes of this module (``--serve grpc|http --answer FILE``) on a free loopback port,
+which they print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from bench.kit.revision import REPO
+
+T = TypeVar("T")
+
+
+def service_answers(grpc_target: str, http_address: str, grpc_body: bytes, http_body: bytes) -> tuple[bytes, bytes]:
+    """The service's own answer bytes to the load's two requests (gRPC ``EmbedResponse``, HTTP JSON body)."""
+    import grpc
+
+    with grpc.insecure_channel(grpc_target) as channel:
+        grpc_answer = channel.unary_unary("/elmo.v1.Embedder/Embed")(grpc_body, timeout=60)
+    request = urllib.request.Request(f"http://{http_address}/v1/embed", method="POST", data=http_body,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return grpc_answer, reply.read()
+
+
+def start_echo(protocol: str, answer: bytes, work: Path) -> tuple[subprocess.Popen, int]:
+    """A bare ``protocol`` server (grpc or http) that answers every request with ``answer``: (process, port)."""
+    path = work / f"echo-{protocol}.bin"
+    path.write_bytes(answer)
+    child = [sys.executable, "-m", "bench.service.door_ceiling", "--serve", protocol, "--answer", str(path)]
+    server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    line = server.stdout.readline()
+    if not line.strip().isdigit():
+        server.kill()
+        raise RuntimeError(f"the bare {protocol} server did not start (it printed {line!r})")
+    return server, int(line)
+
+
+def busy_cores(run: Callable[[], T]) -> tuple[T, float]:
+    """``run()``'s result and the machine's busy cores meanwhile (every CPU's non-idle time over the wall time)."""
+
+    def ticks() -> tuple[int, int]:
+        fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        return sum(fields[:8]) - fields[3] - fields[4], sum(fields[:8])  # busy (less idle, iowait), all
+
+    busy0, all0 = ticks()
+    result = run()
+    busy1, all1 = ticks()
+    n_cpus = len(open("/proc/stat").read().split("\ncpu")) - 1
+    return result, n_cpus * (busy1 - busy0) / max(1, all1 - all0)
+
+
+def ceiling(in_process_rps: float, compute_s: float, door_s: float, cores: int) -> float:
+    """The best served ÷ in-process when each request costs ``compute_s`` CPU seconds of runtime and ``door_s`` of
+    door (and generator) on ``cores`` cores."""
+    return cores / ((compute_s + door_s) * in_process_rps)
+
+
+def serve(protocol: str, answer: bytes) -> None:
+    asyncio.run(_serve_grpc(answer) if protocol == "grpc" else _serve_http(answer))
+
+
+async def _serve_grpc(answer: bytes) -> None:
+    import grpc
+    import grpc.aio
+
+    async def embed(request: bytes, context) -> bytes:
+        return answer
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(embed)  # no (de)serializers: bytes in, the prebuilt bytes out
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("elmo.v1.Embedder", {"Embed": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+
+async def _serve_http(answer: bytes) -> None:
+    from aiohttp import web
+
+    async def embed(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type="application/json")
+
+    app = web.Application(client_max_size=1 << 26)
+    app.router.add_post("/v1/embed", embed)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.service.door_ceiling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--serve", choices=["grpc", "http"], required=True, help="run one bare server (a child)")
+    parser.add_argument("--answer", type=Path, required=True, help="the bytes every request is answered with")
+    args = parser.parse_args(argv)
+    serve(args.serve, args.answer.read_bytes())
+
+
+if __name__ == "__main__":
+    main()
