@@ -176,3 +176,55 @@ def test_batcher_hops_times_every_step_of_a_lone_sentence(tiny_model_dir, capsys
     assert all(ms >= 0 for ms in steps.values()) and steps["runtime starts -> runtime ends"] > 0
     assert result["batcher_overhead_ms"] == pytest.approx(sum(steps.values()) - steps["runtime starts -> runtime ends"])
     assert set(result["bare_hop_ms"]) == {"hop in", "hop back"}
+
+
+def test_door_ceiling_echo_servers_answer_the_prebuilt_bytes_and_bound_the_ratio(tmp_path):
+    """bench.service.door_ceiling: the bare gRPC and HTTP servers answer every request with the given bytes, the
+    machine's busy cores are read from /proc/stat, and the ceiling is cores over (compute + door) x rate."""
+    import os
+    import time
+    import urllib.request
+
+    import grpc
+
+    from bench.service import door_ceiling
+
+    answers = {"grpc": b"\x0a\x03abc" * 1000, "http": json.dumps({"embeddings": [[0.5] * 300]}).encode()}
+    servers = {protocol: door_ceiling.start_echo(protocol, answer, tmp_path) for protocol, answer in answers.items()}
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{servers['grpc'][1]}") as channel:
+            call = channel.unary_unary("/elmo.v1.Embedder/Embed")
+            assert [call(b"any request", timeout=30) for _ in range(2)] == [answers["grpc"]] * 2
+        request = urllib.request.Request(f"http://127.0.0.1:{servers['http'][1]}/v1/embed", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert reply.read() == answers["http"] and reply.headers["Content-Type"].startswith("application/json")
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(10)
+
+    def spin() -> str:
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+        return "spun"
+
+    result, busy = door_ceiling.busy_cores(spin)
+    assert result == "spun" and 0.5 <= busy <= os.cpu_count() + 0.01  # this thread spun the whole while
+    assert door_ceiling.ceiling(100.0, compute_s=0.015, door_s=0.005, cores=2) == pytest.approx(1.0)
+    assert door_ceiling.ceiling(1000.0, compute_s=0.001, door_s=0.001, cores=2) == pytest.approx(1.0)
+    assert door_ceiling.ceiling(1000.0, compute_s=0.002, door_s=0.002, cores=2) == pytest.approx(0.5)
+
+
+def test_gil_convoy_times_each_interval_with_copies_and_with_views(tiny_model_dir, capsys):
+    from bench.service import gil_convoy
+
+    argv = ["--model", str(tiny_model_dir), "--threads", "1", "--calls", "3", "--sentences", "4", "--intervals",
+            "0.005", "0.001"]  # fmt: skip
+    before = sys.getswitchinterval()
+    assert gil_convoy.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [(r["switch_interval_ms"], r["views"]) for r in result["rows"]] == [
+        (5.0, False), (5.0, True), (1.0, False), (1.0, True)]  # fmt: skip
+    assert all(r["alone_ms"] > 0 and r["beside_busy_thread_ms"] > 0 for r in result["rows"])
+    assert result["sentences"] == 4 and sys.getswitchinterval() == before

@@ -31,7 +31,6 @@ is refused with OVERLOADED before any of it is queued.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +38,6 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from elmo.service.common import switching
 from elmo.service.common.errors import Kind, ServiceError, from_library_error
 from elmo.service.telemetry.hooks import BatcherObserver
 
@@ -108,14 +106,12 @@ class _Item:
 @dataclass(eq=False)
 class _Run:
     """A dispatched batch: its items, which worker took it, whether it holds a long request, when it was handed to
-    the worker (time.monotonic()), whether other work was about then (another batch running or requests queued)
-    and the seconds from then to the end of its runtime call."""
+    the worker (time.monotonic()) and the seconds from then to the end of its runtime call."""
 
     batch: list[_Item]
     express: bool
     long: bool
     started: float
-    contended: bool = False
     seconds: float = 0.0
 
 
@@ -324,7 +320,7 @@ class Batcher:
             self._express_free -= 1
         else:
             self._free -= 1
-        run = _Run(batch, express, long, time.monotonic(), contended=self.batches_running > 0 or bool(self._queue))
+        run = _Run(batch, express, long, time.monotonic())
         self._running.add(run)
         self.batches_running += 1
         self._long_running += long
@@ -353,11 +349,7 @@ class Batcher:
     def _work(self, embed_fn: EmbedFn, run: _Run, loop: asyncio.AbstractEventLoop) -> None:
         """On a worker thread: the runtime call, then its outcome back to the event loop."""
         try:
-            # Under load the event loop is rarely idle, and the runtime's thread takes the GIL back after every
-            # onnxruntime run: with Python's 5 ms switch interval each take waited up to that long (a 3 ms call took
-            # 40 ms beside a busy thread; bench.service.gil_convoy). A lone call keeps the default (common/switching).
-            with switching.PROCESS.heavy() if run.contended else contextlib.nullcontext():
-                outcome = embed_fn([item.tokens for item in run.batch])
+            outcome = embed_fn([item.tokens for item in run.batch])
             error = None
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the callers
             outcome, error = None, exc

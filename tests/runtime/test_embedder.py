@@ -368,6 +368,23 @@ def test_plan_batches_separates_short_from_long_sentences():
     assert plan_batches([12] * 8 + [14], 100_000, CUDA_STEP_COST) == [9]
 
 
+def test_plan_batches_plain_python_and_numpy_windows_make_the_same_plan(monkeypatch):
+    # Narrow windows are searched in plain Python (numpy's argmin gives the GIL away), wide ones with numpy: the two
+    # kernels must break ties alike and sum alike, or a plan would depend on the budget's size.
+    from elmo.runtime import batching
+
+    rng = np.random.default_rng(1)
+    cases = [(sorted(int(n) for n in rng.integers(lo, hi, size=size)), budget, cost)
+             for size, lo, hi in ((40, 3, 12), (200, 3, 90), (300, 20, 21))
+             for budget in (64, 512, 4096, 16384) for cost in (CPU_STEP_COST, CUDA_STEP_COST)]  # fmt: skip
+    plans = {}
+    for window in (0, 10**9):  # every window in numpy, every window in Python
+        monkeypatch.setattr(batching, "PYTHON_WINDOW", window)
+        plans[window] = [plan_batches(steps, budget, cost) for steps, budget, cost in cases]
+    assert plans[0] == plans[10**9]
+    assert any(len(plan) > 2 for plan in plans[0])  # real choices were made, not one batch each
+
+
 def test_a_sentence_longer_than_the_budget_runs_alone():
     assert plan_batches([3, 3, 50], 20, CPU_STEP_COST) == [2, 1]
 
@@ -465,6 +482,37 @@ def test_a_lone_large_batch_is_cut_in_two_for_parallel_runs(tiny_model_dir, embe
     assert [len(b) for b in two._batches([18] * 4)] == [4]  # small lone batches stay whole: lower latency
     for a, b in zip(two.embed_tokens(sentences), one.embed_tokens(sentences)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_views_give_the_same_vectors_read_only_and_in_one_buffer_per_batch(tiny_model_dir, embedder):
+    # views=True (what the service asks for): no copy per sentence, so nothing gives the GIL away per sentence.
+    shared = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
+    views, stats = shared.embed_tokens_with_stats(SENTENCES, views=True)
+    copies, _ = shared.embed_tokens_with_stats(SENTENCES)
+    for view, copy, want in zip(views, copies, embedder.embed_tokens(SENTENCES)):
+        np.testing.assert_array_equal(view, copy)
+        np.testing.assert_allclose(view, want, atol=1e-6, rtol=0)
+        assert copy.flags.c_contiguous and copy.flags.writeable
+    non_empty = [v for v in views if v.shape[1]]
+    assert not any(v.flags.writeable for v in non_empty)  # none can change another's vectors in their buffer
+    assert stats.runs < len(non_empty)  # several sentences in a batch: their views share its output
+    assert any(a.base is not None and a.base is b.base for i, a in enumerate(non_empty) for b in non_empty[i + 1 :])
+
+
+def test_feeds_are_the_batch_rows_in_order_and_each_sentence_indexed_into_them(embedder):
+    # The table rows a batch uses, ascending, and [<S>, tokens, </S>] + padding as indices into them; the padding
+    # row only when some sentence is shorter (what np.unique(index, return_inverse=True) gave, without its sort).
+    table = np.arange(12 * 3, dtype=np.float32).reshape(12, 3)
+    for rows in ([[5, 3, 9], [4]], [[7, 7], [3, 11]], [[3]]):
+        feeds = Embedder._feeds(table, rows)
+        longest = max(map(len, rows))
+        full = np.array([[1, *r, 2] + [0] * (longest - len(r)) for r in rows])
+        used, inverse = np.unique(full, return_inverse=True)
+        np.testing.assert_array_equal(feeds["table"], table[used])
+        np.testing.assert_array_equal(feeds["index"], inverse.reshape(full.shape))
+        np.testing.assert_array_equal(feeds["lengths"], [len(r) for r in rows])
+        assert feeds["index"].dtype == feeds["lengths"].dtype == np.int64
+        np.testing.assert_array_equal(feeds["table"][feeds["index"]], table[full])  # every position its own row
 
 
 class _WatchedSession:
