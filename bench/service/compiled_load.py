@@ -204,8 +204,10 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
     rps = entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
     entry["in_process_cpu_us_per_request"] = 1e6 * local.cpu_s * tokens / local.tokens
     for label, server in servers.items():
-        entry[f"{label}_grpc"] = against(loads.grpc(server.grpc_target), rps)
-        entry[f"{label}_http"] = against(loads.http(server.http_address), rps)
+        if "grpc" in args.protocols:
+            entry[f"{label}_grpc"] = against(loads.grpc(server.grpc_target), rps)
+        if "http" in args.protocols:
+            entry[f"{label}_http"] = against(loads.http(server.http_address), rps)
     if "floor" in children:
         entry["floor_grpc"] = against(loads.grpc(f"127.0.0.1:{children['floor'][1]}"), rps)
     if "echo_grpc" in children:
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-request", type=int, default=8, help="sentences per request")
     parser.add_argument("--batch", type=int, default=128, help="texts per in-process call")
     parser.add_argument("--threads", type=int, default=2, help="the server's and the runtime's threads")
+    parser.add_argument("--protocols", nargs="+", choices=["grpc", "http"], default=["grpc", "http"],
+                        help="the service's protocols to load (default both)")
     parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
     parser.add_argument("--ceiling", action="store_true", help="also load bare echo servers: the best any door reaches")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
