@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.kit.revision import tree_env
+from bench.kit.revision import REPO, tree_env
 
 REQUEST_TIMEOUT_S = 120.0
 LOOPBACK = "127.0.0.1"
@@ -199,6 +199,18 @@ def launch(
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session,
                                 env=environment, **options)  # fmt: skip
     return kind(label, proc, port_file, log_path)
+
+
+def start_child_server(argv: list[str], what: str) -> tuple[subprocess.Popen, int]:
+    """A bench's own bare server: ``python -m`` + ``argv`` from the repository root, which prints its loopback port
+    as its first line. (the process, its port); the process is killed and RuntimeError raised if it prints anything
+    else (``what`` names it)."""
+    server = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    line = server.stdout.readline()
+    if not line.strip().isdigit():
+        server.kill()
+        raise RuntimeError(f"{what} did not start (it printed {line!r})")
+    return server, int(line)
 
 
 def start_server(model: Path | None = None, *, timeout: float = 120.0, http: bool = True, **options) -> Server:

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from bench.kit.revision import REPO
+from bench.kit.serve import start_child_server
 
 T = TypeVar("T")
 
@@ -51,13 +50,8 @@ def start_echo(protocol: str, answer: bytes, work: Path) -> tuple[subprocess.Pop
     """A bare ``protocol`` server (grpc or http) that answers every request with ``answer``: (process, port)."""
     path = work / f"echo-{protocol}.bin"
     path.write_bytes(answer)
-    child = [sys.executable, "-m", "bench.service.door_ceiling", "--serve", protocol, "--answer", str(path)]
-    server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    line = server.stdout.readline()
-    if not line.strip().isdigit():
-        server.kill()
-        raise RuntimeError(f"the bare {protocol} server did not start (it printed {line!r})")
-    return server, int(line)
+    argv = ["bench.service.door_ceiling", "--serve", protocol, "--answer", str(path)]
+    return start_child_server(argv, f"the bare {protocol} server")
 
 
 def busy_cores(run: Callable[[], T]) -> tuple[T, float]:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kit.revision import REPO
+from bench.kit.serve import start_child_server
 from elmo.bench.figures import machine, percentiles
 
 
@@ -144,14 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def start_floor_server(model: Path, threads: int) -> tuple[subprocess.Popen, int]:
     """A bare grpc.aio server in front of ``model``'s runtime (``--serve --model``), on a free loopback port:
     (the process, its port)."""
-    child = [sys.executable, "-m", "bench.service.grpc_floor", "--serve", "--model", str(model),
-             "--threads", str(threads)]  # fmt: skip
-    server = subprocess.Popen(child, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    line = server.stdout.readline()
-    if not line.strip().isdigit():
-        server.kill()
-        raise RuntimeError(f"the floor server did not start (it printed {line!r})")
-    return server, int(line)
+    argv = ["bench.service.grpc_floor", "--serve", "--model", str(model), "--threads", str(threads)]
+    return start_child_server(argv, "the floor server")
 
 
 def main(argv: list[str] | None = None) -> int:

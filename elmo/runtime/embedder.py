@@ -274,7 +274,7 @@ class Embedder:
         ``views``: each sentence's layers are a read-only view into its batch's output, not a copy of its own. A
         copy of more than a few hundred floats gives the GIL away and must take it back; beside a busy thread (the
         service's event loop) each take waits up to the switch interval: 64 sentences' copies took 0.2 ms alone and
-        140 ms beside a spinning thread (docs/runtime.md "The GIL convoy"). A caller that copies the vectors anyway
+        140 ms beside a spinning thread (docs/runtime.md "Third round"). A caller that copies the vectors anyway
         (the service writes them into its answers) asks for views."""
         return self._embed_valid(self._validated(sentences), background, views)
 
@@ -422,13 +422,13 @@ class Embedder:
         return batches
 
     def _run_batches(
-        self, table: np.ndarray, rows: list[np.ndarray], batches: list[list[int]], pool: ThreadPoolExecutor | None
+        self, table: np.ndarray, rows: list[list[int]], batches: list[list[int]], pool: ThreadPoolExecutor | None
     ):
         """Each batch's (B, L+1, T, D) layers, in order. A call of one batch on an otherwise idle runtime runs on
         the all-threads session (a lone sentence's latency); otherwise every batch runs on the parallel session's
         ``pool`` (started longest first, so that the call does not end on one long batch while the other runs
         idle): calls from several threads at once (the service's batcher) then share the cores run by run instead
-        of each starting all the threads (measured: docs/runtime.md "Calls from several threads")."""
+        of each starting all the threads (measured: docs/runtime.md "Third round")."""
         if pool is None:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
         if len(batches) == 1 and self._claim_all_threads():
@@ -447,25 +447,27 @@ class Embedder:
             self._runs_busy += 1
             return True
 
-    def _on_all_threads(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    def _on_all_threads(self, table: np.ndarray, rows: list[list[int]]) -> np.ndarray:
         """One batch on the all-threads session, its claim (:meth:`_claim_all_threads`) given back after."""
         try:
             return self._contextualize(table, rows)
         finally:
-            with self._runs_lock:
-                self._runs_busy -= 1
+            self._run_ended()
 
-    def _counted_run(self, table: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    def _counted_run(self, table: np.ndarray, rows: list[list[int]]) -> np.ndarray:
         """One batch on the parallel session (a pool's thread), counted while it runs."""
         with self._runs_lock:
             self._runs_busy += 1
         try:
             return self._contextualize(table, rows, True)
         finally:
-            with self._runs_lock:
-                self._runs_busy -= 1
+            self._run_ended()
 
-    def _contextualize(self, table: np.ndarray, rows: list[np.ndarray], parallel: bool = False) -> np.ndarray:
+    def _run_ended(self) -> None:
+        with self._runs_lock:
+            self._runs_busy -= 1
+
+    def _contextualize(self, table: np.ndarray, rows: list[list[int]], parallel: bool = False) -> np.ndarray:
         """One batch through the biLSTM graph -> (B, L+1, T, D)."""
         feeds = self._feeds(table, rows)
         if parallel:
