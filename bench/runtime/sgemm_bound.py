@@ -33,6 +33,7 @@ from bench.kit.models import prepare_model
 from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
+from elmo.text.chars import BYTES, char_lengths, load_char_scheme
 
 SQUARE = 2048
 
@@ -67,8 +68,9 @@ def matmul_rate(m: int, k: int, n: int, threads: int, repeat: int) -> float:
     return flops / best / 1e9
 
 
-def text_work(config: dict, lines: list[str]) -> dict:
-    """The floating-point operations the model cannot avoid on ``lines`` (see the module docstring)."""
+def text_work(config: dict, lines: list[str], scheme=BYTES) -> dict:
+    """The floating-point operations the model cannot avoid on ``lines`` (see the module docstring); a token's
+    characters as ``scheme`` (the model's, elmo.text.chars) maps it, padding left out."""
     from elmo.text.tokenize import tokenize
 
     sentences = [tokenize(line).tokens for line in lines]
@@ -83,10 +85,10 @@ def text_work(config: dict, lines: list[str]) -> dict:
     lstm = positions * (layers * (gates + projection) + (layers - 1) * gates) + (len(distinct) + 2) * gates
     width_of = {int(w): int(n) for w, n in config["filters"]}
     s = sum(width_of.values())
-    max_chars, char_dim = config["max_chars"], config["char_dim"]
+    char_dim = config["char_dim"]
     encoder = 0
-    for token in distinct:
-        length = min(len(token.encode("utf-8")) + 2, max_chars)  # BOW + bytes + EOW, cut as the char ids are
+    ids = [scheme.token_ids(token) for token in distinct]
+    for length in map(int, char_lengths(np.stack(ids), scheme.pad_id) if ids else []):
         for width, channels in width_of.items():
             encoder += 2 * char_dim * width * channels * max(1, length - width + 1)
     encoder += len(distinct) * (config["n_highway"] * 2 * s * 2 * s + 2 * s * p)
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, rate in rates.items():
         print(f"MatMul {name} {shapes[name]}: {rate:.1f} GFLOP/s ({args.threads} threads)", flush=True)
     lines, source = corpus_lines(args.lines, args.text)
-    work = text_work(config, lines)
+    work = text_work(config, lines, load_char_scheme(directory))
     gflop = work["lstm_gflop"] + work["encoder_gflop"]
     bound = max(rates.values())
     result = {"model": named, "text": source, "threads": args.threads, "matmul_gflop_per_s": rates,

@@ -39,7 +39,7 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
-from bench.service.door_ceiling import busy_cores, ceiling, service_answers, start_echo
+from bench.service.door_ceiling import busy_cores, ceiling, machine_cpus, service_answers, start_echo
 from bench.service.grpc_floor import start_floor_server
 from elmo.bench.figures import machine
 
@@ -133,9 +133,8 @@ def echo_ceiling(result: dict, in_process_rps: float, compute_s: float) -> dict:
     puts on served ÷ in-process beside the runtime's ``compute_s`` a request."""
     rps = result["requests"] / result["seconds"]
     door_s = result["machine_busy_cores"] / rps
-    cores = len(os.sched_getaffinity(0))
     return {**result, "requests_per_s": rps, "machine_cpu_us_per_request": round(1e6 * door_s, 1),
-            "ceiling": ceiling(in_process_rps, compute_s, door_s, cores)}  # fmt: skip
+            "ceiling": ceiling(in_process_rps, compute_s, door_s, machine_cpus())}  # fmt: skip
 
 
 def served_runs(entry: dict) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import subprocess
 import urllib.request
 from collections.abc import Callable
@@ -54,6 +55,11 @@ def start_echo(protocol: str, answer: bytes, work: Path) -> tuple[subprocess.Pop
     return start_child_server(argv, f"the bare {protocol} server")
 
 
+def machine_cpus() -> int:
+    """The CPUs /proc/stat counts: the cores :func:`busy_cores` and the ceiling share out."""
+    return sum(line.startswith("cpu") and line[3].isdigit() for line in open("/proc/stat"))
+
+
 def busy_cores(run: Callable[[], T]) -> tuple[T, float]:
     """``run()``'s result and the machine's busy cores meanwhile (every CPU's non-idle time over the wall time)."""
 
@@ -64,8 +70,7 @@ def busy_cores(run: Callable[[], T]) -> tuple[T, float]:
     busy0, all0 = ticks()
     result = run()
     busy1, all1 = ticks()
-    n_cpus = len(open("/proc/stat").read().split("\ncpu")) - 1
-    return result, n_cpus * (busy1 - busy0) / max(1, all1 - all0)
+    return result, machine_cpus() * (busy1 - busy0) / max(1, all1 - all0)
 
 
 def ceiling(in_process_rps: float, compute_s: float, door_s: float, cores: int) -> float:
@@ -105,9 +110,9 @@ async def _serve_http(answer: bytes) -> None:
     app.router.add_post("/v1/embed", embed)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    print(site._server.sockets[0].getsockname()[1], flush=True)
+    listener = socket.create_server(("127.0.0.1", 0))  # bound here: its port known without aiohttp's internals
+    await web.SockSite(runner, listener).start()
+    print(listener.getsockname()[1], flush=True)
     await asyncio.Event().wait()
 
 
