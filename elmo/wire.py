@@ -96,16 +96,30 @@ def _tensor_head(shape: tuple[int, ...], dtype: int) -> bytes:
     return pb.Tensor(shape=shape, dtype=dtype).SerializeToString()
 
 
+def contiguous_blocks(array: np.ndarray) -> list[memoryview]:
+    """``array``'s bytes in row-major order as C-contiguous pieces, not copied: the array itself when it is
+    contiguous, else each of its sub-arrays along the first axis, recursively (a sentence's layers cut from its
+    batch's padded output are one contiguous block a layer). A last axis with gaps is copied, row by row."""
+    if not array.size:
+        return []  # (a memoryview of a shape with a 0 in it cannot be cast to bytes)
+    if array.flags.c_contiguous:
+        return [memoryview(array).cast("B")]
+    if array.ndim == 1:
+        return [memoryview(np.ascontiguousarray(array)).cast("B")]
+    return [block for sub in array for block in contiguous_blocks(sub)]
+
+
 def tensor_field(number: int, array: np.ndarray, dtype: int) -> list[bytes | memoryview]:
     """Field ``number`` holding ``array`` as a ``Tensor`` message, as wire pieces: the array's bytes are not copied
-    here (a memoryview: ``b"".join`` copies them once, into the answer). ``array`` must be C-contiguous in the wire
-    dtype (``NUMPY_DTYPES[dtype]``)."""
-    if array.dtype != NUMPY_DTYPES[dtype] or not array.flags.c_contiguous:
-        raise InputError(f"tensor_field needs a C-contiguous {NUMPY_DTYPES[dtype]} array, got {array.dtype}")
+    here (memoryviews of its contiguous blocks: ``b"".join`` copies them once, into the answer). ``array`` must be in
+    the wire dtype (``NUMPY_DTYPES[dtype]``); it may be a strided view (:func:`contiguous_blocks`)."""
+    if array.dtype != NUMPY_DTYPES[dtype]:
+        raise InputError(f"tensor_field needs a {NUMPY_DTYPES[dtype]} array, got {array.dtype}")
     head = _tensor_head(array.shape, dtype)
-    data = memoryview(array).cast("B")
-    body = [head, field_head(_TENSOR_DATA_FIELD, len(data)), data]
-    return [field_head(number, len(head) + len(body[1]) + len(data)), *body]
+    data = contiguous_blocks(array)
+    size = array.size * array.itemsize
+    body = [head, field_head(_TENSOR_DATA_FIELD, size), *data]
+    return [field_head(number, len(head) + len(body[1]) + size), *body]
 
 
 def from_tensor(tensor: pb.Tensor) -> np.ndarray:
@@ -124,6 +138,7 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
 
 __all__ = [
     "DTYPE_NAMES",
+    "contiguous_blocks",
     "NUMPY_DTYPES",
     "OVERFLOW_VALUES",
     "field_head",

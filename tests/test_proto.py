@@ -9,7 +9,7 @@ from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 
 from elmo.errors import InputError
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import from_tensor, span_fields, to_tensor
+from elmo.wire import contiguous_blocks, from_tensor, span_fields, tensor_field, to_tensor
 from tests.conftest import REPO
 
 GENERATED = ["elmo/v1/embedder_pb2.py", "elmo/v1/embedder_pb2.pyi", "elmo/v1/embedder_pb2_grpc.py"]
@@ -58,6 +58,25 @@ def test_tensor_round_trip_is_exact_little_endian_row_major(dtype, np_dtype):
     np.testing.assert_array_equal(back, array.astype(np_dtype))
     # Non-contiguous input is packed row-major too.
     assert to_tensor(array[:, ::2], dtype).data == np.ascontiguousarray(array[:, ::2], dtype=np_dtype).tobytes()
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [lambda a: a, lambda a: a[1, :, :3], lambda a: a[:, 1:, :2], lambda a: a[0, :, :, ::2], lambda a: a[:, :, :0]],
+    ids=["contiguous", "a-row-of-a-padded-batch", "strided-two-axes", "gaps-in-the-last-axis", "empty"],
+)
+def test_tensor_field_writes_strided_views_as_their_contiguous_copies_would(cut):
+    batch = np.random.default_rng(1).standard_normal((2, 3, 5, 4)).astype("<f4")
+    view = cut(batch)
+    tensor = pb.Tensor.FromString(b"".join(tensor_field(1, view, pb.FLOAT32)[1:]))  # without the field's own head
+    assert list(tensor.shape) == list(view.shape)
+    assert tensor.data == np.ascontiguousarray(view).tobytes()
+    assert b"".join(contiguous_blocks(view)) == np.ascontiguousarray(view).tobytes()
+
+
+def test_tensor_field_refuses_another_dtype():
+    with pytest.raises(InputError, match="float16"):
+        tensor_field(1, np.zeros((2, 2), np.float32), pb.FLOAT16)
 
 
 def test_tensor_with_wrong_byte_count_is_refused():

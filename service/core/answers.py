@@ -80,8 +80,9 @@ def pooled_bytes(n_inputs: int, dim: int, encoding: AnswerEncoding) -> int:
 @dataclass
 class SentenceAnswer:
     """What both doors write for one sentence: its tokens, offsets (None for pre-tokenized input), the tokens cut off,
-    and its vectors in the wire dtype, C-contiguous: ``layers`` (n_layers, n_tokens, dim) in the requested order
-    (None under omit_layers) and the task's ``mix`` (n_tokens, dim) (None without a task)."""
+    and its vectors in the wire dtype: ``layers`` (n_layers, n_tokens, dim) in the requested order (None under
+    omit_layers) and the task's ``mix`` (n_tokens, dim) (None without a task). ``layers`` may be a view of the batch's
+    padded output (each layer's rows contiguous, the whole not): the answer copies it once, into its own bytes."""
 
     tokens: list[str]
     offsets: list[tuple[int, int]] | None
@@ -91,17 +92,23 @@ class SentenceAnswer:
 
 
 def sentence_answers(result: EmbedResult) -> list[SentenceAnswer]:
-    """Per sentence what the doors write: the requested layers and the task's mix in the request's wire dtype."""
+    """Per sentence what the doors write: the requested layers and the task's mix in the request's wire dtype (the
+    vectors themselves where they are in it already: a float32 answer of all layers copies nothing here)."""
     prepared = result.prepared
     wire = NUMPY_DTYPES[prepared.dtype]
     answers = []
     for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
         selected = None
         if not prepared.omit_layers:
-            selected = np.ascontiguousarray(layers if prepared.layers is None else layers[prepared.layers], wire)
-        mix = None if prepared.task is None else np.ascontiguousarray(prepared.task.apply(layers), wire)
+            selected = _in_wire(layers if prepared.layers is None else layers[prepared.layers], wire)
+        mix = None if prepared.task is None else _in_wire(prepared.task.apply(layers), wire)
         answers.append(SentenceAnswer(tokens, spans, cut, selected, mix))
     return answers
+
+
+def _in_wire(array: np.ndarray, wire: np.dtype) -> np.ndarray:
+    """``array`` itself when it is in the wire dtype, else converted (a C-contiguous copy)."""
+    return array if array.dtype == wire else np.ascontiguousarray(array, wire)
 
 
 def timing_of(result: EmbedResult) -> dict[str, float | int]:

@@ -20,7 +20,8 @@ INLINE_ANSWER_BYTES = 256 * 1024  # bytes of one JSON answer, as sent, built in 
 
 
 def _base64_tensor(array: np.ndarray) -> dict[str, Any]:
-    """An array in its wire dtype (C-contiguous little-endian float32 or float16), as the Tensor message holds it."""
+    """An array in its wire dtype (little-endian float32 or float16; a strided view is read in place), as the Tensor
+    message holds it."""
     dtype = "float16" if array.dtype == NUMPY_DTYPES[pb.FLOAT16] else "float32"
     return {"dtype": dtype, "shape": list(array.shape), "data": base64_json(array)}
 

@@ -25,9 +25,18 @@ class Version:
     dim: int = 8
 
 
-def result_of(sentences, offsets, *, layers=None, task=None, omit_layers=False, dtype=pb.FLOAT32, truncated=None):
+def result_of(
+    sentences, offsets, *, layers=None, task=None, omit_layers=False, dtype=pb.FLOAT32, truncated=None, padded=False
+):
+    """``padded``: each sentence's vectors a read-only view of one padded batch output (B, n_layers, T, dim), as the
+    service's runtime hands them over (elmo.runtime.Embedder ``views=True``), else an array of its own."""
     rng = np.random.default_rng(len(sentences))
-    vectors = [rng.standard_normal((3, len(s), 8)).astype(np.float32) for s in sentences]
+    if padded:
+        batch = rng.standard_normal((len(sentences), 3, max(map(len, sentences)) + 2, 8)).astype(np.float32)
+        batch.flags.writeable = False
+        vectors = [batch[i, :, : len(s)] for i, s in enumerate(sentences)]
+    else:
+        vectors = [rng.standard_normal((3, len(s), 8)).astype(np.float32) for s in sentences]
     prepared = PreparedEmbed(Version(), sentences, offsets, layers, task, omit_layers, dtype,
                              truncated or [0] * len(sentences), 1024, 0)  # fmt: skip
     stats = [BatchStats(0.002, 0.010, 5, 80), BatchStats(0.001, 0.020, 9, 40)]
@@ -79,8 +88,9 @@ SPANS = [[(0, 1), (2, 6), (7, 9), (9, 10)], [(i, i + 1) for i in range(140)], [(
     ],
     ids=["all-layers", "chosen-layers", "task", "mix-only", "float16", "truncated"],
 )
-def test_serialized_answer_is_the_message_protobuf_builds(options):
-    result = result_of(TEXTS, SPANS, **options)
+@pytest.mark.parametrize("padded", [False, True], ids=["own-arrays", "batch-views"])
+def test_serialized_answer_is_the_message_protobuf_builds(options, padded):
+    result = result_of(TEXTS, SPANS, padded=padded, **options)
     same_but_total(parsed(result, "req-7"), built_message(result, "req-7"))
 
 
@@ -91,11 +101,15 @@ def test_pretokenized_sentences_have_no_offsets():
     same_but_total(answer, built_message(result, ""))
 
 
-def test_sentence_vectors_are_contiguous_in_the_wire_dtype():
+def test_sentence_vectors_are_in_the_wire_dtype_and_copied_only_to_convert():
     for dtype in (pb.FLOAT32, pb.FLOAT16):
-        for sentence in sentence_answers(result_of(TEXTS, SPANS, layers=[1], task=TASK, dtype=dtype)):
+        for sentence in sentence_answers(result_of(TEXTS, SPANS, layers=[1], task=TASK, dtype=dtype, padded=True)):
             for array in (sentence.layers, sentence.mix):
                 assert array.dtype == NUMPY_DTYPES[dtype] and array.flags.c_contiguous
+    # float32, every layer in order: the batch's own vectors, not a copy (the answer's bytes are the one copy)
+    result = result_of(TEXTS, SPANS, padded=True)
+    for sentence, vectors in zip(sentence_answers(result), result.vectors):
+        assert sentence.layers is vectors and not sentence.layers.flags.c_contiguous
 
 
 def test_timing_reports_the_slowest_piece_and_the_largest_batch():

@@ -49,3 +49,22 @@ def test_base64_data_is_written_as_a_json_string_of_its_base64(size):
     value = json.loads(body)
     assert base64.b64decode(value["data"], validate=True) == data
     assert value["tokens"] == ["苹果", 'a"b']
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 7, 200])
+@pytest.mark.parametrize("dtype", ["<f4", "<f2"])
+def test_base64_of_a_strided_view_is_the_base64_of_its_contiguous_copy(tokens, dtype):
+    # a sentence's layers cut from its batch's padded output: one block a layer, of a length that is rarely a
+    # multiple of 3 bytes (each block's leftover bytes carry into the next)
+    batch = np.random.default_rng(tokens).standard_normal((2, 3, 205, 5)).astype(dtype)
+    view = batch[1, :, :tokens]
+    assert not view.flags.c_contiguous
+    value = json.loads(encode_json({"data": base64_json(view)}))
+    assert base64.b64decode(value["data"], validate=True) == np.ascontiguousarray(view).tobytes()
+
+
+def test_base64_of_blocks_longer_than_a_piece_is_whole(monkeypatch):
+    monkeypatch.setattr(encode, "BASE64_PIECE_BYTES", 6)  # every block spans several pieces
+    view = np.arange(3 * 11 * 3, dtype="<f2").reshape(3, 11, 3)[:, :7]
+    data = json.loads(encode_json({"d": base64_json(view)}))["d"]
+    assert base64.b64decode(data, validate=True) == np.ascontiguousarray(view).tobytes()
