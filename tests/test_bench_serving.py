@@ -228,3 +228,41 @@ def test_gil_convoy_times_each_interval_with_copies_and_with_views(tiny_model_di
         (5.0, False), (5.0, True), (1.0, False), (1.0, True)]  # fmt: skip
     assert all(r["alone_ms"] > 0 and r["beside_busy_thread_ms"] > 0 for r in result["rows"])
     assert result["sentences"] == 4 and sys.getswitchinterval() == before
+
+
+def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir):
+    """bench.service.compiled_load: every other round measures the servers in the opposite order (no tree is always
+    first), each run's rate set against the same round's in-process rate. The generators are stood in for here
+    (h2load and wrk are Debian packages the bench installs itself); the in-process runtime is the real one."""
+    from types import SimpleNamespace
+
+    from bench.kit.load import load_embedder
+    from bench.service import compiled_load
+
+    texts, _ = sentences(16, min_words=15, max_words=25)
+    calls: list[tuple[str, str]] = []
+
+    class Loads:
+        args = SimpleNamespace(duration=0.2, batch=8, protocols=["grpc", "http"])
+
+        def grpc(self, target):
+            calls.append(("grpc", target))
+            return {"requests": 10, "failed": 0, "seconds": 2.0}
+
+        def http(self, address):
+            calls.append(("http", address))
+            return {"requests": 30, "failed": 0, "seconds": 2.0}
+
+    servers = {label: SimpleNamespace(grpc_target=f"{label}:g", http_address=f"{label}:h")
+               for label in ("before", "after")}  # fmt: skip
+    embedder = load_embedder(tiny_model_dir, 1, texts, 8)
+    try:
+        rounds = [compiled_load.measure_round(Loads(), embedder, texts, 150, servers, {}, i) for i in range(2)]
+    finally:
+        embedder.close()
+    assert [r["order"] for r in rounds] == [["before", "after"], ["after", "before"]]
+    assert calls == [("grpc", "before:g"), ("http", "before:h"), ("grpc", "after:g"), ("http", "after:h"),
+                     ("grpc", "after:g"), ("http", "after:h"), ("grpc", "before:g"), ("http", "before:h")]  # fmt: skip
+    for entry in rounds:
+        assert entry["after_grpc"]["requests_per_s"] == 5.0 and entry["before_http"]["requests_per_s"] == 15.0
+        assert entry["after_http"]["served_over_in_process"] == pytest.approx(15.0 / entry["in_process_requests_per_s"])

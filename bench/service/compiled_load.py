@@ -163,7 +163,7 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
             for protocol, answer in zip(("grpc", "http"), answers):
                 children[f"echo_{protocol}"] = start_echo(protocol, answer, work)
         for index in range(args.rounds):
-            rounds.append(measure_round(loads, embedder, texts, tokens, servers, children))
+            rounds.append(measure_round(loads, embedder, texts, tokens, servers, children, index))
             print(f"{name} round {index + 1}: {round_line(rounds[-1])}", flush=True)
     finally:
         for server in servers.values():
@@ -195,14 +195,19 @@ class Loads:
         return loaded(lambda: run_wrk(address, self.http_body, args.connections, args.duration, self.work))
 
 
-def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, children: dict) -> dict:
-    """In process, then each server under each generator, then the bare servers (``children``)."""
+def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, children: dict,
+                  index: int = 0) -> dict:  # fmt: skip
+    """In process, then each server under each generator, then the bare servers (``children``). The servers take
+    turns in the opposite order every other round (``index``), so that neither is always measured first."""
     args = loads.args
     local = measure_in_process(embedder, texts, args.duration, args.batch)
     entry = {"in_process_tokens_per_s": local.tokens / local.seconds}
     rps = entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
     entry["in_process_cpu_us_per_request"] = 1e6 * local.cpu_s * tokens / local.tokens
-    for label, server in servers.items():
+    order = list(servers)[:: -1 if index % 2 else 1]
+    entry["order"] = order
+    for label in order:
+        server = servers[label]
         if "grpc" in args.protocols:
             entry[f"{label}_grpc"] = against(loads.grpc(server.grpc_target), rps)
         if "http" in args.protocols:
