@@ -106,15 +106,31 @@ def _encode(value: Any, parts: list[bytes]) -> None:
             parts.append((b"," if i else b"") + _dumps(str(key)) + b":")
             _encode(item, parts)
         parts.append(b"}")
-    elif isinstance(value, (list, tuple)) and any(isinstance(item, (dict, np.ndarray)) for item in value):
-        parts.append(b"[")
-        for i, item in enumerate(value):
-            if i:
-                parts.append(b",")
-            _encode(item, parts)
-        parts.append(b"]")
+    elif isinstance(value, (list, tuple)):
+        _encode_list(value, parts)
     else:
         parts.append(_dumps(value))
+
+
+_NESTED = (dict, np.ndarray, JsonText)  # what a list's items are encoded one by one for
+
+
+def _encode_list(value: list | tuple, parts: list[bytes]) -> None:
+    """A list of plain values (tokens, offsets) in one orjson call; item by item when its first item is nested, or
+    when orjson meets an array or JSON text further in (it raises before writing anything). Scanning every item
+    first cost more than writing them: ~100 us of an 8-sentence answer's ~220."""
+    if not (value and isinstance(value[0], _NESTED)):
+        try:
+            parts.append(_dumps(value))
+            return
+        except TypeError:  # orjson.JSONEncodeError: an item only the item-by-item path writes
+            pass
+    parts.append(b"[")
+    for i, item in enumerate(value):
+        if i:
+            parts.append(b",")
+        _encode(item, parts)
+    parts.append(b"]")
 
 
 def _encode_array(array: np.ndarray, parts: list[bytes]) -> None:
