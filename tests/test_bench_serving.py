@@ -266,3 +266,35 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
     for entry in rounds:
         assert entry["after_grpc"]["requests_per_s"] == 5.0 and entry["before_http"]["requests_per_s"] == 15.0
         assert entry["after_http"]["served_over_in_process"] == pytest.approx(15.0 / entry["in_process_requests_per_s"])
+
+
+def test_answer_cost_times_each_answer_path_in_a_child_of_the_code_tree(tmp_path, capsys):
+    """bench.service.answer_cost: the answers of one real request (its tokens and offsets, vectors as views of a
+    padded batch), each path timed in a child process of the code tree; the JSON holds every path's median."""
+    from bench.service import answer_cost
+
+    out = tmp_path / "answer_cost.json"
+    answer_cost.main(["--dim", "8", "--sentences", "3", "--calls", "2", "--repeat", "2", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["median_us_per_request"]["after"]) == set(answer_cost.PATHS)
+    assert all(value > 0 for value in result["median_us_per_request"]["after"].values())
+    (entry,) = result["rounds"]
+    assert entry["after"]["tokens"] >= 3 * 15  # three sentences of 15-25 words, punctuation its own token
+    assert "us a request" in capsys.readouterr().out
+
+
+def test_answer_cost_request_is_what_the_service_answers():
+    """The bench's request: the sentences' own tokens and offsets, each sentence's layers a strided view of one
+    padded batch; its gRPC answer parses into those tokens and vectors."""
+    import numpy as np
+    from elmo.service.core.answers import response_bytes
+
+    from bench.service.answer_cost import request_result
+    from elmo.v1 import embedder_pb2 as pb
+    from elmo.wire import from_tensor
+
+    result = request_result(4, 2, 6)
+    answer = pb.EmbedResponse.FromString(response_bytes(result))
+    for embedding, tokens, vectors in zip(answer.embeddings, result.prepared.sentences, result.vectors):
+        assert list(embedding.tokens) == tokens and not vectors.flags.c_contiguous
+        np.testing.assert_array_equal(from_tensor(embedding.layers), vectors)
