@@ -9,7 +9,7 @@ from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 
 from elmo.errors import InputError
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import contiguous_blocks, from_tensor, span_fields, tensor_field, to_tensor
+from elmo.wire import SMALL_COPY_BYTES, contiguous_blocks, from_tensor, span_fields, tensor_field, to_tensor
 from tests.conftest import REPO
 
 GENERATED = ["elmo/v1/embedder_pb2.py", "elmo/v1/embedder_pb2.pyi", "elmo/v1/embedder_pb2_grpc.py"]
@@ -72,6 +72,17 @@ def test_tensor_field_writes_strided_views_as_their_contiguous_copies_would(cut)
     assert list(tensor.shape) == list(view.shape)
     assert tensor.data == np.ascontiguousarray(view).tobytes()
     assert b"".join(contiguous_blocks(view)) == np.ascontiguousarray(view).tobytes()
+
+
+def test_a_large_strided_view_is_written_from_its_own_memory_a_block_a_layer():
+    batch = np.random.default_rng(2).standard_normal((2, 3, 40, 256)).astype("<f4")
+    view = batch[1, :, :30]  # 92 KB: over SMALL_COPY_BYTES
+    blocks = contiguous_blocks(view)
+    assert view.nbytes > SMALL_COPY_BYTES and len(blocks) == 3
+    assert all(isinstance(block, memoryview) and block.obj is not None for block in blocks)  # not copies
+    assert b"".join(blocks) == np.ascontiguousarray(view).tobytes()
+    small = batch[1, :, :2]  # 6 KB: one copy, made in C
+    assert [bytes(b) for b in contiguous_blocks(small)] == [np.ascontiguousarray(small).tobytes()]
 
 
 def test_tensor_field_refuses_another_dtype():

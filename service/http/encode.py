@@ -64,7 +64,7 @@ def base64_json(data: bytes | memoryview | np.ndarray) -> JsonText:
     return JsonText(pieces)
 
 
-def _base64_chunks(blocks: list[memoryview]):
+def _base64_chunks(blocks: list[bytes | memoryview]):
     """The blocks' bytes, in order, as chunks of at most BASE64_PIECE_BYTES bytes, each but the last a multiple of 3:
     their base64 strings, concatenated, are the base64 of the whole. Only the at most two bytes a block leaves over
     are copied, joined to the start of the next."""

@@ -56,9 +56,9 @@ def test_base64_data_is_written_as_a_json_string_of_its_base64(size):
 def test_base64_of_a_strided_view_is_the_base64_of_its_contiguous_copy(tokens, dtype):
     # a sentence's layers cut from its batch's padded output: one block a layer, of a length that is rarely a
     # multiple of 3 bytes (each block's leftover bytes carry into the next)
-    batch = np.random.default_rng(tokens).standard_normal((2, 3, 205, 5)).astype(dtype)
+    batch = np.random.default_rng(tokens).standard_normal((2, 3, 205, 85)).astype(dtype)
     view = batch[1, :, :tokens]
-    assert not view.flags.c_contiguous
+    assert not view.flags.c_contiguous  # 200 tokens: over SMALL_COPY_BYTES, read block by block
     value = json.loads(encode_json({"data": base64_json(view)}))
     assert base64.b64decode(value["data"], validate=True) == np.ascontiguousarray(view).tobytes()
 
