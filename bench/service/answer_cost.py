@@ -2,7 +2,7 @@
 JSON (base64 and float numbers) of one request, from vectors shaped as the runtime hands them to the service.
 
     python -m bench.service.answer_cost                                   # models/default's shape: 3 x 1,024
-    python -m bench.service.answer_cost --dim 32 --sentences 8            # a tiny model's answers
+    python -m bench.service.answer_cost --dim 16 --calls 1000             # the tiny model's answers (3 x 16)
     python -m bench.service.answer_cost --before 0a4a658 --rounds 3       # REV's code and this checkout's in turn
 
 One request of ``--sentences`` real English sentences of 15-25 words (tokenized as the service tokenizes them, with

@@ -118,7 +118,7 @@ _NESTED = (dict, np.ndarray, JsonText)  # what a list's items are encoded one by
 def _encode_list(value: list | tuple, parts: list[bytes]) -> None:
     """A list of plain values (tokens, offsets) in one orjson call; item by item when its first item is nested, or
     when orjson meets an array or JSON text further in (it raises before writing anything). Scanning every item
-    first cost more than writing them: ~100 us of an 8-sentence answer's ~220."""
+    first (the tokens and offsets of every sentence) was ~30 us of an 8-sentence answer's 150-220."""
     if not (value and isinstance(value[0], _NESTED)):
         try:
             parts.append(_dumps(value))
