@@ -3,7 +3,7 @@ installed elmo.bench.figures:
 
 - bench.kit.serve: ``elmo serve`` as a child process, one (start_server) or N replicas (start_replicas), of this
   checkout or a revision's tree; Server (ports, health, stop); check_loopback
-- bench.kit.revision: revision_tree / code_trees (``--before REV`` worktrees), tree_env, revision_info
+- bench.kit.revision: revision_tree / code_trees (``--before REV`` worktrees), in_turn, tree_env, revision_info
 - bench.kit.load: gRPC and HTTP load loops (drive, drive_http: throughput in a measured window), ClosedLoop (client
   threads whose every call is checked: mixed_load, swap, replicas, noisy), requests built up front, Http,
   check_answers, the in-process baseline (measure_in_process), LoadResult

@@ -68,6 +68,12 @@ def code_trees(before: str | None, label: str = "after") -> Iterator[list[tuple[
         yield [("before", old), ("after", None)]
 
 
+def in_turn(items: list, round_index: int) -> list:
+    """``items`` (code trees, or the servers serving them) in the order of round ``round_index``: as given in even
+    rounds, reversed in odd ones, so that no tree is always measured first."""
+    return items[::-1] if round_index % 2 else list(items)
+
+
 def revision_info(before: str | None, label: str = "after") -> dict:
     """What each label's runs served: this checkout (its HEAD, and whether elmo/ or service/ have local changes),
     and the --before revision."""

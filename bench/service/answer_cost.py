@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.kit.results import bench_parser, result_path, write_json
-from bench.kit.revision import REPO, code_trees, revision_info, tree_env
+from bench.kit.revision import REPO, code_trees, in_turn, revision_info, tree_env
 from elmo.bench.figures import machine
 
 PATHS = ("grpc", "http_base64", "http_float")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     with code_trees(args.before) as trees:
         for index in range(args.rounds):
             entry = {}
-            for label, tree in trees[:: -1 if index % 2 else 1]:  # the trees take turns, first and second
+            for label, tree in in_turn(trees, index):
                 entry[label] = measure_tree(args, tree)
                 print(f"round {index + 1} {label}: {entry[label]['us_per_request']} us a request "
                       f"({entry[label]['tokens']} tokens)", flush=True)  # fmt: skip

@@ -36,7 +36,7 @@ from pathlib import Path
 from bench.kit.load import build_http_requests, build_requests, load_embedder, measure_in_process
 from bench.kit.models import DEFAULT_MODEL, MODELS_CACHE
 from bench.kit.results import bench_parser, result_path, write_json
-from bench.kit.revision import code_trees, revision_info
+from bench.kit.revision import code_trees, in_turn, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
 from bench.service.door_ceiling import busy_cores, ceiling, machine_cpus, service_answers, start_echo
@@ -204,7 +204,7 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
     entry = {"in_process_tokens_per_s": local.tokens / local.seconds}
     rps = entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
     entry["in_process_cpu_us_per_request"] = 1e6 * local.cpu_s * tokens / local.tokens
-    order = list(servers)[:: -1 if index % 2 else 1]
+    order = in_turn(list(servers), index)
     entry["order"] = order
     for label in order:
         server = servers[label]
