@@ -122,10 +122,8 @@ def tensor_field(number: int, array: np.ndarray, dtype: int) -> list[bytes | mem
     if array.dtype != NUMPY_DTYPES[dtype]:
         raise InputError(f"tensor_field needs a {NUMPY_DTYPES[dtype]} array, got {array.dtype}")
     head = _tensor_head(array.shape, dtype)
-    data = contiguous_blocks(array)
-    size = array.size * array.itemsize
-    body = [head, field_head(_TENSOR_DATA_FIELD, size), *data]
-    return [field_head(number, len(head) + len(body[1]) + size), *body]
+    body = [head, field_head(_TENSOR_DATA_FIELD, array.nbytes), *contiguous_blocks(array)]
+    return [field_head(number, len(head) + len(body[1]) + array.nbytes), *body]
 
 
 def from_tensor(tensor: pb.Tensor) -> np.ndarray:
