@@ -298,3 +298,63 @@ def test_answer_cost_request_is_what_the_service_answers():
     for embedding, tokens, vectors in zip(answer.embeddings, result.prepared.sentences, result.vectors):
         assert list(embedding.tokens) == tokens and not vectors.flags.c_contiguous
         np.testing.assert_array_equal(from_tensor(embedding.layers), vectors)
+
+
+def test_door_plumbing_echo_answers_through_each_layer_of_the_services_plumbing(tmp_path):
+    """bench.service.door_plumbing's rungs: the echo server with the service's settings, observer and call gate in
+    front still answers every call with the prebuilt bytes; each layer is the service's own class; an unknown layer
+    is refused before the server starts."""
+    import grpc
+    from elmo.service.grpc.interceptors import CallGate, ObserverInterceptor
+
+    from bench.service import door_ceiling
+
+    settings, interceptors = door_ceiling.grpc_plumbing(door_ceiling.PLUMBING)
+    assert settings["maximum_concurrent_rpcs"] > 0 and dict(settings["options"])["grpc.so_reuseport"] == 0
+    assert [type(i) for i in interceptors] == [ObserverInterceptor, CallGate]  # the gate last, as in the service
+    assert door_ceiling.grpc_plumbing(("gate",))[0] == {} and door_ceiling.grpc_plumbing(()) == ({}, [])
+    with pytest.raises(ValueError, match="unknown plumbing"):
+        door_ceiling.check_plumbing(("observer", "pipes"))
+    with pytest.raises(RuntimeError, match="did not start"):
+        door_ceiling.start_echo("grpc", b"x", tmp_path, ("pipes",))
+
+    answer = b"\x0a\x03abc" * 500
+    process, port = door_ceiling.start_echo("grpc", answer, tmp_path, door_ceiling.PLUMBING)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/elmo.v1.Embedder/Embed")
+            assert [call(b"any request", timeout=30) for _ in range(3)] == [answer] * 3
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_door_plumbing_rounds_take_the_rungs_in_turn_and_read_h2load():
+    """The rungs are measured in turn, the order reversed every other round; medians per rung; h2load's mean
+    request time is read in its own unit."""
+    from types import SimpleNamespace
+
+    from bench.service import door_plumbing
+
+    line = "time for request:      210us     2.08ms      {mean}       61us    93.40%"
+    assert door_plumbing.latency_seconds(line.format(mean="315us")) == pytest.approx(315e-6)
+    assert door_plumbing.latency_seconds(line.format(mean="3.17ms")) == pytest.approx(3.17e-3)
+    assert door_plumbing.latency_seconds(line.format(mean="1.5s")) == pytest.approx(1.5)
+    with pytest.raises(RuntimeError, match="no request times"):
+        door_plumbing.latency_seconds("finished in 3.00s")
+
+    calls = []
+
+    def measure(target, body, args):
+        calls.append(target)
+        rate = {"a:1": 100.0, "b:2": 50.0}[target] * (1 + len(calls))
+        return {"requests_per_s": rate, "machine_cpu_us_per_request": 2e6 / rate, "latency_mean_us": 1e6 / rate}
+
+    targets = {"bare": "a:1", "service": "b:2"}
+    rounds = door_plumbing.measure_rounds(targets, None, SimpleNamespace(rounds=3), measure)
+    assert calls == ["a:1", "b:2", "b:2", "a:1", "a:1", "b:2"]
+    assert [r["order"] for r in rounds] == [["bare", "service"], ["service", "bare"], ["bare", "service"]]
+    medians = door_plumbing.medians(rounds)
+    assert medians["bare"]["requests_per_s"] == 500.0  # rounds: 200, 500, 600
+    assert medians["service"]["requests_per_s"] == 200.0  # 150, 200, 350
+    assert "| service | 200 |" in door_plumbing.table({"medians": medians})

@@ -16,7 +16,8 @@ not the cores'. ``compiled_load --ceiling`` measures it in the same rounds as th
     python -m bench.service.compiled_load --ceiling --rounds 3 --duration 8
 
 The servers run as child processes of this module (``--serve grpc|http --answer FILE``) on a free loopback port,
-which they print.
+which they print. ``--plumbing settings,observer,gate`` puts the service's own gRPC plumbing in front of the echo
+(:data:`PLUMBING`; bench.service.door_plumbing prices each layer).
 """
 
 from __future__ import annotations
@@ -47,12 +48,25 @@ def service_answers(grpc_target: str, http_address: str, grpc_body: bytes, http_
         return grpc_answer, reply.read()
 
 
-def start_echo(protocol: str, answer: bytes, work: Path) -> tuple[subprocess.Popen, int]:
-    """A bare ``protocol`` server (grpc or http) that answers every request with ``answer``: (process, port)."""
-    path = work / f"echo-{protocol}.bin"
+# The service's gRPC plumbing, layer by layer, as service.server puts it in front of its servicer (default limits):
+#   settings  grpc_server_settings: message and stream bounds, idle and age limits, grpc.aio's own count of calls
+#   observer  ObserverInterceptor: every call timed, counted and its status code worked out (metrics, log line)
+#   gate      CallGate: every call counted in the per-peer shares, its request message read against a clock
+PLUMBING = ("settings", "observer", "gate")
+
+
+def start_echo(
+    protocol: str, answer: bytes, work: Path, plumbing: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, int]:
+    """A bare ``protocol`` server (grpc or http) that answers every request with ``answer``: (process, port).
+    ``plumbing``: layers of :data:`PLUMBING` in front of it (grpc only)."""
+    label = "-".join(("echo", protocol, *plumbing))
+    path = work / f"{label}.bin"
     path.write_bytes(answer)
     argv = ["bench.service.door_ceiling", "--serve", protocol, "--answer", str(path)]
-    return start_child_server(argv, f"the bare {protocol} server")
+    if plumbing:
+        argv += ["--plumbing", ",".join(plumbing)]
+    return start_child_server(argv, f"the {label} server")
 
 
 def machine_cpus() -> int:
@@ -79,18 +93,47 @@ def ceiling(in_process_rps: float, compute_s: float, door_s: float, cores: int) 
     return cores / ((compute_s + door_s) * in_process_rps)
 
 
-def serve(protocol: str, answer: bytes) -> None:
-    asyncio.run(_serve_grpc(answer) if protocol == "grpc" else _serve_http(answer))
+def serve(protocol: str, answer: bytes, plumbing: tuple[str, ...] = ()) -> None:
+    asyncio.run(_serve_grpc(answer, plumbing) if protocol == "grpc" else _serve_http(answer))
 
 
-async def _serve_grpc(answer: bytes) -> None:
+def check_plumbing(layers: tuple[str, ...]) -> None:
+    unknown = sorted(set(layers) - set(PLUMBING))
+    if unknown:
+        raise ValueError(f"unknown plumbing {unknown}: choose from {', '.join(PLUMBING)}")
+
+
+def grpc_plumbing(layers: tuple[str, ...]) -> tuple[dict, list]:
+    """``grpc.aio.server``'s keyword arguments and interceptors for ``layers`` of :data:`PLUMBING`, built as
+    service.server builds them, with the default limits."""
+    from elmo.service.common.limits import Limits, grpc_server_settings
+    from elmo.service.common.shares import Shares
+    from elmo.service.grpc.interceptors import CallGate, ObserverInterceptor
+    from elmo.service.telemetry.metrics import ServiceMetrics
+    from elmo.service.telemetry.observe import RequestObserver
+
+    check_plumbing(layers)
+    limits = Limits()
+    settings = grpc_server_settings(limits) if "settings" in layers else {}
+    interceptors = []
+    if "observer" in layers:
+        interceptors.append(ObserverInterceptor(RequestObserver(ServiceMetrics())))
+    if "gate" in layers:  # last, as in the service
+        calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
+                       ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
+        interceptors.append(CallGate(calls, limits.grpc_message_timeout, limits.grpc_idle_timeout))
+    return settings, interceptors
+
+
+async def _serve_grpc(answer: bytes, plumbing: tuple[str, ...] = ()) -> None:
     import grpc
     import grpc.aio
 
     async def embed(request: bytes, context) -> bytes:
         return answer
 
-    server = grpc.aio.server()
+    settings, interceptors = grpc_plumbing(plumbing)
+    server = grpc.aio.server(interceptors=interceptors, **settings)
     handler = grpc.unary_unary_rpc_method_handler(embed)  # no (de)serializers: bytes in, the prebuilt bytes out
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("elmo.v1.Embedder", {"Embed": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -121,8 +164,16 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--serve", choices=["grpc", "http"], required=True, help="run one bare server (a child)")
     parser.add_argument("--answer", type=Path, required=True, help="the bytes every request is answered with")
+    parser.add_argument("--plumbing", default="", help=f"grpc: comma-separated layers of {', '.join(PLUMBING)}")
     args = parser.parse_args(argv)
-    serve(args.serve, args.answer.read_bytes())
+    plumbing = tuple(layer for layer in args.plumbing.split(",") if layer)
+    if plumbing and args.serve != "grpc":
+        parser.error("--plumbing is the gRPC door's")
+    try:
+        check_plumbing(plumbing)  # refused before the server starts (its parent waits for a port line)
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve(args.serve, args.answer.read_bytes(), plumbing)
 
 
 if __name__ == "__main__":
