@@ -109,7 +109,8 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("service.door_plumbing", __doc__, model=False)
-    parser.add_argument("--model", default="tiny", help="tiny or small (random weights of that shape), or default (models/default); default tiny")
+    parser.add_argument("--model", default="tiny",
+                        help="tiny or small (random weights of that shape), or default (models/default); default tiny")
     parser.add_argument("--threads", type=int, default=2, help="the service's runtime threads")
     parser.add_argument("--per-request", type=int, default=8, help="sentences in the request")
     parser.add_argument("--connections", type=int, default=16)
