@@ -40,7 +40,6 @@ import grpc.aio
 from elmo.service.common import switching
 from elmo.service.common.errors import ServiceError
 from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
-from elmo.service.common.shares import Shares
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.admin import (
     ADMIN_PREFIX,
@@ -174,9 +173,7 @@ class ElmoServer:
             interceptors.append(AuthInterceptor(auth_token, exempt_prefixes=(HEALTH_PREFIX, ADMIN_PREFIX)))
         if admin_token:
             interceptors.append(admin_auth_interceptor(admin_token))
-        self.calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
-                            ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
-        interceptors.append(CallGate(self.calls, limits.grpc_message_timeout, limits.grpc_idle_timeout))
+        interceptors.append(CallGate.for_limits(limits))
         self.server = grpc.aio.server(interceptors=interceptors, **grpc_server_settings(limits))
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))

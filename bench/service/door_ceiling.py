@@ -107,7 +107,6 @@ def grpc_plumbing(layers: tuple[str, ...]) -> tuple[dict, list]:
     """``grpc.aio.server``'s keyword arguments and interceptors for ``layers`` of :data:`PLUMBING`, built as
     service.server builds them, with the default limits."""
     from elmo.service.common.limits import Limits, grpc_server_settings
-    from elmo.service.common.shares import Shares
     from elmo.service.grpc.interceptors import CallGate, ObserverInterceptor
     from elmo.service.telemetry.metrics import ServiceMetrics
     from elmo.service.telemetry.observe import RequestObserver
@@ -119,9 +118,7 @@ def grpc_plumbing(layers: tuple[str, ...]) -> tuple[dict, list]:
     if "observer" in layers:
         interceptors.append(ObserverInterceptor(RequestObserver(ServiceMetrics())))
     if "gate" in layers:  # last, as in the service
-        calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
-                       ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
-        interceptors.append(CallGate(calls, limits.grpc_message_timeout, limits.grpc_idle_timeout))
+        interceptors.append(CallGate.for_limits(limits))
     return settings, interceptors
 
 

@@ -12,6 +12,7 @@ import inspect
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code
+from elmo.service.common.limits import Limits
 from elmo.service.common.shares import Shares, peer_address
 from elmo.service.common.tokens import BearerToken
 from elmo.service.telemetry.observe import Observation, RequestObserver
@@ -226,6 +227,14 @@ class CallGate(_WrappingInterceptor):
         self.shares = shares
         self.message_timeout, self.stream_idle_timeout = message_timeout, stream_idle_timeout
         self._exempt = exempt_prefixes
+
+    @classmethod
+    def for_limits(cls, limits: Limits) -> CallGate:
+        """The gate of ``limits``: its own shares of --max-concurrent-rpcs calls, --max-calls-per-peer a peer, and
+        the request message's clocks (--grpc-message-timeout, --grpc-idle-timeout)."""
+        calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
+                       ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
+        return cls(calls, limits.grpc_message_timeout, limits.grpc_idle_timeout)
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         return self._gate(handler, counted=not method.startswith(self._exempt))
