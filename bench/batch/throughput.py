@@ -17,8 +17,10 @@ files + commit log + hdf5 assembly or Parquet manifest), end to end; and its rat
 first to its last commit: what a long input runs at, once start-up and the final flush are amortised.
 
 The paths alternate ``--repeat`` times and the best of each is kept (the machine is shared); CPU seconds (process
-time, all threads) are reported too. ``--memory`` also runs the job as a subprocess on 1x and 4x the lines and
-reports each one's peak RSS: bounded memory means the two are close once the pipeline is full (several shards).
+time, all threads) are reported too, and the job's by thread (bench.kit.sample.ThreadCpuSampler: the runtime's
+runs, its reading thread, the writer, onnxruntime's own threads). ``--memory`` also runs the job as a subprocess on
+1x and 4x the lines and reports each one's peak RSS: bounded memory means the two are close once the pipeline is
+full (several shards).
 
 Writes JSON to ``--out`` (default bench/results/batch_throughput.json) and prints a Markdown table.
 """
@@ -38,7 +40,7 @@ from pathlib import Path
 from bench.kit.models import prepare_model
 from bench.kit.results import result_path
 from bench.kit.revision import REPO, revision_tree
-from bench.kit.sample import run_measured
+from bench.kit.sample import ThreadCpuSampler, run_measured
 from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
 
@@ -65,7 +67,9 @@ def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dic
 
 def time_embed_file(
     model: Path, source: Path, output: Path, args: argparse.Namespace
-) -> tuple[float, float, float | None]:
+) -> tuple[float, float, float | None, dict[str, float]]:
+    """The job's wall and CPU seconds, its steady rate, and its CPU seconds by thread (the runtime's runs, its
+    reading thread, its writer: the main thread, onnxruntime's own threads: ``native``)."""
     from elmo.batch.job import run_job
     from elmo.batch.layout import parse_layers
     from elmo.batch.state import JobOptions
@@ -87,9 +91,11 @@ def time_embed_file(
         overwrite=True,
         progress=False,
     )
+    threads = ThreadCpuSampler().start()
     began, cpu = time.perf_counter(), time.process_time()
     result = run_job(options)
-    return time.perf_counter() - began, time.process_time() - cpu, result.steady_tokens_per_s
+    seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return seconds, cpu, result.steady_tokens_per_s, threads.stop()
 
 
 def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespace) -> float:
@@ -138,6 +144,7 @@ def main() -> None:
         source = work / "in.txt"
         source.write_text("\n".join(lines) + "\n", encoding="utf-8")
         runtime_s, embed_file_s, runtime_cpu, embed_file_cpu, texts_s, steady_rates = [], [], [], [], [], []
+        thread_cpu: list[dict[str, float]] = []
         tokens = 0
         for _ in range(args.repeat):
             measured = time_runtime(model, lines, args)
@@ -145,7 +152,8 @@ def main() -> None:
             runtime_s.append(measured["timings"]["tokens"][0])
             runtime_cpu.append(measured["timings"]["tokens"][1])
             texts_s.append(measured["timings"]["texts"][0])
-            seconds, cpu, steady = time_embed_file(model, source, work / f"out.{args.format}", args)
+            seconds, cpu, steady, threads = time_embed_file(model, source, work / f"out.{args.format}", args)
+            thread_cpu.append(threads)
             embed_file_s.append(seconds)
             embed_file_cpu.append(cpu)
             steady_rates.append(steady or 0.0)
@@ -173,6 +181,8 @@ def main() -> None:
             "embed_file_seconds": embed_file_s,
             "runtime_cpu_seconds": runtime_cpu,
             "embed_file_cpu_seconds": embed_file_cpu,
+            # the fastest run's CPU seconds by thread: where the job's CPU goes
+            "embed_file_thread_cpu_seconds": thread_cpu[embed_file_s.index(min(embed_file_s))],
             "output_bytes": output_bytes,
             **machine(),  # CPU model, kernel-relevant flags, cores, library versions, load
         }
@@ -216,6 +226,8 @@ def main() -> None:
         f"(best of {args.repeat} each; ratio of the medians: {100 * result['ratio_of_medians']:.1f} %; "
         f"tokens per CPU-second: {100 * result['cpu_ratio']:.1f} % of the runtime's)"
     )
+    by_thread = result["embed_file_thread_cpu_seconds"]
+    print("embed-file CPU by thread (fastest run): " + ", ".join(f"{k} {v:.2f} s" for k, v in by_thread.items()))
     if "peak_rss_mb" in result:
         print("peak RSS:", ", ".join(f"{k}: {v:.0f} MB" for k, v in result["peak_rss_mb"].items()))
 

@@ -1,10 +1,12 @@
 """What a process costs, read the same way by every bench (Linux): resident memory (``VmRSS``) and its peak
-(``VmHWM``, resettable) from /proc/PID/status, sampled in a thread or read once; CPU time from /proc/PID/stat; and a
-child command's wall time, peak memory and CPU time from its own rusage (``os.wait4``)."""
+(``VmHWM``, resettable) from /proc/PID/status, sampled in a thread or read once; CPU time from /proc/PID/stat, and
+this process's by thread; and a child command's wall time, peak memory and CPU time from its own rusage
+(``os.wait4``)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -48,32 +50,99 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class RssSampler:
+class _Sampler:
+    """Calls ``sample()`` every ``interval`` s in a thread of its own, from :meth:`start` to :meth:`stop`."""
+
+    def __init__(self, interval: float, name: str):
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    def _stop_sampling(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class RssSampler(_Sampler):
     """VmRSS of ``pid`` every ``interval`` s in a thread: [(monotonic time, MiB)].
 
     sampler = RssSampler(pid, 1.0).start(); ...; samples = sampler.stop()"""
 
     def __init__(self, pid: int, interval: float = 1.0):
-        self.pid, self.interval = pid, interval
+        super().__init__(interval, "rss-sampler")
+        self.pid = pid
         self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            value = rss_mib(self.pid)
-            if value is not None:
-                self.samples.append((time.monotonic(), value))
-            self._stop.wait(self.interval)
+    def sample(self) -> None:
+        value = rss_mib(self.pid)
+        if value is not None:
+            self.samples.append((time.monotonic(), value))
 
     def start(self) -> RssSampler:
-        self._thread.start()
+        self._start()
         return self
 
     def stop(self) -> list[tuple[float, float]]:
-        self._stop.set()
-        self._thread.join()
+        self._stop_sampling()
         return self.samples
+
+
+NATIVE = "native"  # threads that Python did not start (onnxruntime's own pool, for one)
+
+
+class ThreadCpuSampler(_Sampler):
+    """This process's CPU seconds by thread from :meth:`start` to :meth:`stop`, read from /proc/self/task every
+    ``interval`` s, summed by Python thread name with a pool's trailing ``_N`` dropped (``elmo-run_0`` and
+    ``elmo-run_1`` are ``elmo-run``); threads Python did not start are :data:`NATIVE`. A thread that ends between
+    two readings loses at most one interval of its time; the sampler's own thread is left out.
+
+    sampler = ThreadCpuSampler().start(); ...; seconds_by_name = sampler.stop()"""
+
+    def __init__(self, interval: float = 0.1):
+        super().__init__(interval, "thread-cpu-sampler")
+        self._before: dict[int, float] = {}  # CPU of the threads alive at start(), not counted
+        self._last: dict[int, tuple[str, float]] = {}  # thread id -> (its name, its CPU at the last reading)
+
+    def _readings(self) -> dict[int, float]:
+        out = {}
+        for task in os.listdir("/proc/self/task"):
+            seconds = cpu_seconds(os.getpid(), int(task))
+            if seconds is not None:
+                out[int(task)] = seconds
+        return out
+
+    def sample(self) -> None:
+        names = {thread.native_id: thread.name for thread in threading.enumerate()}
+        for tid, seconds in self._readings().items():
+            known = self._last.get(tid, (NATIVE, 0.0))[0]
+            self._last[tid] = (names.get(tid, known), seconds)
+
+    def start(self) -> ThreadCpuSampler:
+        self._before = self._readings()
+        self._start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self._stop_sampling()
+        self.sample()
+        totals: dict[str, float] = {}
+        for tid, (name, seconds) in self._last.items():
+            if tid == self._thread.native_id:
+                continue
+            group = re.sub(r"_\d+$", "", name)
+            totals[group] = totals.get(group, 0.0) + seconds - self._before.get(tid, 0.0)
+        return {name: round(seconds, 3) for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
 @dataclass
