@@ -71,11 +71,16 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
+def h2load(target: str, body: Path, options: list[str]) -> str:
+    """h2load's output for gRPC ``Embed`` calls to ``target`` carrying ``body`` (a framed request), one call in
+    flight a connection, with ``options`` (connections, and a duration or a count)."""
+    command = ["h2load", *options, "-m", "1", "-d", str(body), "-H", "content-type: application/grpc",
+               "-H", "te: trailers", f"http://{target}/elmo.v1.Embedder/Embed"]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
 def run_h2load(target: str, body: Path, connections: int, duration: int) -> dict:
-    command = ["h2load", "-t", "1", "-c", str(connections), "-m", "1", "-D", str(duration), "-d", str(body),
-               "-H", "content-type: application/grpc", "-H", "te: trailers",
-               f"http://{target}/elmo.v1.Embedder/Embed"]  # fmt: skip
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    output = h2load(target, body, ["-t", "1", "-c", str(connections), "-D", str(duration)])
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
                      output)  # fmt: skip
     seconds = float(re.search(r"finished in ([\d.]+)s", output).group(1))

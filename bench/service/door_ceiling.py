@@ -36,16 +36,21 @@ from bench.kit.serve import start_child_server
 T = TypeVar("T")
 
 
-def service_answers(grpc_target: str, http_address: str, grpc_body: bytes, http_body: bytes) -> tuple[bytes, bytes]:
-    """The service's own answer bytes to the load's two requests (gRPC ``EmbedResponse``, HTTP JSON body)."""
+def grpc_answer(target: str, body: bytes) -> bytes:
+    """The service's own ``EmbedResponse`` bytes to the serialized ``EmbedRequest`` ``body``."""
     import grpc
 
-    with grpc.insecure_channel(grpc_target) as channel:
-        grpc_answer = channel.unary_unary("/elmo.v1.Embedder/Embed")(grpc_body, timeout=60)
+    with grpc.insecure_channel(target) as channel:
+        return channel.unary_unary("/elmo.v1.Embedder/Embed")(body, timeout=60)
+
+
+def service_answers(grpc_target: str, http_address: str, grpc_body: bytes, http_body: bytes) -> tuple[bytes, bytes]:
+    """The service's own answer bytes to the load's two requests (gRPC ``EmbedResponse``, HTTP JSON body)."""
+    answer = grpc_answer(grpc_target, grpc_body)
     request = urllib.request.Request(f"http://{http_address}/v1/embed", method="POST", data=http_body,
                                      headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(request, timeout=60) as reply:
-        return grpc_answer, reply.read()
+        return answer, reply.read()
 
 
 # The service's gRPC plumbing, layer by layer, as service.server puts it in front of its servicer (default limits):

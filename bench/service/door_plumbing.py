@@ -33,8 +33,8 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import in_turn
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
-from bench.service.compiled_load import ensure_generators, grpc_frame, model_directory, run_h2load
-from bench.service.door_ceiling import PLUMBING, busy_cores, start_echo
+from bench.service.compiled_load import ensure_generators, grpc_frame, h2load, loaded, model_directory, run_h2load
+from bench.service.door_ceiling import PLUMBING, grpc_answer, start_echo
 from elmo.bench.figures import machine
 
 RUNGS: dict[str, tuple[str, ...] | None] = {
@@ -58,22 +58,18 @@ def latency_seconds(h2load_output: str) -> float:
 
 def run_latency(target: str, body: Path, calls: int) -> float:
     """Mean seconds per call of ``calls`` calls on one connection, one at a time."""
-    command = ["h2load", "-n", str(calls), "-c", "1", "-m", "1", "-d", str(body),
-               "-H", "content-type: application/grpc", "-H", "te: trailers",
-               f"http://{target}/elmo.v1.Embedder/Embed"]  # fmt: skip
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return latency_seconds(output)
+    return latency_seconds(h2load(target, body, ["-n", str(calls), "-c", "1"]))
 
 
 def measure_rung(target: str, body: Path, args) -> dict:
     """One rung's load run (requests/s, machine CPU per request) and latency run."""
-    result, cores = busy_cores(lambda: run_h2load(target, body, args.connections, args.duration))
+    result = loaded(lambda: run_h2load(target, body, args.connections, args.duration))
     if result["failed"]:
         raise RuntimeError(f"{result['failed']} of the calls to {target} failed")
-    rate = result["requests"] / result["seconds"]
+    rate, cores = result["requests"] / result["seconds"], result["machine_busy_cores"]
     return {
         "requests_per_s": round(rate, 1),
-        "machine_busy_cores": round(cores, 2),
+        "machine_busy_cores": cores,
         "machine_cpu_us_per_request": round(1e6 * cores / rate, 1),
         "latency_mean_us": round(1e6 * run_latency(target, body, args.calls), 1),
     }
@@ -128,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     service = start_server(model_directory(args.model), threads=args.threads, http=False)
     echoes: list[subprocess.Popen] = []
     try:
-        answer = service_answer(service.grpc_target, request)
+        answer = grpc_answer(service.grpc_target, request)
         targets = {}
         for rung, plumbing in RUNGS.items():
             if plumbing is None:
@@ -149,14 +145,6 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.out, result)
     print(table(result))
     print(f"wrote {args.out}")
-
-
-def service_answer(target: str, request: bytes) -> bytes:
-    """The service's own answer bytes to ``request``: what the echo rungs send back."""
-    import grpc
-
-    with grpc.insecure_channel(target) as channel:
-        return channel.unary_unary("/elmo.v1.Embedder/Embed")(request, timeout=60)
 
 
 if __name__ == "__main__":
