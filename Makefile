@@ -2,7 +2,8 @@
 #   make serve   serve the shipped default model (creates .venv-serve with the torch-free `serve` extra, plus the
 #                `gpu` extra where `nvidia-smi -L` lists a GPU)
 #   make test    install everything the tests need into .venv (the README's OpenAI-compatible clients into
-#                .venv-clients, Debian's chromium and haproxy for the browser and balancer tests), run them all
+#                .venv-clients, Debian's chromium, haproxy, wrk and h2load for the browser, balancer and load
+#                generator tests), run them all
 #                (what CI runs), then list the 25 slowest
 #   make dev     only create .venv (what `make test` installs first): the serving install plus torch, for the
 #                training commands (train, adapt, mix train, export, imports) of the README, and the spaCy extra
@@ -18,7 +19,7 @@ PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
-.PHONY: test check dev serve lint clean proto browser haproxy
+.PHONY: test check dev serve lint clean proto browser haproxy generators
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,25 +43,32 @@ $(SERVE_VENV)/.installed-%: pyproject.toml
 	$(SERVE_VENV)/bin/pip install -q -e '.[$(SERVE_EXTRAS_$*)]'
 	touch $@
 
-# The web page's browser test drives Debian's Chromium (tests/browser.py): installed here when it is missing.
+# Debian's packages that tests drive, installed when their command is missing:
+# $(call debian_tool,COMMAND,PACKAGE,what for).
+define debian_tool
+	@command -v $(1) >/dev/null 2>&1 || { \
+		echo "installing Debian's $(2) for $(3)"; \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $(2) >/dev/null; }
+	@command -v $(1) >/dev/null 2>&1 || { echo "$(2) could not be installed"; exit 1; }
+endef
+
+# The web page's browser test drives Debian's Chromium (tests/browser.py).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-		echo "installing Debian's chromium for the browser test (tests/service/test_page.py)"; \
-		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update -q >/dev/null && \
-		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends chromium >/dev/null; }
-	@command -v chromium >/dev/null 2>&1 || { echo "chromium could not be installed"; exit 1; }
+	$(call debian_tool,chromium,chromium,the browser test (tests/service/test_page.py))
 
-# The balancer test runs deploy/haproxy.cfg in Debian's HAProxy (tests/deploy/test_haproxy.py): installed when missing.
+# The balancer test runs deploy/haproxy.cfg in Debian's HAProxy (tests/deploy/test_haproxy.py).
 haproxy:
-	@command -v haproxy >/dev/null 2>&1 || { \
-		echo "installing Debian's haproxy for the balancer test (tests/deploy/test_haproxy.py)"; \
-		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update -q >/dev/null && \
-		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends haproxy >/dev/null; }
-	@command -v haproxy >/dev/null 2>&1 || { echo "haproxy could not be installed"; exit 1; }
+	$(call debian_tool,haproxy,haproxy,the balancer test (tests/deploy/test_haproxy.py))
 
-test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser haproxy
+# The compiled load generators of bench.service.compiled_load, wrk and nghttp2's h2load, run by their test
+# (tests/test_bench_generators.py).
+generators:
+	$(call debian_tool,wrk,wrk,the load generators' test (tests/test_bench_generators.py))
+	$(call debian_tool,h2load,nghttp2-client,the load generators' test (tests/test_bench_generators.py))
+
+test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser haproxy generators
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q --durations=25
 

@@ -106,6 +106,7 @@ SLOW: tuple[str, ...] = (
     "tests/batch/test_ray_cluster.py",  # 75: a 3-node Ray cluster started with `ray start`, a node and a driver killed
     "tests/batch/test_job.py::test_sigkill_mid_run_then_resume_equals_uninterrupted",  # 13: two formats
     "tests/test_bench_serving.py",  # 23: load generators against live servers
+    "tests/test_bench_generators.py",  # 8: wrk and h2load (`make test` installs them, `make check` not) on a server
     "tests/train/test_ddp.py",  # 23: two-process torchrun steps
     "tests/train/test_loop.py::test_two_process_data_parallel_with_torchrun",  # 10
     "tests/train/test_loop.py::test_resume_continues_exactly",  # 7.5

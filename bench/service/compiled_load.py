@@ -84,23 +84,44 @@ def run_h2load(target: str, body: Path, connections: int, duration: int) -> dict
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
                      output)  # fmt: skip
     seconds = float(re.search(r"finished in ([\d.]+)s", output).group(1))
-    return {"requests": int(done.group(2)), "failed": int(done.group(3)) + int(done.group(4)), "seconds": seconds}
+    result = {"requests": int(done.group(2)), "failed": int(done.group(3)) + int(done.group(4)), "seconds": seconds}
+    return all_answered(result, "h2load", output)
+
+
+def wrk_script(body: bytes, work: Path) -> Path:
+    """wrk's Lua script for ``POST body``: the body is read from a file beside it, byte for byte (a body spelled in
+    the script would need Lua's escapes, which are not JSON's: a ``\\u2192`` stops the script from loading, and
+    wrk then sends bodiless GETs)."""
+    body_file = work / "body.json"
+    body_file.write_bytes(body)
+    script = work / "post.lua"
+    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f"local file = assert(io.open([==[{body_file}]==], 'rb'))\n"
+                      "wrk.body = file:read('*a')\nfile:close()\n")  # fmt: skip
+    return script
 
 
 def run_wrk(address: str, body: bytes, connections: int, duration: int, work: Path) -> dict:
-    script = work / "post.lua"
-    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                      f"wrk.body = {json.dumps(body.decode())}\n")  # fmt: skip
-    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "-s", str(script),
+    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "-s", str(wrk_script(body, work)),
                f"http://{address}/v1/embed"]  # fmt: skip
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    run = subprocess.run(command, capture_output=True, text=True, check=True)
+    output = run.stdout + run.stderr
     total = re.search(r"(\d+) requests in ([\d.]+)(m?s)", output)
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
     seconds = float(total.group(2)) / (1000 if total.group(3) == "ms" else 1)
     failed = int(bad.group(1)) if bad else 0
     failed += sum(int(v) for v in errors.groups()) if errors else 0
-    return {"requests": int(total.group(1)) - failed, "failed": failed, "seconds": seconds}
+    return all_answered({"requests": int(total.group(1)) - failed, "failed": failed, "seconds": seconds}, "wrk", output)
+
+
+def all_answered(result: dict, generator: str, output: str) -> dict:
+    """``result`` when every request was answered; else SystemExit with the generator's own report: a rate of
+    failures is not a rate of answers (a load run whose requests fail measures nothing)."""
+    if result["failed"] or not result["requests"]:
+        raise SystemExit(f"{generator}: {result['failed']} requests failed, {result['requests']} answered; its "
+                         f"report:\n{output.strip()}")  # fmt: skip
+    return result
 
 
 def check_answers(grpc_target: str, http_address: str, texts: list[str], tokens: int) -> None:
