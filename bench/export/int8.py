@@ -112,7 +112,7 @@ def speed(models: dict[str, Path], args: argparse.Namespace) -> dict:
         source.write_text("\n".join(lines) + "\n", encoding="utf-8")
         for _ in range(args.repeat):
             for name, model in models.items():
-                seconds, cpu, _ = time_embed_file(model, source, Path(scratch) / "out.h5", args)
+                seconds = time_embed_file(model, source, Path(scratch) / "out.h5", args)[0]
                 runtime = time_runtime(model, lines, args)
                 tokens = runtime["tokens"]
                 runs[name].append({"embed_file": tokens / seconds, "runtime": tokens / runtime["timings"]["tokens"][0]})
