@@ -19,8 +19,6 @@ import torch
 
 import elmo.model.bilm as elmo_model
 
-PAST_THE_ROW = -1e30  # a window's score per tap it reads past its row's end: below any real window, finite (no 0·inf)
-
 
 class EncoderGraph(torch.nn.Module):
     """char_ids int64 (N, W) of distinct tokens -> token vectors float32 (N, P): the model's char-CNN, with its
@@ -31,9 +29,10 @@ class EncoderGraph(torch.nn.Module):
     once (K·(d+1), F), a filter narrower than K holding zeros for the taps it lacks (measured: bench.runtime.
     char_cnn_forms, docs/runtime.md). A filter of width w has no window at the last w-1 positions; a window that
     reads past the row is pushed below every real one instead: the char vectors get a (d+1)-th component, 0 inside
-    the row and 1 for the ids padding it past its end, weighted ``PAST_THE_ROW`` on each tap the filter uses (an
-    exact 0 for the windows that stay inside). The max over positions is then the ``Conv``'s, the bias is added
-    after it (the same value: rounding is monotone), and the activation, highway and projection are the model's.
+    the row and 1 for the ids padding it past its end, weighted on each tap the filter uses by
+    :func:`past_the_row_weight` (an exact 0 for the windows that stay inside). The max over positions is then the
+    ``Conv``'s, the bias is added after it (the same value: rounding is monotone), and the activation, highway and
+    projection are the model's.
     Rows cut short (export.onnx_export.encoder_trim_window) give the same vectors bit for bit: each window is the
     same dot product."""
 
@@ -44,16 +43,17 @@ class EncoderGraph(torch.nn.Module):
         self.width = max(width for width, _ in filters)  # K
         chars = encoder.char_embedding.weight.detach()  # (n_chars, d)
         n_chars, dim = chars.shape
-        self.past_the_row = n_chars  # the id that pads windows past a row's end: its own table row [0 .. 0, 1]
+        self.past_the_row_id = n_chars  # the id that pads windows past a row's end: its own table row [0 .. 0, 1]
         table = torch.zeros(n_chars + 1, dim + 1, dtype=chars.dtype)
         table[:n_chars, :dim] = chars
         table[n_chars, dim] = 1.0
         self.register_buffer("table", table)
         weights = torch.zeros(self.width, dim + 1, model.cfg.n_filters, dtype=chars.dtype)  # (K, d+1, F)
+        past_the_row = past_the_row_weight(chars, encoder.convs)
         column = 0
         for conv, (width, count) in zip(encoder.convs, filters):
             weights[:width, :dim, column : column + count] = conv.weight.detach().permute(2, 1, 0)  # (w, d, count)
-            weights[:width, dim, column : column + count] = PAST_THE_ROW
+            weights[:width, dim, column : column + count] = past_the_row
             column += count
         self.register_buffer("weights", weights.reshape(-1, model.cfg.n_filters))  # (K·(d+1), F)
         self.register_buffer("bias", torch.cat([conv.bias.detach() for conv in encoder.convs]))  # (F,)
@@ -63,7 +63,7 @@ class EncoderGraph(torch.nn.Module):
         chars = char_ids if encoder.word_embedding is None else char_ids[:, : encoder.max_chars]
         rows, length = chars.shape
         # torch.cat, not F.pad: F.pad traces to a reversed Slice that the exporter warns it cannot fold
-        padded = torch.cat([chars, chars.new_full((rows, self.width - 1), self.past_the_row)], dim=1)  # (N, W+K-1)
+        padded = torch.cat([chars, chars.new_full((rows, self.width - 1), self.past_the_row_id)], dim=1)  # (N, W+K-1)
         taps = torch.arange(length).unsqueeze(1) + torch.arange(self.width).unsqueeze(0)  # (W, K)
         windows = self.table[padded[:, taps]].reshape(rows, length, -1)  # (N, W, K·(d+1))
         scores = torch.matmul(windows, self.weights)  # (N, W, F)
@@ -71,6 +71,16 @@ class EncoderGraph(torch.nn.Module):
         if encoder.word_embedding is not None:
             features = torch.cat([encoder.word_embedding(char_ids[:, encoder.max_chars]), features], dim=-1)
         return encoder.projection(features)
+
+
+def past_the_row_weight(chars: torch.Tensor, convs: torch.nn.ModuleList) -> float:
+    """The weight of the "past the row" component: every real window scores within ±B (B = the largest Σ|w| of a
+    filter times the largest |char vector component|), a window reading past the row gets this at least once on top
+    of at most B, so -(2B + 1) keeps it below every real window. Finite and as small as that allows: no 0·inf, and
+    within float16's range for ``--fp16`` (which would otherwise clip it, with a warning)."""
+    largest_char = float(chars.abs().max())
+    bound = max(float(conv.weight.detach().abs().sum(dim=(1, 2)).max()) for conv in convs) * largest_char
+    return -(2.0 * bound + 1.0)
 
 
 class PrefixGraph(torch.nn.Module):
