@@ -76,11 +76,12 @@ class EncoderGraph(torch.nn.Module):
 def past_the_row_weight(chars: torch.Tensor, convs: torch.nn.ModuleList) -> float:
     """The weight of the "past the row" component: every real window scores within ±B (B = the largest Σ|w| of a
     filter times the largest |char vector component|), a window reading past the row gets this at least once on top
-    of at most B, so -(2B + 1) keeps it below every real window. Finite and as small as that allows: no 0·inf, and
-    within float16's range for ``--fp16`` (which would otherwise clip it, with a warning)."""
-    largest_char = float(chars.abs().max())
+    of at most B, so -(3B + 1) keeps it at least B + 1 below every real window: room for float16's rounding under
+    ``--fp16``. Finite and no larger than that: no 0·inf, and within float16's range (which would clip it, with a
+    warning)."""
+    largest_char = float(chars.detach().abs().max())
     bound = max(float(conv.weight.detach().abs().sum(dim=(1, 2)).max()) for conv in convs) * largest_char
-    return -(2.0 * bound + 1.0)
+    return -(3.0 * bound + 1.0)
 
 
 class PrefixGraph(torch.nn.Module):
