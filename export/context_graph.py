@@ -13,12 +13,14 @@ padding). Two layouts of the same maths (the export writes both; the runtime pic
   separate  one Scan per direction and layer, time-major, 2-D weights inside each Scan body: the faster one on
             CPU (MLAS pre-packs them once per session). Layer 0's input projection is computed once per table row,
             not per position (a token's projection does not depend on its context), and each step gathers its
-            rows from it; being time-major, no Scan transposes its (S, B, 4C) input.
+            rows from it; the layers above it take their input product inside each step, with the recurrent one
+            (``[x_t, h] [W_in; R] + b``: no (S, B, 4C) gates through memory; hoisted for int8); being time-major,
+            no Scan transposes its input.
   fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
             launches, for CUDA, where a step costs launches rather than arithmetic
-Per step: ``z = (x_t W_in + b) + h R`` (input projection and bias hoisted out of the loop), gates reordered to
-(i, f, o, g) so one Sigmoid covers three of them; ``c = clip(i*g + f*c)``, ``h = clip((o*tanh c) W_P)``. Same
-maths as elmo.model.bilm (clips, residual, masking); the export's verification compares the two.
+Per step: ``z = (x_t W_in + b) + h R`` (the input projection and bias hoisted out of the loop where noted), gates
+reordered to (i, f, o, g) so one Sigmoid covers three of them; ``c = clip(i*g + f*c)``, ``h = clip((o*tanh c) W_P)``.
+Same maths as elmo.model.bilm (clips, residual, masking); the export's verification compares the two.
 """
 
 from __future__ import annotations
@@ -100,11 +102,14 @@ def _cell_body(
     scope: str,
     lead: list,
     gates_table: str | None = None,
+    step_input: tuple[int, np.ndarray] | None = None,
 ) -> onnx.GraphProto:
     """Scan body: (h (*lead, B, P), c (*lead, B, C), gates_t (*lead, B, 4C)) -> (h', c', y_t = h'). The weights
     ``w_rec``, ``w_proj``: arrays, stored in the body (the separate layout), or names in the outer graph (the fused
     layout's stacks), read from the body. With ``gates_table`` (R, 4C) in the outer graph, the scanned input is
-    the step's table rows (B,) int64 instead, and the body gathers its gates from the table."""
+    the step's table rows (B,) int64 instead, and the body gathers its gates from the table. With ``step_input``
+    (the layer's input width `in`, the bias b (4C,)), the scanned input is the step's layer input x_t (B, in) and
+    ``w_rec`` is [W_in; W_rec] (in + P, 4C): the gates are one product, [x_t, h] @ w_rec + b."""
     body = _Builder(f"{g.prefix}{scope}/")
     h_in, c_in, gates_t, h_next, c_next, y_t = (
         f"{body.prefix}{name}" for name in ("h", "c", "gates_t", "h_next", "c_next", "y_t")
@@ -112,8 +117,12 @@ def _cell_body(
     cell = cfg.cell_dim
     if isinstance(w_rec, np.ndarray):
         w_rec, w_proj = body.const(w_rec, "w_rec"), body.const(w_proj, "w_proj")
-    step_gates = gates_t if gates_table is None else body.op("Gather", [gates_table, gates_t], axis=0)
-    z = body.op("Add", [step_gates, body.op("MatMul", [h_in, w_rec])])
+    if step_input is not None:
+        joined = body.op("Concat", [gates_t, h_in], axis=-1)  # (B, in + P)
+        z = body.op("Gemm", [joined, w_rec, body.const(step_input[1], "b")])
+    else:
+        step_gates = gates_t if gates_table is None else body.op("Gather", [gates_table, gates_t], axis=0)
+        z = body.op("Add", [step_gates, body.op("MatMul", [h_in, w_rec])])
     sigmoid_part, g_part = body.op("Split", [z, body.i64([3 * cell, cell])], outputs=2, axis=-1)
     i, f, o = body.op("Split", [body.op("Sigmoid", [sigmoid_part])], outputs=3, axis=-1)
     new_cell = body.op("Add", [body.op("Mul", [i, body.op("Tanh", [g_part])]), body.op("Mul", [f, c_in])])
@@ -131,11 +140,10 @@ def _cell_body(
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, [*lead, "batch", width])
 
     p = cfg.projection_dim
-    scanned = (
-        value(gates_t, 4 * cell)
-        if gates_table is None
-        else helper.make_tensor_value_info(gates_t, TensorProto.INT64, [*lead, "batch"])
-    )
+    if gates_table is not None:
+        scanned = helper.make_tensor_value_info(gates_t, TensorProto.INT64, [*lead, "batch"])
+    else:
+        scanned = value(gates_t, 4 * cell if step_input is None else step_input[0])
     return helper.make_graph(
         body.nodes,
         f"{scope}_cell",
@@ -182,9 +190,18 @@ class _Graph:
         shape = self.g.op("Concat", [self.g.i64(lead), self.g.unsqueeze(self.batch, 0), self.g.i64([width])], axis=0)
         return self.g.op("Expand", [initial, shape])
 
-    def scan(self, gates: str, w: dict, layer: str, lead: list, gates_table: str | None = None) -> str:
+    def scan(
+        self,
+        gates: str,
+        w: dict,
+        layer: str,
+        lead: list,
+        gates_table: str | None = None,
+        step_input: tuple[int, np.ndarray] | None = None,
+    ) -> str:
         """Run the recurrence over ``gates`` (*lead, steps and batch axes, 4C) -> h (*lead, same axes, P); with
-        ``gates_table`` (R, 4C), ``gates`` holds table rows (steps and batch axes) int64."""
+        ``gates_table`` (R, 4C), ``gates`` holds table rows (steps and batch axes) int64; with ``step_input``, the
+        layer's input (steps and batch axes, in) (see _cell_body)."""
         cfg, axis = self.cfg, self.scan_axis + len(lead)
         _, _, h = self.g.op(
             "Scan",
@@ -195,7 +212,7 @@ class _Graph:
             ],
             f"scan_{layer}",
             outputs=3,
-            body=_cell_body(self.g, w["w_rec"], w["w_proj"], cfg, layer, lead, gates_table),
+            body=_cell_body(self.g, w["w_rec"], w["w_proj"], cfg, layer, lead, gates_table, step_input),
             num_scan_inputs=1,
             scan_input_axes=[axis],
             scan_output_axes=[axis],
@@ -203,16 +220,26 @@ class _Graph:
         return h
 
 
-def _separate_layer(graph: _Graph, xs: list[str], weights: list[dict], layer: int) -> list[str]:
+def _separate_layer(
+    graph: _Graph, xs: list[str], weights: list[dict], layer: int, hoist_inputs: bool = False
+) -> list[str]:
     """One Scan per direction, time-major: xs[d] (S, B, in) -> h[d] (S, B, P). Layer 0's xs[d] are the table
-    rows (S, B) int64: its input projection is computed once per table row and gathered per step."""
+    rows (S, B) int64: its input projection is computed once per table row and gathered per step. A layer above
+    it takes its input product inside each step, with the recurrent one ([x_t, h] @ [W_in; W_rec]): hoisted out
+    of the loop, its (S·B, 4C) gates went through memory and ran ~16 % slower per run (docs/runtime.md, "Sixth
+    round"); ``hoist_inputs`` keeps the hoisted product (the int8 export: one quantized product per call)."""
     g, outputs = graph.g, []
     for d, (x, w) in enumerate(zip(xs, weights)):
-        # w_rec and w_proj live in the Scan body, where MLAS pre-packs them once (read from the outer scope, they are
-        # not: 3-12 % slower per step); the hoisted projection is one 2-D Gemm with the bias folded in.
+        scope = f"l{layer}d{d}"
+        # The step's weights live in the Scan body, where MLAS pre-packs them once (read from the outer scope, they
+        # are not: 3-12 % slower per step); a hoisted projection is one 2-D Gemm with the bias folded in.
+        if layer > 0 and not hoist_inputs:
+            names = {k: g.const(w[k], f"{k}_l{layer}d{d}") for k in ("h0", "c0")}
+            names |= {"w_rec": np.concatenate([w["w_in"], w["w_rec"]]), "w_proj": w["w_proj"]}  # (in + P, 4C)
+            outputs.append(graph.scan(x, names, scope, [], step_input=(w["w_in"].shape[0], w["b"])))
+            continue
         names = {k: g.const(v, f"{k}_l{layer}d{d}") for k, v in w.items() if k not in ("w_rec", "w_proj")}
         names |= {"w_rec": w["w_rec"], "w_proj": w["w_proj"]}
-        scope = f"l{layer}d{d}"
         if layer == 0:
             table = g.op("Gemm", ["table", names["w_in"], names["b"]])  # (R, 4C)
             outputs.append(graph.scan(x, names, scope, [], gates_table=table))
@@ -254,18 +281,22 @@ def _batch_major(graph: _Graph, x: str) -> str:
 
 
 def build_context_graph(
-    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = False
+    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = False, hoist_inputs: bool = False
 ) -> onnx.ModelProto:
-    """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring)."""
+    """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring).
+    ``hoist_inputs``: the separate layout's layers above 0 project their inputs for all steps at once, outside the
+    loop (for the int8 export; see _separate_layer)."""
     graph = _Graph(cfg, time_major=not fuse_directions)
     g = graph.g
     tokens = g.op("Mul", [g.op("Gather", ["table", "index"], axis=0), graph.batch_mask])  # (B, S, P)
     layers = [g.op("Concat", [tokens, tokens], axis=-1)]
     xs = _first_inputs(graph, tokens)  # forward input, backward input (reversed order; stays reversed up the stack)
-    run_layer = _fused_layer if fuse_directions else _separate_layer
     for layer in range(cfg.n_layers):
         weights = [direction_weights(state, direction, layer, cfg) for direction in DIRECTIONS]
-        hs = run_layer(graph, xs, weights, layer)
+        if fuse_directions:
+            hs = _fused_layer(graph, xs, weights, layer)
+        else:
+            hs = _separate_layer(graph, xs, weights, layer, hoist_inputs)
         if layer > 0 and cfg.residual:
             hs = [g.op("Add", [h, x]) for h, x in zip(hs, xs)]
         xs = [g.op("Mul", [h, graph.mask]) for h in hs]
