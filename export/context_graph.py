@@ -13,12 +13,11 @@ padding). Two layouts of the same maths (the export writes both; the runtime pic
   separate  one Scan per direction and layer, time-major, 2-D weights inside each Scan body: the faster one on
             CPU (MLAS pre-packs them once per session). Layer 0's input projection is computed once per table row,
             not per position (a token's projection does not depend on its context), and each step gathers its
-            rows from it; the layers above it take their input product inside each step, with the recurrent one
-            (``[x_t, h] [W_in; R] + b``: no (S, B, 4C) gates through memory; hoisted for int8); being time-major,
-            no Scan transposes its input.
+            rows from it; being time-major, no Scan transposes its (S, B, 4C) input. (``inputs_in_step``: the
+            layers above 0 take their input product inside each step instead, ``[x_t, h] [W_in; R] + b``.)
   fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
             launches, for CUDA, where a step costs launches rather than arithmetic
-Per step: ``z = (x_t W_in + b) + h R`` (the input projection and bias hoisted out of the loop where noted), gates
+Per step: ``z = (x_t W_in + b) + h R`` (the input projection and bias hoisted out of the loop), gates
 reordered to (i, f, o, g) so one Sigmoid covers three of them; ``c = clip(i*g + f*c)``, ``h = clip((o*tanh c) W_P)``.
 Same maths as elmo.model.bilm (clips, residual, masking); the export's verification compares the two.
 """
@@ -221,19 +220,20 @@ class _Graph:
 
 
 def _separate_layer(
-    graph: _Graph, xs: list[str], weights: list[dict], layer: int, hoist_inputs: bool = False
+    graph: _Graph, xs: list[str], weights: list[dict], layer: int, inputs_in_step: bool = False
 ) -> list[str]:
     """One Scan per direction, time-major: xs[d] (S, B, in) -> h[d] (S, B, P). Layer 0's xs[d] are the table
     rows (S, B) int64: its input projection is computed once per table row and gathered per step. A layer above
-    it takes its input product inside each step, with the recurrent one ([x_t, h] @ [W_in; W_rec]): hoisted out
-    of the loop, its (S·B, 4C) gates went through memory and ran ~16 % slower per run (docs/runtime.md, "Sixth
-    round"); ``hoist_inputs`` keeps the hoisted product (the int8 export: one quantized product per call)."""
+    it projects its input for all steps at once, outside the loop; with ``inputs_in_step`` inside each step,
+    with the recurrent product ([x_t, h] @ [W_in; W_rec]): no (S·B, 4C) gates through memory, 1.11-1.15× faster
+    per run at 64 rows, but 1.4-1.65× slower at 1 row and slower at 8, where each step reads twice the weights
+    (docs/runtime.md, "Sixth round"). The export does not use it (yet): a lone sentence's latency comes first."""
     g, outputs = graph.g, []
     for d, (x, w) in enumerate(zip(xs, weights)):
         scope = f"l{layer}d{d}"
         # The step's weights live in the Scan body, where MLAS pre-packs them once (read from the outer scope, they
         # are not: 3-12 % slower per step); a hoisted projection is one 2-D Gemm with the bias folded in.
-        if layer > 0 and not hoist_inputs:
+        if layer > 0 and inputs_in_step:
             names = {k: g.const(w[k], f"{k}_l{layer}d{d}") for k in ("h0", "c0")}
             names |= {"w_rec": np.concatenate([w["w_in"], w["w_rec"]]), "w_proj": w["w_proj"]}  # (in + P, 4C)
             outputs.append(graph.scan(x, names, scope, [], step_input=(w["w_in"].shape[0], w["b"])))
@@ -281,11 +281,11 @@ def _batch_major(graph: _Graph, x: str) -> str:
 
 
 def build_context_graph(
-    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = False, hoist_inputs: bool = False
+    state: dict[str, np.ndarray], cfg: ModelConfig, fuse_directions: bool = False, inputs_in_step: bool = False
 ) -> onnx.ModelProto:
     """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring).
-    ``hoist_inputs``: the separate layout's layers above 0 project their inputs for all steps at once, outside the
-    loop (for the int8 export; see _separate_layer)."""
+    ``inputs_in_step``: the separate layout's layers above 0 take their input product inside each step (see
+    _separate_layer; measured by bench.runtime.recurrence, not exported)."""
     graph = _Graph(cfg, time_major=not fuse_directions)
     g = graph.g
     tokens = g.op("Mul", [g.op("Gather", ["table", "index"], axis=0), graph.batch_mask])  # (B, S, P)
@@ -296,7 +296,7 @@ def build_context_graph(
         if fuse_directions:
             hs = _fused_layer(graph, xs, weights, layer)
         else:
-            hs = _separate_layer(graph, xs, weights, layer, hoist_inputs)
+            hs = _separate_layer(graph, xs, weights, layer, inputs_in_step)
         if layer > 0 and cfg.residual:
             hs = [g.op("Add", [h, x]) for h, x in zip(hs, xs)]
         xs = [g.op("Mul", [h, graph.mask]) for h in hs]

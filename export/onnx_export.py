@@ -149,8 +149,7 @@ def build_graphs(
     scheme = scheme or BYTES
     char_ids = torch.as_tensor(scheme.batch([["a", "bc", "def"], ["ghij", "k"]])).long()
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
-    # int8 keeps layer 1's input product out of the loop: one quantized product per call over all its steps.
-    context = build_context_graph(state, model.cfg, hoist_inputs=int8)
+    context = build_context_graph(state, model.cfg)
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
     if int8:
         context, context_fused = (quantize_graph(graph, quantization) for graph in (context, context_fused))

@@ -1,6 +1,6 @@
 """The exact biLSTM recurrence, measured in the forms we considered (docs/runtime.md, "alternatives").
 
-    python -m bench.runtime.recurrence --model runs/bench-models/small --batch-sizes 1 8 64 --steps 27 --threads 1
+    python -m bench.runtime.recurrence --model runs/bench-models/elmo-small --batch-sizes 1 8 64 --steps 27 --threads 1
 
 Every variant computes the same thing from the same token vectors (B, S, P) and lengths: both directions, all
 layers, clips, residual, padding-exact reversal, output (B, L+1, S-2, 2P). Variants:
@@ -10,6 +10,8 @@ layers, clips, residual, padding-exact reversal, output (B, L+1, S-2, 2P). Varia
                    padding; the graph only works for that S)
   ort scan separate  export/context_graph.py, one Scan per direction and layer (any length): the runtime's
                    CPU graph (context.onnx)
+  ort scan separate inputs in step  the same with the layers above 0 taking their input product inside each
+                   step, with the recurrent one (build_context_graph's ``inputs_in_step``; not exported)
   ort scan fused   the same with both directions in one Scan per layer: the runtime's CUDA graph
                    (context_fused.onnx)
 Each variant's max abs difference from torch eager is printed next to its time.
@@ -92,7 +94,12 @@ def export(module: torch.nn.Module, args: tuple, path: Path, dynamic_steps: bool
         )  # fmt: skip
 
 
-VARIANTS = ("loop", "unrolled", "scan separate", "scan fused")
+VARIANTS = ("loop", "unrolled", "scan separate", "scan separate inputs in step", "scan fused")
+SCAN_LAYOUTS = {  # variant -> build_context_graph's layout arguments
+    "scan fused": {"fuse_directions": True},
+    "scan separate": {},
+    "scan separate inputs in step": {"inputs_in_step": True},
+}
 
 
 def measure_batch(context: TorchContext, sessions: dict, batch: int, args: argparse.Namespace) -> dict:
@@ -161,8 +168,8 @@ def main() -> None:
             export(context, sample, Path(scratch) / "loop.onnx", dynamic_steps=True)
         export(context, sample, Path(scratch) / "unrolled.onnx", dynamic_steps=False)
         state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-        for name, fused in (("scan fused", True), ("scan separate", False)):
-            graph = build_context_graph(state, model.cfg, fuse_directions=fused)
+        for name, layout in SCAN_LAYOUTS.items():
+            graph = build_context_graph(state, model.cfg, **layout)
             (Path(scratch) / f"{name}.onnx").write_bytes(graph.SerializeToString())
         sessions = {
             name: ort.InferenceSession(str(Path(scratch) / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])

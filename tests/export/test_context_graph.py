@@ -1,5 +1,6 @@
 """export/context_graph.py's separate (CPU) layout: the layers above 0 take their input product inside each step
-([x_t, h] @ [W_in; W_rec] + b), or hoisted out of the loop for the int8 export; both give the same layers."""
+([x_t, h] @ [W_in; W_rec] + b: ``inputs_in_step``), or hoisted out of the loop (what the export writes); both give
+the same layers."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_the_input_product_per_step_and_hoisted_give_the_same_layers(tiny_model_
     model = load_model(tiny_model_dir).float()
     cfg = model.cfg
     state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
-    per_step, hoisted = build_context_graph(state, cfg), build_context_graph(state, cfg, hoist_inputs=True)
+    per_step, hoisted = build_context_graph(state, cfg, inputs_in_step=True), build_context_graph(state, cfg)
     # Layer 0 scans table rows in both; above it, per step scans the layer's input (P wide), hoisted its gates (4C).
     assert scanned_widths(per_step) == [0, 0] + [cfg.projection_dim] * 2 * (cfg.n_layers - 1)
     assert scanned_widths(hoisted) == [0, 0] + [4 * cfg.cell_dim] * 2 * (cfg.n_layers - 1)
