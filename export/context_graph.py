@@ -226,7 +226,7 @@ def _separate_layer(
     rows (S, B) int64: its input projection is computed once per table row and gathered per step. A layer above
     it projects its input for all steps at once, outside the loop; with ``inputs_in_step`` inside each step,
     with the recurrent product ([x_t, h] @ [W_in; W_rec]): no (S·B, 4C) gates through memory, 1.11-1.15× faster
-    per run at 64 rows, but 1.4-1.65× slower at 1 row and slower at 8, where each step reads twice the weights
+    per run at 64 rows, but 1.3-1.55× slower at 1 row and slower at 8, where each step reads twice the weights
     (docs/runtime.md, "Sixth round"). The export does not use it (yet): a lone sentence's latency comes first."""
     g, outputs = graph.g, []
     for d, (x, w) in enumerate(zip(xs, weights)):
