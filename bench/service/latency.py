@@ -165,7 +165,8 @@ def analyse(samples: dict[str, list], texts: list[str]) -> dict:
     extra = {name: out["latency_ms"][name]["p50"] - out["latency_ms"]["in-process"]["p50"] for name in PATHS}
     out["p50_over_in_process_ms"] = {name: round(extra[name], 3) for name in ("grpc", "http", "floor")}
     out["bar_ms"] = round(extra["floor"] + BAR_OVER_FLOOR_MS, 3)
-    out["within_bar"] = {name: extra[name] <= extra["floor"] + BAR_OVER_FLOOR_MS for name in ("grpc", "http")}
+    # judged on the figures the JSON reports (to the microsecond), so that a reader's check of them agrees at a tie
+    out["within_bar"] = {name: out["p50_over_in_process_ms"][name] <= out["bar_ms"] for name in ("grpc", "http")}
     out["samples_ms"] = {name: [round(s["ms"], 3) for s in samples[name]] for name in PATHS}
     return out
 

@@ -129,9 +129,12 @@ def test_the_listener_learns_inside_nlp_update_without_an_annotating_component(s
 
 
 def test_textcat_and_spancat_learn_through_the_listener(spacy_model) -> None:
-    """The listener serves spaCy's other trainable components: both link to `elmo` and their losses fall."""
+    """The listener serves spaCy's other trainable components: both link to `elmo` and their losses fall. Seeded,
+    and 80 updates: after 40, an unseeded run's spancat loss had fallen by only 15 % once (by 33-83 % over seeds 0-5);
+    after 80, by 67-92 %."""
     from spacy.tokens import Span
 
+    spacy.util.fix_random_seed(0)
     nlp = spacy.blank("en")
     nlp.add_pipe("elmo", config={"model": str(spacy_model)})
     listener = {"@architectures": "elmo.ElmoListener.v1", "width": 16, "upstream": "elmo"}
@@ -150,6 +153,6 @@ def test_textcat_and_spancat_learn_through_the_listener(spacy_model) -> None:
     optimizer = nlp.initialize(lambda: examples)
     assert nlp.get_pipe("elmo").listening_components == ["textcat", "spancat"]
     first = nlp.update(examples, sgd=optimizer, exclude=["elmo"])
-    for _ in range(40):
+    for _ in range(80):
         last = nlp.update(examples, sgd=optimizer, exclude=["elmo"], losses={})
     assert last["textcat"] < 0.8 * first["textcat"] and last["spancat"] < 0.8 * first["spancat"], (first, last)
