@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.runtime.char_cnn_forms import compare, distinct_rows, export_forms, render
+from bench.runtime.char_cnn_forms import compare, export_forms, render
+from bench.runtime.cpu_profile import distinct_rows
 from elmo.runtime import CPU, Embedder
+from elmo.text.tokenize import tokenize
 
 LINES = ["The cat sat on the mat .", "苹果很好吃 , 苹果公司发布了新手机 。", "a " + "b" * 60 + " c", "naïve café → ici"]
 
 
 def test_both_forms_run_on_the_runtimes_path_and_agree(tiny_model_dir, tmp_path):
     embedder = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)
-    rows = distinct_rows(embedder, LINES)
+    rows = distinct_rows(embedder, [tokenize(line).tokens for line in LINES])
     embedder.close()
     forms = export_forms(tiny_model_dir, tmp_path)
     run = compare(tiny_model_dir, forms, rows, threads=1, repeat=1)

@@ -28,6 +28,7 @@ import torch
 from bench.kit.models import prepare_model
 from bench.kit.results import result_path
 from bench.kit.texts import HANDBOOK, corpus_lines
+from bench.runtime.cpu_profile import distinct_rows, full_rows
 from elmo.bench.figures import machine
 
 
@@ -60,14 +61,6 @@ def export_forms(model_dir: Path, out: Path) -> dict[str, Path]:
     return paths
 
 
-def distinct_rows(embedder, lines: list[str]) -> np.ndarray:
-    """The char-id rows of the distinct tokens of ``lines``, as the runtime builds them."""
-    from elmo.text.tokenize import tokenize
-
-    tokens = sorted({token for line in lines for token in tokenize(line).tokens})
-    return np.stack([embedder.scheme.token_ids(token) for token in tokens])
-
-
 def compare(model: Path, forms: dict[str, Path], rows: np.ndarray, threads: int, repeat: int) -> dict:
     """Both forms through ``Embedder._encode`` with ``threads`` intra-op threads, in turn: best seconds of each."""
     from elmo.runtime import CPU, Embedder
@@ -85,10 +78,9 @@ def compare(model: Path, forms: dict[str, Path], rows: np.ndarray, threads: int,
                 start = time.perf_counter()
                 vectors[form] = embedder._encode(rows)
                 best[form] = min(best[form], time.perf_counter() - start)
-        trim_window = embedder._trim_window
-        embedder._trim_window = None  # full rows
-        full_rows = embedder._encode(rows)
-        embedder._trim_window = trim_window
+        embedder.encoder = sessions["windows"]
+        with full_rows(embedder):
+            untrimmed = embedder._encode(rows)
     finally:
         embedder.encoder = own
         embedder.close()
@@ -98,7 +90,7 @@ def compare(model: Path, forms: dict[str, Path], rows: np.ndarray, threads: int,
         "tokens_per_s": {form: len(rows) / seconds for form, seconds in best.items()},
         "windows_over_conv": best["conv"] / best["windows"],
         "max_abs_difference": float(np.abs(vectors["windows"] - vectors["conv"]).max()),
-        "windows_cut_rows_bit_identical": bool(trim_window is None or np.array_equal(full_rows, vectors["windows"])),
+        "windows_cut_rows_bit_identical": bool(np.array_equal(untrimmed, vectors["windows"])),
     }
 
 
@@ -125,11 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from elmo.runtime import CPU, Embedder
+    from elmo.text.tokenize import tokenize
 
     model, described = prepare_model(args)
     lines, corpus = corpus_lines(args.lines, HANDBOOK if HANDBOOK.is_file() else None)
     embedder = Embedder(model, providers=[CPU], intra_op_threads=1)
-    rows = distinct_rows(embedder, lines)
+    rows = distinct_rows(embedder, [tokenize(line).tokens for line in lines])
     embedder.close()
     with tempfile.TemporaryDirectory() as work:
         forms = export_forms(model, Path(work))

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +39,29 @@ from elmo.bench.figures import machine
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"
 
 
+def distinct_rows(embedder, sentences: list[list[str]]) -> np.ndarray:
+    """The char-id rows of the distinct tokens of ``sentences``, as the runtime builds them."""
+    return np.stack([embedder.scheme.token_ids(t) for t in sorted({t for s in sentences for t in s})])
+
+
+@contextlib.contextmanager
+def full_rows(embedder) -> Iterator[None]:
+    """Inside the block the runtime's char-CNN gets full rows (its trim window off)."""
+    window = embedder._trim_window
+    embedder._trim_window = None
+    try:
+        yield
+    finally:
+        embedder._trim_window = window
+
+
 def char_cnn(embedder, sentences: list[list[str]], repeat: int) -> dict:
     """Full rows against cut rows on the distinct tokens: best seconds of each, tokens/s, bit-identical or not."""
-    rows = np.stack([embedder.scheme.token_ids(t) for t in sorted({t for s in sentences for t in s})])
-    window = embedder._trim_window
+    rows = distinct_rows(embedder, sentences)
 
     def full() -> np.ndarray:
-        embedder._trim_window = None
-        try:
+        with full_rows(embedder):
             return embedder._encode(rows)
-        finally:
-            embedder._trim_window = window
 
     def cut() -> np.ndarray:
         return embedder._encode(rows)
@@ -60,7 +74,7 @@ def char_cnn(embedder, sentences: list[list[str]], repeat: int) -> dict:
             best[name] = min(best[name], time.perf_counter() - start)
     return {
         "distinct_tokens": len(rows),
-        "trim_window": window,
+        "trim_window": embedder._trim_window,
         "seconds": best,
         "tokens_per_s": {name: len(rows) / seconds for name, seconds in best.items()},
         "bit_identical": bool(np.array_equal(full(), cut())),
