@@ -335,7 +335,8 @@ class Embedder:
 
     def warmup(self) -> None:
         """Real forward passes (allocations, kernel selection) before the first request: the load-time check when
-        it has not run yet, else a short call."""
+        it has not run yet, else a short call; and the tokenizer's tables (its fast path's classes: ~0.2 s once)."""
+        tokenize("Warm up.")
         if self.checked is None:
             self.check()
         else:

@@ -1,58 +1,64 @@
 """The tokenizer's fast path: texts whose every character's treatment is fixed by the pipeline's rules, tokenized
-by one regular expression with the same result as ``tokenizers`` (elmo.text.tokenize).
+by one regular expression with the same result as ``tokenizers`` (elmo.text.pipeline).
 
-BertNormalizer (clean text, Chinese characters apart, no lower-casing, accents kept) and BertPreTokenizer split a
-text by four rules: whitespace separates tokens; a punctuation character (ASCII punctuation, Unicode category P*)
-is a token of its own; a CJK ideograph is a token of its own; every other character joins its neighbours into a
-word. Control and format characters (dropped from inside words) and anything outside the blocks below take the
-``tokenizers`` path, so the regular expression never has to decide them. The classes are built from ``unicodedata``
-at import; tests/text/test_plain.py checks every character of every class against ``tokenizers`` itself.
+BertNormalizer (clean text, Chinese characters apart, no lower-casing, accents kept) and BertPreTokenizer treat each
+character on its own, whatever its neighbours: whitespace separates tokens; a punctuation character or a CJK
+ideograph is a token of its own; a control or format character is dropped; every other character joins its
+neighbours into a word. Which character is which depends on the Unicode tables ``tokenizers`` was built with, which
+are not Python's (``unicodedata`` follows the interpreter's Unicode version): so the classes are asked of
+``tokenizers`` itself, once, for every character of the blocks below (one call over probes ``a?b``). A character
+the pipeline drops or changes, and anything outside the blocks, is left to the ``tokenizers`` path.
+tests/text/test_plain.py checks every character of every class against ``tokenizers`` in six positions.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from functools import lru_cache
 
-# Blocks whose characters the fast path decides (the rest, and the Cc/Cf/Cn/Co characters inside these, do not).
+from elmo.text.pipeline import pipeline_tokens
+
+# Blocks whose characters the fast path may decide: the alphabets, symbols and East Asian scripts people write,
+# up to the emoji. Each character's class comes from the pipeline (character_classes).
 PLAIN_BLOCKS = (
-    (0x0009, 0x000A),  # tab, newline
-    (0x000D, 0x000D),  # carriage return
+    (0x0009, 0x000D),  # tab, newline, vertical tab, form feed, carriage return
     (0x0020, 0x007E),  # printable ASCII
-    (0x00A0, 0x024F),  # Latin-1 supplement, Latin extended A and B
-    (0x2010, 0x2027),  # dashes, quotes, ellipsis
-    (0x2030, 0x205E),  # per mille, primes, ...
-    (0x3000, 0x303F),  # CJK symbols and punctuation
+    (0x00A0, 0x1FFF),  # Latin-1 .. Greek extended: Latin, IPA, combining marks, Greek, Cyrillic, Hebrew, Arabic, ...
+    (0x2000, 0x2BFF),  # spaces, dashes, quotes, super/subscripts, currency, letterlike, arrows, math, box drawing, ...
+    (0x3000, 0x30FF),  # CJK symbols and punctuation, hiragana, katakana
     (0x3400, 0x4DBF),  # CJK unified ideographs extension A
     (0x4E00, 0x9FFF),  # CJK unified ideographs
-    (0xFF01, 0xFF60),  # full-width ASCII forms
+    (0xAC00, 0xD7A3),  # Hangul syllables
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFF01, 0xFFEF),  # full-width and half-width forms
+    (0x1F300, 0x1FAFF),  # pictographs, emoticons, emoji
 )
-# BERT's "Chinese character" ranges inside the blocks above: each such character is a token.
-CJK_IDEOGRAPHS = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF))
-WHITESPACE_CONTROLS = "\t\n\r"  # control characters the normalizer turns into spaces
+_PROBE = "a{}b"  # each character between two letters: alone, joined, a separator, or dropped/changed
 
 
-def _in(code: int, ranges: tuple[tuple[int, int], ...]) -> bool:
-    return any(low <= code <= high for low, high in ranges)
+def _candidates() -> list[str]:
+    return [chr(code) for low, high in PLAIN_BLOCKS for code in range(low, high + 1)]
 
 
+@lru_cache(maxsize=1)
 def character_classes() -> dict[str, list[str]]:
-    """Every character the fast path decides, by what the pipeline does with it: ``space`` (separates tokens),
-    ``alone`` (a token of its own: punctuation, CJK ideographs), ``word`` (joins its neighbours)."""
+    """Every character of the blocks whose treatment the pipeline fixes, by what ``tokenizers`` does with it
+    between two letters: ``space`` (separates tokens), ``alone`` (a token of its own: punctuation, CJK
+    ideographs), ``word`` (joins its neighbours). A character it drops or changes is in none."""
+    chars = _candidates()
+    text = " ".join(_PROBE.format(char) for char in chars)
+    width = len(_PROBE.format("x")) + 1  # a probe and the space after it
+    pieces: list[list[tuple[int, int]]] = [[] for _ in chars]  # per probe: its tokens' spans, relative to it
+    for token, (start, end) in zip(*pipeline_tokens(text)):
+        probe = start // width
+        unchanged = token == text[start:end]  # the normalizer may change a character: then it is in no class
+        pieces[probe].append((start - probe * width, end - probe * width) if unchanged else (-1, -1))
+    shapes = {((0, 1), (2, 3)): "space", ((0, 1), (1, 2), (2, 3)): "alone", ((0, 3),): "word"}
     classes: dict[str, list[str]] = {"space": [], "alone": [], "word": []}
-    for low, high in PLAIN_BLOCKS:
-        for code in range(low, high + 1):
-            char = chr(code)
-            category = unicodedata.category(char)
-            if char in WHITESPACE_CONTROLS or category == "Zs":
-                classes["space"].append(char)
-            elif category[0] == "C":  # control, format, unassigned, private use: tokenizers decides
-                continue
-            elif _in(code, CJK_IDEOGRAPHS) or category[0] == "P" or (code < 0x80 and not char.isalnum()):
-                classes["alone"].append(char)
-            else:
-                classes["word"].append(char)
+    for char, spans in zip(chars, pieces):
+        name = shapes.get(tuple(spans))
+        if name is not None:
+            classes[name].append(char)
     return classes
 
 
@@ -88,4 +94,4 @@ def plain_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]] | None:
     return [match.group() for match in matches], [match.span() for match in matches]
 
 
-__all__ = ["CJK_IDEOGRAPHS", "PLAIN_BLOCKS", "character_classes", "plain_tokens"]
+__all__ = ["PLAIN_BLOCKS", "character_classes", "plain_tokens"]

@@ -1,34 +1,25 @@
 """The one tokenizer: raw text -> tokens with character offsets into the original string.
 
-Built from the ``tokenizers`` package only: ``BertNormalizer`` (clean text, CJK characters split apart, no
-lower-casing, accents kept) and ``BertPreTokenizer`` (whitespace and punctuation). Chinese therefore needs
-no pre-segmentation: every CJK character is a token, as in BERT. Offsets are code points into the text the
-caller sent (control characters are dropped from tokens). Training, the runtime, the batch job and the
-service all call :func:`tokenize`; pre-tokenized input bypasses it untouched.
+Built from the ``tokenizers`` package only (elmo.text.pipeline): ``BertNormalizer`` (clean text, CJK characters
+split apart, no lower-casing, accents kept) and ``BertPreTokenizer`` (whitespace and punctuation). Chinese therefore
+needs no pre-segmentation: every CJK character is a token, as in BERT. Offsets are code points into the text the
+caller sent (control characters are dropped from tokens). Training, the runtime, the batch job and the service all
+call :func:`tokenize`; pre-tokenized input bypasses it untouched.
 
-Speed: ``tokenizers`` costs ~25 us a sentence in call overhead, more than the tiny model's whole forward pass.
-A text made only of characters whose treatment the pipeline's rules fix (elmo.text.plain: ASCII, Latin letters,
-common Chinese characters and punctuation, ...) is tokenized by one regular expression instead (8 sentences:
-195 -> 68 us); any other text takes the ``tokenizers`` path. Both give the same tokens and offsets:
-tests/text/test_plain.py checks every such character against ``tokenizers`` itself.
+Speed: ``tokenizers`` costs ~25 us a sentence in call overhead, more than the tiny model's whole forward pass. A
+text made only of characters whose treatment the pipeline fixes alone (elmo.text.plain: the alphabets, symbols,
+Chinese, Japanese and Korean scripts and punctuation, emoji; not control or format characters) is tokenized by one
+regular expression instead (8 sentences: 195 -> 68 us); any other text takes the ``tokenizers`` path. Both give the
+same tokens and offsets: tests/text/test_plain.py checks every such character against ``tokenizers`` itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 
-from tokenizers import PreTokenizedString, normalizers, pre_tokenizers
-
+from elmo.text.pipeline import TOKENIZER_SETTINGS, pipeline_tokens
 from elmo.text.plain import plain_tokens
-
-TOKENIZER_SETTINGS = {
-    "normalizer": "BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False)",
-    "pre_tokenizer": "BertPreTokenizer",
-    "offsets": "unicode code points into the original text, [start, end)",
-}
-
 
 # Long texts are tokenized in pieces of about this many code points, cut after a space, tab or newline (always a
 # token boundary, never part of a token): ``tokenizers`` holds the GIL for a whole call, so pieces let other threads
@@ -45,14 +36,6 @@ class Tokenized:
     tokens: list[str]
     offsets: list[tuple[int, int]]
     complete: bool = True
-
-
-@lru_cache(maxsize=1)
-def _pipeline() -> tuple[normalizers.Normalizer, pre_tokenizers.PreTokenizer]:
-    normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False
-    )
-    return normalizer, pre_tokenizers.BertPreTokenizer()
 
 
 def tokenize(text: str, stop_after: int | None = None, piece_chars: int = PIECE_CHARS) -> Tokenized:
@@ -92,22 +75,7 @@ def _piece_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """A text's tokens and offsets into it: by the fast path when it applies (elmo.text.plain), else by
     ``tokenizers``."""
     plain = plain_tokens(text)
-    return plain if plain is not None else _pipeline_tokens(text)
-
-
-def _pipeline_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """``tokenizers``' BertNormalizer and BertPreTokenizer: any text."""
-    normalizer, pre_tokenizer = _pipeline()
-    pretokenized = PreTokenizedString(text)
-    pretokenized.normalize(lambda normalized: normalizer.normalize(normalized))
-    pre_tokenizer.pre_tokenize(pretokenized)
-    tokens: list[str] = []
-    offsets: list[tuple[int, int]] = []
-    for token, span, _ in pretokenized.get_splits(offset_referential="original", offset_type="char"):
-        if token:
-            tokens.append(token)
-            offsets.append(span)
-    return tokens, offsets
+    return plain if plain is not None else pipeline_tokens(text)
 
 
 def tokenize_many(texts: list[str]) -> list[Tokenized]:

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from elmo.text.pipeline import pipeline_tokens
 from elmo.text.plain import character_classes, plain_tokens
-from elmo.text.tokenize import _pipeline_tokens, tokenize
+from elmo.text.tokenize import tokenize
 
 SENSES = Path(__file__).resolve().parents[2] / "elmo" / "senses"
 CLASSES = character_classes()
@@ -16,7 +17,7 @@ PLAIN = sorted(set().union(*CLASSES.values()))
 
 
 def pipeline(text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    return _pipeline_tokens(text)
+    return pipeline_tokens(text)
 
 
 def chunks(chars: list[str], size: int = 2000):
@@ -38,12 +39,17 @@ def test_the_classes_cover_what_a_user_writes():
         "Hello, world! It's 3.5% (ok) — “quoted” …",
         "我吃了一个苹果。“苹果”公司，发布了新品！",
         "naïve café Ünïcödé",
+        "Menu Applications → System ≥ 2 × 3 ½ €5 ™",
+        "Ελληνικά, русский язык; עברית",
+        "日本語のテキスト、ｶﾀｶﾅ。한국어 문장입니다.",
+        "emoji 😀 here 👍",
     ):
         assert plain_tokens(text) is not None, text
 
 
 @pytest.mark.parametrize(
-    "text", ["a\u200bb", "tab\x00nul", "soft\u00adhyphen", "emoji 😀 here", "ｶﾀｶﾅ", "日本語のテキスト"]
+    "text",
+    ["a\u200bb", "tab\x00nul", "soft\u00adhyphen", "family 👨\u200d👩 emoji", "ext-B 𠀀 ideograph", "\ue000 own"],
 )
 def test_other_characters_take_the_tokenizers_path(text):
     assert plain_tokens(text) is None
