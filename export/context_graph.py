@@ -101,14 +101,15 @@ def _cell_body(
     scope: str,
     lead: list,
     gates_table: str | None = None,
-    step_input: tuple[int, np.ndarray] | None = None,
+    step_input: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> onnx.GraphProto:
     """Scan body: (h (*lead, B, P), c (*lead, B, C), gates_t (*lead, B, 4C)) -> (h', c', y_t = h'). The weights
     ``w_rec``, ``w_proj``: arrays, stored in the body (the separate layout), or names in the outer graph (the fused
     layout's stacks), read from the body. With ``gates_table`` (R, 4C) in the outer graph, the scanned input is
     the step's table rows (B,) int64 instead, and the body gathers its gates from the table. With ``step_input``
-    (the layer's input width `in`, the bias b (4C,)), the scanned input is the step's layer input x_t (B, in) and
-    ``w_rec`` is [W_in; W_rec] (in + P, 4C): the gates are one product, [x_t, h] @ w_rec + b."""
+    (the layer's input weights W_in (in, 4C) and bias b (4C,)), the scanned input is the step's layer input x_t
+    (B, in) and the gates are one product, [x_t, h] @ [W_in; W_rec] + b. The two weights are joined by a Concat in
+    the body, which onnxruntime folds once at load: the data file keeps each as the other graphs store it."""
     body = _Builder(f"{g.prefix}{scope}/")
     h_in, c_in, gates_t, h_next, c_next, y_t = (
         f"{body.prefix}{name}" for name in ("h", "c", "gates_t", "h_next", "c_next", "y_t")
@@ -117,8 +118,10 @@ def _cell_body(
     if isinstance(w_rec, np.ndarray):
         w_rec, w_proj = body.const(w_rec, "w_rec"), body.const(w_proj, "w_proj")
     if step_input is not None:
+        w_in, bias = step_input
+        weights = body.op("Concat", [body.const(w_in, "w_in"), w_rec], axis=0)  # (in + P, 4C)
         joined = body.op("Concat", [gates_t, h_in], axis=-1)  # (B, in + P)
-        z = body.op("Gemm", [joined, w_rec, body.const(step_input[1], "b")])
+        z = body.op("Gemm", [joined, weights, body.const(bias, "b")])
     else:
         step_gates = gates_t if gates_table is None else body.op("Gather", [gates_table, gates_t], axis=0)
         z = body.op("Add", [step_gates, body.op("MatMul", [h_in, w_rec])])
@@ -142,7 +145,7 @@ def _cell_body(
     if gates_table is not None:
         scanned = helper.make_tensor_value_info(gates_t, TensorProto.INT64, [*lead, "batch"])
     else:
-        scanned = value(gates_t, 4 * cell if step_input is None else step_input[0])
+        scanned = value(gates_t, 4 * cell if step_input is None else step_input[0].shape[0])
     return helper.make_graph(
         body.nodes,
         f"{scope}_cell",
@@ -196,7 +199,7 @@ class _Graph:
         layer: str,
         lead: list,
         gates_table: str | None = None,
-        step_input: tuple[int, np.ndarray] | None = None,
+        step_input: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> str:
         """Run the recurrence over ``gates`` (*lead, steps and batch axes, 4C) -> h (*lead, same axes, P); with
         ``gates_table`` (R, 4C), ``gates`` holds table rows (steps and batch axes) int64; with ``step_input``, the
@@ -235,8 +238,8 @@ def _separate_layer(
         # are not: 3-12 % slower per step); a hoisted projection is one 2-D Gemm with the bias folded in.
         if layer > 0 and inputs_in_step:
             names = {k: g.const(w[k], f"{k}_l{layer}d{d}") for k in ("h0", "c0")}
-            names |= {"w_rec": np.concatenate([w["w_in"], w["w_rec"]]), "w_proj": w["w_proj"]}  # (in + P, 4C)
-            outputs.append(graph.scan(x, names, scope, [], step_input=(w["w_in"].shape[0], w["b"])))
+            names |= {"w_rec": w["w_rec"], "w_proj": w["w_proj"]}
+            outputs.append(graph.scan(x, names, scope, [], step_input=(w["w_in"], w["b"])))
             continue
         names = {k: g.const(v, f"{k}_l{layer}d{d}") for k, v in w.items() if k not in ("w_rec", "w_proj")}
         names |= {"w_rec": w["w_rec"], "w_proj": w["w_proj"]}

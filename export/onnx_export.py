@@ -37,6 +37,8 @@ from elmo.model.config import CONFIG_FILE, ModelConfig
 from elmo.runtime.modeldir import (
     CONTEXT_FILE,
     CONTEXT_FUSED_FILE,
+    CONTEXT_IN_STEP_FILE,
+    CONTEXT_LAYOUTS,
     ENCODER_FILE,
     FORMAT_VERSION,
     ONNX_DATA_FILE,
@@ -84,6 +86,7 @@ FP16_MAX = float(np.finfo(np.float16).max)
 # Tensors at least this big go to the shared data file; small ones stay inline.
 EXTERNAL_THRESHOLD = 1024
 STAGING = ".export-staging"
+GRAPH_FILES = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, CONTEXT_IN_STEP_FILE)  # all it may write
 
 
 def load_bilm(model_dir: Path) -> elmo_model.BiLM:
@@ -151,8 +154,12 @@ def build_graphs(
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     context = build_context_graph(state, model.cfg)
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
+    contexts = {CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
     if int8:
         context, context_fused = (quantize_graph(graph, quantization) for graph in (context, context_fused))
+        contexts = {CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
+    else:  # the batch job's CPU graph; its joined step weights are folded at load, which quantization cannot read
+        contexts[CONTEXT_IN_STEP_FILE] = build_context_graph(state, model.cfg, inputs_in_step=True)
     # A trimmable scheme's rows may arrive cut short (the runtime's char trim): the id axis is symbolic then.
     char_axes = {0: "n_tokens", 1: "n_chars"} if scheme.trimmable else {0: "n_tokens"}
     encoder = _trace(
@@ -174,7 +181,8 @@ def build_graphs(
             "mask": {0: "batch", 1: "tokens"},
         },
     )
-    context.ir_version = context_fused.ir_version = prefix.ir_version
+    for graph in contexts.values():
+        graph.ir_version = prefix.ir_version
     # Names cannot collide: every name in the hand-built graph starts with "context/".
     full = onnx.compose.merge_models(
         prefix,
@@ -182,7 +190,7 @@ def build_graphs(
         io_map=[("table", "table"), ("index", "index"), ("lengths", "lengths")],
         outputs=["layers", "mask"],
     )
-    graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
+    graphs = {ONNX_FILE: full, ENCODER_FILE: encoder, **contexts}
     for graph in graphs.values():
         _declare_output_dims(graph, model.cfg)
         onnx.checker.check_model(graph)
@@ -333,8 +341,7 @@ def build_metadata(
         "graphs": {
             "model": ONNX_FILE,
             "encoder": ENCODER_FILE,
-            "context": CONTEXT_FILE,
-            "context_fused": CONTEXT_FUSED_FILE,
+            **{key: file for key, file in CONTEXT_LAYOUTS.values() if (data.parent / file).is_file()},
         },
         "weights_data": {"file": ONNX_DATA_FILE, "bytes": data.stat().st_size, "sha256": sha256_of(data)},
         "dtype": dtype,
@@ -351,7 +358,8 @@ def build_metadata(
         "sentence_boundaries": "added inside the graphs (<S>, </S>) and removed from the output",
         "tokenizer": TOKENIZER_SETTINGS,
         "recurrence": "ONNX Scan, input projection hoisted; context.onnx one Scan per direction (CPU), "
-        "context_fused.onnx both directions per Scan (CUDA)",
+        "context_fused.onnx both directions per Scan (CUDA), context_in_step.onnx the upper layers' input product "
+        "inside each step (CPU, wide batches: the batch job; float exports)",
         "checkpoint_sha256": checkpoint_sha256,
         "config": cfg.to_dict(),
         "exporter": {"torch": torch.__version__, "onnx": onnx.__version__},
@@ -417,7 +425,7 @@ def export_model(
         shutil.copyfile(model_dir / CONFIG_FILE, staging / CONFIG_FILE)
         log.info(
             "exported %d graphs (%.1f MB of weights) in %.1f s; verifying against PyTorch",
-            4,
+            len(meta["graphs"]),
             data_bytes / 1e6,
             time.perf_counter() - started,
         )
@@ -439,6 +447,11 @@ def export_model(
     return out / ONNX_FILE
 
 
+def exported_graphs(directory: Path) -> tuple[str, ...]:
+    """The graph files an export wrote into ``directory``, in GRAPH_FILES' order."""
+    return tuple(name for name in GRAPH_FILES if (directory / name).is_file())
+
+
 def check_staged(staging: Path, threads: int):
     """The load-time check (elmo.runtime.probe) on the staged folder, as a serving host runs it (CPU)."""
     from elmo.runtime import CPU, Embedder
@@ -451,12 +464,15 @@ def check_staged(staging: Path, threads: int):
 
 
 def _move_into_place(staging: Path, out: Path, model_dir: Path, scheme_files: tuple[str, ...] = ()) -> None:
-    # The metadata last: a reader never sees new metadata beside old graphs.
-    graphs = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE)
+    # The metadata last: a reader never sees new metadata beside old graphs. A graph this export does not write
+    # (an int8 export has no in_step graph) is removed: left behind, it would point into a weight file it predates.
+    graphs = exported_graphs(staging)
     names = (*scheme_files, ONNX_DATA_FILE, *graphs, PROBE_FILE, ONNX_META_FILE)
     for name in names:
         (staging / name).chmod(0o644)  # readable by the serving user whatever the umask
         os.replace(staging / name, out / name)
+    for name in set(GRAPH_FILES) - set(graphs):
+        (out / name).unlink(missing_ok=True)
     if out.resolve() != model_dir.resolve():  # the exported folder is a model directory of its own
         for name in (CONFIG_FILE, VOCAB_FILE):
             if (model_dir / name).is_file():
@@ -529,7 +545,7 @@ def run(args: argparse.Namespace) -> int:
         heldout=heldout,
     )
     meta = json.loads((path.parent / ONNX_META_FILE).read_text())
-    files = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, ONNX_DATA_FILE, PROBE_FILE, ONNX_META_FILE)
+    files = (*exported_graphs(path.parent), ONNX_DATA_FILE, PROBE_FILE, ONNX_META_FILE)
     names = ",".join(files)
     print(f"wrote {path.parent}/{{{names}}}")
     print(f"verification: {meta['verification']['summary']}")

@@ -296,12 +296,12 @@ def full_graph_embedder(session, scheme: Scheme = BYTES) -> Callable[[Sentences]
 
 def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dtype: str, threads: int = 1):
     """Verify the graphs written in ``directory`` against ``model``: model.onnx alone, and the runtime's
-    encoder + context path (elmo.runtime.Embedder, exactly what is served) with each context layout, all on
-    the CPU provider."""
+    encoder + context path (elmo.runtime.Embedder, exactly what is served) with each context layout written (the
+    in_step one too, where there is one), all on the CPU provider."""
     import onnxruntime as ort
 
     from elmo.runtime import CPU, Embedder
-    from elmo.runtime.modeldir import ONNX_FILE
+    from elmo.runtime.modeldir import ONNX_FILE, exported_layouts
 
     scheme = load_char_scheme(directory)  # the folder's char scheme (export copies its files in)
     refs = references(model, verification_cases(), scheme)
@@ -315,7 +315,7 @@ def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dt
     report = compare(refs, full_graph_embedder(session, scheme), bound, dtype, ONNX_FILE, scheme.width)
     del session
     report.pytorch_float32_error = max(ref.float32_error for ref in refs)
-    for layout in ("separate", "fused"):
+    for layout in exported_layouts(directory):
         runtime = Embedder(
             directory, providers=[CPU], intra_op_threads=threads, cache_size=64, context_layout=layout,
             check_on_load=False,  # judged here on all the cases; the probe runs once the export has passed

@@ -82,6 +82,7 @@ class LocalBackend:
             intra_op_threads=threads,
             max_batch_tokens=batch_tokens,
             max_tokens_per_sentence=LOCAL_MAX_TOKENS_PER_SENTENCE,
+            wide_batches=True,  # calls of thousands of tokens: on CPU the in_step context graph, where there is one
         )
         self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
         self.max_tokens_per_sentence = self.embedder.info.max_tokens_per_sentence

@@ -37,8 +37,8 @@ from elmo.runtime.batching import (
     plan_batches,
 )
 from elmo.runtime.modeldir import (
-    CONTEXT_FILE,
-    CONTEXT_FUSED_FILE,
+    CONTEXT_IN_STEP_FILE,
+    CONTEXT_LAYOUTS,
     ENCODER_FILE,
     char_scheme_of,
     member_file,
@@ -107,6 +107,7 @@ class Embedder:
         cuda_options: dict | None = None,
         io_binding: bool | None = None,
         context_layout: str | None = None,
+        wide_batches: bool = False,
         runs_in_flight: int | None = None,
         background_nice: int = BACKGROUND_NICE,
         check_on_load: bool = True,
@@ -116,7 +117,9 @@ class Embedder:
         ``max_batch_tokens``: rows x (longest + 2) per biLSTM run (None: 4096 on CPU, 16384 on CUDA);
         ``max_tokens_per_sentence``: longer ->
         InputError; ``cache_size``: token vectors kept (0 = off); ``cuda_options``: merged over
-        DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused'): None = by provider;
+        DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused' | 'in_step'): None = by
+        provider; ``wide_batches``: the caller's calls are wide (the batch job): on CPU the in_step context graph,
+        where the export has it (1.1x faster per run at 64 rows and more, slower at a few: modeldir.CONTEXT_LAYOUTS);
         ``runs_in_flight``: biLSTM batches run at once on CPU (None: the threads, at most 4; 1 = one at a time;
         CUDA always runs one: one session is one stream); ``background_nice``: how much lower the threads run that
         compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no lower);
@@ -134,7 +137,8 @@ class Embedder:
             raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
         self.cache = TokenVectorCache(cache_size)
         request = requested_providers(providers)
-        self._open_sessions(request.providers, (intra_op_threads, inter_op_threads, cuda_options), context_layout)
+        settings = (intra_op_threads, inter_op_threads, cuda_options)
+        self._open_sessions(request.providers, settings, context_layout, wide_batches)
         active = self._active_provider(request)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
@@ -164,7 +168,9 @@ class Embedder:
                 self.close()
                 raise
 
-    def _open_sessions(self, requested: list[str], settings: tuple, context_layout: str | None) -> None:
+    def _open_sessions(
+        self, requested: list[str], settings: tuple, context_layout: str | None, wide_batches: bool
+    ) -> None:
         """encoder.onnx first; its provider decides the context graph's layout (docs/runtime.md): one Scan per
         direction on CPU, both directions per Scan on CUDA."""
         graphs = self.meta.get("graphs") or {}
@@ -176,16 +182,28 @@ class Embedder:
             raise ElmoError(
                 f"execution provider {requested[0]} was demanded but {first} is active{cuda_hint(requested)}"
             )
-        if context_layout not in (None, "separate", "fused"):
-            raise InputError(f"context_layout must be 'separate' or 'fused', not {context_layout!r}")
-        self.context_layout = context_layout or ("fused" if first == CUDA else "separate")
-        key, default = (
-            ("context_fused", CONTEXT_FUSED_FILE) if self.context_layout == "fused" else ("context", CONTEXT_FILE)
-        )
+        self.context_layout = self._pick_layout(context_layout, first, graphs, wide_batches)
+        key, default = CONTEXT_LAYOUTS[self.context_layout]
         context = member_file(self.model_dir, graphs.get(key, default), "context graph", must_exist=False)
         self._paths["context"] = context
         # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
         self.context = open_session(self._paths["context"], [CPU] if first == CPU else requested, *settings)
+
+    def _pick_layout(self, asked: str | None, provider: str, graphs: dict, wide_batches: bool) -> str:
+        """The context graph's layout: the one asked for, else CUDA's "fused"; on CPU "in_step" for a caller of
+        wide batches where the export has it (older and int8 exports do not), else "separate"."""
+        if asked is not None and asked not in CONTEXT_LAYOUTS:
+            raise InputError(f"context_layout must be one of {', '.join(CONTEXT_LAYOUTS)}, not {asked!r}")
+        if asked == "in_step" and "context_in_step" not in graphs:
+            raise ModelFileError(
+                f"{self.model_dir}: this export has no in_step context graph ({CONTEXT_IN_STEP_FILE}: float exports "
+                "since issue 42's seventh round); re-run `elmo export`, or use context_layout='separate'"
+            )
+        if asked is not None:
+            return asked
+        if provider == CUDA:
+            return "fused"
+        return "in_step" if wide_batches and "context_in_step" in graphs else "separate"
 
     def _open_parallel_runs(self, runs: int | None, threads: int | None, active: str) -> None:
         """A second context session with ``threads // runs`` intra-op threads per run and a pool to run batches

@@ -2,11 +2,11 @@
 
 A model directory holds config.json (elmo.model.config), model.safetensors, vocab.txt, optionally a char vocabulary
 (char_vocab.json, word_vocab.json: elmo.text.chars.VocabScheme, e.g. imported by elmo.importers.manylangs), and after
-``elmo export``
-model.onnx, encoder.onnx, context.onnx, context_fused.onnx, model.onnx.data (their shared weights) and
-onnx.json. onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of
-the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it against
-config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
+``elmo export`` model.onnx, encoder.onnx, context.onnx, context_fused.onnx, context_in_step.onnx (float exports
+since issue 42's seventh round), model.onnx.data (their shared weights) and onnx.json. onnx.json describes the
+graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of the checkpoint it came from, the
+verification result); :func:`read_onnx_metadata` checks it against config.json and the checkpoint so that a stale
+or foreign export fails loudly, naming the file.
 """
 
 from __future__ import annotations
@@ -25,6 +25,21 @@ ONNX_FILE = "model.onnx"  # the whole model in one graph: char_ids (B, T, 50) ->
 ENCODER_FILE = "encoder.onnx"  # char-CNN: char_ids (N, 50) -> token vectors (N, P)
 CONTEXT_FILE = "context.onnx"  # biLSTM: table (R, P), index (B, T+2), lengths (B,) -> layers (B, L+1, T, 2P)
 CONTEXT_FUSED_FILE = "context_fused.onnx"  # the same, both directions per Scan step; for CUDA
+CONTEXT_IN_STEP_FILE = "context_in_step.onnx"  # context.onnx with the upper layers' input product in each step
+# The context graph's layouts (export/context_graph.py): onnx.json's "graphs" key and the default file of each.
+# "separate" is the CPU's, "fused" CUDA's; "in_step" is faster on CPU for wide batches (the batch job's: 1.1x at 64
+# rows and more) but slower for a few rows, and float exports only have it.
+CONTEXT_LAYOUTS = {
+    "separate": ("context", CONTEXT_FILE),
+    "fused": ("context_fused", CONTEXT_FUSED_FILE),
+    "in_step": ("context_in_step", CONTEXT_IN_STEP_FILE),
+}
+
+
+def exported_layouts(directory: Path) -> list[str]:
+    """The context layouts whose graph file ``directory`` holds (an export being verified: before onnx.json
+    lists them)."""
+    return [layout for layout, (_, file) in CONTEXT_LAYOUTS.items() if (directory / file).is_file()]
 ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
 ONNX_META_FILE = "onnx.json"
 FORMAT_VERSION = 2  # 2: context graphs take (table, index, lengths); 1 took (tokens, lengths)

@@ -549,4 +549,5 @@ def test_requests_are_cut_to_the_servers_message_limit(tmp_path, runtimes, tiny_
     finally:
         server.close()
     assert code == 0
-    assert_same_output(tmp_path / "remote.parquet", tmp_path / "local.parquet", "parquet")
+    # the server runs the separate context graph, the local job the in_step one: the same sums in another order
+    assert_same_output(tmp_path / "remote.parquet", tmp_path / "local.parquet", "parquet", atol=1e-6)

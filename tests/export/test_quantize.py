@@ -78,6 +78,17 @@ def flip_8bit_weights(graph: onnx.ModelProto) -> onnx.ModelProto:
     return graph
 
 
+def test_an_int8_export_writes_no_in_step_graph_and_removes_a_float_one(tiny_model_dir, tmp_path):
+    # quantization cannot read the in-step graph's joined step weights; a float export's, left behind, would point
+    # into the weight file the int8 export replaced
+    exported = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    assert (exported / "context_in_step.onnx").is_file()
+    onnx_export.export_model(exported, int8=True, threads=1)
+    assert not (exported / "context_in_step.onnx").exists()
+    assert "context_in_step" not in json.loads((exported / "onnx.json").read_text())["graphs"]
+    assert Embedder(exported, providers=[CPU], intra_op_threads=1, wide_batches=True).context_layout == "separate"
+
+
 def test_a_broken_int8_graph_fails_and_replaces_nothing(tiny_model_dir, tmp_path, monkeypatch):
     real = onnx_export.quantize_graph
 

@@ -421,14 +421,30 @@ def test_cuda_paths_give_the_same_vectors_on_cpu(tiny_model_dir, embedder):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
-def test_both_context_layouts_give_the_same_vectors(tiny_model_dir, embedder):
+def test_every_context_layout_gives_the_same_vectors(tiny_model_dir, embedder):
     assert embedder.context_layout == "separate"  # the CPU choice; CUDA gets "fused"
-    fused = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, context_layout="fused")
-    assert fused.context_layout == "fused"
-    for a, b in zip(fused.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    for layout in ("fused", "in_step"):
+        other = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, context_layout=layout)
+        assert other.context_layout == layout
+        for a, b in zip(other.embed_tokens(SENTENCES), embedder.embed_tokens(SENTENCES)):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     with pytest.raises(InputError, match="context_layout"):
         Embedder(tiny_model_dir, providers=[CPU], context_layout="sideways")
+
+
+def test_a_caller_of_wide_batches_gets_the_in_step_graph_where_the_export_has_one(tiny_model_dir, tmp_path):
+    wide = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, wide_batches=True)
+    assert wide.context_layout == "in_step" and wide._paths["context"].name == "context_in_step.onnx"
+    # An export without it (older, or int8): the wide caller gets the separate graph; asking for it by name fails.
+    older = tmp_path / "older"
+    shutil.copytree(tiny_model_dir, older)
+    meta = json.loads((older / "onnx.json").read_text())
+    del meta["graphs"]["context_in_step"]
+    (older / "onnx.json").write_text(json.dumps(meta))
+    (older / "context_in_step.onnx").unlink()
+    assert Embedder(older, providers=[CPU], intra_op_threads=1, wide_batches=True).context_layout == "separate"
+    with pytest.raises(ModelFileError, match="context_in_step.onnx"):
+        Embedder(older, providers=[CPU], intra_op_threads=1, context_layout="in_step")
 
 
 def test_embed_stats_count_the_positions_the_runtime_ran(tiny_model_dir):
