@@ -9,12 +9,13 @@ Graph (S = T + 2 positions, <S> and </S> included; L LSTM layers; P projection, 
            as rows of the table (the runtime's call table, or model.onnx's every position); lengths int64 (B,) = n_b
   outputs  layers float32 (B, L+1, T, 2P), zero past each sentence
 The backward direction runs on the valid part of each row reversed (``ReverseSequence`` with n_b + 2: exact with
-padding). Two layouts of the same maths (the export writes both; the runtime picks per provider):
+padding). Layouts of the same maths (the export writes each; the runtime picks per provider and caller):
   separate  one Scan per direction and layer, time-major, 2-D weights inside each Scan body: the faster one on
             CPU (MLAS pre-packs them once per session). Layer 0's input projection is computed once per table row,
             not per position (a token's projection does not depend on its context), and each step gathers its
-            rows from it; being time-major, no Scan transposes its (S, B, 4C) input. (``inputs_in_step``: the
-            layers above 0 take their input product inside each step instead, ``[x_t, h] [W_in; R] + b``.)
+            rows from it; being time-major, no Scan transposes its (S, B, 4C) input.
+  in step   the same with the layers above 0 taking their input product inside each step, ``[x_t, h] [W_in; R]
+            + b`` (``inputs_in_step``): faster on CPU for wide batches (the batch job), slower for a few rows
   fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
             launches, for CUDA, where a step costs launches rather than arithmetic
 Per step: ``z = (x_t W_in + b) + h R`` (the input projection and bias hoisted out of the loop), gates
@@ -230,7 +231,8 @@ def _separate_layer(
     it projects its input for all steps at once, outside the loop; with ``inputs_in_step`` inside each step,
     with the recurrent product ([x_t, h] @ [W_in; W_rec]): no (S·B, 4C) gates through memory, 1.11-1.15× faster
     per run at 64 rows, but 1.3-1.55× slower at 1 row and slower at 8, where each step reads twice the weights
-    (docs/runtime.md, "Sixth round"). The export does not use it (yet): a lone sentence's latency comes first."""
+    (docs/runtime.md, "Sixth round"). The export writes it as context_in_step.onnx, which the batch job runs; the
+    service keeps the hoisted graph, as a lone sentence's latency comes first."""
     g, outputs = graph.g, []
     for d, (x, w) in enumerate(zip(xs, weights)):
         scope = f"l{layer}d{d}"
@@ -288,7 +290,7 @@ def build_context_graph(
 ) -> onnx.ModelProto:
     """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring).
     ``inputs_in_step``: the separate layout's layers above 0 take their input product inside each step (see
-    _separate_layer; measured by bench.runtime.recurrence, not exported)."""
+    _separate_layer; context_in_step.onnx; measured by bench.runtime.recurrence)."""
     graph = _Graph(cfg, time_major=not fuse_directions)
     g = graph.g
     tokens = g.op("Mul", [g.op("Gather", ["table", "index"], axis=0), graph.batch_mask])  # (B, S, P)

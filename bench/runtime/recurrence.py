@@ -11,7 +11,8 @@ layers, clips, residual, padding-exact reversal, output (B, L+1, S-2, 2P). Varia
   ort scan separate  export/context_graph.py, one Scan per direction and layer (any length): the runtime's
                    CPU graph (context.onnx)
   ort scan separate inputs in step  the same with the layers above 0 taking their input product inside each
-                   step, with the recurrent one (build_context_graph's ``inputs_in_step``; not exported)
+                   step, with the recurrent one (build_context_graph's ``inputs_in_step``: context_in_step.onnx, the
+                   batch job's CPU graph)
   ort scan fused   the same with both directions in one Scan per layer: the runtime's CUDA graph
                    (context_fused.onnx)
 Each variant's max abs difference from torch eager is printed next to its time.
