@@ -154,11 +154,10 @@ def build_graphs(
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     context = build_context_graph(state, model.cfg)
     context_fused = build_context_graph(state, model.cfg, fuse_directions=True)
-    contexts = {CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
     if int8:
         context, context_fused = (quantize_graph(graph, quantization) for graph in (context, context_fused))
-        contexts = {CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
-    else:  # the batch job's CPU graph; its joined step weights are folded at load, which quantization cannot read
+    contexts = {CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
+    if not int8:  # the batch job's CPU graph; its step weights are joined at load, where quantization cannot see
         contexts[CONTEXT_IN_STEP_FILE] = build_context_graph(state, model.cfg, inputs_in_step=True)
     # A trimmable scheme's rows may arrive cut short (the runtime's char trim): the id axis is symbolic then.
     char_axes = {0: "n_tokens", 1: "n_chars"} if scheme.trimmable else {0: "n_tokens"}
