@@ -6,7 +6,7 @@ character on its own, whatever its neighbours: whitespace separates tokens; a pu
 ideograph is a token of its own; a control or format character is dropped; every other character joins its
 neighbours into a word. Which character is which depends on the Unicode tables ``tokenizers`` was built with, which
 are not Python's (``unicodedata`` follows the interpreter's Unicode version): so the classes are asked of
-``tokenizers`` itself, once, for every character of the blocks below (one call over probes ``a?b``). A character
+``tokenizers`` itself, once, for every character of the blocks below (probes ``a?b``, 2,048 a call). A character
 the pipeline drops or changes, and anything outside the blocks, is left to the ``tokenizers`` path.
 tests/text/test_plain.py checks every character of every class against ``tokenizers`` in six positions.
 """
@@ -35,7 +35,7 @@ PLAIN_BLOCKS = (
 )
 _PROBE = "a{}b"  # each character between two letters: alone, joined, a separator, or dropped/changed
 _SHAPES = {((0, 1), (2, 3)): "space", ((0, 1), (1, 2), (2, 3)): "alone", ((0, 3),): "word"}
-# Probes per tokenizers call: all 53,000 at once held ~20 MB of tokens and spans for a moment, which the allocator
+# Probes per tokenizers call: all 53,000 at once held ~80 MB of tokens and spans for a moment, which the allocator
 # kept as the process's memory (a served model's RSS baseline moved when it was finally trimmed).
 _PROBE_CHUNK = 2048
 
