@@ -15,7 +15,8 @@ padding). Layouts of the same maths (the export writes each; the runtime picks p
             not per position (a token's projection does not depend on its context), and each step gathers its
             rows from it; being time-major, no Scan transposes its (S, B, 4C) input.
   in step   the same with the layers above 0 taking their input product inside each step, ``[x_t, h] [W_in; R]
-            + b`` (``inputs_in_step``): faster on CPU for wide batches (the batch job), slower for a few rows
+            + b`` (``inputs_in_step``), and every gate its own product (no Split per step): faster on CPU for
+            wide batches (the batch job), slower for a few rows
   fused     both directions in one Scan per layer (a leading axis of 2): half the Scan steps and kernel
             launches, for CUDA, where a step costs launches rather than arithmetic
 Per step: ``z = (x_t W_in + b) + h R`` (the input projection and bias hoisted out of the loop), gates
@@ -94,6 +95,33 @@ def _clip(g: _Builder, x: str, limit: float) -> str:
     return g.op("Clip", [x, g.const(np.array(-limit, np.float32), "lo"), g.const(np.array(limit, np.float32), "hi")])
 
 
+def _gate_block(body: _Builder, x: str, k: int, cell: int) -> str:
+    """Gate k's block of a constant's last axis (C columns of 4C): folded by onnxruntime at load, so that the data
+    file keeps each weight whole, as the other graphs store it."""
+    return body.op("Slice", [x, body.i64([k * cell]), body.i64([(k + 1) * cell]), body.i64([-1])])
+
+
+def _gate_products(
+    body: _Builder,
+    h_in: str,
+    gates_t: str,
+    w_rec: str,
+    cell: int,
+    gates_table: list[str] | None,
+    step_input: tuple[np.ndarray, np.ndarray] | None,
+) -> list[list[str]]:
+    """The in-step layout's four Gemms' inputs (A, B, C), gates (i, f, o, g): with ``step_input``,
+    [x_t, h] @ [W_in; W_rec]_k + b_k; else layer 0's h @ W_rec_k + the step's rows of gate k's table."""
+    if step_input is not None:
+        w_in, bias = step_input
+        weights = body.op("Concat", [body.const(w_in, "w_in"), w_rec], axis=0)  # (in + P, 4C)
+        joined = body.op("Concat", [gates_t, h_in], axis=-1)  # (B, in + P)
+        b = body.const(bias, "b")
+        return [[joined, _gate_block(body, weights, k, cell), _gate_block(body, b, k, cell)] for k in range(4)]
+    rows = [body.op("Gather", [table, gates_t], axis=0) for table in gates_table]  # (B, C) each
+    return [[h_in, _gate_block(body, w_rec, k, cell), rows[k]] for k in range(4)]
+
+
 def _cell_body(
     g: _Builder,
     w_rec: str | np.ndarray,
@@ -101,7 +129,7 @@ def _cell_body(
     cfg: ModelConfig,
     scope: str,
     lead: list,
-    gates_table: str | None = None,
+    gates_table: str | list[str] | None = None,
     step_input: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> onnx.GraphProto:
     """Scan body: (h (*lead, B, P), c (*lead, B, C), gates_t (*lead, B, 4C)) -> (h', c', y_t = h'). The weights
@@ -110,7 +138,13 @@ def _cell_body(
     the step's table rows (B,) int64 instead, and the body gathers its gates from the table. With ``step_input``
     (the layer's input weights W_in (in, 4C) and bias b (4C,)), the scanned input is the step's layer input x_t
     (B, in) and the gates are one product, [x_t, h] @ [W_in; W_rec] + b. The two weights are joined by a Concat in
-    the body, which onnxruntime folds once at load: the data file keeps each as the other graphs store it."""
+    the body, which onnxruntime folds once at load: the data file keeps each as the other graphs store it.
+
+    The in-step layout (``step_input``, or ``gates_table`` as four (R, C) tables, one per gate) computes each gate
+    by a product of its own, whose (B, C) result the activations read in place (onnxruntime fuses a Gemm and its
+    Sigmoid): no Split copies the (B, 4C) gates twice a step, 1.10-1.15x faster per run at 64-192 rows, but slower
+    for a lone sentence on two threads (four smaller products to share out), hence only there (docs/runtime.md,
+    "Eighth round")."""
     body = _Builder(f"{g.prefix}{scope}/")
     h_in, c_in, gates_t, h_next, c_next, y_t = (
         f"{body.prefix}{name}" for name in ("h", "c", "gates_t", "h_next", "c_next", "y_t")
@@ -118,16 +152,15 @@ def _cell_body(
     cell = cfg.cell_dim
     if isinstance(w_rec, np.ndarray):
         w_rec, w_proj = body.const(w_rec, "w_rec"), body.const(w_proj, "w_proj")
-    if step_input is not None:
-        w_in, bias = step_input
-        weights = body.op("Concat", [body.const(w_in, "w_in"), w_rec], axis=0)  # (in + P, 4C)
-        joined = body.op("Concat", [gates_t, h_in], axis=-1)  # (B, in + P)
-        z = body.op("Gemm", [joined, weights, body.const(bias, "b")])
+    if step_input is not None or isinstance(gates_table, list):  # the in-step layout
+        products = _gate_products(body, h_in, gates_t, w_rec, cell, gates_table, step_input)
+        i, f, o, g_part = (body.op("Gemm", product) for product in products)
+        i, f, o = (body.op("Sigmoid", [z]) for z in (i, f, o))
     else:
         step_gates = gates_t if gates_table is None else body.op("Gather", [gates_table, gates_t], axis=0)
         z = body.op("Add", [step_gates, body.op("MatMul", [h_in, w_rec])])
-    sigmoid_part, g_part = body.op("Split", [z, body.i64([3 * cell, cell])], outputs=2, axis=-1)
-    i, f, o = body.op("Split", [body.op("Sigmoid", [sigmoid_part])], outputs=3, axis=-1)
+        sigmoid_part, g_part = body.op("Split", [z, body.i64([3 * cell, cell])], outputs=2, axis=-1)
+        i, f, o = body.op("Split", [body.op("Sigmoid", [sigmoid_part])], outputs=3, axis=-1)
     new_cell = body.op("Add", [body.op("Mul", [i, body.op("Tanh", [g_part])]), body.op("Mul", [f, c_in])])
     new_cell = _clip(body, new_cell, cfg.cell_clip)
     projected = body.op("MatMul", [body.op("Mul", [o, body.op("Tanh", [new_cell])]), w_proj])
@@ -199,7 +232,7 @@ class _Graph:
         w: dict,
         layer: str,
         lead: list,
-        gates_table: str | None = None,
+        gates_table: str | list[str] | None = None,
         step_input: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> str:
         """Run the recurrence over ``gates`` (*lead, steps and batch axes, 4C) -> h (*lead, same axes, P); with
@@ -246,7 +279,12 @@ def _separate_layer(
         names = {k: g.const(v, f"{k}_l{layer}d{d}") for k, v in w.items() if k not in ("w_rec", "w_proj")}
         names |= {"w_rec": w["w_rec"], "w_proj": w["w_proj"]}
         if layer == 0:
-            table = g.op("Gemm", ["table", names["w_in"], names["b"]])  # (R, 4C)
+            if inputs_in_step:  # one (R, C) table per gate (_cell_body), each from its block of the weights
+                cell = graph.cfg.cell_dim
+                blocks = [[_gate_block(g, names[k], gate, cell) for k in ("w_in", "b")] for gate in range(4)]
+                table = [g.op("Gemm", ["table", *block]) for block in blocks]
+            else:
+                table = g.op("Gemm", ["table", names["w_in"], names["b"]])  # (R, 4C)
             outputs.append(graph.scan(x, names, scope, [], gates_table=table))
             continue
         flat = g.op("Reshape", [x, g.i64([-1, w["w_in"].shape[0]])])  # (S*B, in)
