@@ -57,6 +57,7 @@ from elmo.runtime.providers import (
     requested_providers,
 )
 from elmo.text.chars import char_lengths
+from elmo.text.plain import prepare_fast_path
 from elmo.text.tokenize import tokenize
 
 log = logging.getLogger("elmo.runtime")
@@ -354,7 +355,7 @@ class Embedder:
     def warmup(self) -> None:
         """Real forward passes (allocations, kernel selection) before the first request: the load-time check when
         it has not run yet, else a short call; and the tokenizer's tables (its fast path's classes: ~0.2 s once)."""
-        tokenize("Warm up.")
+        prepare_fast_path()
         if self.checked is None:
             self.check()
         else:

@@ -38,6 +38,12 @@ _SHAPES = {((0, 1), (2, 3)): "space", ((0, 1), (1, 2), (2, 3)): "alone", ((0, 3)
 # Probes per tokenizers call: all 53,000 at once held ~80 MB of tokens and spans for a moment, which the allocator
 # kept as the process's memory (a served model's RSS baseline moved when it was finally trimmed).
 _PROBE_CHUNK = 2048
+# Rent, then buy: the fast path's tables cost ~0.2 s to build, the ``tokenizers`` path ~25 us a text. A process that
+# tokenizes a few thousand texts (a short `elmo embed-file`, a CLI call) is done sooner without them, so texts take
+# the ``tokenizers`` path until this many have (about the tables' cost), then the tables are built: never more than
+# about twice the better choice's time. A server builds them in its warm-up (prepare_fast_path), before any request.
+TEXTS_BEFORE_TABLES = 8192
+_texts_without_tables = 0
 
 
 def _candidates() -> list[str]:
@@ -95,6 +101,24 @@ def _patterns() -> tuple[re.Pattern, re.Pattern]:
     return other, token
 
 
+def fast_path_ready() -> bool:
+    """Whether :func:`plain_tokens` should be asked (the tables are built, or the next call builds them); counts the
+    texts that took the ``tokenizers`` path before (TEXTS_BEFORE_TABLES). Threads may race on the count: at worst a
+    few more texts take the ``tokenizers`` path, with the same tokens."""
+    global _texts_without_tables
+    if _texts_without_tables >= TEXTS_BEFORE_TABLES:
+        return True
+    _texts_without_tables += 1
+    return False
+
+
+def prepare_fast_path() -> None:
+    """Build the fast path's tables now (~0.2 s), so that every text from here on may take it."""
+    global _texts_without_tables
+    _patterns()
+    _texts_without_tables = TEXTS_BEFORE_TABLES
+
+
 def plain_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]] | None:
     """``text``'s tokens and their ``[start, end)`` offsets when every character of it is one the fast path
     decides, else None."""
@@ -105,4 +129,4 @@ def plain_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]] | None:
     return [match.group() for match in matches], [match.span() for match in matches]
 
 
-__all__ = ["PLAIN_BLOCKS", "character_classes", "plain_tokens"]
+__all__ = ["PLAIN_BLOCKS", "character_classes", "fast_path_ready", "plain_tokens", "prepare_fast_path"]

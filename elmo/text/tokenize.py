@@ -10,7 +10,9 @@ Speed: ``tokenizers`` costs ~25 us a sentence in call overhead, more than the ti
 text made only of characters whose treatment the pipeline fixes alone (elmo.text.plain: the alphabets, symbols,
 Chinese, Japanese and Korean scripts and punctuation, emoji; not control or format characters) is tokenized by one
 regular expression instead (8 sentences: 195 -> 68 us); any other text takes the ``tokenizers`` path. Both give the
-same tokens and offsets: tests/text/test_plain.py checks every such character against ``tokenizers`` itself.
+same tokens and offsets: tests/text/test_plain.py checks every such character against ``tokenizers`` itself. The
+fast path's tables take ~0.2 s to build, so a process's first 8,192 texts take the ``tokenizers`` path unless
+something builds them first (the runtime's warm-up does: elmo.text.plain.prepare_fast_path).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from elmo.text.pipeline import TOKENIZER_SETTINGS, pipeline_tokens
-from elmo.text.plain import plain_tokens
+from elmo.text.plain import fast_path_ready, plain_tokens
 
 # Long texts are tokenized in pieces of about this many code points, cut after a space, tab or newline (always a
 # token boundary, never part of a token): ``tokenizers`` holds the GIL for a whole call, so pieces let other threads
@@ -72,9 +74,9 @@ def _pieces(text: str, piece_chars: int) -> Iterator[tuple[int, int]]:
 
 
 def _piece_tokens(text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """A text's tokens and offsets into it: by the fast path when it applies (elmo.text.plain), else by
-    ``tokenizers``."""
-    plain = plain_tokens(text)
+    """A text's tokens and offsets into it: by the fast path when it applies (elmo.text.plain) and its tables are
+    worth building by now (fast_path_ready), else by ``tokenizers``."""
+    plain = plain_tokens(text) if fast_path_ready() else None
     return plain if plain is not None else pipeline_tokens(text)
 
 

@@ -24,6 +24,7 @@ from elmo.runtime import (
     plan_batches,
     requested_providers,
 )
+from elmo.text import plain
 from tests.conftest import REPO
 from tests.numpy_reference import config_dict, elmo_forward, from_torch_state
 
@@ -101,7 +102,15 @@ def test_info_describes_the_model(embedder, tiny_model_dir):
     info = embedder.info
     assert (info.n_layers, info.dim, info.provider) == (3, 16, CPU)
     assert info.model_dir == tiny_model_dir
+
+
+def test_warmup_builds_the_tokenizers_fast_path(embedder, monkeypatch):
+    """A server's first requests must not pay for the fast path's tables (elmo.text.plain: a process that only
+    tokenizes builds them after 8,192 texts)."""
+    monkeypatch.setattr(plain, "_texts_without_tables", 0)
+    plain._patterns.cache_clear()
     embedder.warmup()
+    assert plain._patterns.cache_info().currsize == 1 and plain.fast_path_ready()
 
 
 @pytest.mark.parametrize(
@@ -245,8 +254,14 @@ def _name_in_onnx_json(directory, edit) -> None:
         (lambda d: _relink(d / "model.onnx.data"), "weight file is a symlink: refused"),
         (lambda d: _relink(d / "probe.bin"), "probe file is a symlink: refused"),
     ],
-    ids=["absolute-graph", "graph-outside", "absolute-weights", "symlinked-graph", "symlinked-weights",
-         "symlinked-probe"],  # fmt: skip
+    ids=[
+        "absolute-graph",
+        "graph-outside",
+        "absolute-weights",
+        "symlinked-graph",
+        "symlinked-weights",
+        "symlinked-probe",
+    ],  # fmt: skip
 )
 def test_files_outside_the_model_folder_are_refused(model_copy, tamper, message):
     """onnx.json names files inside its folder, and those are the folder's own: a path or a symlink could make the

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from elmo.text import plain
 from elmo.text.pipeline import pipeline_tokens
-from elmo.text.plain import character_classes, plain_tokens
+from elmo.text.plain import character_classes, plain_tokens, prepare_fast_path
 from elmo.text.tokenize import tokenize
 
 SENSES = Path(__file__).resolve().parents[2] / "elmo" / "senses"
@@ -78,3 +79,35 @@ def test_real_sentences_match():
         if fast is not None:
             assert fast == pipeline(line), line
     assert plain > 0.9 * len(lines)  # the sense sentences (English and Chinese) are nearly all on the fast path
+
+
+def tables_built() -> bool:
+    return plain._patterns.cache_info().currsize == 1
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """elmo.text.plain as a new process finds it: no tables, no texts counted; the tables are worth building after
+    3 texts here (TEXTS_BEFORE_TABLES). The character classes stay cached: only the patterns are built again."""
+    monkeypatch.setattr(plain, "_texts_without_tables", 0)
+    monkeypatch.setattr(plain, "TEXTS_BEFORE_TABLES", 3)
+    plain._patterns.cache_clear()
+    yield
+    prepare_fast_path()
+
+
+def test_a_process_tokenizes_without_the_tables_until_they_are_worth_building(fresh_process):
+    texts = ["Hello, world!", "我吃了一个苹果。", "naïve café", "It's 3.5% more."]
+    built = []
+    for text in texts:
+        result = tokenize(text)
+        assert (result.tokens, result.offsets) == pipeline(text)
+        built.append(tables_built())
+    assert built == [False, False, False, True]  # rent three times, then buy
+
+
+def test_prepare_fast_path_builds_the_tables_at_once(fresh_process):
+    prepare_fast_path()
+    assert tables_built() and plain.fast_path_ready()
+    tokenize("One text.")
+    assert plain._texts_without_tables == plain.TEXTS_BEFORE_TABLES  # nothing counted after
