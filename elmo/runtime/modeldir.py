@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from elmo.errors import ConfigError, ModelFileError
@@ -40,6 +41,8 @@ def exported_layouts(directory: Path) -> list[str]:
     """The context layouts whose graph file ``directory`` holds (an export being verified: before onnx.json
     lists them)."""
     return [layout for layout, (_, file) in CONTEXT_LAYOUTS.items() if (directory / file).is_file()]
+
+
 ONNX_DATA_FILE = "model.onnx.data"  # the graphs' weights, each tensor once
 ONNX_META_FILE = "onnx.json"
 FORMAT_VERSION = 2  # 2: context graphs take (table, index, lengths); 1 took (tokens, lengths)
@@ -48,7 +51,7 @@ MAX_META_BYTES = 16 << 20  # onnx.json: ~15 KB for a real export; a 200 MB one b
 _REQUIRED_META = ("format_version", "graph", "n_layers", "dim", "projection_dim", "cell_dim", "char_scheme", "dtype")
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(chunk):
@@ -113,10 +116,15 @@ def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> 
             raise ModelFileError(f"{path}: char scheme {scheme} differs from this code's ({MAX_CHARS} x {N_CHAR_IDS})")
     elif scheme.get("name") != "vocab":
         raise ModelFileError(f"{path}: unknown char scheme {scheme.get('name')!r} (this runtime reads 'elmo', 'vocab')")
-    _check_against_config(directory, path, meta)
-    _check_weights_data(directory, path, meta)
-    if check_checkpoint:
-        _check_against_checkpoint(directory, path, meta)
+    # The checkpoint is hashed on a thread of its own while this one hashes the graphs' weight file: hashlib gives
+    # up the GIL for each block, so a load reads the two (55 MB each for the ELMo-small shape) in the time of one.
+    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sha256") as pool:
+        wanted = check_checkpoint and meta.get("checkpoint_sha256")
+        checkpoint = pool.submit(_checkpoint_sha256, directory) if wanted else None
+        _check_against_config(directory, path, meta)
+        _check_weights_data(directory, path, meta)
+        if checkpoint is not None:
+            _check_against_checkpoint(path, meta, checkpoint.result())
     return meta
 
 
@@ -158,12 +166,16 @@ def _check_weights_data(directory: Path, meta_path: Path, meta: dict) -> None:
         raise ModelFileError(f"{data}: sha256 differs from {meta_path.name} (corrupted or replaced)")
 
 
-def _check_against_checkpoint(directory: Path, meta_path: Path, meta: dict) -> None:
+def _checkpoint_sha256(directory: Path) -> str | None:
     weights = directory / WEIGHTS_FILE
+    return sha256_of(weights) if weights.is_file() else None
+
+
+def _check_against_checkpoint(meta_path: Path, meta: dict, checkpoint_sha256: str | None) -> None:
     expected = meta.get("checkpoint_sha256")
-    if not expected or not weights.is_file():
+    if not expected or checkpoint_sha256 is None:
         return
-    if sha256_of(weights) != expected:
+    if checkpoint_sha256 != expected:
         raise ModelFileError(
             f"{meta_path}: exported from a different {WEIGHTS_FILE} (sha256 differs); re-run `elmo export`"
         )
