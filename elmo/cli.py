@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="json: one object per line")
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])
+    args.command_line = argv  # the command as given (`elmo serve --processes N` starts N of it)
     configure_logging(str(args.log_level), args.log_format)
     try:
         return int(module.run(args) or 0)

@@ -52,6 +52,7 @@ from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallG
 from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 from elmo.service.models.registry import ModelRegistry, ServedModel, parse_alias, serve_model
 from elmo.service.models.versions import FixedModels, ModelManager, parse_bytes
+from elmo.service.processes import die_with_supervisor, run_processes
 from elmo.service.telemetry.metrics import ServiceMetrics
 from elmo.service.telemetry.observe import RequestObserver
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -99,13 +100,14 @@ class TlsFiles:
         return context
 
 
-def check_port_free(host: str, port: int | None, what: str = "") -> None:
+def check_port_free(host: str, port: int | None, what: str = "", reuse_port: bool = False) -> None:
     """ConfigError naming the address when nothing could listen on it (in use, not ours to take).
 
     Checked before gRPC binds, because gRPC's core logs its own ``E... add_port.cc`` line to stderr before it
     raises, and a user would see that instead of (or before) the one clear line. The check binds as gRPC does
     (SO_REUSEADDR, every address the host resolves to; one that binds is enough, as for gRPC). The port can still
     be taken between this check and gRPC's bind: then gRPC's line comes too, and the clear error still follows.
+    ``reuse_port``: the port may be shared with servers that set SO_REUSEPORT too (``--processes``), not others.
     """
     if not port:  # None: not asked for; 0: any free port
         return
@@ -117,6 +119,8 @@ def check_port_free(host: str, port: int | None, what: str = "") -> None:
     for family, kind, protocol, _, sockaddr in addresses:
         with socket.socket(family, kind, protocol) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             try:
                 probe.bind(sockaddr)
                 return
@@ -146,11 +150,13 @@ class ElmoServer:
         normalize: bool = False,
         repository: RepositoryOptions | None = None,
         admin_token: str | None = None,
+        reuse_port: bool = False,
     ):
         self.registry = ModelRegistry(models, aliases, allow_empty=repository is not None)
         self.limits = limits
         self.metrics = metrics
         self.host, self.port, self.tls = host, port, tls
+        self.reuse_port = reuse_port  # --reuse-port: the ports are shared with sibling processes (--processes)
         self._warmed = False  # warm_up done: from then on health follows what is loaded (_health_follows_models)
         self._health_updates: set[asyncio.Task] = set()
         self.repository: ModelManager | FixedModels = FixedModels(self.registry)
@@ -174,7 +180,7 @@ class ElmoServer:
         if admin_token:
             interceptors.append(admin_auth_interceptor(admin_token))
         interceptors.append(CallGate.for_limits(limits))
-        self.server = grpc.aio.server(interceptors=interceptors, **grpc_server_settings(limits))
+        self.server = grpc.aio.server(interceptors=interceptors, **grpc_server_settings(limits, reuse_port))
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
         services = [SERVICE_NAME]
@@ -222,7 +228,7 @@ class ElmoServer:
         """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.host}:{self.port}"
-        check_port_free(self.host, self.port)
+        check_port_free(self.host, self.port, reuse_port=self.reuse_port)
         try:
             if self.tls is not None:
                 self.port = self.server.add_secure_port(address, self.tls.credentials())
@@ -246,7 +252,7 @@ class ElmoServer:
         if self.http is not None:
             try:
                 self.http_port = await self.http.start(
-                    self.host, self.http_port, self.tls.ssl_context() if self.tls else None
+                    self.host, self.http_port, self.tls.ssl_context() if self.tls else None, self.reuse_port
                 )
             except ConfigError:
                 await self.server.stop(0)
@@ -422,7 +428,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port-file",
         type=Path,
         default=None,
-        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once listening (for port 0)",
+        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once listening (for port 0); "
+        "with --processes, a fourth line lists every process's metrics port",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among them), each "
+        "with its own copy of the models, batcher, limits and --threads: for models cheap enough (or a backend fast "
+        "enough) that one process's request handling is the limit (docs/scaling.md) (default 1)",
+    )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="listen with SO_REUSEPORT, so that other servers started with it may share the ports (what each of "
+        "--processes does; for running them yourself, e.g. one systemd unit per process)",
     )
     add_limit_arguments(parser)
 
@@ -524,8 +545,8 @@ async def serve(args: argparse.Namespace) -> int:
     admin_token = token_from(args.admin_token, ADMIN_TOKEN_ENV, "--admin-token")
     warn_plaintext_admin(args.host, admin_token, tls)
     # before the models load: a taken port fails in a second, and with one line (see check_port_free)
-    check_port_free(args.host, args.port)
-    check_port_free(args.host, args.http_port, " for HTTP")
+    check_port_free(args.host, args.port, reuse_port=args.reuse_port)
+    check_port_free(args.host, args.http_port, " for HTTP", reuse_port=args.reuse_port)
     check_port_free(args.metrics_host or args.host, args.metrics_port, " for metrics")
     repository = _repository_from_args(args, limits)
     models = load_models(args, limits, metrics)
@@ -542,6 +563,7 @@ async def serve(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         repository=repository,
         admin_token=admin_token,
+        reuse_port=args.reuse_port,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -568,6 +590,9 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.processes != 1:
+        return run_processes(args)
+    die_with_supervisor()
     return asyncio.run(serve(args))
 
 

@@ -3,6 +3,7 @@
 
     python -m bench.service.compiled_load --rounds 3 --duration 15 --out bench/results/compiled_load.json
     python -m bench.service.compiled_load --before a11166d --rounds 3    # this checkout and REV alternating
+    python -m bench.service.compiled_load --processes 1 2 --rounds 3     # this checkout as 1 and as 2 processes
 
 For each model (``--models``: ``default`` = models/default, ``tiny`` = random weights of the tiny shape, where the
 runtime costs little and the door's own cost shows), each round measures in turn: the in-process runtime
@@ -167,6 +168,20 @@ def served_runs(entry: dict) -> dict:
     return {key: value for key, value in entry.items() if isinstance(value, dict) and "served_over_in_process" in value}
 
 
+def start_servers(args, model: Path, trees: list) -> dict:
+    """One server per code tree, this checkout's once per ``--processes`` count (labelled "after", "after_2p", ...:
+    ``elmo serve --processes N``, the ``--threads`` split among its processes, so that every server has as many
+    runtime threads in all)."""
+    servers = {}
+    for label, tree in trees:
+        for count in args.processes if tree is None else [1]:
+            name = label if count == 1 else f"{label}_{count}p"
+            serve_args = ["--processes", str(count)] if count > 1 else []
+            threads = max(1, args.threads // count)
+            servers[name] = start_server(model, threads=threads, tree=tree, label=name, serve_args=serve_args)
+    return servers
+
+
 def measure_model(args, name: str, trees: list, work: Path) -> dict:
     model = model_directory(name)
     texts, source = sentences(max(args.batch, args.per_request), min_words=15, max_words=25)
@@ -174,7 +189,7 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
     http_body = build_http_requests(texts[: args.per_request], args.per_request, [], "float32")[0][0]
     (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
     embedder = load_embedder(model, args.threads, texts, args.batch)
-    servers = {label: start_server(model, threads=args.threads, tree=tree, label=label) for label, tree in trees}
+    servers = start_servers(args, model, trees)
     children: dict[str, tuple] = {}  # the bare servers: "floor", "echo_grpc", "echo_http" -> (process, port)
     if args.floor:
         children["floor"] = start_floor_server(model, args.threads)
@@ -268,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="the server's and the runtime's threads")
     parser.add_argument("--protocols", nargs="+", choices=["grpc", "http"], default=["grpc", "http"],
                         help="the service's protocols to load (default both)")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1],
+                        help="serve this checkout with each of these process counts in turn (elmo serve --processes N, "
+                        "--threads split among them; default 1)")  # fmt: skip
     parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
     parser.add_argument("--ceiling", action="store_true", help="also load bare echo servers: the best any door reaches")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))

@@ -180,15 +180,17 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 CONNECTION_AGE_GRACE_S = 30.0  # a connection closed for its age gives its RPCs this long to finish
 
 
-def grpc_server_settings(limits: Limits) -> dict:
+def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
     """``grpc.aio.server``'s keyword arguments for these limits: message sizes and gRPC core's per-connection
     bounds (issue 39: one connection of half-sent calls held every one of --max-concurrent-rpcs, gRPC health
     included): streams open at once, idle and age limits. gRPC core's own count of open calls is only a backstop
-    behind the call gate (service.grpc.interceptors.CallGate), with room for health checks and calls being refused."""
+    behind the call gate (service.grpc.interceptors.CallGate), with room for health checks and calls being refused.
+    SO_REUSEPORT only when asked (``reuse_port``: sibling processes share the port): otherwise a second server on
+    a taken port must fail, not share it."""
     options = [
         ("grpc.max_receive_message_length", limits.max_message_bytes),
         ("grpc.max_send_message_length", limits.max_response_bytes + MIB),  # the answer's bound, plus framing
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
         ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout * 1000)),
     ]

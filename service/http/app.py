@@ -200,13 +200,16 @@ class HttpFrontend:
         self.port: int | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Listen on host:port (0 = any free port); returns the bound port."""
+    async def start(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, reuse_port: bool = False
+    ) -> int:
+        """Listen on host:port (0 = any free port; ``reuse_port``: shared with sibling processes); returns the bound
+        port."""
         # (no keepalive_timeout here: the guard owns idle connections, and counts what it closes)
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         try:
-            self.port = await self.guard.listen(self._runner, host, port, ssl_context)
+            self.port = await self.guard.listen(self._runner, host, port, ssl_context, reuse_port)
         except BaseException:
             await self._runner.cleanup()
             raise
@@ -374,6 +377,7 @@ class HttpFrontend:
     async def tokenize(self, request: web.Request) -> web.StreamResponse:
         body = await self._read(request)
         tokenize_request: pb.TokenizeRequest = await self._parse(body, schema.parse_tokenize)
+
         # The answer holds every token and its offsets: about the body's size again (8 MB of text: 8.6 MB of JSON,
         # which json_response would encode on the event loop while health checks wait a second)
         def answer(response: pb.TokenizeResponse) -> JsonAnswer:

@@ -239,10 +239,16 @@ class ConnectionGuard:
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     async def listen(
-        self, runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        reuse_port: bool = False,
     ) -> int:
-        """Listen on host:port (0 = any free port) for ``runner``'s app, after ``runner.setup()``; returns the
-        bound port. Use this instead of a ``web.TCPSite``."""
+        """Listen on host:port (0 = any free port; ``reuse_port``: SO_REUSEPORT, the port shared with sibling
+        processes) for ``runner``'s app, after ``runner.setup()``; returns the bound port. Use this instead of a
+        ``web.TCPSite``."""
         if runner.server is None:
             raise RuntimeError("ConnectionGuard.listen() needs runner.setup() first")
         if self._listener is not None:
@@ -253,7 +259,7 @@ class ConnectionGuard:
         tls = {"ssl": ssl_context, "ssl_handshake_timeout": self.limits.http_header_timeout} if ssl_context else {}
         try:
             self._listener = await self._loop.create_server(
-                lambda: _Connection(self), host, port, backlog=LISTEN_BACKLOG, **tls
+                lambda: _Connection(self), host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None, **tls
             )
         except OSError as exc:
             raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror} (port in use?)") from None

@@ -1,0 +1,146 @@
+"""`elmo serve --processes N` on real processes: N servers share the gRPC and HTTP ports (the kernel spreads the
+connections, so both answer), each with its own /metrics; a SIGTERM drains them all and the group exits 0; a server
+process that dies takes the group down with a non-zero code; a killed supervisor leaves no server behind; what N
+processes cannot do is refused with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from elmo.client import EmbedderClient, RemoteError
+from tests.serve_process import ServeProcess, serve_until_exit, wait_until
+from tests.service_helpers import metric_value, scrape
+
+CALLS = 24  # per protocol, each on a connection of its own: all on one process has odds of 2 ** -23
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def ports(server: ServeProcess) -> tuple[int, int, list[int]]:
+    """(gRPC port, HTTP port, every process's metrics port) from the supervisor's port file."""
+    grpc_port, _, http_port, metrics = server.port_file.read_text().split("\n")[:4]
+    return int(grpc_port), int(http_port), [int(port) for port in metrics.split()]
+
+
+def answered(metrics_port: int) -> float:
+    text = scrape(metrics_port)
+    grpc_calls = metric_value(text, "elmo_requests_total", method="Embed", code="OK") or 0.0
+    http_calls = metric_value(text, "elmo_requests_total", method="POST /v1/embed", code="200") or 0.0
+    return grpc_calls + http_calls
+
+
+def embed_over_http(port: int, text: str) -> list:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/embed",
+        data=json.dumps({"inputs": [text]}).encode(),
+        headers={"content-type": "application/json", "connection": "close"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["embeddings"]
+
+
+@pytest.fixture
+def two_processes(tiny_model_dir: Path, tmp_path: Path):
+    args = ["--model", str(tiny_model_dir), "--processes", "2", "--http-port", "0", "--metrics-port", "0"]
+    with ServeProcess(args, tmp_path / "serve") as server:
+        server.wait_serving()
+        grpc_port, http_port, metrics_ports = ports(server)
+        for port in metrics_ports:  # both warmed up, not only the one the health check reached
+            wait_until(lambda p=port: metric_value(scrape(p), "elmo_model_ready") == 1.0, 60, "both processes ready")
+        yield server, grpc_port, http_port, metrics_ports
+
+
+def test_both_processes_answer_on_the_shared_ports_and_stop_together(two_processes) -> None:
+    server, grpc_port, http_port, metrics_ports = two_processes
+    assert len(set(metrics_ports)) == 2
+    processes = children(server.proc.pid)
+    assert len(processes) == 2
+    reference = None
+    for i in range(CALLS):
+        with EmbedderClient(f"127.0.0.1:{grpc_port}") as client:  # a new connection each time
+            layers = client.embed_texts(["the same sentence"])[0]
+        reference = layers if reference is None else reference
+        assert layers.shape == reference.shape and (layers == reference).all()  # same model, same answer
+        assert embed_over_http(http_port, f"sentence number {i}")[0]["tokens"] == ["sentence", "number", str(i)]
+    counts = [answered(port) for port in metrics_ports]
+    assert sum(counts) == 2 * CALLS
+    assert all(count > 0 for count in counts), f"one process answered everything: {counts}"
+    server.sigterm()
+    assert server.wait() == 0
+    assert not any(alive(pid) for pid in processes)
+    assert "2 server processes listening" in server.stderr()
+
+
+def test_a_server_process_that_dies_stops_the_group(two_processes) -> None:
+    server, grpc_port, _, _ = two_processes
+    first, second = children(server.proc.pid)
+    os.kill(first, signal.SIGKILL)
+    assert server.wait() == 128 + signal.SIGKILL
+    assert not alive(second)
+    assert f"server process {first} ended with exit code -9: stopping the other 1" in server.stderr()
+    with pytest.raises(RemoteError, match="UNAVAILABLE"), EmbedderClient(f"127.0.0.1:{grpc_port}", timeout=5) as client:
+        client.embed_texts(["nobody listens"])
+
+
+def test_a_killed_supervisor_leaves_no_server_behind(two_processes) -> None:
+    server, grpc_port, _, _ = two_processes
+    processes = children(server.proc.pid)
+    server.proc.kill()
+    server.proc.wait(10)
+    wait_until(lambda: not any(alive(pid) for pid in processes), 60, "the server processes gone")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", grpc_port))  # nothing holds the port any more
+    probe.close()
+
+
+@pytest.mark.parametrize(
+    "extra, error",
+    [
+        (["--processes", "0"], "elmo serve: error: --processes 0: give 1 or more"),
+        (["--processes", "2", "--admin-token", "s3cret"], "elmo serve: error: --admin-token with --processes"),
+    ],
+)
+def test_what_processes_cannot_do_is_refused(tiny_model_dir: Path, tmp_path: Path, extra, error) -> None:
+    finished = serve_until_exit(["--model", str(tiny_model_dir), *extra], tmp_path)
+    assert finished.returncode == 2
+    assert len(finished.error_lines()) == 1 and finished.error_lines()[0].startswith(error), finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+def test_a_port_taken_without_sharing_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        finished = serve_until_exit(["--model", str(tiny_model_dir), "--processes", "2", "--port", str(port)],
+                                    tmp_path)  # fmt: skip
+    assert finished.returncode == 2
+    assert finished.error_lines() == [f"elmo serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert "onnxruntime provider" not in finished.stderr  # refused before any model loads, not after
