@@ -7,7 +7,8 @@ among them; each process has its own models, batcher, limits, health, drain and 
 
 - reserves the ports (a bound, never listening SO_REUSEPORT socket: port 0 becomes one port for all, and nothing
   else takes a given one) and checks every address before any model loads;
-- starts the N processes with the same command line, each told its ports (the metrics port: ``--metrics-port`` + i,
+- starts the N processes with the same command line (the first alone until it listens: a bad command line or model
+  fails once, with its own line), each told its ports (the metrics port: ``--metrics-port`` + i,
   one ``/metrics`` per process), in a process group of their own, so that a terminal's Ctrl-C reaches them once,
   through here;
 - writes ``--port-file`` once all of them listen (a fourth line: every process's metrics port);
@@ -107,15 +108,19 @@ def die_with_supervisor() -> None:
 
 
 class ProcessGroup:
-    """The N ``elmo serve`` processes, their port files, and the signals passed on to them."""
+    """The ``elmo serve`` processes started so far, their port files, and the signals passed on to them."""
 
-    def __init__(self, commands: list[list[str]], port_files: list[Path]):
-        self.port_files = port_files
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen] = []
+        self.port_files: list[Path] = []
         self.asked_to_stop = False
-        self.processes = [
-            subprocess.Popen(command, process_group=0, env={**os.environ, SUPERVISOR_ENV: str(os.getpid())})
-            for command in commands
-        ]
+
+    def start(self, command: list[str], port_file: Path) -> None:
+        if self.asked_to_stop:  # a signal came before this process: it would never get it
+            return
+        environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+        self.processes.append(subprocess.Popen(command, process_group=0, env=environment))
+        self.port_files.append(port_file)
 
     def forward(self, signum: int, _frame=None) -> None:
         """A signal to this process goes to every server process: each drains (a second one cuts the delay)."""
@@ -127,18 +132,12 @@ class ProcessGroup:
     def first_ended(self) -> subprocess.Popen | None:
         return next((p for p in self.processes if p.poll() is not None), None)
 
-    def listening(self) -> list[list[str]] | None:
-        """Every process's port file's lines once all are written, else None."""
-        contents = [path.read_text() if path.is_file() else "" for path in self.port_files]
-        return None if not all(contents) else [text.split("\n") for text in contents]
-
     def wait_listening(self) -> list[list[str]] | None:
-        """Until all listen (their port files); None if one ended first or a signal came."""
-        while not self.asked_to_stop:
-            if (ports := self.listening()) is not None:
-                return ports
-            if self.first_ended() is not None:
-                return None
+        """Until all listen (their port files' lines); None if one ended first or a signal came."""
+        while not self.asked_to_stop and self.first_ended() is None:
+            contents = [path.read_text() if path.is_file() else "" for path in self.port_files]
+            if all(contents):
+                return [text.split("\n") for text in contents]
             time.sleep(POLL_S)
         return None
 
@@ -162,6 +161,17 @@ class ProcessGroup:
         return codes
 
 
+def start_group(group: ProcessGroup, commands: list[list[str]], port_files: list[Path]) -> list[list[str]] | None:
+    """The first process alone until it listens (a bad command line or model fails once, with its own one line),
+    then the others at once. Every process's port file's lines, or None when one ended first or a signal came."""
+    group.start(commands[0], port_files[0])
+    if group.wait_listening() is None:
+        return None
+    for command, port_file in zip(commands[1:], port_files[1:]):
+        group.start(command, port_file)
+    return group.wait_listening()
+
+
 def run_processes(args: argparse.Namespace) -> int:
     """``elmo serve --processes N``: see the module's docstring. Returns the exit code."""
     check_options(args)
@@ -172,14 +182,14 @@ def run_processes(args: argparse.Namespace) -> int:
     grpc_port = reserved[0].getsockname()[1]
     http_port = reserved[1].getsockname()[1] if args.http_port is not None else None
     metrics = metrics_ports(args.metrics_port, args.processes)
+    group = ProcessGroup()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, group.forward)
     with tempfile.TemporaryDirectory(prefix="elmo-serve-") as work:
         port_files = [Path(work) / f"process-{i}.port" for i in range(args.processes)]
         commands = [process_command(args, grpc_port, http_port, metrics[i], port_files[i])
                     for i in range(args.processes)]  # fmt: skip
-        group = ProcessGroup(commands, port_files)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, group.forward)
-        ports = group.wait_listening()
+        ports = start_group(group, commands, port_files)
         for sock in reserved:  # all listen now (or will not): the port is theirs
             sock.close()
         if ports is not None:
@@ -187,12 +197,12 @@ def run_processes(args: argparse.Namespace) -> int:
             ended = group.wait_first_end()
         else:
             ended = group.first_ended()
-        unasked = not group.asked_to_stop
-        if unasked and ended is not None:
+        unasked = not group.asked_to_stop and ended is not None
+        if unasked and len(group.processes) > 1:
             log.error("server process %d ended with exit code %s: stopping the other %d", ended.pid,
-                      ended.returncode, args.processes - 1)  # fmt: skip
+                      ended.returncode, len(group.processes) - 1)  # fmt: skip
         codes = group.stop_all()
-    if unasked and ended is not None:
+    if unasked:
         return exit_code(ended.returncode) or 1
     return next((exit_code(code) for code in codes if code), 0)
 
