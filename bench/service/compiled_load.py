@@ -4,6 +4,7 @@
     python -m bench.service.compiled_load --rounds 3 --duration 15 --out bench/results/compiled_load.json
     python -m bench.service.compiled_load --before a11166d --rounds 3    # this checkout and REV alternating
     python -m bench.service.compiled_load --processes 1 2 --rounds 3     # this checkout as 1 and as 2 processes
+    python -m bench.service.compiled_load --serve-args='--max-delay-ms 10'    # more flags for this checkout's servers
 
 For each model (``--models``: ``default`` = models/default, ``tiny`` = random weights of the tiny shape, where the
 runtime costs little and the door's own cost shows), each round measures in turn: the in-process runtime
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -171,12 +173,13 @@ def served_runs(entry: dict) -> dict:
 def start_servers(args, model: Path, trees: list) -> dict:
     """One server per code tree, this checkout's once per ``--processes`` count (labelled "after", "after_2p", ...:
     ``elmo serve --processes N``, the ``--threads`` split among its processes, so that every server has as many
-    runtime threads in all)."""
+    runtime threads in all) and with ``--serve-args``."""
     servers = {}
     for label, tree in trees:
+        extra = shlex.split(args.serve_args) if tree is None else []
         for count in args.processes if tree is None else [1]:
             name = label if count == 1 else f"{label}_{count}p"
-            serve_args = ["--processes", str(count)] if count > 1 else []
+            serve_args = (["--processes", str(count)] if count > 1 else []) + extra
             threads = max(1, args.threads // count)
             servers[name] = start_server(model, threads=threads, tree=tree, label=name, serve_args=serve_args)
     return servers
@@ -286,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[1],
                         help="serve this checkout with each of these process counts in turn (elmo serve --processes N, "
                         "--threads split among them; default 1)")  # fmt: skip
+    parser.add_argument("--serve-args", default="", help="more `elmo serve` flags for this checkout's servers, one "
+                        "string (--serve-args='--max-delay-ms 10')")  # fmt: skip
     parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
     parser.add_argument("--ceiling", action="store_true", help="also load bare echo servers: the best any door reaches")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
