@@ -42,18 +42,19 @@ from elmo.errors import ConfigError
 log = logging.getLogger("service.processes")
 
 POLL_S = 0.1  # how often the supervisor looks at its processes
-STOP_TIMEOUT_S = 120.0  # after a stop, how long a process gets before it is killed (drain + --shutdown-delay)
+STOP_MARGIN_S = 30.0  # beyond --shutdown-delay + --drain-seconds, how long a stopping process gets before a kill
 _PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "ELMO_SERVE_SUPERVISOR"  # the supervisor's pid, in the environment of the processes it starts
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """ConfigError for what N processes cannot do."""
+def check_options(args: argparse.Namespace, admin_api: bool) -> None:
+    """ConfigError for what N processes cannot do (``admin_api``: an admin token was given, by flag or env)."""
     if args.processes < 1:
         raise ConfigError(f"--processes {args.processes}: give 1 or more")
-    if args.admin_token is not None:
-        raise ConfigError("--admin-token with --processes: an admin call would change one process's models only; "
-                          "let every process follow the repository (--model-root DIR --poll-interval-s S)")  # fmt: skip
+    if admin_api:
+        raise ConfigError("the admin API (--admin-token, $ELMO_ADMIN_TOKEN) with --processes: an admin call would "
+                          "change one process's models only; let every process follow the repository "
+                          "(--model-root DIR --poll-interval-s S)")  # fmt: skip
 
 
 def reserve_port(host: str, port: int, what: str) -> socket.socket:
@@ -110,7 +111,8 @@ def die_with_supervisor() -> None:
 class ProcessGroup:
     """The ``elmo serve`` processes started so far, their port files, and the signals passed on to them."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_timeout: float) -> None:
+        self.stop_timeout = stop_timeout
         self.processes: list[subprocess.Popen] = []
         self.port_files: list[Path] = []
         self.asked_to_stop = False
@@ -148,13 +150,13 @@ class ProcessGroup:
 
     def stop_all(self) -> list[int]:
         """Their exit codes, once all have ended: unless a signal already went to them, SIGTERM first (they
-        drain); one that outlives STOP_TIMEOUT_S is killed."""
+        drain); one still running ``stop_timeout`` later is killed."""
         if not self.asked_to_stop:
             self.forward(signal.SIGTERM)
         codes = []
         for process in self.processes:
             try:
-                codes.append(process.wait(STOP_TIMEOUT_S))
+                codes.append(process.wait(self.stop_timeout))
             except subprocess.TimeoutExpired:
                 process.kill()
                 codes.append(process.wait())
@@ -172,9 +174,9 @@ def start_group(group: ProcessGroup, commands: list[list[str]], port_files: list
     return group.wait_listening()
 
 
-def run_processes(args: argparse.Namespace) -> int:
+def run_processes(args: argparse.Namespace, admin_api: bool) -> int:
     """``elmo serve --processes N``: see the module's docstring. Returns the exit code."""
-    check_options(args)
+    check_options(args, admin_api)
     host = args.host
     reserved = [reserve_port(host, args.port, "")]
     if args.http_port is not None:
@@ -182,7 +184,7 @@ def run_processes(args: argparse.Namespace) -> int:
     grpc_port = reserved[0].getsockname()[1]
     http_port = reserved[1].getsockname()[1] if args.http_port is not None else None
     metrics = metrics_ports(args.metrics_port, args.processes)
-    group = ProcessGroup()
+    group = ProcessGroup(stop_timeout=args.shutdown_delay + args.drain_seconds + STOP_MARGIN_S)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, group.forward)
     with tempfile.TemporaryDirectory(prefix="elmo-serve-") as work:

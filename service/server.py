@@ -591,7 +591,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.processes != 1:
-        return run_processes(args)
+        return run_processes(args, admin_api=token_from(args.admin_token, ADMIN_TOKEN_ENV, "--admin-token") is not None)
     die_with_supervisor()
     return asyncio.run(serve(args))
 

@@ -121,14 +121,15 @@ def test_a_killed_supervisor_leaves_no_server_behind(two_processes) -> None:
 
 
 @pytest.mark.parametrize(
-    "extra, error",
+    "extra, env, error",
     [
-        (["--processes", "0"], "elmo serve: error: --processes 0: give 1 or more"),
-        (["--processes", "2", "--admin-token", "s3cret"], "elmo serve: error: --admin-token with --processes"),
+        (["--processes", "0"], {}, "elmo serve: error: --processes 0: give 1 or more"),
+        (["--processes", "2", "--admin-token", "s3cret"], {}, "elmo serve: error: the admin API (--admin-token, $ELMO"),
+        (["--processes", "2"], {"ELMO_ADMIN_TOKEN": "s3cret"}, "elmo serve: error: the admin API (--admin-token, $EL"),
     ],
 )
-def test_what_processes_cannot_do_is_refused(tiny_model_dir: Path, tmp_path: Path, extra, error) -> None:
-    finished = serve_until_exit(["--model", str(tiny_model_dir), *extra], tmp_path)
+def test_what_processes_cannot_do_is_refused(tiny_model_dir: Path, tmp_path: Path, extra, env, error) -> None:
+    finished = serve_until_exit(["--model", str(tiny_model_dir), *extra], tmp_path, env)
     assert finished.returncode == 2
     assert len(finished.error_lines()) == 1 and finished.error_lines()[0].startswith(error), finished.stderr
     assert "Traceback" not in finished.stderr
