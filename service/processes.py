@@ -220,7 +220,8 @@ def announce(args: argparse.Namespace, grpc_port: int, http_port: int | None, me
     log.info("%d server processes listening on %s:%d%s", args.processes, args.host, grpc_port,
              f" (HTTP {http_port})" if http_port is not None else "")  # fmt: skip
     if args.port_file is not None:
-        args.port_file.write_text(f"{grpc_port}\n{metrics[0]}\n{http_port or ''}\n{' '.join(metrics)}\n")
+        every = " ".join(port for port in metrics if port)
+        args.port_file.write_text(f"{grpc_port}\n{metrics[0]}\n{http_port or ''}\n{every}\n")
 
 
 __all__ = ["ProcessGroup", "die_with_supervisor", "run_processes"]
