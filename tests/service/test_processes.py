@@ -49,11 +49,12 @@ def ports(server: ServeProcess) -> tuple[int, int, list[int]]:
     return int(grpc_port), int(http_port), [int(port) for port in metrics.split()]
 
 
-def answered(metrics_port: int) -> float:
+def answered(metrics_port: int) -> tuple[float, float]:
+    """(gRPC Embed calls, HTTP /v1/embed requests) one process answered, from its own /metrics."""
     text = scrape(metrics_port)
     grpc_calls = metric_value(text, "elmo_requests_total", method="Embed", code="OK") or 0.0
     http_calls = metric_value(text, "elmo_requests_total", method="POST /v1/embed", code="200") or 0.0
-    return grpc_calls + http_calls
+    return grpc_calls, http_calls
 
 
 def embed_over_http(port: int, text: str) -> list:
@@ -90,8 +91,9 @@ def test_both_processes_answer_on_the_shared_ports_and_stop_together(two_process
         assert layers.shape == reference.shape and (layers == reference).all()  # same model, same answer
         assert embed_over_http(http_port, f"sentence number {i}")[0]["tokens"] == ["sentence", "number", str(i)]
     counts = [answered(port) for port in metrics_ports]
-    assert sum(counts) == 2 * CALLS
-    assert all(count > 0 for count in counts), f"one process answered everything: {counts}"
+    for protocol, per_process in zip(("gRPC", "HTTP"), zip(*counts)):
+        assert sum(per_process) == CALLS, (protocol, counts)
+        assert all(per_process), f"one process answered every {protocol} call: {counts}"
     server.sigterm()
     assert server.wait() == 0
     assert not any(alive(pid) for pid in processes)
