@@ -9,8 +9,8 @@ among them; each process has its own models, batcher, limits, health, drain and 
   else takes a given one) and checks every address before any model loads;
 - starts the N processes with the same command line (the first alone until it listens: a bad command line or model
   fails once, with its own line), each told its ports (the metrics port: ``--metrics-port`` + i,
-  one ``/metrics`` per process), in a process group of their own, so that a terminal's Ctrl-C reaches them once,
-  through here;
+  one ``/metrics`` per process) and, without ``--threads``, its share of the cores, in a process group of their
+  own, so that a terminal's Ctrl-C reaches them once, through here;
 - writes ``--port-file`` once all of them listen (a fourth line: every process's metrics port);
 - hands every SIGTERM / SIGINT on to all of them (each drains as one server does; a second signal cuts
   ``--shutdown-delay`` short, as there), and exits 0 once all have;
@@ -93,7 +93,14 @@ def process_command(args: argparse.Namespace, grpc_port: int, http_port: int | N
         command += ["--http-port", str(http_port)]
     if metrics_port is not None:
         command += ["--metrics-port", str(metrics_port)]
+    if args.threads is None:  # onnxruntime's default is every core, in every process: N times too many threads
+        command += ["--threads", str(threads_each(args.processes))]
     return command
+
+
+def threads_each(processes: int) -> int:
+    """Without ``--threads``: the cores this process may use, shared among the processes (at least one each)."""
+    return max(1, len(os.sched_getaffinity(0)) // processes)
 
 
 def die_with_supervisor() -> None:

@@ -5,6 +5,7 @@ processes cannot do is refused with one line."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from elmo.service.processes import process_command
+from elmo.service.server import add_arguments
 
 from elmo.client import EmbedderClient, RemoteError
 from tests.serve_process import ServeProcess, serve_until_exit, wait_until
@@ -147,3 +150,20 @@ def test_a_port_taken_without_sharing_is_named(tiny_model_dir: Path, tmp_path: P
     assert finished.returncode == 2
     assert finished.error_lines() == [f"elmo serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
     assert "onnxruntime provider" not in finished.stderr  # refused before any model loads, not after
+
+
+CORES_EACH = max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+@pytest.mark.parametrize("threads, expected", [([], CORES_EACH), (["--threads", "3"], 3)])
+def test_each_process_runs_the_command_as_given_with_its_ports_and_share_of_the_cores(threads, expected) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    given = ["--model", "m", "--processes", "2", "--port", "0", "--http-port", "0", "--port-file", "f", *threads]
+    args = parser.parse_args(given)
+    args.command_line = ["serve", *given]
+    command = process_command(args, 50123, 8123, 9091, Path("process-1.port"))
+    assert command[3] == "serve"
+    one = parser.parse_args(command[4:])  # what the process parses: the last value of a flag wins
+    assert (one.processes, one.reuse_port, one.port, one.http_port, one.metrics_port) == (1, True, 50123, 8123, 9091)
+    assert (one.port_file, one.threads, one.model) == (Path("process-1.port"), expected, ["m"])
