@@ -30,12 +30,13 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from elmo.service.common.ports import bind_port
 
 from elmo.errors import ConfigError
 
@@ -55,26 +56,6 @@ def check_options(args: argparse.Namespace, admin_api: bool) -> None:
         raise ConfigError("the admin API (--admin-token, $ELMO_ADMIN_TOKEN) with --processes: an admin call would "
                           "change one process's models only; let every process follow the repository "
                           "(--model-root DIR --poll-interval-s S)")  # fmt: skip
-
-
-def reserve_port(host: str, port: int, what: str) -> socket.socket:
-    """A bound, never listening SO_REUSEPORT socket on host:port (0 = a free port): the processes bind beside it
-    (the kernel hands connections only to listening sockets), and nothing that does not share the port takes it."""
-    try:
-        family, kind, protocol, _, address = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen{what} on {host}:{port}: cannot resolve {host!r} ({exc.strerror})") from None
-    reserved = socket.socket(family, kind, protocol)
-    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        reserved.bind(address)
-    except OSError as exc:
-        reserved.close()
-        raise ConfigError(f"cannot listen{what} on {host}:{port}: {exc.strerror}") from None
-    return reserved
 
 
 def metrics_ports(first: int | None, processes: int) -> list[int | None]:
@@ -185,9 +166,10 @@ def run_processes(args: argparse.Namespace, admin_api: bool) -> int:
     """``elmo serve --processes N``: see the module's docstring. Returns the exit code."""
     check_options(args, admin_api)
     host = args.host
-    reserved = [reserve_port(host, args.port, "")]
+    # bound, never listening: the processes bind beside it (the kernel hands connections only to listening sockets)
+    reserved = [bind_port(host, args.port, reuse_port=True)]
     if args.http_port is not None:
-        reserved.append(reserve_port(host, args.http_port, " for HTTP"))
+        reserved.append(bind_port(host, args.http_port, " for HTTP", reuse_port=True))
     grpc_port = reserved[0].getsockname()[1]
     http_port = reserved[1].getsockname()[1] if args.http_port is not None else None
     metrics = metrics_ports(args.metrics_port, args.processes)

@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import signal
-import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ import grpc.aio
 from elmo.service.common import switching
 from elmo.service.common.errors import ServiceError
 from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
+from elmo.service.common.ports import check_port_free
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.admin import (
     ADMIN_PREFIX,
@@ -98,39 +97,6 @@ class TlsFiles:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.cert, self.key)
         return context
-
-
-def check_port_free(host: str, port: int | None, what: str = "", reuse_port: bool = False) -> None:
-    """ConfigError naming the address when nothing could listen on it (in use, not ours to take).
-
-    Checked before gRPC binds, because gRPC's core logs its own ``E... add_port.cc`` line to stderr before it
-    raises, and a user would see that instead of (or before) the one clear line. The check binds as gRPC does
-    (SO_REUSEADDR, every address the host resolves to; one that binds is enough, as for gRPC). The port can still
-    be taken between this check and gRPC's bind: then gRPC's line comes too, and the clear error still follows.
-    ``reuse_port``: the port may be shared with servers that set SO_REUSEPORT too (``--processes``), not others.
-    """
-    if not port:  # None: not asked for; 0: any free port
-        return
-    try:
-        addresses = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen{what} on {host}:{port}: cannot resolve {host!r} ({exc.strerror})") from None
-    failure: OSError | None = None
-    for family, kind, protocol, _, sockaddr in addresses:
-        with socket.socket(family, kind, protocol) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            try:
-                probe.bind(sockaddr)
-                return
-            except OSError as exc:
-                if failure is None or exc.errno == errno.EADDRINUSE:  # "in use" is the failure worth naming
-                    failure = exc
-    if failure is not None:
-        in_use = failure.errno == errno.EADDRINUSE
-        why = "the port is in use (stop what listens there or pick another port)" if in_use else failure.strerror
-        raise ConfigError(f"cannot listen{what} on {host}:{port}: {why}")
 
 
 class ElmoServer:

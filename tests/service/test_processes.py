@@ -148,7 +148,10 @@ def test_a_port_taken_without_sharing_is_named(tiny_model_dir: Path, tmp_path: P
         finished = serve_until_exit(["--model", str(tiny_model_dir), "--processes", "2", "--port", str(port)],
                                     tmp_path)  # fmt: skip
     assert finished.returncode == 2
-    assert finished.error_lines() == [f"elmo serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert finished.error_lines() == [
+        f"elmo serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (stop what listens there or pick "
+        "another port)"
+    ]
     assert "onnxruntime provider" not in finished.stderr  # refused before any model loads, not after
 
 
