@@ -456,7 +456,15 @@ class Embedder:
         work = [batch_positions([len(rows[i]) for i in indices]) for indices in batches]
         futures = {}
         for b in sorted(range(len(batches)), key=lambda b: -work[b]):
-            futures[b] = pool.submit(self._counted_run, table, [rows[i] for i in batches[b]])
+            # counted from its submission, not from its start: a call that claimed every thread between the two
+            # would run beside it
+            with self._runs_lock:
+                self._runs_busy += 1
+            try:
+                futures[b] = pool.submit(self._counted_run, table, [rows[i] for i in batches[b]])
+            except BaseException:
+                self._run_ended()
+                raise
         return (futures[b].result() for b in range(len(batches)))
 
     def _claim_all_threads(self) -> bool:
@@ -475,9 +483,8 @@ class Embedder:
             self._run_ended()
 
     def _counted_run(self, table: np.ndarray, rows: list[list[int]]) -> np.ndarray:
-        """One batch on the parallel session (a pool's thread), counted while it runs."""
-        with self._runs_lock:
-            self._runs_busy += 1
+        """One batch on the parallel session (a pool's thread), counted from its submission (:meth:`_run_batches`)
+        until it ends."""
         try:
             return self._contextualize(table, rows, True)
         finally:
