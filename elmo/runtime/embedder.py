@@ -215,9 +215,11 @@ class Embedder:
         runs = 1 if active == CUDA else min(threads, MAX_DEFAULT_RUNS_IN_FLIGHT) if runs is None else int(runs)
         self.runs_in_flight = runs
         self._parallel = self._pool = self._background_pool = None
-        # Context runs executing now, over all calls: a lone batch takes the all-threads session only when none is.
-        self._runs_lock = threading.Lock()
+        # Context runs submitted or executing now, over all calls: a lone batch takes the all-threads session only
+        # when none is, and a pool's run waits while it executes (both would start every thread on the same cores).
+        self._runs_lock = threading.Condition()
         self._runs_busy = 0
+        self._all_threads_running = False
         if runs > 1:
             self._parallel = open_session(self._paths["context"], [CPU], max(1, threads // runs), 1)
             self._pool = ThreadPoolExecutor(runs, thread_name_prefix="elmo-run")
@@ -468,11 +470,13 @@ class Embedder:
         return (futures[b].result() for b in range(len(batches)))
 
     def _claim_all_threads(self) -> bool:
-        """True (and counted as a run) when no context run is executing: the caller may use every thread."""
+        """True (and counted as a run) when no context run is submitted or executing: the caller may use every
+        thread, and runs submitted meanwhile wait for it to end (:meth:`_counted_run`)."""
         with self._runs_lock:
             if self._runs_busy:
                 return False
             self._runs_busy += 1
+            self._all_threads_running = True
             return True
 
     def _on_all_threads(self, table: np.ndarray, rows: list[list[int]]) -> np.ndarray:
@@ -480,12 +484,18 @@ class Embedder:
         try:
             return self._contextualize(table, rows)
         finally:
+            with self._runs_lock:
+                self._all_threads_running = False
+                self._runs_lock.notify_all()
             self._run_ended()
 
     def _counted_run(self, table: np.ndarray, rows: list[list[int]]) -> np.ndarray:
         """One batch on the parallel session (a pool's thread), counted from its submission (:meth:`_run_batches`)
-        until it ends."""
+        until it ends; it starts once no all-threads run executes (a call's lone batch may have claimed every
+        thread between this run's submission and its start)."""
         try:
+            with self._runs_lock:
+                self._runs_lock.wait_for(lambda: not self._all_threads_running)
             return self._contextualize(table, rows, True)
         finally:
             self._run_ended()

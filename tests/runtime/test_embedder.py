@@ -547,44 +547,46 @@ def test_feeds_are_the_batch_rows_in_order_and_each_sentence_indexed_into_them(e
 
 
 class _WatchedSession:
-    """A real onnxruntime session whose runs are recorded: which session, and how many runs of either were
+    """A real onnxruntime session whose runs are recorded: which session, and how many runs of each session were
     executing when it started (each run held a little, so that concurrent calls really overlap)."""
 
     def __init__(self, session, label: str, log: list, state: dict):
         self.session, self.label, self.log, self.state = session, label, log, state
 
     def run(self, names, feeds):
+        running = self.state["running"]
         with self.state["lock"]:
-            self.log.append((self.label, self.state["running"]))
-            self.state["running"] += 1
+            self.log.append((self.label, running.copy()))
+            running[self.label] += 1
         try:
             time.sleep(0.02)
             return self.session.run(names, feeds)
         finally:
             with self.state["lock"]:
-                self.state["running"] -= 1
+                running[self.label] -= 1
 
 
 def test_calls_from_several_threads_share_the_runs(tiny_model_dir, embedder):
     # The service's batcher calls from two threads at once, each call one small batch. A lone batch may take the
     # all-threads session only while no other run executes; else both calls would start every thread at once on
-    # the same cores (measured: docs/runtime.md). So no run ever starts beside an all-threads run, and never more
-    # runs than runs_in_flight execute together.
+    # the same cores (measured: docs/runtime.md). So no run ever starts beside an all-threads run, none starts
+    # while one executes, and never more runs than runs_in_flight execute together.
     import threading
+    from collections import Counter
     from concurrent.futures import ThreadPoolExecutor
 
     shared = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=2, runs_in_flight=2)
     log: list = []
-    state = {"lock": threading.Lock(), "running": 0}
+    state = {"lock": threading.Lock(), "running": Counter()}
     shared.context = _WatchedSession(shared.context, "all-threads", log, state)
     shared._parallel = _WatchedSession(shared._parallel, "parallel", log, state)
     calls = [SENTENCES[:2], SENTENCES[2:]] * 6
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(shared.embed_tokens, calls))
     assert {label for label, _ in log} == {"all-threads", "parallel"}  # both paths ran
-    alone = [running for label, running in log if label == "all-threads"]
-    assert alone and max(alone) == 0, log
-    assert max(running for _, running in log) < 2, log  # one run beside another at most: runs_in_flight = 2
+    assert all(sum(running.values()) == 0 for label, running in log if label == "all-threads"), log
+    assert all(running["all-threads"] == 0 for _, running in log), log
+    assert max(running["parallel"] for _, running in log) < 2, log  # one run beside another: runs_in_flight = 2
     for got, sentences in zip(results, calls):
         for a, b in zip(got, embedder.embed_tokens(sentences)):
             np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
