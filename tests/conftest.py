@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Iterable
@@ -21,6 +22,20 @@ BILM_TF_FIXTURE = SHARED_REFERENCE / "bilm-tf-fixture"
 def in_ci() -> bool:
     """The environment variable CI is set (GitHub Actions, GitLab and most CI systems set CI=true)."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Tests that run ``elmo.cli.main`` in process configure logging (a handler on the sys.stderr of that moment,
+    pytest's capture); the capture closes after the test, and a later test's log record met a closed file
+    ("--- Logging error ---" in CI's output). Each test leaves the root logger as it found it."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if type(handler) is logging.StreamHandler and handler not in before:  # pytest's own are subclasses
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
