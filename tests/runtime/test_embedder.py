@@ -592,6 +592,27 @@ def test_calls_from_several_threads_share_the_runs(tiny_model_dir, embedder):
             np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
+def test_a_cpu_only_request_loads_its_graphs_side_by_side(tiny_model_dir, monkeypatch):
+    # Where only the CPU was asked for, the context graph's layout is known before the encoder loads, so the
+    # encoder, the context graph and the parallel runs' copy of it load at once (docs/runtime.md "Tenth round").
+    # Each load here waits until all three began: loads one after another break the barrier instead.
+    import threading
+
+    import elmo.runtime.embedder as module
+
+    all_began = threading.Barrier(3, timeout=20)
+    real = module.open_session
+
+    def after_the_others_began(path, *args):
+        all_began.wait()
+        return real(path, *args)
+
+    monkeypatch.setattr(module, "open_session", after_the_others_began)
+    embedder = Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=2, runs_in_flight=2)
+    assert embedder.runs_in_flight == 2 and embedder._parallel is not None
+    assert [s.get_providers()[0] for s in (embedder.encoder, embedder.context, embedder._parallel)] == [CPU] * 3
+
+
 @pytest.mark.parametrize("runs", [0, -1])
 def test_runs_in_flight_below_one_is_an_input_error(tiny_model_dir, runs):
     with pytest.raises(InputError, match="runs_in_flight"):
