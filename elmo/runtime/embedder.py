@@ -501,10 +501,7 @@ class Embedder:
         try:
             return self._contextualize(table, rows)
         finally:
-            with self._runs_lock:
-                self._all_threads_running = False
-                self._runs_lock.notify_all()
-            self._run_ended()
+            self._run_ended(all_threads=True)
 
     def _counted_run(self, table: np.ndarray, rows: list[list[int]]) -> np.ndarray:
         """One batch on the parallel session (a pool's thread), counted from its submission (:meth:`_run_batches`)
@@ -517,9 +514,13 @@ class Embedder:
         finally:
             self._run_ended()
 
-    def _run_ended(self) -> None:
+    def _run_ended(self, all_threads: bool = False) -> None:
+        """A run's count given back; an all-threads run's end lets the pool's waiting runs start."""
         with self._runs_lock:
             self._runs_busy -= 1
+            if all_threads:
+                self._all_threads_running = False
+                self._runs_lock.notify_all()
 
     def _contextualize(self, table: np.ndarray, rows: list[list[int]], parallel: bool = False) -> np.ndarray:
         """One batch through the biLSTM graph -> (B, L+1, T, D)."""
