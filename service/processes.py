@@ -39,6 +39,7 @@ from pathlib import Path
 from elmo.service.common.ports import bind_port
 
 from elmo.errors import ConfigError
+from elmo.runtime.host import usable_cores
 
 log = logging.getLogger("service.processes")
 
@@ -81,7 +82,7 @@ def process_command(args: argparse.Namespace, grpc_port: int, http_port: int | N
 
 def threads_each(processes: int) -> int:
     """Without ``--threads``: the cores this process may use, shared among the processes (at least one each)."""
-    return max(1, len(os.sched_getaffinity(0)) // processes)
+    return max(1, usable_cores() // processes)
 
 
 def die_with_supervisor() -> None:

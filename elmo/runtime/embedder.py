@@ -15,7 +15,6 @@ row once for layer 0. Results come back in input order.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from elmo.runtime.batching import (
     padded_count,
     plan_batches,
 )
+from elmo.runtime.host import usable_cores
 from elmo.runtime.modeldir import (
     CONTEXT_IN_STEP_FILE,
     CONTEXT_LAYOUTS,
@@ -225,7 +225,7 @@ class Embedder:
         """(biLSTM batches run at once, intra-op threads of each): on CPU a second context session runs them, with
         ``threads // runs`` threads a run (the weights are held twice, the graph's working memory once per run);
         on CUDA one run at a time."""
-        threads = int(threads or len(os.sched_getaffinity(0)))
+        threads = int(threads or usable_cores())
         runs = 1 if provider == CUDA else min(threads, MAX_DEFAULT_RUNS_IN_FLIGHT) if runs is None else int(runs)
         return runs, max(1, threads // runs)
 
