@@ -403,8 +403,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among them), each "
         "with its own copy of the models, batcher, limits and --threads (default: the cores / N): for models cheap "
-        "enough (or a backend fast "
-        "enough) that one process's request handling is the limit (docs/scaling.md) (default 1)",
+        "enough (or a backend fast enough) that one process's request handling is the limit (docs/scaling.md) "
+        "(default 1)",
     )
     parser.add_argument(
         "--reuse-port",
