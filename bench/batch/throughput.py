@@ -66,10 +66,12 @@ def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dic
 
 
 def time_embed_file(
-    model: Path, source: Path, output: Path, args: argparse.Namespace
+    model: Path, source: Path, output: Path, args: argparse.Namespace, cpu_interval: float = 0.1
 ) -> tuple[float, float, float | None, dict[str, float]]:
     """The job's wall and CPU seconds, its steady rate, and its CPU seconds by thread (the runtime's runs, its
-    reading thread, its writer: the main thread, onnxruntime's own threads: ``native``)."""
+    reading thread, its writer: the main thread, onnxruntime's own threads: ``native``), read every
+    ``cpu_interval`` seconds: a thread that ends between two readings (the model's loading threads, the runtime's
+    pools at the end) loses up to that much of its time."""
     from elmo.batch.job import run_job
     from elmo.batch.layout import parse_layers
     from elmo.batch.state import JobOptions
@@ -91,7 +93,7 @@ def time_embed_file(
         overwrite=True,
         progress=False,
     )
-    threads = ThreadCpuSampler().start()
+    threads = ThreadCpuSampler(cpu_interval).start()
     began, cpu = time.perf_counter(), time.process_time()
     result = run_job(options)
     seconds, cpu = time.perf_counter() - began, time.process_time() - cpu

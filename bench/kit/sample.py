@@ -40,11 +40,18 @@ def reset_peak(pid: int) -> bool:
 
 
 def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
-    """user + system CPU time of a process (from /proc/PID/stat), or of one of its threads
-    (/proc/PID/task/THREAD/stat); None once it is gone."""
-    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
+    """user + system CPU time of a process (/proc/PID/stat: all its threads, in clock ticks of 10 ms), or of one
+    of its threads: in nanoseconds from /proc/PID/task/THREAD/schedstat where the kernel has it (a thread's few
+    milliseconds count; a process's schedstat would be its first thread's alone), else in ticks from .../stat.
+    None once it is gone."""
+    base = f"/proc/{pid}/task/{thread}" if thread else f"/proc/{pid}"
+    if thread:
+        try:
+            return int(Path(f"{base}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
     try:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
