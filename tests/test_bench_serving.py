@@ -166,6 +166,35 @@ def test_door_cost_reads_thread_cpu_and_fits_per_request_and_per_token_cost():
     assert line["us_per_request"] == pytest.approx(500) and line["us_per_token"] == pytest.approx(4)
 
 
+def test_door_cost_reads_the_runtime_calls_a_server_counted(tiny_model_dir):
+    """A server started by the benches with ``--metrics-port 0``: its histogram of sentences per runtime call is read
+    from its own /metrics (bench.kit.serve), and door_cost turns the counts around a run into calls a request and
+    sentences a call."""
+    from bench.kit.serve import start_server
+    from bench.service import door_cost
+    from elmo.client import EmbedderClient
+
+    texts, _ = sentences(6, min_words=4, max_words=12)
+    server = start_server(tiny_model_dir, threads=1, http=False, serve_args=["--metrics-port", "0"])
+    try:
+        _, batches_at_start = server.histogram(door_cost.BATCH_SENTENCES)  # the warm-up's call
+        with EmbedderClient(server.grpc_target) as client:
+
+            def four_requests() -> dict:
+                for _ in range(4):
+                    client.embed_texts(texts[:3])
+                return {"requests": 4, "seconds": 1.0}
+
+            run = door_cost.measured(server, four_requests)
+    finally:
+        server.stop()
+    assert batches_at_start >= 1
+    assert run["batched_sentences"] == 12  # one request at a time: each is one call of its 3 sentences
+    assert run["batches"] == 4
+    assert door_cost.batch_shape(run) == {"batches_per_request": 1.0, "sentences_per_batch": 3.0}
+    assert run["process_cpu_s"] >= run["event_loop_cpu_s"] >= 0
+
+
 def test_batcher_hops_times_every_step_of_a_lone_sentence(tiny_model_dir, capsys):
     from bench.service import batcher_hops
 

@@ -71,6 +71,7 @@ class Server:
     log_path: Path
     grpc_port: int = 0
     http_port: int | None = None
+    metrics_port: int | None = None  # with ``--metrics-port`` among its flags
 
     @property
     def name(self) -> str:
@@ -103,8 +104,26 @@ class Server:
         if not lines or not lines[0].strip() or (http and (len(lines) < 3 or not lines[2].strip())):
             return False
         self.grpc_port = int(lines[0])
+        self.metrics_port = int(lines[1]) if len(lines) >= 2 and lines[1].strip() else None
         self.http_port = int(lines[2]) if len(lines) >= 3 and lines[2].strip() else None
         return True
+
+    def histogram(self, name: str) -> tuple[float, float]:
+        """(sum, count) of the Prometheus histogram ``name`` on the server's ``/metrics``, over all its labels
+        (the server must have been started with ``--metrics-port``)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        assert self.metrics_port is not None, f"{self.label} serves no metrics (start it with --metrics-port 0)"
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S) as r:
+            text = r.read().decode()
+        totals = {"_sum": 0.0, "_count": 0.0}
+        for family in text_string_to_metric_families(text):
+            if family.name == name:
+                for sample in family.samples:
+                    suffix = sample.name.removeprefix(name)
+                    if suffix in totals:
+                        totals[suffix] += sample.value
+        return totals["_sum"], totals["_count"]
 
     def wait_ready(self, http: bool = True, timeout: float = 120.0) -> Server:
         """Until the ports are written and gRPC health says SERVING; SystemExit (with the log's tail) if it dies."""

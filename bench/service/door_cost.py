@@ -12,7 +12,10 @@ around each run: the CPU time of the server's event-loop thread (its main thread
 tokenizing, queueing, building and sending answers; the runtime computes on other threads) and of the whole process.
 Per run: the event loop's CPU microseconds per request; over the sizes, a least-squares line ``a + b * tokens``
 gives the door's cost per request (``a``) and per token (``b``). The event loop is one thread, so one process
-feeds at most ``tokens / (a + b * tokens)`` tokens a second at a request size, whatever the backend.
+feeds at most ``tokens / (a + b * tokens)`` tokens a second at a request size, whatever the backend. Also per run,
+from the server's own ``elmo_batch_sentences`` histogram: the runtime calls a request costs and the sentences a call
+carries, the batches the door's arrivals let the batcher form (a call has a fixed cost, so small batches cost the
+runtime's threads CPU that the same load in larger batches would not).
 """
 
 from __future__ import annotations
@@ -27,19 +30,34 @@ from bench.kit.load import build_http_requests, build_requests
 from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import code_trees, revision_info
 from bench.kit.sample import cpu_seconds
-from bench.kit.serve import start_server
+from bench.kit.serve import Server, start_server
 from bench.kit.texts import sentences
 from bench.service.compiled_load import ensure_generators, grpc_frame, model_directory, run_h2load, run_wrk
 from elmo.bench.figures import machine
 
+BATCH_SENTENCES = "elmo_batch_sentences"  # the server's histogram of sentences per runtime call
 
-def measured(pid: int, run) -> dict:
-    """``run()``'s result with the event loop's and the process's CPU seconds while it ran."""
+
+def measured(server: Server, run) -> dict:
+    """``run()``'s result with the event loop's and the process's CPU seconds while it ran, and the runtime calls
+    (batches) and their sentences the server counted meanwhile."""
+    pid = server.pid
     loop_before, process_before = cpu_seconds(pid, pid), cpu_seconds(pid)
+    sentences_before, batches_before = server.histogram(BATCH_SENTENCES)
     result = run()
     result["event_loop_cpu_s"] = cpu_seconds(pid, pid) - loop_before
     result["process_cpu_s"] = cpu_seconds(pid) - process_before
+    sentences_after, batches_after = server.histogram(BATCH_SENTENCES)
+    result["batches"] = int(batches_after - batches_before)
+    result["batched_sentences"] = int(sentences_after - sentences_before)
     return result
+
+
+def batch_shape(result: dict) -> dict:
+    """Runtime calls per answered request and sentences per call, from a :func:`measured` run."""
+    batches = max(1, result["batches"])
+    return {"batches_per_request": result["batches"] / max(1, result["requests"]),
+            "sentences_per_batch": result["batched_sentences"] / batches}  # fmt: skip
 
 
 def fit(points: list[tuple[int, float]]) -> dict:
@@ -52,7 +70,8 @@ def fit(points: list[tuple[int, float]]) -> dict:
 def measure_server(args, texts: list[str], work: Path, tree: Path | None, label: str) -> dict:
     """One ``elmo serve`` (this checkout's code, or ``tree``'s) under each request size and protocol in turn: per
     protocol its runs and the least-squares line over them."""
-    server = start_server(model_directory(args.model), threads=args.threads, tree=tree, label=label)
+    server = start_server(model_directory(args.model), threads=args.threads, tree=tree, label=label,
+                          serve_args=["--metrics-port", "0"])  # fmt: skip
     runs = {"grpc": [], "http": []}
     try:
         for size in args.sizes:
@@ -64,14 +83,16 @@ def measure_server(args, texts: list[str], work: Path, tree: Path | None, label:
                 "http": lambda b=http_body: run_wrk(server.http_address, b, args.connections, args.duration, work),
             }
             for protocol, load in loads.items():
-                result = measured(server.pid, load)
+                result = measured(server, load)
                 result.update(sentences=size, tokens=tokens, requests_per_s=result["requests"] / result["seconds"])
+                result.update(batch_shape(result))
                 for key in ("event_loop", "process"):
                     result[f"{key}_us_per_request"] = 1e6 * result[f"{key}_cpu_s"] / max(1, result["requests"])
                 runs[protocol].append(result)
                 print(f"{label} {protocol} {size} sentences ({tokens} tokens): {result['requests_per_s']:.0f} req/s, "
                       f"event loop {result['event_loop_us_per_request']:.0f} us/request, process "
-                      f"{result['process_us_per_request']:.0f} us/request", flush=True)  # fmt: skip
+                      f"{result['process_us_per_request']:.0f} us/request; {result['batches_per_request']:.2f} runtime "
+                      f"calls a request, {result['sentences_per_batch']:.1f} sentences a call", flush=True)  # fmt: skip
     finally:
         server.stop()
     summary = {}
