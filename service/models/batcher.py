@@ -51,6 +51,10 @@ log = logging.getLogger("service.batcher")  # the documented logger name (docs/o
 # Embedder.embed_tokens_with_stats. The cost is the runtime's own, since only it knows how it padded the call.
 EmbedFn = Callable[[list[list[str]]], tuple[list[np.ndarray], EmbedStats]]
 SHORT_TRAFFIC_S = 1.0  # long batches yield the cores while a short request came within this many seconds
+# An event loop's timer wakes no sooner than the selector lets it: epoll counts whole milliseconds and asyncio rounds
+# a wait up to the next one (a 0.1 ms timer fires after ~1.1 ms). A partial batch waits for company in whole
+# milliseconds, so that the wake-up falls within max_delay; a remainder shorter than this is not waited for.
+TIMER_RESOLUTION_S = 0.001
 
 
 @dataclass
@@ -252,8 +256,8 @@ class Batcher:
         """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
         A free worker takes the queue at once when no batch runs (an idle runtime: waiting for company would only
         add latency) or when a full batch is queued; else a partial batch waits for company until its oldest item
-        has waited ``max_delay`` (a timer pumps again then). With every worker busy, the express one takes short
-        requests while a long one runs."""
+        has waited ``max_delay`` (a timer pumps again then, in whole milliseconds: :data:`TIMER_RESOLUTION_S`). With
+        every worker busy, the express one takes short requests while a long one runs."""
         while not self._closed:
             self._drop_dead()
             if not self._queue:
@@ -265,8 +269,8 @@ class Batcher:
                 express = True
             elif self.batches_running and not self._full():
                 wait = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
-                if wait > 0:
-                    self._pump_in(wait)
+                if wait >= TIMER_RESOLUTION_S:
+                    self._pump_in(wait // TIMER_RESOLUTION_S * TIMER_RESOLUTION_S)
                     return
             batch = self._form_batch()
             if not batch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import threading
 import time
 
@@ -324,6 +325,47 @@ def test_workers_bound_the_runtime_calls_in_flight(runtime, workers):
     expected = runtime.embed_tokens([sentence(10, f"r{i}_") for i in range(3)])
     for (vectors, _), want in zip(results, expected):
         np.testing.assert_allclose(vectors[0], want, atol=1e-6, rtol=0)
+
+
+def test_a_partial_batch_waits_for_company_within_max_delay_in_whole_milliseconds(runtime):
+    # A batch runs and a second worker is free: a lone request waits for company, at most max_delay (10.5 ms here),
+    # then goes alone. The loop's timer wakes in whole milliseconds (epoll; asyncio rounds a wait up), so every
+    # wake-up the batcher asks for, rounded up to a millisecond, must fall within the request's max_delay: a timer
+    # for the exact remainder (10.5 ms) would wake at 11.
+    max_delay = 0.0105
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        gate = Gate(runtime)
+        batcher = Batcher(
+            gate.embed, name="tiny", observer=gate, workers=2,
+            max_batch_tokens=64, max_batch_sentences=8, max_delay_s=max_delay, max_queue_tokens=100,
+        )  # fmt: skip
+        batcher.start()
+        wakeups: list[tuple[float, float]] = []  # (the wake-up as the selector rounds it, the request's bound)
+        call_at = loop.call_at
+
+        def recorded(when, callback, *args, **kwargs):
+            if callback == batcher._timer_fired:
+                now = loop.time()
+                rounded = now + math.ceil(round((when - now) * 1e3, 6)) / 1e3
+                wakeups.append((rounded, batcher._queue[0].enqueued + max_delay))
+            return call_at(when, callback, *args, **kwargs)
+
+        loop.call_at = recorded
+        first = asyncio.ensure_future(batcher.embed([sentence(3, "a")]))
+        await until(lambda: gate.inside == 1)  # the first batch runs (held), the second worker is free
+        second = asyncio.ensure_future(batcher.embed([sentence(3, "b")]))
+        await until(lambda: gate.inside == 2)  # it went alone once max_delay was up, the first still held
+        gate.release.set()
+        await asyncio.gather(first, second)
+        await batcher.close()
+        return gate, wakeups
+
+    gate, wakeups = asyncio.run(scenario())
+    assert gate.batches == [[3], [3]]
+    assert wakeups, "the lone request never waited for company"
+    assert all(wake <= bound + 1e-6 for wake, bound in wakeups), wakeups
 
 
 def test_served_model_runs_as_many_calls_as_the_runtime_runs_batches(tiny_model_dir):
