@@ -40,21 +40,29 @@ def reset_peak(pid: int) -> bool:
 
 
 def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
-    """user + system CPU time of a process (/proc/PID/stat: all its threads, in clock ticks of 10 ms), or of one
-    of its threads: in nanoseconds from /proc/PID/task/THREAD/schedstat where the kernel has it (a thread's few
-    milliseconds count; a process's schedstat would be its first thread's alone), else in ticks from .../stat.
-    None once it is gone."""
+    """user + system CPU time of a process (all its threads, those that ended included), or of one of its threads;
+    None once it is gone. In nanoseconds where Linux offers it, so that a process and its threads are read alike and
+    a thread's few milliseconds count: the process's CPU-time clock (what clock_getcpuclockid(3) names; a process's
+    schedstat would be its first thread's alone), a thread's /proc/PID/task/THREAD/schedstat. Else in clock ticks
+    (10 ms) from .../stat."""
+    try:
+        if thread:
+            return int(Path(f"/proc/{pid}/task/{thread}/schedstat").read_text().split()[0]) / 1e9
+        return time.clock_gettime(_process_cpu_clock(pid))
+    except (OSError, ValueError, IndexError):
+        pass
     base = f"/proc/{pid}/task/{thread}" if thread else f"/proc/{pid}"
-    if thread:
-        try:
-            return int(Path(f"{base}/schedstat").read_text().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            pass
     try:
         fields = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_clock(pid: int) -> int:
+    """Linux's clock id for a process's CPU time, all threads (glibc's clock_getcpuclockid: ``(~pid << 3) |
+    CPUCLOCK_SCHED``), which Python's time module does not name."""
+    return ((~pid) << 3) | 2
 
 
 class _Sampler:
