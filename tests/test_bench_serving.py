@@ -297,6 +297,32 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
         assert entry["after_http"]["served_over_in_process"] == pytest.approx(15.0 / entry["in_process_requests_per_s"])
 
 
+def test_compiled_load_serves_each_tree_with_its_own_process_counts(monkeypatch):
+    """``--processes`` for this checkout, ``--before-processes`` for REV: each server labelled by its count, the
+    runtime threads split among its processes, ``--serve-args`` for this checkout's servers only."""
+    from bench.service import compiled_load
+
+    started = []
+
+    def start_server(model, *, threads, tree, label, serve_args):
+        started.append((label, tree, threads, serve_args))
+        return label
+
+    monkeypatch.setattr(compiled_load, "start_server", start_server)
+    args = compiled_load.build_parser().parse_args(
+        ["--before", "REV", "--processes", "1", "2", "--before-processes", "2", "--serve-args=--max-delay-ms 5"]
+    )
+    trees = [("after", None), ("before", "/worktree")]
+    servers = compiled_load.start_servers(args, "model", trees)
+    assert list(servers) == ["after", "after_2p", "before_2p"]
+    assert started == [
+        ("after", None, 2, ["--max-delay-ms", "5"]),
+        ("after_2p", None, 1, ["--processes", "2", "--max-delay-ms", "5"]),
+        ("before_2p", "/worktree", 1, ["--processes", "2"]),
+    ]
+    assert compiled_load.build_parser().parse_args([]).before_processes == [1]  # REV as one process unless asked
+
+
 def test_answer_cost_times_each_answer_path_in_a_child_of_the_code_tree(tmp_path, capsys):
     """bench.service.answer_cost: the answers of one real request (its tokens and offsets, vectors as views of a
     padded batch), each path timed in a child process of the code tree; the JSON holds every path's median."""

@@ -4,6 +4,7 @@
     python -m bench.service.compiled_load --rounds 3 --duration 15 --out bench/results/compiled_load.json
     python -m bench.service.compiled_load --before a11166d --rounds 3    # this checkout and REV alternating
     python -m bench.service.compiled_load --processes 1 2 --rounds 3     # this checkout as 1 and as 2 processes
+    python -m bench.service.compiled_load --before 15a6c25 --processes 2 --before-processes 2    # both as 2
     python -m bench.service.compiled_load --serve-args='--max-delay-ms 10'    # more flags for this checkout's servers
 
 For each model (``--models``: ``default`` = models/default, ``tiny`` = random weights of the tiny shape, where the
@@ -26,6 +27,7 @@ the machine, which the JSON names.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -171,13 +173,14 @@ def served_runs(entry: dict) -> dict:
 
 
 def start_servers(args, model: Path, trees: list) -> dict:
-    """One server per code tree, this checkout's once per ``--processes`` count (labelled "after", "after_2p", ...:
+    """One server per code tree and process count (``--processes`` for this checkout, ``--before-processes`` for REV;
+    labelled "after", "after_2p", "before_2p", ...:
     ``elmo serve --processes N``, the ``--threads`` split among its processes, so that every server has as many
     runtime threads in all) and with ``--serve-args``."""
     servers = {}
     for label, tree in trees:
         extra = shlex.split(args.serve_args) if tree is None else []
-        for count in args.processes if tree is None else [1]:
+        for count in args.processes if tree is None else args.before_processes:
             name = label if count == 1 else f"{label}_{count}p"
             serve_args = (["--processes", str(count)] if count > 1 else []) + extra
             threads = max(1, args.threads // count)
@@ -274,7 +277,7 @@ def round_line(entry: dict) -> str:
     return ", ".join(served + ceilings)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = bench_parser("service.compiled_load", __doc__, model=False)
     parser.add_argument("--models", nargs="+", default=["tiny", "default"], help="default and/or a random preset")
     parser.add_argument("--before", help="also serve this git revision's code, alternating with this checkout")
@@ -289,12 +292,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[1],
                         help="serve this checkout with each of these process counts in turn (elmo serve --processes N, "
                         "--threads split among them; default 1)")  # fmt: skip
+    parser.add_argument("--before-processes", type=int, nargs="+", default=[1],
+                        help="the same for --before REV (a revision with elmo serve --processes)")  # fmt: skip
     parser.add_argument("--serve-args", default="", help="more `elmo serve` flags for this checkout's servers, one "
                         "string (--serve-args='--max-delay-ms 10')")  # fmt: skip
     parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
     parser.add_argument("--ceiling", action="store_true", help="also load bare echo servers: the best any door reaches")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     ensure_generators()
     result = {"machine": machine(), "connections": args.connections, "duration_s": args.duration,
               "code": revision_info(args.before), "models": {}}  # fmt: skip
