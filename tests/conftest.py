@@ -128,6 +128,7 @@ SLOW: tuple[str, ...] = (
     "tests/train/test_corpus.py::test_fetch_with_a_relative_out_keeps_pip_packages_in_its_raw_folder",  # 10: pip
     "tests/test_client.py::test_node_client_from_the_proto_alone_gets_the_same_vectors",  # 6: needs node and npm
     "tests/test_gpu_check.py",  # 7: the GPU machine's tooling, checked here without a GPU
+    "tests/export/test_quantize.py::test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate",  # 4.5: 2 exports
     "tests/test_gpu_wheels.py",  # 6: likewise
     "tests/test_bench_agreement.py",  # 9: each engine against float64
     "tests/export/test_fp16.py",  # 5 besides the trained model's test (trained_tiny_lm)

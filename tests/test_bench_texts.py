@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.kit.revision import REPO
-from bench.kit.texts import brown_lines
+from bench.kit.texts import brown_lines, corpus_lines
 
 EIGHT = " ".join(f"w{i}/nn" for i in range(8))
 
@@ -45,3 +45,13 @@ def test_brown_command_writes_one_sentence_a_line(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "bench.kit.texts", "--brown", str(out), "--package", str(package)]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True)
     assert out.read_text(encoding="utf-8").splitlines() == brown_lines(package)
+
+
+def test_corpus_lines_repeat_a_short_text_and_refuse_an_empty_one(tmp_path: Path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text("one\n\ntwo\n", encoding="utf-8")
+    assert corpus_lines(5, short)[0] == ["one", "two", "one", "two", "one"]
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="blank.txt: no non-blank lines"):
+        corpus_lines(5, blank)  # it looped for ever

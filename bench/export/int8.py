@@ -67,7 +67,7 @@ def cosine_rows(float32, int8, lines: int) -> list[dict]:
     rows = []
     for name in TEXTS:
         path = REPO / name
-        if not path.is_file():
+        if not path.is_file() or not path.stat().st_size:  # `elmo data fetch` of English sources leaves zh empty
             continue
         texts, _ = corpus_lines(lines, path)
         sentences = [tokenize(text.strip()).tokens[:400] for text in texts]

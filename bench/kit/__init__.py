@@ -11,6 +11,7 @@ installed elmo.bench.figures:
   command's wall time, peak RSS and CPU time)
 - bench.kit.texts: make_texts, sentences (real English), corpus_lines
 - bench.kit.models: prepare_model (--model or a random-weights --preset)
+- bench.kit.isa: a command run as on an AVX2 CPU (AVX-512, VNNI, AMX hidden from CPUID: cpuid_mask.c), avx2_env
 - bench.kit.results: bench/results/ (RESULTS, result_path), write_json, save_result, pyplot, bench_parser
 - elmo.bench.figures (installed): percentiles / percentiles_ms, machine (elmo.runtime.host), load_average
 """

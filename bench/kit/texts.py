@@ -75,11 +75,14 @@ def sentences(
 
 def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
     """The first ``n`` non-blank lines of ``text``, else real held-out text when `elmo data` has run
-    (data/corpus/test.txt, English + Chinese), else a synthetic text."""
+    (data/corpus/test.txt, English + Chinese), else a synthetic text; a shorter text is repeated up to ``n``.
+    ValueError when the text has no non-blank line."""
     source = text or CORPUS
     if source.is_file():
         with open(source, encoding="utf-8") as handle:
             lines = [line.rstrip("\n") for line in handle if line.strip()][:n]
+        if not lines:  # nothing to repeat up to n: say so rather than loop for ever
+            raise ValueError(f"{source}: no non-blank lines")
         while len(lines) < n:
             lines += lines[: n - len(lines)]
         return lines, f"{source.name} (first {n} non-blank lines)"

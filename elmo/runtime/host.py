@@ -5,6 +5,10 @@ AVX-512, AVX-VNNI / AVX-512 VNNI (int8 dot products that accumulate straight int
 graph therefore rounds differently, and before VNNI its u8 x s8 kernels can saturate. Every figure this project
 records names the CPU it was measured on (:func:`host_facts`, in the benchmarks' JSON), and the load-time check of a
 model (elmo.runtime.probe) names it in its one log line (:func:`host_summary`).
+
+The flags are those of /proc/cpuinfo less any this process is told its CPUID hides (``ELMO_CPUID_HIDDEN``, the
+/proc/cpuinfo names, space-separated; set by bench/kit/isa.py, which makes a process see an AVX2 CPU): what the
+kernels were chosen from, not what the kernel lists.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ KERNEL_FLAGS = {
     "avx512_fp16": "AVX-512 FP16",
 }
 CPUINFO = Path("/proc/cpuinfo")
+HIDDEN_ENV = "ELMO_CPUID_HIDDEN"
 
 
 def _cpuinfo_fields(text: str) -> dict[str, str]:
@@ -44,12 +49,13 @@ def _cpuinfo_fields(text: str) -> dict[str, str]:
 
 @cache
 def cpu_facts(cpuinfo: Path = CPUINFO) -> dict:
-    """{model, vendor, flags: {name: bool}} of this CPU (model 'unknown' where /proc/cpuinfo cannot be read)."""
+    """{model, vendor, flags: {name: bool}} of this CPU as this process sees it (model 'unknown' where
+    /proc/cpuinfo cannot be read)."""
     try:
         fields = _cpuinfo_fields(cpuinfo.read_text(errors="replace"))
     except OSError:
         fields = {}
-    present = set(fields.get("flags", "").split())
+    present = set(fields.get("flags", "").split()) - set(os.environ.get(HIDDEN_ENV, "").split())
     return {
         "model": fields.get("model name") or platform.processor() or "unknown",
         "vendor": fields.get("vendor_id", "unknown"),
@@ -80,8 +86,8 @@ def _versions() -> dict[str, str]:
 
 
 def host_facts() -> dict:
-    """What every benchmark JSON records of the machine: CPU model, vendor, kernel-relevant flags, usable cores,
-    the platform and the library versions."""
+    """What every benchmark JSON records of the machine: CPU model, vendor, kernel-relevant flags (as this process
+    sees them), usable cores, the platform and the library versions."""
     cpu = cpu_facts()
     return {
         "cpu": cpu["model"],
@@ -90,7 +96,14 @@ def host_facts() -> dict:
         "cores": usable_cores(),
         "platform": platform.platform(),
         "libraries": _versions(),
-    }
+    } | _hidden()
+
+
+def _hidden() -> dict:
+    """``cpuid_hidden``: the flags this process's CPUID hides (``ELMO_CPUID_HIDDEN``), where it hides any: a figure
+    measured so names the kernels it ran on, and that the CPU has more."""
+    hidden = os.environ.get(HIDDEN_ENV, "").split()
+    return {"cpuid_hidden": hidden} if hidden else {}
 
 
 def host_summary() -> str:

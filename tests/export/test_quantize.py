@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import elmo.export.onnx_export as onnx_export
 import numpy as np
@@ -113,6 +115,48 @@ def test_an_int8_export_stores_a_cosine_probe_and_an_edited_int8_graph_is_refuse
     onnx.save(flip_8bit_weights(graph), str(edited / "context.onnx"))
     with pytest.raises(ModelFileError, match=r"load-time check .* FAILED: per-token cosine .* bar: mean >= 0.999"):
         Embedder(edited, providers=[CPU], intra_op_threads=1)
+
+
+# Exports the tiny model with both schemes in a process that sees an AVX2 CPU (bench/kit/isa.py), then loads the u8
+# one there: what each verification and the load-time check say, as JSON.
+ON_AVX2 = """
+import json, sys
+from pathlib import Path
+import elmo.export.onnx_export as onnx_export
+from elmo.errors import ModelFileError
+from elmo.runtime import CPU, Embedder
+
+source, out, verdicts = Path(sys.argv[1]), Path(sys.argv[2]), {}
+for scheme in ("u8s8", "u8u8"):
+    try:
+        onnx_export.export_model(source, out / scheme, int8=True, threads=1, quantization=scheme)
+        verdicts[scheme] = "passed"
+    except ModelFileError as exc:
+        verdicts[scheme] = str(exc)
+embedder = Embedder(out / "u8u8", providers=[CPU], intra_op_threads=1)
+verdicts["load"] = embedder.checked.line(embedder.model_dir)
+print(json.dumps(verdicts))
+"""
+
+
+def test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate(tiny_model_dir, tmp_path):
+    """export/quantize.py's reason for u8 weights, on onnxruntime's AVX2 kernels (no VNNI) whatever this CPU has:
+    u8 x s8 products saturate there and the s8 export fails its own gate; the u8 export passes it and its load-time
+    check. tests/test_bench_isa.py checks that the masked process really gets those kernels."""
+    from bench.kit.isa import MaskUnavailable, avx2_env
+
+    try:
+        env = avx2_env()
+    except MaskUnavailable as exc:
+        pytest.skip(f"this machine cannot hide CPU features from a process: {exc}")
+    run = subprocess.run([sys.executable, "-c", ON_AVX2, str(tiny_model_dir), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    verdicts = json.loads(run.stdout.splitlines()[-1])
+    assert "verification against float32 failed: FAILED: int8 vs float32" in verdicts["u8s8"]
+    assert verdicts["u8u8"] == "passed" and ": passed: per-token cosine" in verdicts["load"]
+    assert "(no AVX-512, AVX-512 VNNI, AVX-VNNI, AMX-INT8" in verdicts["load"]  # the line names what it ran on
+    assert Embedder(tmp_path / "u8u8", providers=[CPU], intra_op_threads=1).checked.passed  # and here, unmasked
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
