@@ -26,7 +26,14 @@ import torch
 from elmo.export.context_graph import build_context_graph
 from elmo.export.graphs import EncoderGraph, PrefixGraph
 from elmo.export.probe import at_export, write_probe
-from elmo.export.quantize import DEFAULT_SCHEME, quantization_record, quantize_graph, verify_int8
+from elmo.export.quantize import (
+    DEFAULT_SCHEME,
+    SCHEMES,
+    as_signed_weights,
+    quantization_record,
+    quantize_graph,
+    verify_int8,
+)
 from elmo.export.verify import ErrorBound, verify_export
 from onnx import numpy_helper
 
@@ -39,6 +46,8 @@ from elmo.runtime.modeldir import (
     CONTEXT_FUSED_FILE,
     CONTEXT_IN_STEP_FILE,
     CONTEXT_LAYOUTS,
+    CONTEXT_S8_FILE,
+    CONTEXT_S8_KEY,
     ENCODER_FILE,
     FORMAT_VERSION,
     ONNX_DATA_FILE,
@@ -86,7 +95,8 @@ FP16_MAX = float(np.finfo(np.float16).max)
 # Tensors at least this big go to the shared data file; small ones stay inline.
 EXTERNAL_THRESHOLD = 1024
 STAGING = ".export-staging"
-GRAPH_FILES = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, CONTEXT_IN_STEP_FILE)  # all it may write
+# all it may write
+GRAPH_FILES = (ONNX_FILE, ENCODER_FILE, CONTEXT_FILE, CONTEXT_FUSED_FILE, CONTEXT_IN_STEP_FILE, CONTEXT_S8_FILE)
 
 
 def load_bilm(model_dir: Path) -> elmo_model.BiLM:
@@ -157,6 +167,8 @@ def build_graphs(
     if int8:
         context, context_fused = (quantize_graph(graph, quantization) for graph in (context, context_fused))
     contexts = {CONTEXT_FILE: context, CONTEXT_FUSED_FILE: context_fused}
+    if int8 and SCHEMES[quantization]["weight_type"] == "QUInt8":  # the same products for VNNI / AMX CPUs
+        contexts[CONTEXT_S8_FILE] = as_signed_weights(context)
     if not int8:  # the batch job's CPU graph; its step weights are joined at load, where quantization cannot see
         contexts[CONTEXT_IN_STEP_FILE] = build_context_graph(state, model.cfg, inputs_in_step=True)
     # A trimmable scheme's rows may arrive cut short (the runtime's char trim): the id axis is symbolic then.
@@ -341,6 +353,7 @@ def build_metadata(
             "model": ONNX_FILE,
             "encoder": ENCODER_FILE,
             **{key: file for key, file in CONTEXT_LAYOUTS.values() if (data.parent / file).is_file()},
+            **({CONTEXT_S8_KEY: CONTEXT_S8_FILE} if (data.parent / CONTEXT_S8_FILE).is_file() else {}),
         },
         "weights_data": {"file": ONNX_DATA_FILE, "bytes": data.stat().st_size, "sha256": sha256_of(data)},
         "dtype": dtype,

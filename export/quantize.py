@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from elmo.runtime.probe import token_cosines
 
@@ -107,6 +108,33 @@ def quantize_graph(graph: onnx.ModelProto, scheme: str = DEFAULT_SCHEME) -> onnx
     return quantized
 
 
+def as_signed_weights(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """A u8-weight graph (scheme u8u8) as u8 x s8: every uint8 weight of a MatMulInteger and its zero point less 128
+    (Scan bodies included), a copy. (a - a0)(w - w0) = (a - a0)((w - 128) - (w0 - 128)): the same integer products,
+    so the same vectors where onnxruntime's u8 x s8 kernels accumulate in int32 (VNNI, AMX), which are faster than
+    its u8 x u8 ones; on AVX2 without VNNI they saturate (the reason for u8 weights), so the runtime picks this form
+    only where the CPU accumulates in int32 (elmo.runtime.host.int8_accumulates_in_int32)."""
+    signed = onnx.ModelProto()
+    signed.CopyFrom(graph)
+    _sign_weights(signed.graph)
+    return signed
+
+
+def _sign_weights(graph: onnx.GraphProto) -> None:
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "MatMulInteger":
+            # inputs: A, B, a_zero_point, b_zero_point: the weight B and its zero point, where they are constants
+            for name in node.input[1:2] + node.input[3:4]:
+                tensor = constants.get(name)
+                if tensor is not None and tensor.data_type == onnx.TensorProto.UINT8:
+                    shifted = numpy_helper.to_array(tensor).astype(np.int16) - 128
+                    tensor.CopyFrom(numpy_helper.from_array(shifted.astype(np.int8), name))
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _sign_weights(attribute.g)
+
+
 def count_ops(graph: onnx.GraphProto, counts: dict[str, int] | None = None) -> dict[str, int]:
     """Node count per op type, Scan bodies included."""
     counts = {} if counts is None else counts
@@ -179,14 +207,16 @@ def compare_cosine(
 
 
 def verify_int8(model, directory: Path, threads: int = 1, heldout: Sentences = ()) -> CosineReport:
-    """The int8 graphs written in ``directory`` (model.onnx alone, and the runtime with each context layout)
-    against the PyTorch model in float32, on the verification sentences plus ``heldout``: one report, the worst
-    figures of the three paths."""
+    """The int8 graphs written in ``directory`` (model.onnx alone, and the runtime with each context layout, and
+    with context_s8.onnx where this CPU's int8 kernels accumulate in int32: elsewhere the load-time probe judges it
+    on the hosts that pick it) against the PyTorch model in float32, on the verification sentences plus
+    ``heldout``: one report, the worst figures of the paths."""
     import onnxruntime as ort
     from elmo.export.verify import full_graph_embedder, torch_layers, verification_cases
 
     from elmo.runtime import CPU, Embedder
-    from elmo.runtime.modeldir import ONNX_FILE
+    from elmo.runtime.host import int8_accumulates_in_int32
+    from elmo.runtime.modeldir import CONTEXT_S8_FILE, ONNX_FILE
     from elmo.text.chars import load_char_scheme
 
     scheme = load_char_scheme(directory)
@@ -201,13 +231,17 @@ def verify_int8(model, directory: Path, threads: int = 1, heldout: Sentences = (
     whole = full_graph_embedder(ort.InferenceSession(str(directory / ONNX_FILE), options, providers=[CPU]), scheme)
     expected = reference(sentences)
     reports = [compare_cosine(sentences, lambda batch: [v for s in batch for v in whole([s])], lambda _: expected)]
-    for layout in ("separate", "fused"):
+    runs = {"runtime (separate)": ("separate", False), "runtime (fused)": ("fused", None)}
+    if (directory / CONTEXT_S8_FILE).is_file() and int8_accumulates_in_int32():  # else it would saturate here
+        runs["runtime (separate, u8 x s8)"] = ("separate", True)
+    for layout, signed in runs.values():
         runtime = Embedder(
             directory, providers=[CPU], intra_op_threads=threads, cache_size=0, context_layout=layout,
+            signed_int8=signed,
             check_on_load=False,  # judged here on all the sentences; the probe runs once the export has passed
         )  # fmt: skip
         reports.append(compare_cosine(sentences, runtime.embed_tokens, lambda _: expected))
-    labels = (ONNX_FILE, "runtime (separate)", "runtime (fused)")
+    labels = (ONNX_FILE, *runs)
     return CosineReport(
         mean=[min(values) for values in zip(*(r.mean for r in reports))],
         minimum=[min(values) for values in zip(*(r.minimum for r in reports))],

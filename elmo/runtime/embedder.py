@@ -35,10 +35,12 @@ from elmo.runtime.batching import (
     padded_count,
     plan_batches,
 )
-from elmo.runtime.host import usable_cores
+from elmo.runtime.host import int8_accumulates_in_int32, usable_cores
 from elmo.runtime.modeldir import (
     CONTEXT_IN_STEP_FILE,
     CONTEXT_LAYOUTS,
+    CONTEXT_S8_FILE,
+    CONTEXT_S8_KEY,
     ENCODER_FILE,
     char_scheme_of,
     member_file,
@@ -112,6 +114,7 @@ class Embedder:
         runs_in_flight: int | None = None,
         background_nice: int = BACKGROUND_NICE,
         check_on_load: bool = True,
+        signed_int8: bool | None = None,
     ) -> None:
         """``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list
         without the CPU provider is a demand (ElmoError if unmet).
@@ -126,7 +129,10 @@ class Embedder:
         compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no lower);
         ``check_on_load``: run the export's probe now (elmo.runtime.probe: ModelFileError when this host's answers
         miss the export's bar); False defers it to :meth:`check` / :meth:`warmup` (the server runs it while its
-        health says NOT_SERVING). The probe's file is read and checked either way."""
+        health says NOT_SERVING). The probe's file is read and checked either way.
+        ``signed_int8``: an int8 export's products as u8 x s8 (context_s8.onnx: the same integers, faster where the
+        CPU's int8 kernels accumulate in int32); None = where they do (elmo.runtime.host.int8_accumulates_in_int32),
+        True = demanded (ModelFileError where the export has no such graph), False = never."""
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         self.scheme = char_scheme_of(self.model_dir, self.meta)  # token -> char ids (elmo.text.chars)
@@ -141,7 +147,7 @@ class Embedder:
         settings = (intra_op_threads, inter_op_threads, cuda_options)
         if runs_in_flight is not None and runs_in_flight < 1:
             raise InputError(f"runs_in_flight must be >= 1, not {runs_in_flight}")
-        self._open_sessions(request.providers, settings, context_layout, wide_batches, runs_in_flight)
+        self._open_sessions(request.providers, settings, context_layout, wide_batches, runs_in_flight, signed_int8)
         active = self._active_provider(request)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
@@ -173,7 +179,7 @@ class Embedder:
 
     def _open_sessions(
         self, requested: list[str], settings: tuple, context_layout: str | None, wide_batches: bool,
-        runs_in_flight: int | None,
+        runs_in_flight: int | None, signed_int8: bool | None,
     ) -> None:  # fmt: skip
         """The encoder graph, the context graph and, on CPU, the parallel runs' copy of it (:meth:`_parallel_runs`).
         The encoder's provider decides the context graph's layout (docs/runtime.md): one Scan per direction on CPU,
@@ -191,7 +197,7 @@ class Embedder:
                     f"execution provider {requested[0]} was demanded but {first} is active{cuda_hint(requested)}"
                 )
             self.context_layout = self._pick_layout(context_layout, first, graphs, wide_batches)
-            key, default = CONTEXT_LAYOUTS[self.context_layout]
+            key, default = self._context_graph(graphs, first, signed_int8)
             self._paths["context"] = member_file(self.model_dir, graphs.get(key, default), "context graph",
                                                  must_exist=False)  # fmt: skip
             # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
@@ -219,6 +225,24 @@ class Embedder:
         if provider == CUDA:
             return "fused"
         return "in_step" if wide_batches and "context_in_step" in graphs else "separate"
+
+    def _context_graph(self, graphs: dict, provider: str, signed_int8: bool | None) -> tuple[str, str]:
+        """onnx.json's key and the default file of the context graph to load: the layout's, or for an int8 export on
+        CPU its u8 x s8 form where ``signed_int8`` (None: this CPU) says so. ``int8_products`` records which."""
+        has_signed = CONTEXT_S8_KEY in graphs
+        if signed_int8 and not has_signed:
+            raise ModelFileError(f"{self.model_dir}: signed_int8 was demanded but this export has no "
+                                 f"{CONTEXT_S8_FILE} (int8 exports since issue 42's thirteenth round: re-run `elmo "
+                                 "export --int8`)")  # fmt: skip
+        self.int8_products = None
+        if has_signed and self.context_layout == "separate" and provider == CPU:
+            signed = int8_accumulates_in_int32() if signed_int8 is None else signed_int8
+            self.int8_products = "u8 x s8" if signed else "u8 x u8"
+            log.info("int8 products of %s as %s (%s)", self.model_dir, self.int8_products,
+                     CONTEXT_S8_FILE if signed else CONTEXT_LAYOUTS["separate"][1])  # fmt: skip
+            if signed:
+                return CONTEXT_S8_KEY, CONTEXT_S8_FILE
+        return CONTEXT_LAYOUTS[self.context_layout]
 
     @staticmethod
     def _parallel_runs(runs: int | None, threads: int | None, provider: str) -> tuple[int, int]:

@@ -63,6 +63,17 @@ def cpu_facts(cpuinfo: Path = CPUINFO) -> dict:
     }
 
 
+# The kernels whose u8 x s8 products accumulate in int32 (VPDPBUSD, AMX tiles), not through a saturating int16 step.
+INT32_INT8_KERNELS = ("AVX-512 VNNI", "AVX-VNNI", "AMX-INT8")
+
+
+def int8_accumulates_in_int32() -> bool:
+    """Whether onnxruntime's u8 x s8 kernels are exact on this CPU as this process sees it: VNNI or AMX, where AVX2
+    and AVX-512 without VNNI add two products into a saturating int16 (export/quantize.py)."""
+    flags = cpu_facts()["flags"]
+    return any(flags[name] for name in INT32_INT8_KERNELS)
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

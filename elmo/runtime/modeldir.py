@@ -3,10 +3,10 @@
 A model directory holds config.json (elmo.model.config), model.safetensors, vocab.txt, optionally a char vocabulary
 (char_vocab.json, word_vocab.json: elmo.text.chars.VocabScheme, e.g. imported by elmo.importers.manylangs), and after
 ``elmo export`` model.onnx, encoder.onnx, context.onnx, context_fused.onnx, context_in_step.onnx (float exports
-since issue 42's seventh round), model.onnx.data (their shared weights) and onnx.json. onnx.json describes the
-graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of the checkpoint it came from, the
-verification result); :func:`read_onnx_metadata` checks it against config.json and the checkpoint so that a stale
-or foreign export fails loudly, naming the file.
+since issue 42's seventh round), context_s8.onnx (int8 exports since its thirteenth), model.onnx.data (their
+shared weights) and onnx.json. onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset,
+the sha256 of the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it against
+config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ ENCODER_FILE = "encoder.onnx"  # char-CNN: char_ids (N, 50) -> token vectors (N,
 CONTEXT_FILE = "context.onnx"  # biLSTM: table (R, P), index (B, T+2), lengths (B,) -> layers (B, L+1, T, 2P)
 CONTEXT_FUSED_FILE = "context_fused.onnx"  # the same, both directions per Scan step; for CUDA
 CONTEXT_IN_STEP_FILE = "context_in_step.onnx"  # context.onnx with the upper layers' input product in each step
+# An int8 export's context.onnx products as u8 x s8: the same integers (its uint8 weights and their zero points less
+# 128), for CPUs whose u8 x s8 kernels accumulate in int32 (AVX-512 VNNI, AVX-VNNI, AMX-INT8), where onnxruntime's
+# u8 x s8 kernels are faster than its u8 x u8 ones; elsewhere u8 x s8 saturates and context.onnx runs (docs/runtime.md).
+CONTEXT_S8_FILE = "context_s8.onnx"
+CONTEXT_S8_KEY = "context_s8"  # its key in onnx.json's "graphs"
 # The context graph's layouts (export/context_graph.py): onnx.json's "graphs" key and the default file of each.
 # "separate" is the CPU's, "fused" CUDA's; "in_step" is faster on CPU for wide batches (the batch job's: 1.1x at 64
 # rows and more) but slower for a few rows, and float exports only have it.

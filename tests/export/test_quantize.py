@@ -62,6 +62,49 @@ def test_int8_model_serves_like_any_model(int8_model, tiny_model_dir):
     assert report.passed and min(report.mean) >= INT8_MEAN_COSINE
 
 
+def eight_bit_weights(graph: onnx.GraphProto, found: dict | None = None) -> dict[str, np.ndarray]:
+    """Every 8-bit constant a MatMulInteger multiplies by (weights and their zero points), Scan bodies included."""
+    found = {} if found is None else found
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "MatMulInteger":
+            for name in node.input[1:2] + node.input[3:4]:
+                if name in constants:
+                    found[name] = numpy_helper.to_array(constants[name])
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                eight_bit_weights(attribute.g, found)
+    return found
+
+
+def test_an_int8_export_also_writes_its_products_as_u8_x_s8(int8_model):
+    meta = json.loads((int8_model / "onnx.json").read_text())
+    assert meta["graphs"]["context_s8"] == "context_s8.onnx"
+    unsigned = eight_bit_weights(onnx.load(str(int8_model / "context.onnx")).graph)
+    signed = eight_bit_weights(onnx.load(str(int8_model / "context_s8.onnx")).graph)
+    assert unsigned.keys() == signed.keys() and len(unsigned) >= 8  # weights and zero points, both directions
+    for name, weights in unsigned.items():
+        assert weights.dtype == np.uint8 and signed[name].dtype == np.int8
+        np.testing.assert_array_equal(signed[name].astype(np.int16), weights.astype(np.int16) - 128)
+
+
+def test_the_runtime_multiplies_u8_x_s8_only_where_the_cpu_accumulates_in_int32(int8_model, tiny_model_dir):
+    from elmo.runtime.host import int8_accumulates_in_int32
+
+    auto = Embedder(int8_model, providers=[CPU], intra_op_threads=1)
+    assert auto.int8_products == ("u8 x s8" if int8_accumulates_in_int32() else "u8 x u8")
+    assert auto._paths["context"].name == ("context_s8.onnx" if int8_accumulates_in_int32() else "context.onnx")
+    unsigned = Embedder(int8_model, providers=[CPU], intra_op_threads=1, signed_int8=False)
+    assert unsigned.int8_products == "u8 x u8" and unsigned._paths["context"].name == "context.onnx"
+    if int8_accumulates_in_int32():  # the same integer products: the same vectors, bit for bit
+        signed = Embedder(int8_model, providers=[CPU], intra_op_threads=1, signed_int8=True)
+        for got, expected in zip(signed.embed_tokens(SENTENCES), unsigned.embed_tokens(SENTENCES)):
+            np.testing.assert_array_equal(got, expected)
+    assert Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1).int8_products is None  # float32
+    with pytest.raises(ModelFileError, match="signed_int8 was demanded but this export has no context_s8.onnx"):
+        Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1, signed_int8=True)
+
+
 def flip_8bit_weights(graph: onnx.ModelProto) -> onnx.ModelProto:
     """Every 8-bit weight inside a Scan body mirrored (int8: negated; uint8: 255 - w, about its zero point): the
     graph runs, the shapes hold, only the cosine to float32 can tell."""
@@ -109,10 +152,11 @@ def test_an_int8_export_stores_a_cosine_probe_and_an_edited_int8_graph_is_refuse
     meta = json.loads((int8_model / "onnx.json").read_text())
     assert meta["probe"]["kind"] == COSINE and meta["probe"]["bar"] == {"mean": 0.999, "min": 0.99}
     assert meta["probe"]["at_export"]["passed"] is True
-    assert Embedder(int8_model, providers=[CPU], intra_op_threads=1).checked.passed
+    genuine = Embedder(int8_model, providers=[CPU], intra_op_threads=1)
+    assert genuine.checked.passed
     edited = shutil.copytree(int8_model, tmp_path / "edited")
-    graph = onnx.load(str(edited / "context.onnx"), load_external_data=False)
-    onnx.save(flip_8bit_weights(graph), str(edited / "context.onnx"))
+    loaded = edited / genuine._paths["context"].name  # context_s8.onnx where this CPU accumulates in int32
+    onnx.save(flip_8bit_weights(onnx.load(str(loaded), load_external_data=False)), str(loaded))
     with pytest.raises(ModelFileError, match=r"load-time check .* FAILED: per-token cosine .* bar: mean >= 0.999"):
         Embedder(edited, providers=[CPU], intra_op_threads=1)
 
@@ -134,7 +178,7 @@ for scheme in ("u8s8", "u8u8"):
     except ModelFileError as exc:
         verdicts[scheme] = str(exc)
 embedder = Embedder(out / "u8u8", providers=[CPU], intra_op_threads=1)
-verdicts["load"] = embedder.checked.line(embedder.model_dir)
+verdicts["load"], verdicts["products"] = embedder.checked.line(embedder.model_dir), embedder.int8_products
 print(json.dumps(verdicts))
 """
 
@@ -142,7 +186,8 @@ print(json.dumps(verdicts))
 def test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate(tiny_model_dir, tmp_path):
     """export/quantize.py's reason for u8 weights, on onnxruntime's AVX2 kernels (no VNNI) whatever this CPU has:
     u8 x s8 products saturate there and the s8 export fails its own gate; the u8 export passes it and its load-time
-    check. tests/test_bench_isa.py checks that the masked process really gets those kernels."""
+    check there, with its u8 x u8 graph. tests/test_bench_isa.py checks that the masked process really gets those
+    kernels."""
     from bench.kit.isa import MaskUnavailable, avx2_env
 
     try:
@@ -156,6 +201,7 @@ def test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate(tiny_model_di
     assert "verification against float32 failed: FAILED: int8 vs float32" in verdicts["u8s8"]
     assert verdicts["u8u8"] == "passed" and ": passed: per-token cosine" in verdicts["load"]
     assert "(no AVX-512, AVX-512 VNNI, AVX-VNNI, AMX-INT8" in verdicts["load"]  # the line names what it ran on
+    assert verdicts["products"] == "u8 x u8"  # not context_s8.onnx, which would saturate here
     assert Embedder(tmp_path / "u8u8", providers=[CPU], intra_op_threads=1).checked.passed  # and here, unmasked
 
 
