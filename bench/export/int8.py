@@ -46,11 +46,13 @@ TASK_DATA = {"pos_brown": "brown-pos", "ner_msra": "msra-ner", "sentiment_snownl
 
 def int8_copy(model: Path, heldout: Path | None, scheme: str) -> Path:
     """``elmo export --int8`` of ``model`` with the weight ``scheme`` into runs/int8/<name>-<scheme> (again when the
-    float32 export changed). Raises ModelFileError when the int8 graphs fail their gate on this CPU."""
+    float32 export or the exporter's sources changed). Raises ModelFileError when the int8 graphs fail their gate on
+    this CPU."""
     from elmo.export.onnx_export import export_model, heldout_sentences
+    from elmo.export.random_model import exporter_digest
 
     out = REPO / "runs" / "int8" / f"{model.resolve().name}-{scheme}"
-    stamp = (model / "onnx.json").read_text()
+    stamp = (model / "onnx.json").read_text() + f"exporter sha256 {exporter_digest()}\n"
     if (out / "float32-onnx.json").is_file() and (out / "float32-onnx.json").read_text() == stamp:
         return out
     sentences = heldout_sentences(heldout) if heldout else None
