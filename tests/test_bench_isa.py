@@ -60,6 +60,9 @@ def test_a_real_fault_still_reaches_the_program_s_own_handler():
     run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", crash], env=masked_env(),
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert run.returncode == -11 and "Fatal Python error: Segmentation fault" in run.stderr
+    sent = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV); print('survived')"  # no handler of its own
+    run = subprocess.run([sys.executable, "-c", sent], env=masked_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == -11 and "survived" not in run.stdout
 
 
 def test_the_command_line_runs_the_command_masked_and_passes_its_exit_code(capfd):
@@ -67,3 +70,4 @@ def test_the_command_line_runs_the_command_masked_and_passes_its_exit_code(capfd
     check = "import sys; from numpy._core._multiarray_umath import __cpu_features__ as f; sys.exit(3 * f['AVX512F'])"
     assert main(["--", sys.executable, "-c", check]) == 0
     assert main(["--", sys.executable, "-c", "import sys; sys.exit(5)"]) == 5
+    assert main(["--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 128 + 9

@@ -48,6 +48,9 @@ static void hand_on(int sig, siginfo_t *info, void *context) {
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         real_sigaction(SIGSEGV, &dfl, NULL);
+        if (info->si_code != SI_KERNEL) { /* sent (kill, raise): nothing runs again, so send it once more */
+            raise(sig);
+        }
     }
 }
 

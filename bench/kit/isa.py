@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     except MaskUnavailable as exc:
         print(f"bench.kit.isa: cannot hide AVX-512 / VNNI / AMX here: {exc}", file=sys.stderr)
         return 2
-    return subprocess.run(command, env=env).returncode
+    code = subprocess.run(command, env=env).returncode
+    return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
 
 
 if __name__ == "__main__":
