@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -116,23 +116,23 @@ def as_signed_weights(graph: onnx.ModelProto) -> onnx.ModelProto:
     only where the CPU accumulates in int32 (elmo.runtime.host.int8_accumulates_in_int32)."""
     signed = onnx.ModelProto()
     signed.CopyFrom(graph)
-    _sign_weights(signed.graph)
+    for tensor in integer_weights(signed.graph):
+        if tensor.data_type == onnx.TensorProto.UINT8:
+            shifted = numpy_helper.to_array(tensor).astype(np.int16) - 128
+            tensor.CopyFrom(numpy_helper.from_array(shifted.astype(np.int8), tensor.name))
     return signed
 
 
-def _sign_weights(graph: onnx.GraphProto) -> None:
+def integer_weights(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The constant operands a MatMulInteger multiplies by, Scan bodies included: its weight B and B's zero point
+    (inputs 1 and 3; A and its zero point are the activations, quantized per call)."""
     constants = {tensor.name: tensor for tensor in graph.initializer}
     for node in graph.node:
         if node.op_type == "MatMulInteger":
-            # inputs: A, B, a_zero_point, b_zero_point: the weight B and its zero point, where they are constants
-            for name in node.input[1:2] + node.input[3:4]:
-                tensor = constants.get(name)
-                if tensor is not None and tensor.data_type == onnx.TensorProto.UINT8:
-                    shifted = numpy_helper.to_array(tensor).astype(np.int16) - 128
-                    tensor.CopyFrom(numpy_helper.from_array(shifted.astype(np.int8), name))
+            yield from (constants[name] for name in node.input[1:2] + node.input[3:4] if name in constants)
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                _sign_weights(attribute.g)
+                yield from integer_weights(attribute.g)
 
 
 def count_ops(graph: onnx.GraphProto, counts: dict[str, int] | None = None) -> dict[str, int]:

@@ -55,7 +55,7 @@ def cpu_facts(cpuinfo: Path = CPUINFO) -> dict:
         fields = _cpuinfo_fields(cpuinfo.read_text(errors="replace"))
     except OSError:
         fields = {}
-    present = set(fields.get("flags", "").split()) - set(os.environ.get(HIDDEN_ENV, "").split())
+    present = set(fields.get("flags", "").split()) - set(hidden_flags())
     return {
         "model": fields.get("model name") or platform.processor() or "unknown",
         "vendor": fields.get("vendor_id", "unknown"),
@@ -111,10 +111,15 @@ def host_facts() -> dict:
 
 
 def _hidden() -> dict:
-    """``cpuid_hidden``: the flags this process's CPUID hides (``ELMO_CPUID_HIDDEN``), where it hides any: a figure
-    measured so names the kernels it ran on, and that the CPU has more."""
-    hidden = os.environ.get(HIDDEN_ENV, "").split()
+    """``cpuid_hidden`` where this process's CPUID hides flags: a figure measured so names the kernels it ran on,
+    and that the CPU has more."""
+    hidden = hidden_flags()
     return {"cpuid_hidden": hidden} if hidden else {}
+
+
+def hidden_flags() -> list[str]:
+    """The /proc/cpuinfo flags this process is told its CPUID hides (``ELMO_CPUID_HIDDEN``)."""
+    return os.environ.get(HIDDEN_ENV, "").split()
 
 
 def host_summary() -> str:

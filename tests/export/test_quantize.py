@@ -9,7 +9,15 @@ import elmo.export.onnx_export as onnx_export
 import numpy as np
 import onnx
 import pytest
-from elmo.export.quantize import DEFAULT_SCHEME, INT8_MEAN_COSINE, SCHEMES, compare_cosine, count_ops, quantize_graph
+from elmo.export.quantize import (
+    DEFAULT_SCHEME,
+    INT8_MEAN_COSINE,
+    SCHEMES,
+    compare_cosine,
+    count_ops,
+    integer_weights,
+    quantize_graph,
+)
 from onnx import numpy_helper
 
 from elmo.cli import main
@@ -62,26 +70,13 @@ def test_int8_model_serves_like_any_model(int8_model, tiny_model_dir):
     assert report.passed and min(report.mean) >= INT8_MEAN_COSINE
 
 
-def eight_bit_weights(graph: onnx.GraphProto, found: dict | None = None) -> dict[str, np.ndarray]:
-    """Every 8-bit constant a MatMulInteger multiplies by (weights and their zero points), Scan bodies included."""
-    found = {} if found is None else found
-    constants = {tensor.name: tensor for tensor in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "MatMulInteger":
-            for name in node.input[1:2] + node.input[3:4]:
-                if name in constants:
-                    found[name] = numpy_helper.to_array(constants[name])
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                eight_bit_weights(attribute.g, found)
-    return found
-
-
 def test_an_int8_export_also_writes_its_products_as_u8_x_s8(int8_model):
     meta = json.loads((int8_model / "onnx.json").read_text())
     assert meta["graphs"]["context_s8"] == "context_s8.onnx"
-    unsigned = eight_bit_weights(onnx.load(str(int8_model / "context.onnx")).graph)
-    signed = eight_bit_weights(onnx.load(str(int8_model / "context_s8.onnx")).graph)
+    unsigned, signed = (
+        {t.name: numpy_helper.to_array(t) for t in integer_weights(onnx.load(str(int8_model / name)).graph)}
+        for name in ("context.onnx", "context_s8.onnx")
+    )
     assert unsigned.keys() == signed.keys() and len(unsigned) >= 8  # weights and zero points, both directions
     for name, weights in unsigned.items():
         assert weights.dtype == np.uint8 and signed[name].dtype == np.int8
