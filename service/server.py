@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 import grpc.aio
 from elmo.service.common import switching
+from elmo.service.common.collector import freeze_long_lived
 from elmo.service.common.errors import ServiceError
 from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
 from elmo.service.common.ports import check_port_free
@@ -552,6 +553,7 @@ async def serve(args: argparse.Namespace) -> int:
         if not server.state.draining:  # a broken model: stop cleanly and say why in one line
             await server.drain(grace=0)
             raise ElmoError(f"warm-up failed: {exc.message}") from None
+    freeze_long_lived()  # models, sessions and modules out of the collector's scans (service.common.collector)
     await server.wait()
     return 0
 

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import gc
 import logging
 import re
 import time
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elmo.service.common.collector import settle
 from elmo.service.common.errors import Kind, ServiceError, clip, not_found
 from elmo.service.common.limits import Limits, human_bytes
 from elmo.service.models.registry import ModelRegistry, ServedModel, serve_model
@@ -456,7 +456,7 @@ def _state_word(state: int) -> str:
 
 
 def _collect() -> None:
-    gc.collect()
+    settle()  # the released version's cycles too, where the heap was frozen (service.common.collector)
     trim_heap()
 
 
