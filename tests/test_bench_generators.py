@@ -10,7 +10,7 @@ import pytest
 
 from bench.kit.load import build_http_requests, build_requests
 from bench.kit.serve import start_server
-from bench.service.compiled_load import grpc_frame, run_h2load, run_wrk, wrk_script
+from bench.service.compiled_load import grpc_frame, milliseconds, run_h2load, run_wrk, wrk_script
 
 TEXTS = ["Les “guillemets” → ici, naïve café.", "苹果公司发布了新手机。"]
 
@@ -33,6 +33,8 @@ def test_wrk_posts_a_body_that_is_not_ascii_and_every_request_is_answered(server
     body = build_http_requests(TEXTS, len(TEXTS), [], "float32")[0][0]
     result = run_wrk(server.http_address, body, connections=2, duration=1, work=tmp_path)
     assert result["requests"] > 0 and result["failed"] == 0
+    latency = result["latency_ms"]  # wrk --latency's percentiles, read from its report
+    assert set(latency) == {"p50", "p99"} and 0 < latency["p50"] <= latency["p99"] < 1000 * result["seconds"]
 
 
 def test_h2load_calls_embed_and_every_call_is_answered(server, tmp_path):
@@ -40,6 +42,13 @@ def test_h2load_calls_embed_and_every_call_is_answered(server, tmp_path):
     body.write_bytes(grpc_frame(build_requests(TEXTS, len(TEXTS), [], "float32")[0][0]))
     result = run_h2load(server.grpc_target, body, connections=2, duration=1)
     assert result["requests"] > 0 and result["failed"] == 0
+    latency = result["latency_ms"]  # h2load's "time for request" line: no percentiles there
+    assert set(latency) == {"mean", "max"} and 0 < latency["mean"] <= latency["max"] < 1000 * result["seconds"]
+
+
+@pytest.mark.parametrize(("duration", "ms"), [("850.12us", 0.85012), ("41.63ms", 41.63), ("1.20s", 1200.0)])
+def test_generator_durations_read_in_milliseconds(duration, ms):
+    assert milliseconds(duration) == pytest.approx(ms)
 
 
 def test_failed_requests_stop_the_bench_with_the_generators_report(server, tmp_path):

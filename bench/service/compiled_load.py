@@ -15,7 +15,8 @@ and ``--before REV`` when given) ``elmo serve --threads N`` under ``h2load -c C`
 same sentences as a ``/v1/embed`` JSON body with ``"encoding": "base64"``, all layers). Each generator runs on one
 thread. Before the runs, one request of each kind is sent by this checkout's client and its answer checked (h2load
 cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and served ÷
-in-process, per round and as medians. ``--floor``: also, in each round, the same gRPC load on a bare grpc.aio
+in-process, per round and as medians; the latency each generator reports (``latency_ms``: wrk's p50 and p99, h2load's
+mean and max, which is all it gives). ``--floor``: also, in each round, the same gRPC load on a bare grpc.aio
 server in front of the same runtime (bench.service.grpc_floor ``--model``: one runtime call per request, none of the
 service's code): what any Python grpc.aio door reaches on this machine. ``--ceiling``: also, in each round, bare
 grpc.aio and aiohttp servers that answer with the service's own answer bytes, prebuilt, under the same generators,
@@ -90,7 +91,16 @@ def run_h2load(target: str, body: Path, connections: int, duration: int) -> dict
                      output)  # fmt: skip
     seconds = float(re.search(r"finished in ([\d.]+)s", output).group(1))
     result = {"requests": int(done.group(2)), "failed": int(done.group(3)) + int(done.group(4)), "seconds": seconds}
+    times = re.search(r"time for request:\s+([\d.]+\w+)\s+([\d.]+\w+)\s+([\d.]+\w+)", output)  # min max mean
+    if times:  # h2load reports no percentiles
+        result["latency_ms"] = {"mean": milliseconds(times.group(3)), "max": milliseconds(times.group(2))}
     return all_answered(result, "h2load", output)
+
+
+def milliseconds(duration: str) -> float:
+    """A load generator's duration (``850.12us``, ``41.63ms``, ``1.20s``) in milliseconds."""
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", duration).groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
 def wrk_script(body: bytes, work: Path) -> Path:
@@ -107,8 +117,8 @@ def wrk_script(body: bytes, work: Path) -> Path:
 
 
 def run_wrk(address: str, body: bytes, connections: int, duration: int, work: Path) -> dict:
-    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "-s", str(wrk_script(body, work)),
-               f"http://{address}/v1/embed"]  # fmt: skip
+    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency",
+               "-s", str(wrk_script(body, work)), f"http://{address}/v1/embed"]  # fmt: skip
     run = subprocess.run(command, capture_output=True, text=True, check=True)
     output = run.stdout + run.stderr
     total = re.search(r"(\d+) requests in ([\d.]+)(m?s)", output)
@@ -117,7 +127,11 @@ def run_wrk(address: str, body: bytes, connections: int, duration: int, work: Pa
     seconds = float(total.group(2)) / (1000 if total.group(3) == "ms" else 1)
     failed = int(bad.group(1)) if bad else 0
     failed += sum(int(v) for v in errors.groups()) if errors else 0
-    return all_answered({"requests": int(total.group(1)) - failed, "failed": failed, "seconds": seconds}, "wrk", output)
+    result = {"requests": int(total.group(1)) - failed, "failed": failed, "seconds": seconds}
+    percentiles = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)$", output, re.MULTILINE))
+    if percentiles:
+        result["latency_ms"] = {f"p{k}": milliseconds(v) for k, v in percentiles.items()}
+    return all_answered(result, "wrk", output)
 
 
 def all_answered(result: dict, generator: str, output: str) -> dict:
@@ -271,10 +285,17 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
 
 
 def round_line(entry: dict) -> str:
-    served = [f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f})"
+    served = [f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f}){latency_note(v)}"
               for k, v in served_runs(entry).items()]  # fmt: skip
     ceilings = [f"ceiling {p} {c['ceiling']:.2f}" for p, c in entry.get("ceiling", {}).items()]
     return ", ".join(served + ceilings)
+
+
+def latency_note(run: dict) -> str:
+    """`` p99 41.6 ms`` (wrk) or `` mean 29.5 ms`` (h2load), where the generator reported it."""
+    latency = run.get("latency_ms", {})
+    key = "p99" if "p99" in latency else "mean" if "mean" in latency else None
+    return f" {key} {latency[key]:.1f} ms" if key else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,8 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--per-request", type=int, default=8, help="sentences per request")
     parser.add_argument("--batch", type=int, default=128, help="texts per in-process call")
     parser.add_argument("--threads", type=int, default=2, help="the server's and the runtime's threads")
-    parser.add_argument("--protocols", nargs="+", choices=["grpc", "http"], default=["grpc", "http"],
-                        help="the service's protocols to load (default both)")
+    parser.add_argument(
+        "--protocols",
+        nargs="+",
+        choices=["grpc", "http"],
+        default=["grpc", "http"],
+        help="the service's protocols to load (default both)",
+    )
     parser.add_argument("--processes", type=int, nargs="+", default=[1],
                         help="serve this checkout with each of these process counts in turn (elmo serve --processes N, "
                         "--threads split among them; default 1)")  # fmt: skip
