@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.kit.revision import REPO, tree_env
@@ -72,6 +72,7 @@ class Server:
     grpc_port: int = 0
     http_port: int | None = None
     metrics_port: int | None = None  # with ``--metrics-port`` among its flags
+    process_metrics_ports: list[int] = field(default_factory=list)  # every process's, with ``--processes N``
 
     @property
     def name(self) -> str:
@@ -106,6 +107,7 @@ class Server:
         self.grpc_port = int(lines[0])
         self.metrics_port = int(lines[1]) if len(lines) >= 2 and lines[1].strip() else None
         self.http_port = int(lines[2]) if len(lines) >= 3 and lines[2].strip() else None
+        self.process_metrics_ports = [int(port) for port in lines[3].split()] if len(lines) >= 4 else []
         return True
 
     def histogram(self, name: str) -> tuple[float, float]:
@@ -134,6 +136,11 @@ class Server:
                 raise SystemExit(f"{self.label}: server did not start; log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.1)
         wait_serving(self.grpc_target, max(1.0, deadline - time.monotonic()))
+        # With --processes N the shared port's health is one process's: the others may still be warming up, and a
+        # connection the kernel hands one of them is refused (503, UNAVAILABLE). Each process's own /metrics says.
+        for port in self.process_metrics_ports:
+            wait_until(lambda port=port: models_ready(port), max(1.0, deadline - time.monotonic()),
+                       f"{self.label}: the process of metrics port {port} warmed up")  # fmt: skip
         return self
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -251,6 +258,17 @@ def start_replicas(model: Path, workdir: Path, n: int = 3, threads: int = 1, ext
             replica.proc.kill()
         raise
     return replicas
+
+
+def models_ready(metrics_port: int) -> bool:
+    """True once a server process's ``/metrics`` shows every model it serves warmed up (``elmo_model_ready`` 1)."""
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S) as reply:
+            lines = reply.read().decode().splitlines()
+    except OSError:
+        return False
+    ready = [line.rsplit(" ", 1)[1] for line in lines if line.startswith("elmo_model_ready{")]
+    return bool(ready) and all(float(value) == 1 for value in ready)
 
 
 def wait_serving(target: str, timeout: float = 120.0) -> None:
