@@ -6,7 +6,7 @@ the servicer does), so under load the collector runs all the time: at ~500 calls
 and ~7 full collections per 10 s, each full one traversing every object of the process (~23 ms, the GIL held:
 every thread waits for it). Measured on an Intel Xeon (family 6 model 207), docs/runtime.md "Fourteenth round".
 ``gc.freeze()`` once the server is warm moves what is alive then into a generation the collector never scans:
-full collections fall to ~6 ms, and HTTP's p99 under load from 50-58 ms to 34-42 ms.
+full collections fall to ~6 ms, and HTTP's p99 under load (one process) from 50-58 ms to 34-42 ms.
 
 A model version loaded before the freeze and released later is frozen with the rest, and a cycle of it would
 never be collected: every release calls :func:`settle`, which thaws the heap, collects it and freezes what is
