@@ -167,8 +167,8 @@ def test_door_cost_reads_thread_cpu_and_fits_per_request_and_per_token_cost():
 
 
 def test_a_server_of_several_processes_is_ready_once_every_process_is_warm(tiny_model_dir, monkeypatch):
-    """``elmo serve --processes 2``: the shared port's health is one process's, so the benches wait on each
-    process's own /metrics (its port file's fourth line) before they load it (bench.kit.serve.Server.wait_ready)."""
+    """``elmo serve --processes 2``: the shared port's health is one process's, so the benches give each process its
+    own /metrics (its port file's fourth line) and wait on every one before they load it (bench.kit.serve)."""
     from bench.kit import serve
 
     asked: list[int] = []
@@ -179,8 +179,7 @@ def test_a_server_of_several_processes_is_ready_once_every_process_is_warm(tiny_
         return real(port)
 
     monkeypatch.setattr(serve, "models_ready", recorded)
-    server = serve.start_server(tiny_model_dir, threads=2, http=False,
-                                serve_args=["--processes", "2", "--metrics-port", "0"])  # fmt: skip
+    server = serve.start_server(tiny_model_dir, threads=2, http=False, serve_args=["--processes", "2"])
     try:
         ports = server.process_metrics_ports
         ready = [real(port) for port in ports]
@@ -323,8 +322,7 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
 
 def test_compiled_load_serves_each_tree_with_its_own_process_counts(monkeypatch):
     """``--processes`` for this checkout, ``--before-processes`` for REV: each server labelled by its count, the
-    runtime threads split among its processes (each with its own /metrics, so that the bench can wait until every
-    one is warm), ``--serve-args`` for this checkout's servers only."""
+    runtime threads split among its processes, ``--serve-args`` for this checkout's servers only."""
     from bench.service import compiled_load
 
     started = []
@@ -342,8 +340,8 @@ def test_compiled_load_serves_each_tree_with_its_own_process_counts(monkeypatch)
     assert list(servers) == ["after", "after_2p", "before_2p"]
     assert started == [
         ("after", None, 2, ["--max-delay-ms", "5"]),
-        ("after_2p", None, 1, ["--processes", "2", "--metrics-port", "0", "--max-delay-ms", "5"]),
-        ("before_2p", "/worktree", 1, ["--processes", "2", "--metrics-port", "0"]),
+        ("after_2p", None, 1, ["--processes", "2", "--max-delay-ms", "5"]),
+        ("before_2p", "/worktree", 1, ["--processes", "2"]),
     ]
     assert compiled_load.build_parser().parse_args([]).before_processes == [1]  # REV as one process unless asked
 

@@ -113,18 +113,12 @@ class Server:
     def histogram(self, name: str) -> tuple[float, float]:
         """(sum, count) of the Prometheus histogram ``name`` on the server's ``/metrics``, over all its labels
         (the server must have been started with ``--metrics-port``)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         assert self.metrics_port is not None, f"{self.label} serves no metrics (start it with --metrics-port 0)"
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S) as r:
-            text = r.read().decode()
         totals = {"_sum": 0.0, "_count": 0.0}
-        for family in text_string_to_metric_families(text):
-            if family.name == name:
-                for sample in family.samples:
-                    suffix = sample.name.removeprefix(name)
-                    if suffix in totals:
-                        totals[suffix] += sample.value
+        for sample in metric_samples(self.metrics_port, name):
+            suffix = sample.name.removeprefix(name)
+            if suffix in totals:
+                totals[suffix] += sample.value
         return totals["_sum"], totals["_count"]
 
     def wait_ready(self, http: bool = True, timeout: float = 120.0) -> Server:
@@ -179,15 +173,20 @@ class Server:
 
 def serve_command(model: Path | None, model_root: Path | None, port_file: Path, threads: int | None,
                   serve_args: Sequence[str], http: bool) -> list[str]:  # fmt: skip
-    """``python -m elmo.cli serve`` on loopback port 0 (and ``--http-port 0`` when ``http`` and not already given)."""
+    """``python -m elmo.cli serve`` on loopback port 0 (and ``--http-port 0`` when ``http`` and not already given;
+    ``--metrics-port 0`` with ``--processes`` when not already given)."""
     command = [sys.executable, "-m", "elmo.cli", "serve"]
     if model is not None:
         command += ["--model", str(Path(model).resolve())]
     if model_root is not None:
         command += ["--model-root", str(Path(model_root).resolve())]
     command += ["--host", LOOPBACK, "--port", "0", "--port-file", str(port_file)]
-    if http and not any(a.split("=")[0] == "--http-port" for a in serve_args):
+    given = {a.split("=")[0] for a in serve_args}
+    if http and "--http-port" not in given:
         command += ["--http-port", "0"]
+    if "--processes" in given and "--metrics-port" not in given:
+        # every process's own /metrics (the port file's fourth line): Server.wait_ready waits until each is warm
+        command += ["--metrics-port", "0"]
     command += list(serve_args)
     if threads:
         command += ["--threads", str(threads)]
@@ -260,15 +259,24 @@ def start_replicas(model: Path, workdir: Path, n: int = 3, threads: int = 1, ext
     return replicas
 
 
+def metric_samples(metrics_port: int, name: str) -> list:
+    """The samples of the metric family ``name`` on a server process's ``/metrics`` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S) as reply:
+        text = reply.read().decode()
+    return [
+        sample for family in text_string_to_metric_families(text) if family.name == name for sample in family.samples
+    ]
+
+
 def models_ready(metrics_port: int) -> bool:
     """True once a server process's ``/metrics`` shows every model it serves warmed up (``elmo_model_ready`` 1)."""
     try:
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics_port}/metrics", timeout=REQUEST_TIMEOUT_S) as reply:
-            lines = reply.read().decode().splitlines()
+        ready = metric_samples(metrics_port, "elmo_model_ready")
     except OSError:
         return False
-    ready = [line.rsplit(" ", 1)[1] for line in lines if line.startswith("elmo_model_ready{")]
-    return bool(ready) and all(float(value) == 1 for value in ready)
+    return bool(ready) and all(sample.value == 1 for sample in ready)
 
 
 def wait_serving(target: str, timeout: float = 120.0) -> None:

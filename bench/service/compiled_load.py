@@ -196,9 +196,7 @@ def start_servers(args, model: Path, trees: list) -> dict:
         extra = shlex.split(args.serve_args) if tree is None else []
         for count in args.processes if tree is None else args.before_processes:
             name = label if count == 1 else f"{label}_{count}p"
-            # several processes: each one's /metrics, so that the bench waits until every one is warm (bench.kit.serve)
-            several = ["--processes", str(count), "--metrics-port", "0"] if count > 1 else []
-            serve_args = several + extra
+            serve_args = (["--processes", str(count)] if count > 1 else []) + extra
             threads = max(1, args.threads // count)
             servers[name] = start_server(model, threads=threads, tree=tree, label=name, serve_args=serve_args)
     return servers

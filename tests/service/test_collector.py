@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import urllib.request
 
 from tests.conftest import REPO
 
@@ -42,10 +41,10 @@ def test_a_frozen_cycle_outlives_a_collection_and_not_a_settle() -> None:
 
 
 def _frozen_gauge(metrics_port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    (line,) = [line for line in text.splitlines() if line.startswith("elmo_gc_frozen_objects ")]
-    return float(line.split()[1])
+    from bench.kit.serve import metric_samples
+
+    (sample,) = metric_samples(metrics_port, "elmo_gc_frozen_objects")
+    return sample.value
 
 
 def test_a_warm_server_has_frozen_its_heap(tiny_model_dir) -> None:
