@@ -10,7 +10,8 @@ text; the two trees alternate ``--repeat`` times, one subprocess each, and the b
 
 *runtime*: ``Embedder.embed_tokens`` on the sentences tokenized beforehand, ``--shard-lines`` sentences per call
 (the runtime sorts and batches them), outputs discarded: the ceiling. Also ``Embedder.embed_texts`` on the raw
-lines: the runtime's own answer to the job's input, tokenizer included.
+lines: the runtime's own answer to the job's input, tokenizer included. Each on an Embedder of its own, built by
+the job's backend (the same context graph) and starting with a cold token cache, as the job does.
 
 *embed-file*: the whole job in-process on the raw text (scan + UTF-8 check + tokenizer + windows + runtime + shard
 files + commit log + hdf5 assembly or Parquet manifest), end to end; and its rate while shards stream, from its
@@ -45,24 +46,41 @@ from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
 
 
+def job_embedder(model: Path, args: argparse.Namespace):
+    """A warmed-up Embedder built by the batch job's own backend (elmo.batch.engines.LocalBackend: on CPU the
+    in_step context graph, which the service's default Embedder does not run), with no token vectors cached yet."""
+    from elmo.batch.engines import LocalBackend
+    from elmo.batch.layout import parse_layers
+
+    embedder = LocalBackend(model, parse_layers(args.layers), args.batch_tokens, args.threads).embedder
+    embedder.warmup()
+    return embedder
+
+
 def time_runtime(model: Path, lines: list[str], args: argparse.Namespace) -> dict:
     """The in-process runtime on the same sentences, ``--shard-lines`` per call: ``embed_tokens`` on sentences
     tokenized beforehand (the strict ceiling) and ``embed_texts`` on the raw lines (the same input as the job).
-    Returns {path: (wall seconds, CPU seconds)} and the token count."""
-    from elmo.runtime import Embedder
+    Each path runs on an Embedder of its own, built as the job builds its own (:func:`job_embedder`), so that
+    each starts with a cold token cache, as the job does: a second path on the first one's Embedder found every
+    token's char-CNN vector cached and ran faster than the ceiling. Returns {path: (wall seconds, CPU seconds)},
+    each path's token-cache misses while it ran, the context layout and the token count."""
     from elmo.text.tokenize import tokenize
 
-    embedder = Embedder(model, intra_op_threads=args.threads, max_batch_tokens=args.batch_tokens)
     texts = [line.strip() for line in lines]
     sentences = [tokenize(text).tokens for text in texts]
-    embedder.warmup()
-    timings = {}
-    for name, call, items in (("tokens", embedder.embed_tokens, sentences), ("texts", embedder.embed_texts, texts)):
+    timings, misses, layout = {}, {}, None
+    for name, items in (("tokens", sentences), ("texts", texts)):
+        embedder = job_embedder(model, args)
+        call, layout = getattr(embedder, f"embed_{name}"), embedder.context_layout
+        missed_before = embedder.cache.misses  # the warm-up's own
         began, cpu = time.perf_counter(), time.process_time()
         for start in range(0, len(items), args.shard_lines):
             call(items[start : start + args.shard_lines])
         timings[name] = (time.perf_counter() - began, time.process_time() - cpu)
-    return {"timings": timings, "tokens": sum(len(s) for s in sentences)}
+        misses[name] = embedder.cache.misses - missed_before
+        embedder.close()
+    tokens = sum(len(s) for s in sentences)
+    return {"timings": timings, "cache_misses": misses, "context_layout": layout, "tokens": tokens}
 
 
 def time_embed_file(
@@ -147,10 +165,11 @@ def main() -> None:
         source.write_text("\n".join(lines) + "\n", encoding="utf-8")
         runtime_s, embed_file_s, runtime_cpu, embed_file_cpu, texts_s, steady_rates = [], [], [], [], [], []
         thread_cpu: list[dict[str, float]] = []
-        tokens = 0
+        tokens, runtime_layout = 0, None
         for _ in range(args.repeat):
             measured = time_runtime(model, lines, args)
             tokens = measured["tokens"]
+            runtime_layout = measured["context_layout"]
             runtime_s.append(measured["timings"]["tokens"][0])
             runtime_cpu.append(measured["timings"]["tokens"][1])
             texts_s.append(measured["timings"]["texts"][0])
@@ -173,6 +192,7 @@ def main() -> None:
             "threads": args.threads,
             "batch_tokens": args.batch_tokens,
             "shard_lines": args.shard_lines,
+            "runtime_context_layout": runtime_layout,
             "runtime_tokens_per_s": tokens / min(runtime_s),
             "runtime_texts_tokens_per_s": tokens / min(texts_s),
             "runtime_texts_seconds": texts_s,
