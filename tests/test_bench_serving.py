@@ -166,6 +166,20 @@ def test_door_cost_reads_thread_cpu_and_fits_per_request_and_per_token_cost():
     assert line["us_per_request"] == pytest.approx(500) and line["us_per_token"] == pytest.approx(4)
 
 
+def test_door_cost_at_one_request_size_reports_the_whole_cost_and_no_slope():
+    """``--sizes 8``: no line through one point (numpy warned of a poorly conditioned fit and gave a slope that
+    meant nothing); the request's whole cost at that size, the mean of its runs, and no per-token figure."""
+    import warnings
+
+    from bench.service import door_cost
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        line = door_cost.fit([(144, 800.0), (144, 720.0)])
+    assert line == {"us_per_request": pytest.approx(760.0), "us_per_token": None}
+    assert door_cost.cost_line(line) == "760 us per request (one size)"
+
+
 def test_a_server_of_several_processes_is_ready_once_every_process_is_warm(tiny_model_dir, monkeypatch):
     """``elmo serve --processes 2``: the shared port's health is one process's, so the benches give each process its
     own /metrics (its port file's fourth line) and wait on every one before they load it (bench.kit.serve)."""

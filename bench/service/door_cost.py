@@ -61,10 +61,22 @@ def batch_shape(result: dict) -> dict:
 
 
 def fit(points: list[tuple[int, float]]) -> dict:
-    """Least squares ``us_per_request = a + b * tokens`` over (tokens per request, microseconds per request)."""
+    """Least squares ``us_per_request = a + b * tokens`` over (tokens per request, microseconds per request). With
+    one request size there is no line: ``a`` is then the whole cost of a request of that size (the runs' mean) and
+    ``b`` None (``--sizes 8`` compares trees at one size; a line through one point was numpy's rank warning and
+    a slope that meant nothing)."""
     tokens, micros = np.array(points, dtype=float).T
+    if len(set(tokens.tolist())) < 2:
+        return {"us_per_request": float(micros.mean()), "us_per_token": None}
     b, a = np.polyfit(tokens, micros, 1)
     return {"us_per_request": float(a), "us_per_token": float(b)}
+
+
+def cost_line(line: dict) -> str:
+    """The event loop's cost as printed: per request and token, or per request alone at one size (:func:`fit`)."""
+    if line["us_per_token"] is None:
+        return f"{line['us_per_request']:.0f} us per request (one size)"
+    return f"{line['us_per_request']:.0f} us per request + {line['us_per_token']:.2f} us per token"
 
 
 def measure_server(args, texts: list[str], work: Path, tree: Path | None, label: str) -> dict:
@@ -98,7 +110,8 @@ def measure_server(args, texts: list[str], work: Path, tree: Path | None, label:
     summary = {}
     for protocol, results in runs.items():
         line = fit([(r["tokens"], r["event_loop_us_per_request"]) for r in results])
-        per_request = {r["tokens"]: line["us_per_request"] + line["us_per_token"] * r["tokens"] for r in results}
+        per_token = line["us_per_token"] or 0.0  # one size: us_per_request is the whole cost (fit)
+        per_request = {r["tokens"]: line["us_per_request"] + per_token * r["tokens"] for r in results}
         line["feeds_tokens_per_s"] = {str(tokens): 1e6 * tokens / micros for tokens, micros in per_request.items()}
         summary[protocol] = line
     return {"runs": runs, "event_loop_cost": summary}
@@ -136,9 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         for label, measured_tree in entry.items():
             for protocol, line in measured_tree["event_loop_cost"].items():
                 feeds = ", ".join(f"{int(v):,} at {k}" for k, v in line["feeds_tokens_per_s"].items())
-                print(f"round {index} {label} {protocol}: {line['us_per_request']:.0f} us per request + "
-                      f"{line['us_per_token']:.2f} us per token on the event loop; one process feeds at most "
-                      f"{feeds} tokens/request tokens/s")  # fmt: skip
+                print(f"round {index} {label} {protocol}: {cost_line(line)} on the event loop; one process feeds "
+                      f"at most {feeds} tokens/request tokens/s")  # fmt: skip
     print(f"wrote {args.out}")
 
 
