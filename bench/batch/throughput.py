@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.kit.models import prepare_model
 from bench.kit.results import result_path
@@ -45,8 +46,11 @@ from bench.kit.sample import ThreadCpuSampler, run_measured
 from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
 
+if TYPE_CHECKING:
+    from elmo.runtime import Embedder
 
-def job_embedder(model: Path, args: argparse.Namespace):
+
+def job_embedder(model: Path, args: argparse.Namespace) -> Embedder:
     """A warmed-up Embedder built by the batch job's own backend (elmo.batch.engines.LocalBackend: on CPU the
     in_step context graph, which the service's default Embedder does not run), with no token vectors cached yet."""
     from elmo.batch.engines import LocalBackend
