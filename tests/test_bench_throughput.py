@@ -18,6 +18,8 @@ def test_each_runtime_path_starts_cold_on_the_jobs_context_graph(tiny_model_dir)
     measured = time_runtime(tiny_model_dir, LINES, args)
     misses = measured["cache_misses"]
     assert misses["tokens"] > 0 and misses["texts"] == misses["tokens"]
-    job = LocalBackend(tiny_model_dir, parse_layers("all"), None, 2).embedder
-    assert measured["context_layout"] == job.context_layout == "in_step"
+    job = LocalBackend(tiny_model_dir, parse_layers("all"), None, 2)
+    job_layout = job.embedder.context_layout
+    job.embedder.close()  # its sessions and run pools, not left to the collector
+    assert measured["context_layout"] == job_layout == "in_step"
     assert set(measured["timings"]) == {"tokens", "texts"}
