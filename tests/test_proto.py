@@ -9,7 +9,15 @@ from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
 
 from elmo.errors import InputError
 from elmo.v1 import embedder_pb2 as pb
-from elmo.wire import SMALL_COPY_BYTES, contiguous_blocks, from_tensor, span_fields, tensor_field, to_tensor
+from elmo.wire import (
+    SMALL_COPY_BYTES,
+    contiguous_blocks,
+    field_head,
+    from_tensor,
+    span_fields,
+    tensor_field,
+    to_tensor,
+)
 from tests.conftest import REPO
 
 GENERATED = ["elmo/v1/embedder_pb2.py", "elmo/v1/embedder_pb2.pyi", "elmo/v1/embedder_pb2_grpc.py"]
@@ -68,7 +76,8 @@ def test_tensor_round_trip_is_exact_little_endian_row_major(dtype, np_dtype):
 def test_tensor_field_writes_strided_views_as_their_contiguous_copies_would(cut):
     batch = np.random.default_rng(1).standard_normal((2, 3, 5, 4)).astype("<f4")
     view = cut(batch)
-    tensor = pb.Tensor.FromString(b"".join(tensor_field(1, view, pb.FLOAT32)[1:]))  # without the field's own head
+    layers = pb.Embedding.DESCRIPTOR.fields_by_name["layers"].number
+    tensor = pb.Embedding.FromString(b"".join(tensor_field(layers, view, pb.FLOAT32))).layers  # the field, head and all
     assert list(tensor.shape) == list(view.shape)
     assert tensor.data == np.ascontiguousarray(view).tobytes()
     assert b"".join(contiguous_blocks(view)) == np.ascontiguousarray(view).tobytes()
@@ -109,6 +118,24 @@ def test_span_fields_parse_into_the_same_spans_as_built_messages():
         built = pb.Embedding(offsets=[pb.Span(start=a, end=b) for a, b in spans])
         assert merged == built
         assert merged.SerializeToString() == built.SerializeToString()
+
+
+def test_span_fields_of_a_field_number_past_15_are_protobufs_spans():
+    """A tag of two bytes (field 16 and up: ``82 01`` for field 16, length-delimited) takes the general path: each
+    Span as protobuf serializes it (no zeros here, which it would leave out), behind that tag and its length."""
+    spans = [(3, 5), (130, 20000), (16384, 16385), (2**31 - 1, 2**31 - 1)]
+    (encoded,) = span_fields([spans], 16)
+    bodies = [pb.Span(start=a, end=b).SerializeToString() for a, b in spans]
+    assert encoded == b"".join(b"\x82\x01" + bytes([len(body)]) + body for body in bodies)
+
+
+@pytest.mark.parametrize("length", [1, 127, 128, 300, 16383, 16384, 2**21 - 1, 2**21, 3 * 2**21])
+def test_field_head_is_protobufs_own(length):
+    """field_head(number, n) is what protobuf writes before a length-delimited field of n bytes: two bytes, three
+    (both by the loop-free path) or more."""
+    data = pb.Tensor.DESCRIPTOR.fields_by_name["data"].number
+    serialized = pb.Tensor(data=b"x" * length).SerializeToString()
+    assert serialized[: len(serialized) - length] == field_head(data, length)
 
 
 @pytest.mark.parametrize("span", [(-1, 3), (0, 2**31)])

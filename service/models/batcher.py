@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from elmo.service.common.errors import Kind, ServiceError, from_library_error
@@ -100,7 +100,7 @@ class _Item:
     index: int
     deadline: float | None  # time.monotonic() seconds, None = no deadline
     request: int  # which embed() call queued it: requests take turns in a batch
-    enqueued: float = field(default_factory=time.monotonic)
+    enqueued: float  # time.monotonic() when its request was queued
 
     @property
     def n_tokens(self) -> int:
@@ -229,7 +229,8 @@ class Batcher:
         self._requests += 1
         request = self._requests
         answers = _Answers(self._loop.create_future(), len(sentences))
-        items = [_Item(list(tokens), answers, i, deadline, request) for i, tokens in enumerate(sentences)]
+        now = time.monotonic()  # the request's sentences are queued together: one clock reading for all
+        items = [_Item(list(tokens), answers, i, deadline, request, now) for i, tokens in enumerate(sentences)]
         self._served[request] = 0
         self._sizes[request] = n_tokens
         self._queue.extend(items)
@@ -418,6 +419,8 @@ class Batcher:
         # Short requests batch among themselves whenever any is queued (the express worker takes nothing else): a
         # one-sentence request never rides in a call that also carries a long one. Long ones batch when none is.
         allowed = self._short_requests() or None
+        if self._all_fit(allowed):
+            return self._take_queue()
         lanes: dict[int, list[int]] = {}  # request -> its queued sentences' indices, in arrival order
         for i, item in enumerate(self._queue):
             if allowed is None or item.request in allowed:
@@ -453,6 +456,24 @@ class Batcher:
         self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
         self._queued_tokens -= tokens
         self.observer.queue_changed(len(self._queue), self._queued_tokens)
+        batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
+        return batch
+
+    def _all_fit(self, allowed: set[int] | None) -> bool:
+        """The whole queue is one batch: within both budgets and of one lane (all short, or no short request queued).
+        The turns of :meth:`_form_batch` would take every sentence then, in another order that the batch's sort by
+        length undoes but for ties; this takes them without the per-sentence turns."""
+        if self._queued_tokens > self.max_batch_tokens or len(self._queue) > self.max_batch_sentences:
+            return False
+        return allowed is None or all(item.request in allowed for item in self._queue)
+
+    def _take_queue(self) -> list[_Item]:
+        """The whole queue as the next batch, sorted by length, each request's tokens counted as served."""
+        batch = self._take_all()
+        served = self._served
+        for item in batch:
+            served[item.request] = served.get(item.request, 0) + item.n_tokens
+        self.observer.queue_changed(0, 0)
         batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
         return batch
 
@@ -493,9 +514,11 @@ class Batcher:
                 cost.runs,
                 1000 * run.seconds,
             )
+        stats: dict[int, BatchStats] = {}  # one per request: its sentences were queued together
         for item, output in zip(batch, outputs):
-            stats = BatchStats(run.started - item.enqueued, run.seconds, len(batch), real)
-            item.answers.answer(item.index, (output, stats))
+            if item.request not in stats:
+                stats[item.request] = BatchStats(run.started - item.enqueued, run.seconds, len(batch), real)
+            item.answers.answer(item.index, (output, stats[item.request]))
 
     def _take_all(self) -> list[_Item]:
         items, self._queue, self._queued_tokens = self._queue, [], 0
