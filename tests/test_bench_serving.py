@@ -366,13 +366,34 @@ def test_answer_cost_times_each_answer_path_in_a_child_of_the_code_tree(tmp_path
     from bench.service import answer_cost
 
     out = tmp_path / "answer_cost.json"
-    answer_cost.main(["--dim", "8", "--sentences", "3", "--calls", "2", "--repeat", "2", "--out", str(out)])
+    answer_cost.main(["--dim", "8", "--sentences", "3", "--calls", "2", "--repeat", "2", "--cold", "1", "--out",
+                      str(out)])  # fmt: skip
     result = json.loads(out.read_text())
+    assert result["cold_mib"] == 1
     assert set(result["median_us_per_request"]["after"]) == set(answer_cost.PATHS)
     assert all(value > 0 for value in result["median_us_per_request"]["after"].values())
     (entry,) = result["rounds"]
     assert entry["after"]["tokens"] >= 3 * 15  # three sentences of 15-25 words, punctuation its own token
     assert "us a request" in capsys.readouterr().out
+
+
+def test_answer_cost_cold_times_each_call_after_reading_the_eviction_buffer(monkeypatch):
+    """``--cold``: every timed call follows one full read of the eviction array, outside its timing: a build that
+    is timed sees no read in its own interval, and as many reads happen as calls."""
+    from bench.service import answer_cost
+
+    events = []
+
+    class Evict:
+        def sum(self):
+            events.append("read")
+
+    def build():
+        events.append("build")
+
+    seconds = answer_cost._time_cold(build, 4, Evict())
+    assert events == ["read", "build"] * 4
+    assert seconds >= 0
 
 
 def test_answer_cost_request_is_what_the_service_answers():

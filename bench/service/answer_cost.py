@@ -4,6 +4,7 @@ JSON (base64 and float numbers) of one request, from vectors shaped as the runti
     python -m bench.service.answer_cost                                   # models/default's shape: 3 x 1,024
     python -m bench.service.answer_cost --dim 16 --calls 1000             # the tiny model's answers (3 x 16)
     python -m bench.service.answer_cost --before 0a4a658 --rounds 3       # REV's code and this checkout's in turn
+    python -m bench.service.answer_cost --dim 16 --cold 64                # each call after 64 MiB read: cold caches
 
 One request of ``--sentences`` real English sentences of 15-25 words (tokenized as the service tokenizes them, with
 their offsets) and ``--layers`` x ``--dim`` float32 vectors a token; each sentence's layers are a read-only view of
@@ -14,6 +15,10 @@ one padded batch output (batch, layers, longest + 2, dim), what ``elmo.runtime.E
 own code tree (``--before``: a git worktree of REV), the two taking turns round by round. Where these run in the
 server (the event loop for small answers, a request worker for large ones) they hold the GIL throughout: every
 microsecond here is one the event loop cannot serve another request in.
+
+``--cold MIB``: before each call (outside its timing) the child reads an array of that many MiB, more than the
+CPU's caches, as the runtime's threads do between two answers in a loaded server: the caches are cold for the
+answer's code and data, as on the server's event loop (an 8-sentence tiny-model answer took 2-2.5x its hot time).
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ def request_result(n_sentences: int, n_layers: int, dim: int):
     return EmbedResult(prepared, vectors, [BatchStats(0.001, 0.01, n_sentences, prepared.n_tokens)], time.monotonic())
 
 
-def time_paths(result, calls: int, repeat: int) -> dict[str, float]:
-    """Median microseconds a call of each path."""
+def time_paths(result, calls: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
+    """Median microseconds a call of each path; ``cold_mib``: each call timed alone after reading that many MiB."""
+    import numpy as np
     from elmo.service.core.answers import response_bytes
     from elmo.service.http.encode import encode_json_parts
     from elmo.service.http.schema import embed_answer
@@ -69,29 +75,47 @@ def time_paths(result, calls: int, repeat: int) -> dict[str, float]:
         "http_base64": lambda: encode_json_parts(embed_answer(result, "base64", "bench")),
         "http_float": lambda: encode_json_parts(embed_answer(result, "float", "bench")),
     }
+    evict = np.ones(cold_mib << 18, np.float32) if cold_mib else None
     timings = {}
     for path, build in builders.items():
         build()  # warm: caches, first allocations
         runs = []
         for _ in range(repeat):
-            started = time.perf_counter()
-            for _ in range(calls):
-                build()
-            runs.append(1e6 * (time.perf_counter() - started) / calls)
+            runs.append(1e6 * (_time_calls(build, calls) if evict is None else _time_cold(build, calls, evict)))
         timings[path] = round(statistics.median(runs), 1)
     return timings
 
 
+def _time_calls(build, calls: int) -> float:
+    """Seconds a call, ``calls`` calls back to back."""
+    started = time.perf_counter()
+    for _ in range(calls):
+        build()
+    return (time.perf_counter() - started) / calls
+
+
+def _time_cold(build, calls: int, evict) -> float:
+    """Seconds a call, each call timed alone after ``evict`` is read through (its sum: every cache line)."""
+    total = 0.0
+    for _ in range(calls):
+        evict.sum()
+        started = time.perf_counter()
+        build()
+        total += time.perf_counter() - started
+    return total / calls
+
+
 def child(args: argparse.Namespace) -> None:
     result = request_result(args.sentences, args.layers, args.dim)
-    timings = time_paths(result, args.calls, args.repeat)
+    timings = time_paths(result, args.calls, args.repeat, args.cold)
     print(json.dumps({"tokens": result.prepared.n_tokens, "us_per_request": timings}))
 
 
 def measure_tree(args: argparse.Namespace, tree: Path | None) -> dict:
     """This file run as a script on ``tree``'s code (None: this checkout): an older tree need not have it."""
     command = [sys.executable, __file__, "--child", "--sentences", str(args.sentences), "--layers", str(args.layers),
-               "--dim", str(args.dim), "--calls", str(args.calls), "--repeat", str(args.repeat)]  # fmt: skip
+               "--dim", str(args.dim), "--calls", str(args.calls), "--repeat", str(args.repeat),
+               "--cold", str(args.cold)]  # fmt: skip
     root = tree or REPO
     output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=root, env=tree_env(root)).stdout
     return json.loads(output.strip().splitlines()[-1])
@@ -104,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=1024, help="floats a layer a token (models/default: 1,024)")
     parser.add_argument("--calls", type=int, default=200, help="calls a timing")
     parser.add_argument("--repeat", type=int, default=5, help="timings a path (their median is reported)")
+    parser.add_argument("--cold", type=int, default=0, metavar="MIB",
+                        help="read this many MiB before each call (untimed): the caches cold, as on a loaded "
+                             "server's event loop (0: calls back to back, the caches warm)")  # fmt: skip
     parser.add_argument("--before", help="also time this git revision's code, in turn with this checkout's")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=result_path("answer_cost.json"))
@@ -125,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     medians = {label: {path: statistics.median(r[label]["us_per_request"][path] for r in rounds) for path in PATHS}
                for label in labels}  # fmt: skip
     result = {"machine": machine(), "code": revision_info(args.before), "sentences": args.sentences,
-              "layers": args.layers, "dim": args.dim, "calls": args.calls, "repeat": args.repeat,
+              "layers": args.layers, "dim": args.dim, "calls": args.calls, "repeat": args.repeat, "cold_mib": args.cold,
               "rounds": rounds, "median_us_per_request": medians}  # fmt: skip
     write_json(args.out, result)
     print(f"medians (us a request): {medians}\nwrote {args.out}")
