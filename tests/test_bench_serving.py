@@ -471,3 +471,25 @@ def test_door_plumbing_rounds_take_the_rungs_in_turn_and_read_h2load():
     assert medians["bare"]["requests_per_s"] == 500.0  # rounds: 200, 500, 600
     assert medians["service"]["requests_per_s"] == 200.0  # 150, 200, 350
     assert "| service | 200 |" in door_plumbing.table({"medians": medians})
+
+
+def test_answer_cost_client_decoders_give_the_answers_vectors():
+    """Both client paths (the standard library's json and base64, orjson and pybase64) read the HTTP base64 answer
+    back into each sentence's float32 vectors, bit for bit."""
+    import base64
+    import json as stdlib_json
+
+    import numpy as np
+    import orjson
+    from elmo.service.http.encode import encode_json_parts
+    from elmo.service.http.schema import embed_answer
+
+    from bench.service.answer_cost import decoded_layers, fast_b64decode, request_result
+
+    result = request_result(3, 2, 6)
+    body = b"".join(encode_json_parts(embed_answer(result, "base64", "bench")))
+    for loads, b64decode in ((stdlib_json.loads, base64.b64decode), (orjson.loads, fast_b64decode)):
+        decoded = decoded_layers(body, loads, b64decode)
+        assert len(decoded) == len(result.vectors)
+        for got, want in zip(decoded, result.vectors):
+            np.testing.assert_array_equal(got, want)

@@ -10,7 +10,9 @@ One request of ``--sentences`` real English sentences of 15-25 words (tokenized 
 their offsets) and ``--layers`` x ``--dim`` float32 vectors a token; each sentence's layers are a read-only view of
 one padded batch output (batch, layers, longest + 2, dim), what ``elmo.runtime.Embedder.embed_tokens_with_stats
 (views=True)`` gives the service. Timed on one thread, nothing else running: ``response_bytes`` (gRPC), and
-``embed_answer`` + ``encode_json_parts`` with ``"encoding": "base64"`` and with JSON numbers (HTTP). The median of
+``embed_answer`` + ``encode_json_parts`` with ``"encoding": "base64"`` and with JSON numbers (HTTP); and a client's
+decoding of the base64 answer into float32 arrays, with the standard library's ``json`` and ``base64``
+(``client_json_base64``) and with orjson and pybase64 (``client_orjson_pybase64``). The median of
 ``--repeat`` timings of ``--calls`` calls each, in microseconds a request. Each side runs in a child process of its
 own code tree (``--before``: a git worktree of REV), the two taking turns round by round. Where these run in the
 server (the event loop for small answers, a request worker for large ones) they hold the GIL throughout: every
@@ -24,6 +26,7 @@ answer's code and data, as on the server's event loop (an 8-sentence tiny-model 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import statistics
 import subprocess
@@ -31,11 +34,13 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
+
 from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import REPO, code_trees, in_turn, revision_info, tree_env
 from elmo.bench.figures import machine
 
-PATHS = ("grpc", "http_base64", "http_float")
+PATHS = ("grpc", "http_base64", "http_float", "client_json_base64", "client_orjson_pybase64")
 
 
 def request_result(n_sentences: int, n_layers: int, dim: int):
@@ -70,10 +75,13 @@ def time_paths(result, calls: int, repeat: int, cold_mib: int = 0) -> dict[str, 
     from elmo.service.http.encode import encode_json_parts
     from elmo.service.http.schema import embed_answer
 
+    body = b"".join(encode_json_parts(embed_answer(result, "base64", "bench")))
     builders = {
         "grpc": lambda: response_bytes(result, "bench"),
         "http_base64": lambda: encode_json_parts(embed_answer(result, "base64", "bench")),
         "http_float": lambda: encode_json_parts(embed_answer(result, "float", "bench")),
+        "client_json_base64": lambda: decoded_layers(body, json.loads, base64.b64decode),
+        "client_orjson_pybase64": lambda: decoded_layers(body, orjson.loads, fast_b64decode),
     }
     evict = np.ones(cold_mib << 18, np.float32) if cold_mib else None
     timings = {}
@@ -84,6 +92,21 @@ def time_paths(result, calls: int, repeat: int, cold_mib: int = 0) -> dict[str, 
             runs.append(1e6 * (_time_calls(build, calls) if evict is None else _time_cold(build, calls, evict)))
         timings[path] = round(statistics.median(runs), 1)
     return timings
+
+
+def decoded_layers(body: bytes, loads, b64decode) -> list:
+    """What a client does with a base64 ``/v1/embed`` answer: its JSON parsed, each sentence's layers a float32 array
+    of their shape."""
+    import numpy as np
+
+    layers = [embedding["layers"] for embedding in loads(body)["embeddings"]]
+    return [np.frombuffer(b64decode(tensor["data"]), "<f4").reshape(tensor["shape"]) for tensor in layers]
+
+
+def fast_b64decode(text: str) -> bytes:
+    import pybase64
+
+    return pybase64.b64decode(text, validate=True)
 
 
 def _time_calls(build, calls: int) -> float:
