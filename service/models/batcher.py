@@ -171,7 +171,7 @@ class Batcher:
         self.batches_run = 0
         self.batches_running = 0  # dispatched and not finished (counted here, not by task callbacks, to be exact)
         self._requests = 0  # embed() calls so far: each one's sentences share a number
-        self._served: dict[int, int] = {}  # request -> its tokens dispatched so far, while it is unfinished
+        self._served: dict[int, int] = {}  # request -> its tokens dispatched by turns so far, while it is queued
         self._sizes: dict[int, int] = {}  # request -> its tokens, while it is unfinished
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -456,8 +456,7 @@ class Batcher:
         self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
         self._queued_tokens -= tokens
         self.observer.queue_changed(len(self._queue), self._queued_tokens)
-        batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
-        return batch
+        return _by_length(batch)
 
     def _all_fit(self, allowed: set[int] | None) -> bool:
         """The whole queue is one batch: within both budgets and of one lane (all short, or no short request queued).
@@ -468,14 +467,11 @@ class Batcher:
         return allowed is None or all(item.request in allowed for item in self._queue)
 
     def _take_queue(self) -> list[_Item]:
-        """The whole queue as the next batch, sorted by length, each request's tokens counted as served."""
+        """The whole queue as the next batch, sorted by length. Its requests leave the queue whole, so none takes a
+        turn again: their served tokens, which only order the turns, need no count."""
         batch = self._take_all()
-        served = self._served
-        for item in batch:
-            served[item.request] = served.get(item.request, 0) + item.n_tokens
         self.observer.queue_changed(0, 0)
-        batch.sort(key=lambda item: item.n_tokens)  # the runtime buckets by length; hand it over sorted
-        return batch
+        return _by_length(batch)
 
     def _in_background(self, long: bool) -> bool:
         """A batch with a long request, while short requests are about (and there is a background pool)."""
@@ -523,6 +519,12 @@ class Batcher:
     def _take_all(self) -> list[_Item]:
         items, self._queue, self._queued_tokens = self._queue, [], 0
         return items
+
+
+def _by_length(batch: list[_Item]) -> list[_Item]:
+    """``batch`` sorted by tokens, in place: the runtime buckets by length, so it is handed over sorted."""
+    batch.sort(key=lambda item: item.n_tokens)
+    return batch
 
 
 def _as_service_error(exc: Exception) -> ServiceError:
