@@ -20,7 +20,7 @@ microsecond here is one the event loop cannot serve another request in.
 
 ``--cold MIB``: before each call (outside its timing) the child reads an array of that many MiB, more than the
 CPU's caches, as the runtime's threads do between two answers in a loaded server: the caches are cold for the
-answer's code and data, as on the server's event loop (an 8-sentence tiny-model answer took 2-2.5x its hot time).
+answer's code and data, as on the server's event loop (an 8-sentence tiny-model answer took 2.6-2.8x its hot time).
 """
 
 from __future__ import annotations
