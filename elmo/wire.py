@@ -6,6 +6,7 @@ Torch-free and grpc-free: only numpy and the generated protobuf messages.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -106,9 +107,7 @@ def _tensor_prefix(number: int, shape: tuple[int, ...], dtype: int) -> bytes:
     the field's tag and length, the Tensor's shape and dtype, its data field's tag and length (one per sentence
     length and field: cached)."""
     head = pb.Tensor(shape=shape, dtype=dtype).SerializeToString()
-    n_bytes = itemsize(dtype)
-    for size in shape:
-        n_bytes *= size
+    n_bytes = math.prod(shape) * itemsize(dtype)
     data_head = field_head(_TENSOR_DATA_FIELD, n_bytes)
     return field_head(number, len(head) + len(data_head) + n_bytes) + head + data_head
 

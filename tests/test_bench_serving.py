@@ -377,7 +377,7 @@ def test_answer_cost_times_each_answer_path_in_a_child_of_the_code_tree(tmp_path
     assert "us a request" in capsys.readouterr().out
 
 
-def test_answer_cost_cold_times_each_call_after_reading_the_eviction_buffer(monkeypatch):
+def test_answer_cost_cold_times_each_call_after_reading_the_eviction_buffer():
     """``--cold``: every timed call follows one full read of the eviction array, outside its timing: a build that
     is timed sees no read in its own interval, and as many reads happen as calls."""
     from bench.service import answer_cost
