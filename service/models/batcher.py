@@ -16,8 +16,10 @@ Batch formation, when a worker is free:
     counted here on purpose: the runtime sorts every call by length and cuts it into padding-minimal sub-batches
     itself (elmo.runtime.plan_batches); short requests (``express_tokens``) batch among themselves whenever any
     is queued, so that none rides in a call with a long one;
-  * when no batch is running the queue goes at once (an idle server does not wait for company: what arrives
-    meanwhile forms the next batch); while one runs and a worker is free (``workers`` > 1), a partial batch waits
+  * when no batch is running the queue goes as soon as the event loop has nothing else ready: an idle server does
+    not wait for company on a clock, but the requests already in its loop's hands join the batch (grpc.aio hands a
+    busy loop its calls one event at a time; a batch of each alone costs the runtime a call each), at most
+    ``max_delay`` after the oldest; while one runs and a worker is free (``workers`` > 1), a partial batch waits
     at most ``max_delay`` for company;
   * the batch goes to the runtime sorted by length, results go back to each caller in its own order;
   * while short requests are about (one arrived in the last ``SHORT_TRAFFIC_S``), a batch that holds a long request
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,6 +58,9 @@ SHORT_TRAFFIC_S = 1.0  # long batches yield the cores while a short request came
 # a wait up to the next one (a 0.1 ms timer fires after ~1.1 ms). A partial batch waits for company in whole
 # milliseconds, so that the wake-up falls within max_delay; a remainder shorter than this is not waited for.
 TIMER_RESOLUTION_S = 0.001
+# Per event loop, the batchers' pumps held for the rest of its ready callbacks: they are not requests on their way,
+# so two idle batchers on one loop do not hold each other's batches.
+_HELD_PUMPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -166,6 +172,7 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self._timer: asyncio.TimerHandle | None = None  # pumps again once a partial batch has waited max_delay
         self._pump_queued = False  # a pump is scheduled for this pass of the event loop
+        self._pump_held = False  # a pump waits for the loop's ready callbacks (_pump_after_the_ready_callbacks)
         self._closed = False
         self.batches_started = 0
         self.batches_run = 0
@@ -255,10 +262,11 @@ class Batcher:
     # -- forming and dispatching batches --------------------------------------------------------------------------
     def _pump(self) -> None:
         """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
-        A free worker takes the queue at once when no batch runs (an idle runtime: waiting for company would only
-        add latency) or when a full batch is queued; else a partial batch waits for company until its oldest item
-        has waited ``max_delay`` (a timer pumps again then, in whole milliseconds: :data:`TIMER_RESOLUTION_S`). With
-        every worker busy, the express one takes short requests while a long one runs."""
+        A free worker takes the queue when a full batch is queued, or when no batch runs and the event loop has no
+        other callback ready (an idle runtime waits for no clock: :meth:`_loop_has_more_requests_coming`); else a
+        partial batch waits for company until its oldest item has waited ``max_delay`` (a timer pumps again then,
+        in whole milliseconds: :data:`TIMER_RESOLUTION_S`). With every worker busy, the express one takes short
+        requests while a long one runs."""
         while not self._closed:
             self._drop_dead()
             if not self._queue:
@@ -273,10 +281,39 @@ class Batcher:
                 if wait >= TIMER_RESOLUTION_S:
                     self._pump_in(wait // TIMER_RESOLUTION_S * TIMER_RESOLUTION_S)
                     return
+            elif self._loop_has_more_requests_coming():
+                self._pump_after_the_ready_callbacks()
+                return
             batch = self._form_batch()
             if not batch:
                 return
             self._dispatch(batch, express)
+
+    def _loop_has_more_requests_coming(self) -> bool:
+        """An idle runtime holds a partial batch while the event loop has callbacks ready besides batchers' held
+        pumps (other requests on their way to the queue: grpc.aio hands a busy loop its calls one event at a time,
+        each a pass or two from here), until the oldest queued sentence has waited ``max_delay``. A lone caller's
+        loop has nothing else ready, and its request goes at once."""
+        if self._full() or self.max_delay_s <= 0:
+            return False
+        ready = getattr(self._loop, "_ready", None)  # asyncio's ready queue (CPython's event loops; absent: go)
+        if ready is None or len(ready) <= _HELD_PUMPS.get(self._loop, 0):
+            return False
+        return time.monotonic() < self._queue[0].enqueued + self.max_delay_s
+
+    def _pump_after_the_ready_callbacks(self) -> None:
+        """Pump again once the callbacks ready now have run (one held pump per batcher at a time)."""
+        assert self._loop is not None
+        if self._pump_held:
+            return
+        self._pump_held = True
+        _HELD_PUMPS[self._loop] = _HELD_PUMPS.get(self._loop, 0) + 1
+        self._loop.call_soon(self._held_pump)
+
+    def _held_pump(self) -> None:
+        self._pump_held = False
+        _HELD_PUMPS[self._loop] -= 1
+        self._pump()
 
     def _pump_soon(self) -> None:
         """Pump once the requests of this pass of the event loop are all queued (one pump for a burst: requests that
