@@ -189,6 +189,116 @@ def test_requests_that_arrive_together_at_an_idle_server_share_its_first_batch(r
     assert [r[1][0].sentences for r in results] == [3, 3, 3]
 
 
+def count_holds(batcher: Batcher) -> list[int]:
+    """A one-item list counting the pumps ``batcher`` holds for the event loop's ready callbacks."""
+    holds = [0]
+    hold = batcher._pump_after_the_ready_callbacks
+
+    def counted() -> None:
+        holds[0] += 1
+        hold()
+
+    batcher._pump_after_the_ready_callbacks = counted
+    return holds
+
+
+def test_an_idle_runtime_takes_the_requests_already_in_the_loops_hands_into_its_batch(runtime):
+    """As grpc.aio hands a busy loop its calls: one request reaches the batcher per pass of the loop, each started by
+    a callback the pass before. The first finds the runtime idle but more callbacks ready, so the batch waits for
+    them (no clock: max_delay is a minute here) and all four share it. Dispatched at once, the first would go
+    alone."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        recorder = Recorder(runtime)
+        batcher = make(recorder, max_delay_s=60.0)
+        calls = []
+
+        def deliver(n: int) -> None:
+            calls.append(asyncio.ensure_future(batcher.embed([sentence(n, f"g{n}_")])))
+            if n < 5:
+                loop.call_soon(deliver, n + 1)
+
+        deliver(2)
+        await until(lambda: len(calls) == 4)
+        results = await asyncio.wait_for(asyncio.gather(*calls), 30)
+        await batcher.close()
+        return recorder, results
+
+    recorder, results = asyncio.run(scenario())
+    assert recorder.batches == [[2, 3, 4, 5]]
+    assert [r[1][0].sentences for r in results] == [4, 4, 4, 4]
+
+
+def test_a_lone_request_at_an_idle_runtime_is_never_held(runtime):
+    """Nothing else ready on the loop: the request goes in the first pump, whatever max_delay (a minute here)."""
+
+    async def scenario():
+        recorder = Recorder(runtime)
+        batcher = make(recorder, max_delay_s=60.0)
+        holds = count_holds(batcher)
+        for n in (3, 4):  # one after the other, as a sequential caller sends them
+            await asyncio.wait_for(batcher.embed([sentence(n, f"l{n}_")]), 30)
+        await batcher.close()
+        return recorder, holds
+
+    recorder, holds = asyncio.run(scenario())
+    assert recorder.batches == [[3], [4]]
+    assert holds == [0]
+
+
+def test_two_idle_batchers_on_one_loop_do_not_hold_each_others_batches(runtime):
+    """Each batcher's pump is ready when the other's runs; held pumps are not requests on their way, so the two go
+    within a few passes of each other instead of holding each other until max_delay (a minute here: the call would
+    time out first)."""
+
+    async def scenario():
+        first, second = Recorder(runtime), Recorder(runtime)
+        batchers = [make(first, max_delay_s=60.0), make(second, max_delay_s=60.0)]
+        holds = [count_holds(b) for b in batchers]
+        calls = [b.embed([sentence(3, f"t{i}_")]) for i, b in enumerate(batchers)]
+        await asyncio.wait_for(asyncio.gather(*calls), 30)
+        for batcher in batchers:
+            await batcher.close()
+        return first, second, holds
+
+    first, second, holds = asyncio.run(scenario())
+    assert first.batches == [[3]] and second.batches == [[3]]
+    assert sum(h[0] for h in holds) >= 1  # the first pump to run saw the other one ready and held
+
+
+def test_a_loop_that_is_never_idle_holds_a_batch_no_longer_than_max_delay(runtime):
+    """A callback that keeps itself ready forever: the batch is held for it until the oldest sentence has waited
+    max_delay, then goes."""
+    max_delay = 0.05
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        recorder = Recorder(runtime)
+        batcher = make(recorder, max_delay_s=max_delay)
+        holds = count_holds(batcher)
+        dispatched: list[float] = []
+        dispatch = batcher._dispatch
+        batcher._dispatch = lambda batch, express: (dispatched.append(time.monotonic()), dispatch(batch, express))
+        busy = True
+
+        def spin() -> None:
+            if busy:
+                loop.call_soon(spin)
+
+        spin()
+        queued = time.monotonic()
+        result = await asyncio.wait_for(batcher.embed([sentence(3, "n")]), 30)
+        busy = False
+        await batcher.close()
+        return recorder, holds, dispatched[0] - queued, result
+
+    recorder, holds, waited, result = asyncio.run(scenario())
+    assert recorder.batches == [[3]] and result[1][0].sentences == 1
+    assert holds[0] > 1  # held pass after pass while the spinner was ready ...
+    assert waited >= max_delay  # ... until the sentence had waited max_delay, not before
+
+
 class _NoThread(RuntimeError):
     pass
 
