@@ -36,7 +36,7 @@ class Limits:
     max_queue_tokens: int = 65536  # tokens waiting across all requests; beyond: RESOURCE_EXHAUSTED "overloaded"
     max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
     max_batch_sentences: int = 256
-    max_delay_ms: float = 2.0  # while a batch runs, how long a partial one waits for company (idle: none)
+    max_delay_ms: float = 2.0  # how long a partial batch waits for company (idle: only for the loop's ready work)
     express_tokens: int = (
         64  # requests this small (about one sentence) may run on one extra runtime worker while all others are busy
     )
@@ -117,8 +117,8 @@ _HELP = {
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
     "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",
-    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher waits "
-    "for none)",
+    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher only "
+    "while the event loop has other callbacks ready, at most this long)",
     "express_tokens": "requests of at most this many tokens may run on one extra runtime worker while all others "
     "are busy, so that they never wait behind long ones (0 = no express worker)",
     "max_concurrent_rpcs": "gRPC calls open at once before new ones get RESOURCE_EXHAUSTED (health checks are not "
