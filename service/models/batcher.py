@@ -210,6 +210,11 @@ class Batcher:
     def queued_sentences(self) -> int:
         return len(self._queue)
 
+    @property
+    def running_sentences(self) -> int:
+        """Sentences in dispatched batches whose answers are not out yet."""
+        return sum(len(run.batch) for run in self._running)
+
     # -- submitting -----------------------------------------------------------------------------------------------
     async def embed(
         self, sentences: Sequence[list[str]], deadline: float | None = None

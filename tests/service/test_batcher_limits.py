@@ -1,6 +1,6 @@
-"""The batcher's dispatch rules on the real tiny runtime: an idle batcher dispatches at once; while a batch runs,
-``--max-delay-ms`` is how long a partial batch waits for company; ``--max-batch-sentences`` caps each runtime call
-and dispatches a full batch at once.
+"""The batcher's dispatch rules on the real tiny runtime: an idle batcher with nothing else ready on the event loop
+dispatches at once; while a batch runs, ``--max-delay-ms`` is how long a partial batch waits for company;
+``--max-batch-sentences`` caps each runtime call and dispatches a full batch at once.
 
 No wall-clock thresholds: "the batcher waited" is read from what the runtime was called with (the batch
 compositions), and "it did not run yet" from the batcher's own counters after the event loop was given every chance
@@ -56,10 +56,13 @@ def sentence(n: int, tag: str) -> list[str]:
 
 
 async def let_the_loop_run(turns: int = 100) -> None:
-    """Give every ready task many turns of the event loop (no clock involved): a batcher that is allowed to dispatch
-    takes a batch within a handful of turns (a batcher task wake-up is three or four callbacks)."""
+    """Give every ready task many turns of the event loop: a batcher that is allowed to dispatch takes a batch within
+    a handful of turns (a batcher task wake-up is three or four callbacks). The test waits on the loop's timers, not
+    in its ready queue: an idle batcher holds a batch while other callbacks are ready (requests on their way to it),
+    and a test that yielded with ``sleep(0)`` would be one of them, every turn. The timers only pace the turns; no
+    assertion depends on how long they take."""
     for _ in range(turns):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.0001)
 
 
 def batcher_from_flags(calls: Calls, *flags: str) -> Batcher:

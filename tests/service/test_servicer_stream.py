@@ -58,18 +58,22 @@ def test_max_stream_inflight_bounds_what_one_stream_has_in_the_server(runtime: E
     batcher = srv.model().batcher
 
     try:
-        # The runtime thread held: the stream's first request is dispatched (an idle batcher does not wait) and waits
-        # for the thread; what the stream admitted after it stays queued, countable.
+        # The runtime thread held: the stream's first batch is dispatched (with what else the event loop had in hand)
+        # and waits for the thread; what the stream admitted after it stays queued. Both are countable.
         batches = batcher.batches_started  # the warm-up's
+
+        def in_the_server() -> tuple[int, int]:
+            return batcher.queued_sentences + batcher.running_sentences, batcher.batches_started - batches
+
         with grpc.insecure_channel(srv.target) as channel:
             stub = pb_grpc.EmbedderStub(channel)
             requests = [tokens_request([f"r{i}", "x"]) for i in range(total)]
             with srv.hold_worker():
                 responses = stub.EmbedStream(iter(requests), timeout=60)
-                wait_until(lambda: batcher.queued_sentences >= inflight - 1, 30, "the stream's first requests queued")
-                in_server = settled(lambda: (batcher.queued_sentences, batcher.batches_started - batches))
+                wait_until(lambda: in_the_server()[0] >= inflight, 30, "the stream's first requests queued")
+                in_server = settled(in_the_server)
             answered = [list(response.embeddings[0].tokens) for response in responses]
-        assert in_server == (inflight - 1, 1)
+        assert in_server == (inflight, 1)
         assert answered == [[f"r{i}", "x"] for i in range(total)]
     finally:
         srv.stop()
