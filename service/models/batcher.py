@@ -16,11 +16,12 @@ Batch formation, when a worker is free:
     counted here on purpose: the runtime sorts every call by length and cuts it into padding-minimal sub-batches
     itself (elmo.runtime.plan_batches); short requests (``express_tokens``) batch among themselves whenever any
     is queued, so that none rides in a call with a long one;
-  * when no batch is running the queue goes as soon as the event loop has nothing else ready: an idle server does
-    not wait for company on a clock, but the requests already in its loop's hands join the batch (grpc.aio hands a
-    busy loop its calls one event at a time; a batch of each alone costs the runtime a call each), at most
-    ``max_delay`` after the oldest; while one runs and a worker is free (``workers`` > 1), a partial batch waits
-    at most ``max_delay`` for company;
+  * when a batch ends, what arrived while it ran goes at once (a loaded runtime, a GPU's above all, runs back to
+    back); when requests arrive at an idle runtime, the queue goes as soon as the event loop has nothing else
+    ready: no clock, but the requests already in the loop's hands join the batch (grpc.aio hands a busy loop its
+    calls one event at a time; a batch of each alone costs the runtime a call each), at most ``max_delay`` after
+    the oldest; while a batch runs and a worker is free (``workers`` > 1), a partial batch waits at most
+    ``max_delay`` for company;
   * the batch goes to the runtime sorted by length, results go back to each caller in its own order;
   * while short requests are about (one arrived in the last ``SHORT_TRAFFIC_S``), a batch that holds a long request
     (over ``express_tokens``) runs in the background: on threads of lower priority (``background_nice``,
@@ -265,13 +266,14 @@ class Batcher:
         return [r[0] for r in results], [r[1] for r in results]
 
     # -- forming and dispatching batches --------------------------------------------------------------------------
-    def _pump(self) -> None:
+    def _pump(self, batch_ended: bool = False) -> None:
         """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
-        A free worker takes the queue when a full batch is queued, or when no batch runs and the event loop has no
-        other callback ready (an idle runtime waits for no clock: :meth:`_loop_has_more_requests_coming`); else a
-        partial batch waits for company until its oldest item has waited ``max_delay`` (a timer pumps again then,
-        in whole milliseconds: :data:`TIMER_RESOLUTION_S`). With every worker busy, the express one takes short
-        requests while a long one runs."""
+        A free worker takes the queue when a full batch is queued, when a batch has just ended (``batch_ended``:
+        what arrived while it ran goes at once, so a loaded runtime runs back to back), or when no batch runs and
+        the event loop has no other callback ready (an idle runtime waits for no clock:
+        :meth:`_loop_has_more_requests_coming`); else a partial batch waits for company until its oldest item has
+        waited ``max_delay`` (a timer pumps again then, in whole milliseconds: :data:`TIMER_RESOLUTION_S`). With
+        every worker busy, the express one takes short requests while a long one runs."""
         while not self._closed:
             self._drop_dead()
             if not self._queue:
@@ -286,7 +288,7 @@ class Batcher:
                 if wait >= TIMER_RESOLUTION_S:
                     self._pump_in(wait // TIMER_RESOLUTION_S * TIMER_RESOLUTION_S)
                     return
-            elif self._loop_has_more_requests_coming():
+            elif not batch_ended and self._loop_has_more_requests_coming():
                 self._pump_after_the_ready_callbacks()
                 return
             batch = self._form_batch()
@@ -424,7 +426,7 @@ class Batcher:
                 self._express_free += 1
             else:
                 self._free += 1
-            self._pump()
+            self._pump(batch_ended=True)
 
     def _drop_dead(self) -> None:
         """Remove cancelled items and fail expired ones with DEADLINE, so no compute is spent on them."""

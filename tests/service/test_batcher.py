@@ -299,6 +299,43 @@ def test_a_loop_that_is_never_idle_holds_a_batch_no_longer_than_max_delay(runtim
     assert waited >= max_delay  # ... until the sentence had waited max_delay, not before
 
 
+def test_what_queued_while_a_batch_ran_goes_when_it_ends_whatever_the_loop_has_ready(runtime):
+    """One worker: a request queued while the first batch runs goes the moment that batch ends, although a callback
+    keeps itself ready on the loop all along (a loaded runtime, a GPU's above all, runs back to back); held until
+    max_delay, a minute here, it would time out."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        gate = Gate(runtime)
+        batcher = Batcher(
+            gate.embed, name="tiny", observer=gate, workers=1,
+            max_batch_tokens=64, max_batch_sentences=8, max_delay_s=60.0, max_queue_tokens=100,
+        )  # fmt: skip
+        batcher.start()
+        first = asyncio.ensure_future(batcher.embed([sentence(3, "a")]))
+        await until(lambda: gate.inside == 1)
+        second = asyncio.ensure_future(batcher.embed([sentence(4, "b")]))
+        await until(lambda: batcher.queued_sentences == 1)
+        busy = True
+
+        def spin() -> None:
+            if busy:
+                loop.call_soon(spin)
+
+        spin()
+        gate.release.set()
+        try:
+            results = await asyncio.wait_for(asyncio.gather(first, second), 30)
+        finally:
+            busy = False
+        await batcher.close()
+        return gate, results
+
+    gate, results = asyncio.run(scenario())
+    assert gate.batches == [[3], [4]]
+    assert [r[1][0].sentences for r in results] == [1, 1]
+
+
 class _NoThread(RuntimeError):
     pass
 
