@@ -16,12 +16,13 @@ Batch formation, when a worker is free:
     counted here on purpose: the runtime sorts every call by length and cuts it into padding-minimal sub-batches
     itself (elmo.runtime.plan_batches); short requests (``express_tokens``) batch among themselves whenever any
     is queued, so that none rides in a call with a long one;
-  * when a batch ends, what arrived while it ran goes at once (a loaded runtime, a GPU's above all, runs back to
-    back); when requests arrive at an idle runtime, the queue goes as soon as the event loop has nothing else
-    ready: no clock, but the requests already in the loop's hands join the batch (grpc.aio hands a busy loop its
-    calls one event at a time; a batch of each alone costs the runtime a call each), at most ``max_delay`` after
-    the oldest; while a batch runs and a worker is free (``workers`` > 1), a partial batch waits at most
-    ``max_delay`` for company;
+  * when a batch ends and no other runs, what arrived while it ran goes at once (a loaded runtime, a GPU's above
+    all, runs back to back); when requests arrive at an idle runtime, the queue goes as soon as the event loop has
+    nothing else ready: no clock, but the requests already in the loop's hands join the batch (grpc.aio hands a
+    busy loop its calls one event at a time; a batch of each alone costs the runtime a call each), at most
+    ``max_delay`` after the oldest (any ready callback counts, so a loop kept busy, by a large answer's pieces say,
+    holds it that long: raising ``max_delay`` raises this bound too); while a batch runs and a worker is free
+    (``workers`` > 1), a partial batch waits at most ``max_delay`` for company;
   * the batch goes to the runtime sorted by length, results go back to each caller in its own order;
   * while short requests are about (one arrived in the last ``SHORT_TRAFFIC_S``), a batch that holds a long request
     (over ``express_tokens``) runs in the background: on threads of lower priority (``background_nice``,
@@ -168,6 +169,7 @@ class Batcher:
         self._express_free = 1 if express_tokens else 0
         self._long_running = 0  # running batches that hold a request over express_tokens (only those make it wait)
         self._running: set[_Run] = set()  # dispatched batches, until their answers are out
+        self._running_sentences = 0  # their sentences
         self._queue: list[_Item] = []
         self._queued_tokens = 0
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
@@ -187,6 +189,7 @@ class Batcher:
         """Serve on the running event loop: batches are formed there, once per pass in which requests arrived, when
         a batch ends and when a partial batch has waited ``max_delay`` (:meth:`_pump`; no task of its own)."""
         self._loop = asyncio.get_running_loop()
+        self._pump_queued = self._pump_held = False  # a pump left on a loop that has gone never runs
 
     async def close(self) -> None:
         """Refuse new work, fail what is still queued and what is running (UNAVAILABLE), stop the threads."""
@@ -213,8 +216,8 @@ class Batcher:
 
     @property
     def running_sentences(self) -> int:
-        """Sentences in dispatched batches whose answers are not out yet."""
-        return sum(len(run.batch) for run in self._running)
+        """Sentences in dispatched batches whose answers are not out yet (a count: safe to read from any thread)."""
+        return self._running_sentences
 
     # -- submitting -----------------------------------------------------------------------------------------------
     async def embed(
@@ -268,9 +271,9 @@ class Batcher:
     # -- forming and dispatching batches --------------------------------------------------------------------------
     def _pump(self, batch_ended: bool = False) -> None:
         """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
-        A free worker takes the queue when a full batch is queued, when a batch has just ended (``batch_ended``:
-        what arrived while it ran goes at once, so a loaded runtime runs back to back), or when no batch runs and
-        the event loop has no other callback ready (an idle runtime waits for no clock:
+        A free worker takes the queue when a full batch is queued, when a batch has just ended and no other runs
+        (``batch_ended``: what arrived while it ran goes at once, so a loaded runtime runs back to back), or when
+        no batch runs and the event loop has no other callback ready (an idle runtime waits for no clock:
         :meth:`_loop_has_more_requests_coming`); else a partial batch waits for company until its oldest item has
         waited ``max_delay`` (a timer pumps again then, in whole milliseconds: :data:`TIMER_RESOLUTION_S`). With
         every worker busy, the express one takes short requests while a long one runs."""
@@ -315,11 +318,11 @@ class Batcher:
             return
         self._pump_held = True
         _HELD_PUMPS[self._loop] = _HELD_PUMPS.get(self._loop, 0) + 1
-        self._loop.call_soon(self._held_pump)
+        self._loop.call_soon(self._held_pump, self._loop)
 
-    def _held_pump(self) -> None:
+    def _held_pump(self, loop: asyncio.AbstractEventLoop) -> None:
         self._pump_held = False
-        _HELD_PUMPS[self._loop] -= 1
+        _HELD_PUMPS[loop] -= 1
         self._pump()
 
     def _pump_soon(self) -> None:
@@ -371,6 +374,7 @@ class Batcher:
             self._free -= 1
         run = _Run(batch, express, long, time.monotonic())
         self._running.add(run)
+        self._running_sentences += len(batch)
         self.batches_running += 1
         self._long_running += long
         self.batches_started += 1
@@ -420,6 +424,7 @@ class Batcher:
                 item.answers.fail(ServiceError(Kind.INTERNAL, "internal error while batching"))
         finally:
             self._running.discard(run)
+            self._running_sentences -= len(run.batch)
             self.batches_running -= 1
             self._long_running -= run.long
             if run.express:

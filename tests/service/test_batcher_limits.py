@@ -59,10 +59,11 @@ async def let_the_loop_run(turns: int = 100) -> None:
     """Give every ready task many turns of the event loop: a batcher that is allowed to dispatch takes a batch within
     a handful of turns (a batcher task wake-up is three or four callbacks). The test waits on the loop's timers, not
     in its ready queue: an idle batcher holds a batch while other callbacks are ready (requests on their way to it),
-    and a test that yielded with ``sleep(0)`` would be one of them, every turn. The timers only pace the turns; no
-    assertion depends on how long they take."""
+    and a test that yielded with ``sleep(0)`` would be one of them, every turn. A millisecond a turn (the selector's
+    resolution) leaves the ready queue empty between turns however slow the machine. The timers only pace the
+    turns; no assertion depends on how long they take."""
     for _ in range(turns):
-        await asyncio.sleep(0.0001)
+        await asyncio.sleep(0.001)
 
 
 def batcher_from_flags(calls: Calls, *flags: str) -> Batcher:
