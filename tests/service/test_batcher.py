@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import threading
 import time
@@ -202,6 +203,23 @@ def count_holds(batcher: Batcher) -> list[int]:
     return holds
 
 
+@contextlib.contextmanager
+def a_callback_always_ready():
+    """A callback that keeps itself ready on the running event loop until the block ends: a loop never idle."""
+    loop = asyncio.get_running_loop()
+    busy = True
+
+    def spin() -> None:
+        if busy:
+            loop.call_soon(spin)
+
+    spin()
+    try:
+        yield
+    finally:
+        busy = False
+
+
 def test_an_idle_runtime_takes_the_requests_already_in_the_loops_hands_into_its_batch(runtime):
     """As grpc.aio hands a busy loop its calls: one request reaches the batcher per pass of the loop, each started by
     a callback the pass before. The first finds the runtime idle but more callbacks ready, so the batch waits for
@@ -273,23 +291,15 @@ def test_a_loop_that_is_never_idle_holds_a_batch_until_max_delay_then_lets_it_go
     max_delay = 0.5
 
     async def scenario():
-        loop = asyncio.get_running_loop()
         recorder = Recorder(runtime)
         batcher = make(recorder, max_delay_s=max_delay)
         holds = count_holds(batcher)
         dispatched: list[float] = []
         dispatch = batcher._dispatch
         batcher._dispatch = lambda batch, express: (dispatched.append(time.monotonic()), dispatch(batch, express))
-        busy = True
-
-        def spin() -> None:
-            if busy:
-                loop.call_soon(spin)
-
-        spin()
-        queued = time.monotonic()
-        result = await asyncio.wait_for(batcher.embed([sentence(3, "n")]), 30)
-        busy = False
+        with a_callback_always_ready():
+            queued = time.monotonic()
+            result = await asyncio.wait_for(batcher.embed([sentence(3, "n")]), 30)
         await batcher.close()
         return recorder, holds, dispatched[0] - queued, result
 
@@ -305,7 +315,6 @@ def test_what_queued_while_a_batch_ran_goes_when_it_ends_whatever_the_loop_has_r
     max_delay, a minute here, it would time out."""
 
     async def scenario():
-        loop = asyncio.get_running_loop()
         gate = Gate(runtime)
         batcher = Batcher(
             gate.embed, name="tiny", observer=gate, workers=1,
@@ -316,18 +325,9 @@ def test_what_queued_while_a_batch_ran_goes_when_it_ends_whatever_the_loop_has_r
         await until(lambda: gate.inside == 1)
         second = asyncio.ensure_future(batcher.embed([sentence(4, "b")]))
         await until(lambda: batcher.queued_sentences == 1)
-        busy = True
-
-        def spin() -> None:
-            if busy:
-                loop.call_soon(spin)
-
-        spin()
-        gate.release.set()
-        try:
+        with a_callback_always_ready():
+            gate.release.set()
             results = await asyncio.wait_for(asyncio.gather(first, second), 30)
-        finally:
-            busy = False
         await batcher.close()
         return gate, results
 
