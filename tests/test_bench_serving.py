@@ -298,8 +298,8 @@ def test_gil_convoy_times_each_interval_with_copies_and_with_views(tiny_model_di
 
 def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir):
     """bench.service.compiled_load: every other round measures the servers in the opposite order (no tree is always
-    first), each run's rate set against the same round's in-process rate. The generators are stood in for here
-    (h2load and wrk are Debian packages the bench installs itself); the in-process runtime is the real one."""
+    first), each run's rate set against the in-process runs just before and after it. The generators are stood in
+    for here (h2load and wrk are Debian packages the bench installs itself); the in-process runtime is the real one."""
     from types import SimpleNamespace
 
     from bench.kit.load import load_embedder
@@ -331,7 +331,13 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
                      ("grpc", "after:g"), ("http", "after:h"), ("grpc", "before:g"), ("http", "before:h")]  # fmt: skip
     for entry in rounds:
         assert entry["after_grpc"]["requests_per_s"] == 5.0 and entry["before_http"]["requests_per_s"] == 15.0
-        assert entry["after_http"]["served_over_in_process"] == pytest.approx(15.0 / entry["in_process_requests_per_s"])
+        rates = entry["in_process_runs_requests_per_s"]  # one before the first load run, one after each
+        assert len(rates) == 5 and entry["in_process_requests_per_s"] == pytest.approx(sum(rates) / 5, rel=1e-3)
+        for k, label in enumerate(f"{tree}_{protocol}" for tree in entry["order"] for protocol in ("grpc", "http")):
+            bracket = (rates[k] + rates[k + 1]) / 2
+            assert entry[label]["in_process_requests_per_s"] == pytest.approx(bracket, rel=1e-3)
+            assert entry[label]["served_over_in_process"] == pytest.approx(entry[label]["requests_per_s"] / bracket,
+                                                                           rel=1e-3)  # fmt: skip
 
 
 def test_compiled_load_serves_each_tree_with_its_own_process_counts(monkeypatch):

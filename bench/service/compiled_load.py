@@ -8,23 +8,23 @@
     python -m bench.service.compiled_load --serve-args='--max-delay-ms 10'    # more flags for this checkout's servers
 
 For each model (``--models``: ``default`` = models/default, ``tiny`` = random weights of the tiny shape, where the
-runtime costs little and the door's own cost shows), each round measures in turn: the in-process runtime
-(``Embedder.embed`` on the same texts, ``--batch`` texts per call, back to back), then per code tree (this checkout,
-and ``--before REV`` when given) ``elmo serve --threads N`` under ``h2load -c C`` (gRPC, one request of
-``--per-request`` sentences sent again and again, framed as gRPC) and under ``wrk -c C`` (HTTP/1.1 keep-alive, the
-same sentences as a ``/v1/embed`` JSON body with ``"encoding": "base64"``, all layers). Each generator runs on one
-thread. Before the runs, one request of each kind is sent by this checkout's client and its answer checked (h2load
-cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and served ÷
-in-process, per round and as medians; the latency each generator reports (``latency_ms``: wrk's p50 and p99, h2load's
-mean and max, which is all it gives). ``--floor``: also, in each round, the same gRPC load on a bare grpc.aio
-server in front of the same runtime (bench.service.grpc_floor ``--model``: one runtime call per request, none of the
-service's code): what any Python grpc.aio door reaches on this machine. ``--ceiling``: also, in each round, bare
-grpc.aio and aiohttp servers that answer with the service's own answer bytes, prebuilt, under the same generators,
-and from their CPU per request the best served ÷ in-process any door on those stacks can reach on this machine's
-cores (bench.service.door_ceiling). Every load run records the machine's busy cores. The generators come from Debian
-(``nghttp2-client``, ``wrk``) and are installed by this command when missing. A benchmark: the figures depend on
-the machine, which the JSON names.
-"""
+runtime costs little and the door's own cost shows), each round measures in turn, per code tree (this checkout, and
+``--before REV`` when given) ``elmo serve --threads N`` under ``h2load -c C`` (gRPC, one request of ``--per-request``
+sentences sent again and again, framed as gRPC) and under ``wrk -c C`` (HTTP/1.1 keep-alive, the same sentences as a
+``/v1/embed`` JSON body with ``"encoding": "base64"``, all layers). Each generator runs on one thread. Every load run
+is set against the in-process runtime (``Embedder.embed`` on the same texts, ``--batch`` texts per call, back to back
+for half ``--duration``) measured just before and just after it, so that the host's drift within a round moves both
+sides of a ratio alike. Before the runs, one request of each kind is sent by this checkout's client and its answer
+checked (h2load cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and
+served ÷ in-process, per round and as medians; the latency each generator reports (``latency_ms``: wrk's p50 and p99,
+h2load's mean and max, which is all it gives). ``--floor``: also, in each round, the same gRPC load on a bare
+grpc.aio server in front of the same runtime (bench.service.grpc_floor ``--model``: one runtime call per request,
+none of the service's code): what any Python grpc.aio door reaches on this machine. ``--ceiling``: also, in each
+round, bare grpc.aio and aiohttp servers that answer with the service's own answer bytes, prebuilt, under the same
+generators, and from their CPU per request the best served ÷ in-process any door on those stacks can reach on this
+machine's cores (bench.service.door_ceiling). Every load run records the machine's busy cores. The generators come
+from Debian (``nghttp2-client``, ``wrk``) and are installed by this command when missing. A benchmark: the figures
+depend on the machine, which the JSON names."""
 
 from __future__ import annotations
 
@@ -256,32 +256,62 @@ class Loads:
         return loaded(lambda: run_wrk(address, self.http_body, args.connections, args.duration, self.work))
 
 
+class InProcess:
+    """The in-process runtime's rate, measured again after every load run: each run is set against the mean of the
+    in-process runs just before and just after it, so that a host whose speed drifts during a round (these shared
+    machines swing by a fifth within minutes) moves both sides of a ratio alike."""
+
+    def __init__(self, embedder, texts: list[str], tokens: int, duration: float, batch: int):
+        self.embedder, self.texts, self.tokens, self.duration, self.batch = embedder, texts, tokens, duration, batch
+        self.runs: list[dict] = []
+        self.measure()
+
+    def measure(self) -> dict:
+        local = measure_in_process(self.embedder, self.texts, self.duration, self.batch)
+        run = {"requests_per_s": local.tokens / local.seconds / self.tokens,
+               "cpu_us_per_request": 1e6 * local.cpu_s * self.tokens / local.tokens}  # fmt: skip
+        self.runs.append(run)
+        return run
+
+    def judge(self, result: dict) -> dict:
+        """``result`` (a load run just ended) against the in-process runs either side of it."""
+        before, after = self.runs[-1], self.measure()
+        rps = (before["requests_per_s"] + after["requests_per_s"]) / 2
+        return {**against(result, rps), "in_process_requests_per_s": rps}
+
+    def summary(self) -> dict:
+        """The round's in-process figures: the mean of its runs, and each run's rate in order."""
+        rates = [run["requests_per_s"] for run in self.runs]
+        return {"in_process_requests_per_s": statistics.fmean(rates),
+                "in_process_tokens_per_s": statistics.fmean(rates) * self.tokens,
+                "in_process_cpu_us_per_request": statistics.fmean(run["cpu_us_per_request"] for run in self.runs),
+                "in_process_runs_requests_per_s": [round(rate, 1) for rate in rates]}  # fmt: skip
+
+
 def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, children: dict,
                   index: int = 0) -> dict:  # fmt: skip
-    """In process, then each server under each generator, then the bare servers (``children``). The servers take
-    turns in the opposite order every other round (``index``), so that neither is always measured first."""
+    """Each server under each generator, then the bare servers (``children``), with an in-process run of half the
+    load runs' duration before the first and after every one (:class:`InProcess`). The servers take turns in the
+    opposite order every other round (``index``), so that neither is always measured first."""
     args = loads.args
-    local = measure_in_process(embedder, texts, args.duration, args.batch)
-    entry = {"in_process_tokens_per_s": local.tokens / local.seconds}
-    rps = entry["in_process_requests_per_s"] = entry["in_process_tokens_per_s"] / tokens
-    entry["in_process_cpu_us_per_request"] = 1e6 * local.cpu_s * tokens / local.tokens
+    local = InProcess(embedder, texts, tokens, args.duration / 2, args.batch)
     order = in_turn(list(servers), index)
-    entry["order"] = order
+    entry: dict = {"order": order}
     for label in order:
         server = servers[label]
         if "grpc" in args.protocols:
-            entry[f"{label}_grpc"] = against(loads.grpc(server.grpc_target), rps)
+            entry[f"{label}_grpc"] = local.judge(loads.grpc(server.grpc_target))
         if "http" in args.protocols:
-            entry[f"{label}_http"] = against(loads.http(server.http_address), rps)
+            entry[f"{label}_http"] = local.judge(loads.http(server.http_address))
     if "floor" in children:
-        entry["floor_grpc"] = against(loads.grpc(f"127.0.0.1:{children['floor'][1]}"), rps)
+        entry["floor_grpc"] = local.judge(loads.grpc(f"127.0.0.1:{children['floor'][1]}"))
     if "echo_grpc" in children:
-        compute_s = entry["in_process_cpu_us_per_request"] / 1e6
+        rps, compute_s = local.runs[-1]["requests_per_s"], local.runs[-1]["cpu_us_per_request"] / 1e6
         entry["ceiling"] = {
             "grpc": echo_ceiling(loads.grpc(f"127.0.0.1:{children['echo_grpc'][1]}"), rps, compute_s),
             "http": echo_ceiling(loads.http(f"127.0.0.1:{children['echo_http'][1]}"), rps, compute_s),
         }
-    return entry
+    return {**local.summary(), **entry}
 
 
 def round_line(entry: dict) -> str:
