@@ -336,7 +336,7 @@ class Embedder:
         ``views``: each sentence's layers are a read-only view into its batch's output, not a copy of its own. A
         copy of more than a few hundred floats gives the GIL away and must take it back; beside a busy thread (the
         service's event loop) each take waits up to the switch interval: 64 sentences' copies took 0.2 ms alone and
-        140 ms beside a spinning thread (docs/runtime.md "Third round"). A caller that copies the vectors anyway
+        140 ms beside a spinning thread (docs/front-door.md "Third round"). A caller that copies the vectors anyway
         (the service writes them into its answers) asks for views."""
         return self._embed_valid(self._validated(sentences), background, views)
 
@@ -492,7 +492,7 @@ class Embedder:
         the all-threads session (a lone sentence's latency); otherwise every batch runs on the parallel session's
         ``pool`` (started longest first, so that the call does not end on one long batch while the other runs
         idle): calls from several threads at once (the service's batcher) then share the cores run by run instead
-        of each starting all the threads (measured: docs/runtime.md "Third round")."""
+        of each starting all the threads (measured: docs/front-door.md "Third round")."""
         if pool is None:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
         if len(batches) == 1 and self._claim_all_threads():
