@@ -332,12 +332,11 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
     for entry in rounds:
         assert entry["after_grpc"]["requests_per_s"] == 5.0 and entry["before_http"]["requests_per_s"] == 15.0
         rates = entry["in_process_runs_requests_per_s"]  # one before the first load run, one after each
-        assert len(rates) == 5 and entry["in_process_requests_per_s"] == pytest.approx(sum(rates) / 5, rel=1e-3)
+        assert len(rates) == 5 and entry["in_process_requests_per_s"] == pytest.approx(sum(rates) / 5)
         for k, label in enumerate(f"{tree}_{protocol}" for tree in entry["order"] for protocol in ("grpc", "http")):
             bracket = (rates[k] + rates[k + 1]) / 2
-            assert entry[label]["in_process_requests_per_s"] == pytest.approx(bracket, rel=1e-3)
-            assert entry[label]["served_over_in_process"] == pytest.approx(entry[label]["requests_per_s"] / bracket,
-                                                                           rel=1e-3)  # fmt: skip
+            assert entry[label]["in_process_requests_per_s"] == pytest.approx(bracket)
+            assert entry[label]["served_over_in_process"] == pytest.approx(entry[label]["requests_per_s"] / bracket)
 
 
 def test_compiled_load_serves_each_tree_with_its_own_process_counts(monkeypatch):

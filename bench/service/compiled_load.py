@@ -285,7 +285,7 @@ class InProcess:
         return {"in_process_requests_per_s": statistics.fmean(rates),
                 "in_process_tokens_per_s": statistics.fmean(rates) * self.tokens,
                 "in_process_cpu_us_per_request": statistics.fmean(run["cpu_us_per_request"] for run in self.runs),
-                "in_process_runs_requests_per_s": [round(rate, 1) for rate in rates]}  # fmt: skip
+                "in_process_runs_requests_per_s": rates}  # fmt: skip
 
 
 def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, children: dict,
