@@ -12,7 +12,9 @@ length, under the 4,096-position budget, the batch's own table rows), onnxruntim
 time per op summed over ``--runs`` runs and grouped: the hoisted input projections (outer ``Gemm``), the
 per-step products inside the Scans (recurrent ``Gemm``, projection ``MatMul``), the per-step gathers of layer 0's
 projection, and the element-wise rest. Beside it the same batch with one table row per position (what layer 0's
-projection costs when it is computed per position, as model.onnx does and the runtime did before).
+projection costs when it is computed per position, as model.onnx does and the runtime did before). Where the
+export has it, the same batch through the batch job's graph too (context_in_step.onnx: each gate's product on
+``[x_t, h]`` inside the step, which onnxruntime fuses with the gate's activation, ``FusedGemm``).
 
 Writes JSON to ``--out`` (default bench/results/cpu_profile.json) and prints Markdown tables.
 """
@@ -35,6 +37,7 @@ from bench.kit.results import result_path
 from bench.kit.revision import REPO
 from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
+from elmo.runtime.modeldir import CONTEXT_IN_STEP_FILE
 
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"
 
@@ -97,8 +100,8 @@ def one_row_per_position(feeds: dict) -> dict:
     return {"table": tokens.reshape(b * s, p), "index": np.arange(b * s).reshape(b, s), "lengths": feeds["lengths"]}
 
 
-def context_profile(model: Path, feeds: dict, runs: int) -> dict:
-    """onnxruntime's profiler on context.onnx, 1 thread: ms per run per op group."""
+def context_profile(model: Path, feeds: dict, runs: int, graph: str = "context.onnx") -> dict:
+    """onnxruntime's profiler on ``graph`` (a context graph of ``model``), 1 thread: ms per run per op group."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="elmo-profile-") as scratch:
@@ -106,7 +109,7 @@ def context_profile(model: Path, feeds: dict, runs: int) -> dict:
         options.intra_op_num_threads = 1
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(scratch) / "context")
-        session = ort.InferenceSession(str(model / "context.onnx"), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(model / graph), options, providers=["CPUExecutionProvider"])
         session.run(None, feeds)  # warm-up, not counted below
         walls = []
         for _ in range(runs):
@@ -138,6 +141,8 @@ def _group(node: str, op: str) -> str:
         return "input projections (outer Gemm)"
     if op == "Gemm":
         return "recurrent products (Gemm in the Scans)"
+    if op == "FusedGemm" and inside:  # the in-step graph: a gate's [x_t, h] product and its activation in one
+        return "gate products with their activation (FusedGemm in the Scans)"
     if op == "MatMul" and inside:
         return "projection products (MatMul in the Scans)"
     if op == "Gather" and inside:
@@ -174,6 +179,8 @@ def main() -> None:
     feeds = typical_batch(embedder, sentences)
     result["context"] = context_profile(model, feeds, args.runs)
     result["context_one_row_per_position"] = context_profile(model, one_row_per_position(feeds), args.runs)
+    if (model / CONTEXT_IN_STEP_FILE).is_file():  # the batch job's graph: the same feeds, the same batch
+        result["context_in_step"] = context_profile(model, feeds, args.runs, CONTEXT_IN_STEP_FILE)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     result |= machine()  # the CPU, its kernel-relevant flags, cores, load (elmo.bench.figures)
     Path(args.out).write_text(json.dumps(result, indent=2))
@@ -201,6 +208,13 @@ def render(result: dict) -> str:
     ]
     for name, ms in context["kernel_ms_per_run"].items():
         lines.append(f"| {name} | {ms:.0f} | {per_position['kernel_ms_per_run'].get(name, 0.0):.0f} |")
+    in_step = result.get("context_in_step")
+    if in_step is not None:
+        head = f"| {CONTEXT_IN_STEP_FILE} (the batch job's graph), the same batch, 1 thread | ms per run | share |"
+        lines += ["", head, "|---|---:|---:|", f"| whole run (best) | {in_step['best_run_ms']:.0f} | |"]
+        kernels = sum(in_step["kernel_ms_per_run"].values())
+        for name, ms in in_step["kernel_ms_per_run"].items():
+            lines.append(f"| {name} | {ms:.0f} | {100 * ms / kernels:.0f} % |")
     return "\n".join(lines)
 
 
