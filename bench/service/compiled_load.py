@@ -282,8 +282,8 @@ class InProcess:
     def summary(self) -> dict:
         """The round's in-process figures: the mean of its runs, and each run's rate in order."""
         rates = [run["requests_per_s"] for run in self.runs]
-        return {"in_process_requests_per_s": statistics.fmean(rates),
-                "in_process_tokens_per_s": statistics.fmean(rates) * self.tokens,
+        mean = statistics.fmean(rates)
+        return {"in_process_requests_per_s": mean, "in_process_tokens_per_s": mean * self.tokens,
                 "in_process_cpu_us_per_request": statistics.fmean(run["cpu_us_per_request"] for run in self.runs),
                 "in_process_runs_requests_per_s": rates}  # fmt: skip
 
