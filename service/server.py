@@ -48,6 +48,7 @@ from elmo.service.grpc.admin import (
     admin_auth_interceptor,
     admin_handler,
 )
+from elmo.service.grpc.health import HealthServicer, WatchLimits, add_health_arguments, watch_limits_from_args
 from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallGate, ObserverInterceptor
 from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 from elmo.service.models.registry import ModelRegistry, ServedModel, parse_alias, serve_model
@@ -56,7 +57,6 @@ from elmo.service.processes import die_with_supervisor, run_processes
 from elmo.service.telemetry.metrics import ServiceMetrics
 from elmo.service.telemetry.observe import RequestObserver
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from elmo.errors import ConfigError, ElmoError
@@ -80,6 +80,7 @@ class RepositoryOptions:
 
 
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" = the whole server
+STOP_GRACE_S = 1.0  # the drain's end: calls still open get this long (at most what is left of it), then cancelled
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class ElmoServer:
         repository: RepositoryOptions | None = None,
         admin_token: str | None = None,
         reuse_port: bool = False,
+        health_limits: WatchLimits | None = None,
     ):
         self.registry = ModelRegistry(models, aliases, allow_empty=repository is not None)
         self.limits = limits
@@ -125,7 +127,6 @@ class ElmoServer:
         self.host, self.port, self.tls = host, port, tls
         self.reuse_port = reuse_port  # --reuse-port: the ports are shared with sibling processes (--processes)
         self._warmed = False  # warm_up done: from then on health follows what is loaded (_health_follows_models)
-        self._health_updates: set[asyncio.Task] = set()
         self.repository: ModelManager | FixedModels = FixedModels(self.registry)
         if repository is not None:
             self.repository = ModelManager(
@@ -139,7 +140,7 @@ class ElmoServer:
             raise ConfigError("--admin-token controls a model repository: serve one with --model-root DIR")
         self.core = RequestCore(self.registry, limits, self.repository)
         self.state = self.core.state  # the drain below sets the core's switch
-        self.health = health_aio.HealthServicer()
+        self.health = HealthServicer(health_limits)
         observer = RequestObserver(metrics)
         interceptors: list[grpc.aio.ServerInterceptor] = [ObserverInterceptor(observer)]
         if auth_token:  # the clients' token: not on health checks, nor on the admin API (its own token)
@@ -147,7 +148,7 @@ class ElmoServer:
         if admin_token:
             interceptors.append(admin_auth_interceptor(admin_token))
         interceptors.append(CallGate.for_limits(limits))
-        self.server = grpc.aio.server(interceptors=interceptors, **grpc_server_settings(limits, reuse_port))
+        self.server = grpc.aio.server(interceptors=interceptors, **self._grpc_settings(reuse_port))
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))
         services = [SERVICE_NAME]
@@ -172,6 +173,14 @@ class ElmoServer:
         self._draining_task: asyncio.Task | None = None
         self._cut_delay = asyncio.Event()  # a second SIGTERM/SIGINT during --shutdown-delay
 
+    def _grpc_settings(self, reuse_port: bool) -> dict:
+        """grpc.aio.server's arguments: gRPC's own cap on open calls holds the call gate's calls and refusals
+        (service.common.limits) plus every Watch stream the health shares allow, with room for Checks left over,
+        so that Watch streams can never keep a Check or an Embed out (docs/operations.md, "Health checks")."""
+        settings = grpc_server_settings(self.limits, reuse_port)
+        settings["maximum_concurrent_rpcs"] += self.health.limits.max_watches
+        return settings
+
     def _serving(self) -> bool:
         """Ready to take requests: at least one model loaded (a repository may have none) and each warmed up."""
         return bool(self.registry.models) and all(model.ready for model in self.registry)
@@ -182,18 +191,16 @@ class ElmoServer:
         if not self._warmed or not self.core.taking_requests:
             return
         answer = health_pb2.HealthCheckResponse
-        status = answer.SERVING if self._serving() else answer.NOT_SERVING
-        task = asyncio.get_running_loop().create_task(self._set_health(status))
-        self._health_updates.add(task)
-        task.add_done_callback(self._health_updates.discard)
+        self._set_health(answer.SERVING if self._serving() else answer.NOT_SERVING)
 
-    async def _set_health(self, status: int) -> None:
+    def _set_health(self, status: int) -> None:
+        """Every health service's status; the watchers are woken, none is waited for (service.grpc.health)."""
         for service in HEALTH_SERVICES:
-            await self.health.set(service, status)
+            self.health.set(service, status)
 
     async def start(self) -> int:
         """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.host}:{self.port}"
         check_port_free(self.host, self.port, reuse_port=self.reuse_port)
         try:
@@ -242,7 +249,7 @@ class ElmoServer:
             log.warning("no model version under %s could be loaded: health NOT_SERVING until one is published or "
                         "loaded through the admin API", self.repository.root)  # fmt: skip
             return
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
 
     def request_drain(self) -> None:
@@ -261,7 +268,7 @@ class ElmoServer:
             log.info("leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay), then the "
                      "drain", delay)  # fmt: skip
             self.state.leaving = True
-            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._cut_delay.wait(), timeout=delay)
         await self.drain()
@@ -271,13 +278,16 @@ class ElmoServer:
         grace = self.limits.drain_seconds if grace is None else grace
         log.info("draining: new RPCs get UNAVAILABLE, in-flight RPCs have %.0f s to finish", grace)
         self.state.draining = True
-        await self.health.enter_graceful_shutdown()
+        self.health.enter_graceful_shutdown()  # every Watch is sent NOT_SERVING and ends
+        ends_at = asyncio.get_running_loop().time() + grace
         if self.state.active:  # (wait_for with timeout 0 times out even when there is nothing to wait for)
             try:
                 await asyncio.wait_for(self.state.wait_idle(), timeout=grace)
             except TimeoutError:
                 log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
-        await self.server.stop(1.0)
+        # what is still open (a Watch whose client does not read) gets what is left of the grace, 1 s at most: then
+        # gRPC cancels it, so that the process is gone within --drain-seconds whatever clients hold
+        await self.server.stop(min(STOP_GRACE_S, max(0.0, ends_at - asyncio.get_running_loop().time())))
         if self.http is not None:
             await self.http.stop()
         await self.repository.close()
@@ -414,6 +424,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--processes does; for running them yourself, e.g. one systemd unit per process)",
     )
     add_limit_arguments(parser)
+    add_health_arguments(parser)
 
 
 def _model_specs(values: list[str]) -> list[tuple[str, Path]]:
@@ -532,6 +543,7 @@ async def serve(args: argparse.Namespace) -> int:
         repository=repository,
         admin_token=admin_token,
         reuse_port=args.reuse_port,
+        health_limits=watch_limits_from_args(args),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
