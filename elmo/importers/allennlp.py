@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,14 @@ import numpy as np
 import torch
 
 from elmo.errors import ConfigError, InputError, ModelFileError
+from elmo.importers.budget import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    FLOAT32_BYTES,
+    add_budget_argument,
+    check_budget,
+    checked_budget,
+    describe,
+)
 from elmo.model.bilm import BiLM, add_sentence_boundaries, projection_lstm_scan
 from elmo.model.checkpoint import save_model
 from elmo.model.config import ModelConfig
@@ -186,34 +195,98 @@ def options_to_config(data: dict, source: str = "options.json") -> ModelConfig:
 
 
 # -- weights.hdf5 ----------------------------------------------------------------------------------------------
-def read_hdf5(path: str | Path) -> dict[str, np.ndarray]:
-    """Every dataset of a bilm-tf weight file -> {name: float32 array} (h5py only).
+def expected_datasets(cfg: ModelConfig, names: set[str]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every dataset the import reads -> (the shape options.json implies, why), from the config alone (``names``,
+    the file's dataset names, only pick between bilm-tf's optional layouts). Nothing else in the file is read."""
+    d, n_filters, p, c = cfg.char_dim, cfg.n_filters, cfg.projection_dim, cfg.cell_dim
+    expected = {"char_embed": ((CHAR_EMBED_ROWS, d), f"char_cnn.embedding.dim={d}")}
+    for i, (width, count) in enumerate(cfg.filters):
+        why = f"char_cnn.filters[{i}]=[{width}, {count}], embedding dim {d}"
+        expected[f"CNN/W_cnn_{i}"] = ((1, width, d, count), why)
+        expected[f"CNN/b_cnn_{i}"] = ((count,), why)
+    for k in range(cfg.n_highway):
+        why = f"char_cnn.n_highway={cfg.n_highway}, CNN width {n_filters}"
+        for kind in ("carry", "transform"):
+            expected[f"CNN_high_{k}/W_{kind}"] = ((n_filters, n_filters), why)
+            expected[f"CNN_high_{k}/b_{kind}"] = ((n_filters,), why)
+    if "CNN_proj/W_proj" in names or n_filters != p:  # bilm-tf has no CNN_proj when the CNN is P wide
+        why = f"CNN width {n_filters} -> lstm.projection_dim={p}"
+        expected["CNN_proj/W_proj"] = ((n_filters, p), why)
+        expected["CNN_proj/b_proj"] = ((p,), why)
+    for direction in (0, 1):
+        for layer in range(cfg.n_layers):
+            prefix = lstm_prefix(names, direction, layer, cfg.n_layers)
+            why = f"lstm.dim={c}, lstm.projection_dim={p}, input {p}"
+            expected[f"{prefix}/W_0"] = ((p + p, 4 * c), why)
+            expected[f"{prefix}/B"] = ((4 * c,), why)
+            if f"{prefix}/W_P_0" in names or p != c:  # no W_P_0: LSTMCell without num_proj
+                expected[f"{prefix}/W_P_0"] = ((c, p), why)
+    return expected
 
-    A weights file is hostile until checked: HDF5 lets a dataset keep its bytes in other files (external storage,
-    virtual datasets) and a name point elsewhere (soft and external links), which h5py follows transparently, so an
-    imported "weight" could be any file the importing process can read (its /proc/self/environ). Each of those is
-    refused, naming the dataset, before any data is read."""
+
+def read_hdf5(path: str | Path, cfg: ModelConfig, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> dict[str, np.ndarray]:
+    """The datasets of a bilm-tf weight file that ``cfg`` (its options.json) implies -> {name: float32 array}.
+
+    A weights file is hostile until checked, and every check runs before any dataset is read:
+    - links: HDF5 lets a name point elsewhere (soft and external links), and a dataset keep its bytes in other files
+      (external storage, virtual datasets), which h5py follows transparently, so an imported "weight" could be any
+      file the importing process can read (its /proc/self/environ): refused, naming the dataset;
+    - declarations: a few KB can declare a dataset of any size (chunked, compressed or never-written storage), so
+      every dataset read must declare exactly the float32 shape options.json implies, and their total must fit
+      ``max_bytes``; datasets the import does not use are ignored, never read."""
     import h5py  # train extra; imported here so that `elmo --help` stays light
 
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"{path}: weights file not found")
-    datasets: dict[str, np.ndarray] = {}
     try:
         with h5py.File(path, "r") as handle:
-            links: list[tuple[str, object]] = []  # raised after the walk: h5py's C callbacks must not raise
-            handle.visititems_links(lambda name, link: links.append((name, link)))
-            for name, link in links:
-                _refuse_indirect_link(path, name, link, h5py)
-            found: list[tuple[str, h5py.Dataset]] = []
-            handle.visititems(lambda name, item: found.append((name, item)) if isinstance(item, h5py.Dataset) else None)
-            for name, item in found:
-                _refuse_data_elsewhere(path, name, item)
-            for name, item in found:
-                datasets[name] = np.asarray(item[...], dtype=np.float32)
+            names = _hard_linked_names(path, handle, h5py)
+            expected = expected_datasets(cfg, names)
+            check_budget(str(path), (shape for shape, _ in expected.values()), max_bytes, "options.json")
+            datasets = [_declared_dataset(path, handle, name, shape, why, h5py) for name, (shape, why) in
+                        expected.items()]  # fmt: skip
+            ignored = sorted(n for n in names - set(expected) if handle.get(n, getclass=True) is h5py.Dataset)
+            if ignored:
+                log.info("%s: ignored %d dataset(s) not used for embedding (not read): %s", path, len(ignored),
+                         ignored[:6])  # fmt: skip
+            return {name: _read_float32(dataset) for name, dataset in zip(expected, datasets)}
     except OSError as exc:
         raise ModelFileError(f"{path}: not a readable hdf5 file ({exc})") from None
-    return datasets
+
+
+def _hard_linked_names(path: Path, handle, h5py) -> set[str]:
+    """Every name in the file (groups and datasets); a soft or external link anywhere is refused."""
+    links: list[tuple[str, object]] = []  # raised after the walk: h5py's C callbacks must not raise
+    handle.visititems_links(lambda name, link: links.append((name, link)))
+    for name, link in links:
+        _refuse_indirect_link(path, name, link, h5py)
+    return {name for name, _ in links}
+
+
+def _declared_dataset(path: Path, handle, name: str, shape: tuple[int, ...], why: str, h5py):
+    """The dataset ``name``, its declaration checked (own storage, float32, ``shape``) without reading it."""
+    if name not in handle:
+        raise ModelFileError(f"{path}: missing dataset '{name}' ({why})")
+    dataset = handle[name]
+    if not isinstance(dataset, h5py.Dataset):
+        raise ModelFileError(f"{path}: '{name}' is a group, options.json implies a dataset {shape} float32 ({why})")
+    _refuse_data_elsewhere(path, name, dataset)
+    declared = describe(dataset.shape, dataset.dtype)
+    if dataset.dtype.kind != "f" or dataset.dtype.itemsize != FLOAT32_BYTES:
+        raise ModelFileError(f"{path}: dataset '{name}' is declared {declared}, options.json implies {shape} float32 "
+                             f"({why}): refused before reading")  # fmt: skip
+    if tuple(dataset.shape) != shape:
+        raise ModelFileError(f"{path}: dataset '{name}' has shape {tuple(dataset.shape)} (declared {declared}), "
+                             f"options.json implies {shape} float32 ({why}): refused before reading")  # fmt: skip
+    return dataset
+
+
+def _read_float32(dataset) -> np.ndarray:
+    array = np.empty(dataset.shape, dtype=np.float32)
+    if array.size:
+        dataset.read_direct(array)
+    return array
 
 
 def _refuse_indirect_link(path: Path, name: str, link, h5py) -> None:
@@ -235,12 +308,12 @@ def _refuse_data_elsewhere(path: Path, name: str, dataset) -> None:
                              "(a weights file must hold its own data)")  # fmt: skip
 
 
-def lstm_prefix(datasets: dict[str, np.ndarray], direction: int, layer: int, n_layers: int) -> str:
+def lstm_prefix(names: Collection[str], direction: int, layer: int, n_layers: int) -> str:
     """bilm-tf names: ``RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell``; a one-layer model made without MultiRNNCell
     has ``RNN_{d}/RNN/LSTMCell``."""
     prefix = f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
     single = f"RNN_{direction}/RNN/LSTMCell"
-    if n_layers == 1 and f"{prefix}/W_0" not in datasets and f"{single}/W_0" in datasets:
+    if n_layers == 1 and f"{prefix}/W_0" not in names and f"{single}/W_0" in names:
         return single
     return prefix
 
@@ -337,24 +410,7 @@ def build_model(cfg: ModelConfig, arrays: dict[str, np.ndarray], source: str = "
     converted = convert_weights(cfg, arrays, source)
     state.update(converted)
     model.load_state_dict(state, strict=True)
-    used = _used_datasets(cfg, arrays)
-    ignored = sorted(set(arrays) - used)
-    if ignored:
-        log.info("%s: ignored %d dataset(s) not used for embedding: %s", source, len(ignored), ignored[:6])
     return model.eval()
-
-
-def _used_datasets(cfg: ModelConfig, arrays: dict[str, np.ndarray]) -> set[str]:
-    used = {"char_embed", "CNN_proj/W_proj", "CNN_proj/b_proj"}
-    used |= {f"CNN/{kind}_cnn_{i}" for i in range(len(cfg.filters)) for kind in ("W", "b")}
-    used |= {
-        f"CNN_high_{k}/{n}" for k in range(cfg.n_highway) for n in ("W_carry", "b_carry", "W_transform", "b_transform")
-    }
-    for direction in (0, 1):
-        for layer in range(cfg.n_layers):
-            prefix = lstm_prefix(arrays, direction, layer, cfg.n_layers)
-            used |= {f"{prefix}/{n}" for n in ("W_0", "B", "W_P_0")}
-    return used
 
 
 # -- warm initial state ----------------------------------------------------------------------------------------
@@ -438,10 +494,12 @@ def import_allennlp(
     out: str | Path,
     warm_text: str | Path | None = None,
     warm_tokenized: bool = False,
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
 ) -> BiLM:
-    """options.json + weights.hdf5 (+ optional warm-up text) -> model directory ``out``. Returns the model."""
+    """options.json + weights.hdf5 (+ optional warm-up text) -> model directory ``out``. Returns the model.
+    ``max_weight_bytes`` bounds the weights options.json may imply (checked before anything is read)."""
     cfg = read_options(options)
-    model = build_model(cfg, read_hdf5(weights), source=str(weights))
+    model = build_model(cfg, read_hdf5(weights, cfg, max_weight_bytes), source=str(weights))
     warm_note = "zero initial state (stateless, the default)"
     if warm_text is not None:
         sentences = read_warm_sentences(warm_text, tokenized=warm_tokenized)
@@ -481,11 +539,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="optional warm-up text (one sentence per line): store a fixed warm initial LSTM state computed from it",
     )
     parser.add_argument("--warm-tokenized", action="store_true", help="the warm-up text is whitespace-tokenized")
+    add_budget_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     with torch.no_grad():  # scoped: `elmo.cli.main` may run in a process that trains afterwards
-        model = import_allennlp(args.options, args.weights, args.out, args.warm_text, args.warm_tokenized)
+        model = import_allennlp(
+            args.options,
+            args.weights,
+            args.out,
+            args.warm_text,
+            args.warm_tokenized,
+            max_weight_bytes=checked_budget(args),
+        )
     cfg = model.cfg
     print(
         json.dumps(

@@ -225,7 +225,8 @@ def fixture_sentences(fixture: Path) -> list[list[list[str]]]:
 
 @pytest.fixture(scope="module")
 def fixture_model(bilm_tf_fixture) -> BiLM:
-    return build_model(read_options(bilm_tf_fixture / "options.json"), read_hdf5(bilm_tf_fixture / "lm_weights.hdf5"))
+    cfg = read_options(bilm_tf_fixture / "options.json")
+    return build_model(cfg, read_hdf5(bilm_tf_fixture / "lm_weights.hdf5", cfg))
 
 
 def test_first_batch_of_the_bilm_tf_fixture_matches_from_a_zero_state(bilm_tf_fixture, fixture_model):
@@ -275,7 +276,8 @@ def test_warm_state_reproduces_bilm_tf_carried_states(bilm_tf_fixture, fixture_m
 def test_random_weights_match_the_numpy_reference(tmp_path, shape):
     options, ds = shape.options(), random_hdf5_weights(shape, seed=len(shape.name))
     options_path, weights_path = write_allennlp_files(tmp_path, options, ds)
-    model = build_model(read_options(options_path), read_hdf5(weights_path))
+    cfg = read_options(options_path)
+    model = build_model(cfg, read_hdf5(weights_path, cfg))
     assert max_error_vs_reference(model, options, ds, SENTENCES) <= 1e-5
 
 
@@ -438,7 +440,8 @@ def test_hdf5_that_disagrees_with_options_names_the_dataset(tmp_path, change, da
         options["char_cnn"]["filters"][2] = [4, 16]
     options_path, weights_path = write_allennlp_files(tmp_path, options, ds)
     with pytest.raises(ModelFileError, match=f"'{dataset}'"):
-        build_model(read_options(options_path), read_hdf5(weights_path), source=str(weights_path))
+        cfg = read_options(options_path)
+        build_model(cfg, read_hdf5(weights_path, cfg), source=str(weights_path))
 
 
 def test_cli_reports_bad_files_in_one_line(tmp_path, capsys):
@@ -515,7 +518,7 @@ def test_missing_files_are_errors_not_tracebacks(tmp_path):
     with pytest.raises(ElmoError, match="options file not found"):
         read_options(tmp_path / "nope.json")
     with pytest.raises(ElmoError, match="weights file not found"):
-        read_hdf5(tmp_path / "nope.hdf5")
+        read_hdf5(tmp_path / "nope.hdf5", options_to_config(SHAPES[0].options()))
 
 
 # -- determinism: a sentence's vectors do not depend on its batch -------------------------------------------------
