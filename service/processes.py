@@ -7,10 +7,14 @@ among them; each process has its own models, batcher, limits, health, drain and 
 
 - reserves the ports (a bound, never listening SO_REUSEPORT socket: port 0 becomes one port for all, and nothing
   else takes a given one) and checks every address before any model loads;
-- starts the N processes with the same command line (the first alone until it listens: a bad command line or model
-  fails once, with its own line), each told its ports (the metrics port: ``--metrics-port`` + i,
+- starts the N processes with the same command line (the first alone until it is warm: a bad command line or
+  model fails once, with its own line), each told its ports (the metrics port: ``--metrics-port`` + i,
   one ``/metrics`` per process) and, without ``--threads``, its share of the cores, in a process group of their
   own, so that a terminal's Ctrl-C reaches them once, through here;
+- lets them listen only once all of them are warm: each loads its models and runs its warm-up (the load-time check
+  included) without listening, says so in its warm file (:func:`wait_for_the_group`) and waits; once every one has,
+  this process tells them all (GROUP_WARM_SIGNAL) and they open the shared ports. So no connection ever reaches a
+  process that is not warm, and health on the shared port says SERVING only once the whole group is;
 - writes ``--port-file`` once all of them listen (a fourth line: every process's metrics port);
 - hands every SIGTERM / SIGINT on to all of them (each drains as one server does; a second signal cuts
   ``--shutdown-delay`` short, as there), and exits 0 once all have;
@@ -26,6 +30,7 @@ one process; under ``--model-root`` every process follows the repository itself 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import logging
 import os
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from elmo.service.common.ports import bind_port
@@ -47,6 +53,8 @@ POLL_S = 0.1  # how often the supervisor looks at its processes
 STOP_MARGIN_S = 30.0  # beyond --shutdown-delay + --drain-seconds, how long a stopping process gets before a kill
 _PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "ELMO_SERVE_SUPERVISOR"  # the supervisor's pid, in the environment of the processes it starts
+WARM_FILE_ENV = "ELMO_SERVE_WARM_FILE"  # where a process of the group says it is warm (wait_for_the_group)
+GROUP_WARM_SIGNAL = signal.SIGUSR1  # from the supervisor: every process of the group is warm, listen now
 
 
 def check_options(args: argparse.Namespace, admin_api: bool) -> None:
@@ -97,20 +105,41 @@ def die_with_supervisor() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+async def wait_for_the_group(stopped: Callable[[], Awaitable[None]]) -> bool:
+    """In a process of a group (``WARM_FILE_ENV`` names its warm file), once its models are warm and before it
+    listens: write the warm file, then wait for GROUP_WARM_SIGNAL, sent once every process of the group is warm.
+    True then (and at once outside a group); False when ``stopped()`` ends first (a signal came: the process drains
+    without ever listening)."""
+    warm_file = os.environ.get(WARM_FILE_ENV)
+    if warm_file is None:
+        return True
+    group_warm = asyncio.Event()
+    # the handler before the file: the supervisor may answer at once, and the signal's default action is to end
+    asyncio.get_running_loop().add_signal_handler(GROUP_WARM_SIGNAL, group_warm.set)
+    Path(warm_file).write_text(f"{os.getpid()}\n")
+    waits = [asyncio.ensure_future(group_warm.wait()), asyncio.ensure_future(stopped())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    return group_warm.is_set()
+
+
 class ProcessGroup:
-    """The ``elmo serve`` processes started so far, their port files, and the signals passed on to them."""
+    """The ``elmo serve`` processes started so far, their warm and port files, and the signals passed on to them."""
 
     def __init__(self, stop_timeout: float) -> None:
         self.stop_timeout = stop_timeout
         self.processes: list[subprocess.Popen] = []
+        self.warm_files: list[Path] = []
         self.port_files: list[Path] = []
         self.asked_to_stop = False
 
-    def start(self, command: list[str], port_file: Path) -> None:
+    def start(self, command: list[str], warm_file: Path, port_file: Path) -> None:
         if self.asked_to_stop:  # a signal came before this process: it would never get it
             return
-        environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+        environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), WARM_FILE_ENV: str(warm_file)}
         self.processes.append(subprocess.Popen(command, process_group=0, env=environment))
+        self.warm_files.append(warm_file)
         self.port_files.append(port_file)
 
     def forward(self, signum: int, _frame=None) -> None:
@@ -123,14 +152,25 @@ class ProcessGroup:
     def first_ended(self) -> subprocess.Popen | None:
         return next((p for p in self.processes if p.poll() is not None), None)
 
-    def wait_listening(self) -> list[list[str]] | None:
-        """Until all listen (their port files' lines); None if one ended first or a signal came."""
+    def wait_written(self, files: list[Path]) -> list[list[str]] | None:
+        """Until every one of ``files`` is written (their lines); None if a process ended first or a signal came."""
         while not self.asked_to_stop and self.first_ended() is None:
-            contents = [path.read_text() if path.is_file() else "" for path in self.port_files]
+            contents = [path.read_text() if path.is_file() else "" for path in files]
             if all(contents):
                 return [text.split("\n") for text in contents]
             time.sleep(POLL_S)
         return None
+
+    def wait_warm(self) -> bool:
+        return self.wait_written(self.warm_files) is not None
+
+    def wait_listening(self) -> list[list[str]] | None:
+        """Until all listen (their port files' lines); None if one ended first or a signal came."""
+        return self.wait_written(self.port_files)
+
+    def tell_all_warm(self) -> None:
+        for process in self.processes:
+            process.send_signal(GROUP_WARM_SIGNAL)
 
     def wait_first_end(self) -> subprocess.Popen:
         while (ended := self.first_ended()) is None:
@@ -153,13 +193,16 @@ class ProcessGroup:
 
 
 def start_group(group: ProcessGroup, commands: list[list[str]], port_files: list[Path]) -> list[list[str]] | None:
-    """The first process alone until it listens (a bad command line or model fails once, with its own one line),
-    then the others at once. Every process's port file's lines, or None when one ended first or a signal came."""
-    group.start(commands[0], port_files[0])
-    if group.wait_listening() is None:
+    """The first process alone until it is warm (a bad command line or model fails once, with its own one line),
+    then the others at once; once all are warm, all listen. Every process's port file's lines, or None when one
+    ended first or a signal came."""
+    for i, (command, port_file) in enumerate(zip(commands, port_files)):
+        group.start(command, port_file.with_suffix(".warm"), port_file)
+        if i == 0 and not group.wait_warm():
+            return None
+    if not group.wait_warm():
         return None
-    for command, port_file in zip(commands[1:], port_files[1:]):
-        group.start(command, port_file)
+    group.tell_all_warm()
     return group.wait_listening()
 
 
@@ -214,4 +257,4 @@ def announce(args: argparse.Namespace, grpc_port: int, http_port: int | None, me
         args.port_file.write_text(f"{grpc_port}\n{metrics[0]}\n{http_port or ''}\n{every}\n")
 
 
-__all__ = ["ProcessGroup", "die_with_supervisor", "run_processes"]
+__all__ = ["ProcessGroup", "die_with_supervisor", "run_processes", "wait_for_the_group"]

@@ -53,7 +53,7 @@ from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallG
 from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 from elmo.service.models.registry import ModelRegistry, ServedModel, parse_alias, serve_model
 from elmo.service.models.versions import FixedModels, ModelManager, parse_bytes
-from elmo.service.processes import die_with_supervisor, run_processes
+from elmo.service.processes import die_with_supervisor, run_processes, wait_for_the_group
 from elmo.service.telemetry.metrics import ServiceMetrics
 from elmo.service.telemetry.observe import RequestObserver
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -127,6 +127,7 @@ class ElmoServer:
         self.host, self.port, self.tls = host, port, tls
         self.reuse_port = reuse_port  # --reuse-port: the ports are shared with sibling processes (--processes)
         self._warmed = False  # warm_up done: from then on health follows what is loaded (_health_follows_models)
+        self._working = False  # the batchers started (_start_work)
         self.repository: ModelManager | FixedModels = FixedModels(self.registry)
         if repository is not None:
             self.repository = ModelManager(
@@ -198,9 +199,20 @@ class ElmoServer:
         for service in HEALTH_SERVICES:
             self.health.set(service, status)
 
+    def _start_work(self) -> None:
+        """The switch interval and the batchers, once: before :meth:`warm_up`, which may come first (serve())."""
+        if self._working:
+            return
+        self._working = True
+        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs: common/switching.py
+        for model in self.registry:
+            model.batcher.start()
+
     async def start(self) -> int:
-        """Open the port (health NOT_SERVING until :meth:`warm_up`); returns the bound port."""
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        """Open the port (health NOT_SERVING until :meth:`warm_up`, unless that came first); returns the bound
+        port."""
+        if not self._warmed:
+            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.host}:{self.port}"
         check_port_free(self.host, self.port, reuse_port=self.reuse_port)
         try:
@@ -212,9 +224,7 @@ class ElmoServer:
             raise ConfigError(f"cannot listen on {address}: {exc} (port in use?)") from None
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
-        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs: common/switching.py
-        for model in self.registry:
-            model.batcher.start()
+        self._start_work()
         await self.server.start()
         log.info(
             "listening on %s:%d (%s), models: %s",
@@ -239,6 +249,7 @@ class ElmoServer:
         """A real forward pass per model through its batcher (under --model-root: the latest complete version of
         every model loaded, checked and warmed up, then polling starts); then SERVING, or NOT_SERVING while a
         repository has no model loaded (health then follows the versions as they load: _health_follows_models)."""
+        self._start_work()
         await self.repository.start()
         for model in self.registry:
             if not model.ready:
@@ -421,7 +432,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reuse-port",
         action="store_true",
         help="listen with SO_REUSEPORT, so that other servers started with it may share the ports (what each of "
-        "--processes does; for running them yourself, e.g. one systemd unit per process)",
+        "--processes does; for running them yourself, e.g. one systemd unit per process); the ports open only once "
+        "the models are warm, since a connection may reach any of the servers",
     )
     add_limit_arguments(parser)
     add_health_arguments(parser)
@@ -548,6 +560,12 @@ async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_drain)
+    # the ports shared with sibling processes (--processes): a connection may reach this one, so it opens them warm,
+    # and in a group once all are (service.processes)
+    listen_warm = args.reuse_port
+    if listen_warm and not (await _warm_up_or_fail(server) and await wait_for_the_group(server.wait)):
+        await server.wait()  # a signal before listening: it drains without ever listening
+        return 0
     port = await server.start()
     metrics_port = None
     if args.metrics_port is not None:
@@ -559,15 +577,23 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("metrics on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
     if args.port_file is not None:
         args.port_file.write_text(f"{port}\n{metrics_port or ''}\n{server.http_port or ''}\n")
+    if not listen_warm:
+        await _warm_up_or_fail(server)
+    freeze_long_lived()  # models, sessions and modules out of the collector's scans (service.common.collector)
+    await server.wait()
+    return 0
+
+
+async def _warm_up_or_fail(server: ElmoServer) -> bool:
+    """:meth:`ElmoServer.warm_up`; False when a signal came meanwhile (the server drains), ElmoError when a model
+    is broken (the server stopped: one line says why)."""
     try:
         await server.warm_up()
     except ServiceError as exc:
         if not server.state.draining:  # a broken model: stop cleanly and say why in one line
             await server.drain(grace=0)
             raise ElmoError(f"warm-up failed: {exc.message}") from None
-    freeze_long_lived()  # models, sessions and modules out of the collector's scans (service.common.collector)
-    await server.wait()
-    return 0
+    return not server.state.draining
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,10 +18,13 @@ from elmo.service.processes import process_command
 from elmo.service.server import add_arguments
 
 from elmo.client import EmbedderClient, RemoteError
+from tests.conftest import REPO
 from tests.serve_process import ServeProcess, serve_until_exit, wait_until
 from tests.service_helpers import metric_value, scrape
 
 CALLS = 24  # per protocol, each on a connection of its own: all on one process has odds of 2 ** -23
+DEFAULT_MODEL = REPO / "models" / "default"  # its warm-up takes seconds: long enough for a cold process to be seen
+POLLS = 500
 
 
 def children(pid: int) -> list[int]:
@@ -170,3 +173,60 @@ def test_each_process_runs_the_command_as_given_with_its_ports_and_share_of_the_
     one = parser.parse_args(command[4:])  # what the process parses: the last value of a flag wins
     assert (one.processes, one.reuse_port, one.port, one.http_port, one.metrics_port) == (1, True, 50123, 8123, 9091)
     assert (one.port_file, one.threads, one.model) == (Path("process-1.port"), expected, ["m"])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def poll(target: str) -> tuple[str, str | None]:
+    """On a connection of its own, no retries: (health, then Embed's code when SERVING, else None). A refused
+    connection is health UNAVAILABLE, as a probe sees it."""
+    with EmbedderClient(target, timeout=30, retry_policy=None) as client:
+        try:
+            health = client.health()
+        except RemoteError as error:
+            return error.code.name, None
+        if health != "SERVING":
+            return health, None
+        try:
+            client.embed_texts(["is every process warm"])
+        except RemoteError as error:
+            return health, str(error)
+        return health, "OK"
+
+
+def test_every_process_is_warm_before_it_takes_a_connection(tmp_path: Path) -> None:
+    """Polled from the start on fresh connections: once one answer says SERVING, every later health check says
+    SERVING and every Embed is answered, while the other process starts and after the group's port file says all
+    are ready. (When a process listened before its warm-up, the connections it took got NOT_SERVING, and Embed
+    UNAVAILABLE "warming up", after another had said SERVING.)"""
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    polls: list[tuple[str, str | None]] = []
+    first_serving: int | None = None
+    ready_at: int | None = None  # the poll at which the supervisor's port file appeared
+    with ServeProcess(["--model", str(DEFAULT_MODEL), "--processes", "2", "--port", str(port)], tmp_path) as server:
+        while first_serving is None or ready_at is None or len(polls) - first_serving < POLLS:
+            assert not server.exited(), f"elmo serve exited with {server.proc.returncode}:\n{server.stderr()}"
+            assert len(polls) < 50 * POLLS, f"the group not ready after {len(polls)} polls:\n{server.stderr()}"
+            if ready_at is None and server.port_file.is_file() and server.port_file.read_text():
+                ready_at = len(polls)
+            polls.append(poll(target))
+            if first_serving is None and polls[-1][0] == "SERVING":
+                first_serving = len(polls) - 1
+        server.sigterm()
+        assert server.wait() == 0
+    assert first_serving <= ready_at, "the group's port file came before any process said SERVING"
+    after = polls[first_serving:]
+    bad = [(first_serving + i, answer) for i, answer in enumerate(after) if answer != ("SERVING", "OK")]
+    assert not bad, f"{len(bad)} of {len(after)} polls after the first SERVING were not answered: {bad[:5]}"
+    # before it, nothing listened (a refused connection), rather than a cold process answering NOT_SERVING
+    assert {health for health, _ in polls[:first_serving]} <= {"UNAVAILABLE"}, polls[:first_serving]
+    # and the shared port opened only once both processes were warm (their log lines, in the order written)
+    lines = server.stderr().splitlines()
+    warmed = [i for i, line in enumerate(lines) if "model default warmed up" in line]
+    listening = [i for i, line in enumerate(lines) if f"listening on 127.0.0.1:{port} (plaintext)" in line]
+    assert len(warmed) == len(listening) == 2 and max(warmed) < min(listening), "\n".join(lines)
