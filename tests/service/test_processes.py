@@ -198,6 +198,7 @@ def poll(target: str) -> tuple[str, str | None]:
         return health, "OK"
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: two warm-ups of models/default and 500 polls that embed
 def test_every_process_is_warm_before_it_takes_a_connection(tmp_path: Path) -> None:
     """Polled from the start on fresh connections: once one answer says SERVING, every later health check says
     SERVING and every Embed is answered, while the other process starts and after the group's port file says all
