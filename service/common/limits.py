@@ -14,8 +14,8 @@ from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
-TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_idle_timeout", "grpc_idle_timeout",
-            "grpc_message_timeout")  # fmt: skip
+TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_body_deadline_s", "http_idle_timeout",
+            "grpc_idle_timeout", "grpc_message_timeout", "answer_write_timeout_s")  # fmt: skip
 # the others must be positive
 NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "shutdown_delay", "window_overlap", "express_tokens",
                 "grpc_connection_age")  # fmt: skip
@@ -29,6 +29,10 @@ class Limits:
     max_tokens_per_request: int = 8192
     max_message_bytes: int = 8 * MIB  # largest request gRPC accepts (larger: RESOURCE_EXHAUSTED from gRPC itself)
     max_response_bytes: int = 64 * MIB  # largest response the server builds (larger: INVALID_ARGUMENT, up front)
+    # -- answers built and not yet taken by their clients (service.core.budget) -----------------------------------
+    answer_bytes_in_flight: int = 1024 * MIB  # all answers being computed or sent; beyond: RESOURCE_EXHAUSTED / 503
+    answer_bytes_in_flight_per_peer: int = 256 * MIB  # of those, what one client address may hold
+    answer_write_timeout_s: float = 30.0  # HTTP: a 256 KiB piece of an answer not taken this soon: connection closed
     # -- per pooled request (OpenAI's /v1/embeddings: one vector per input, so far larger requests) --------------
     max_pooled_inputs: int = 2048  # OpenAI's own limit
     max_pooled_tokens: int = 300_000  # all inputs together (OpenAI's per-request limit); embedded in chunks
@@ -47,7 +51,7 @@ class Limits:
     max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: RPCs open at once per connection
     grpc_idle_timeout: float = 300.0  # a connection with no RPC, or a stream with no message, this long is closed
     grpc_message_timeout: float = 30.0  # a unary call's request message must be whole this soon after its headers
-    grpc_connection_age: float = 3600.0  # a connection this old is closed, its RPCs given 30 s more (0 = never)
+    grpc_connection_age: float = 3600.0  # a connection this old is closed, its RPCs given the write timeout more
     max_stream_inflight: int = 16  # EmbedStream requests in flight per stream (backpressure)
     # SIGTERM: seconds of NOT_SERVING health while requests are still answered (a balancer's checks take the
     # replica out first), then the drain
@@ -59,6 +63,7 @@ class Limits:
     # -- HTTP connections (service.http.connections) -------------------------------------------------------------
     http_header_timeout: float = 10.0  # a request's headers must arrive within this (from connect or first byte)
     http_body_timeout: float = 30.0  # longest pause between two reads of a request body
+    http_body_deadline_s: float = 120.0  # the whole body must arrive within this, whatever its pace
     http_idle_timeout: float = 60.0  # a keep-alive connection with no request for this long is closed
     max_connections: int = 1000  # open HTTP connections; more are closed at once with 503
     max_connections_per_peer: int = 250  # of those, what one client address may hold open
@@ -94,6 +99,8 @@ class Limits:
             raise ConfigError("--max-tokens-per-sentence must not exceed --max-batch-tokens (a sentence must fit)")
         if self.max_pooled_tokens < self.max_tokens_per_sentence:
             raise ConfigError("--max-pooled-tokens must be at least --max-tokens-per-sentence (a sentence must fit)")
+        if self.answer_bytes_in_flight_per_peer > self.answer_bytes_in_flight:
+            raise ConfigError("--answer-bytes-in-flight-per-peer must not exceed --answer-bytes-in-flight")
         if self.max_tokens_per_request > self.max_queue_tokens:
             raise ConfigError("--max-tokens-per-request must not exceed --max-queue-tokens (a request must fit)")
         return self
@@ -111,6 +118,16 @@ _HELP = {
     "max_tokens_per_request": "tokens per request, all sentences together",
     "max_message_bytes": "largest request message in bytes",
     "max_response_bytes": "largest response message in bytes",
+    "answer_bytes_in_flight": "bytes of answers the server holds at once, all clients together: from before an "
+    "answer is computed until its client has taken it (a call whose answer would go over is refused before any work: "
+    "gRPC RESOURCE_EXHAUSTED, HTTP 503 with Retry-After)",
+    "answer_bytes_in_flight_per_peer": "bytes of answers one client address may hold at once, its share of "
+    "--answer-bytes-in-flight: a client that does not read its answers gets its next calls refused (behind a proxy "
+    "raise it to --answer-bytes-in-flight)",
+    "answer_write_timeout_s": "seconds an HTTP client may take to read each 256 KiB piece of its answer, then the "
+    "connection is closed and the answer freed; on gRPC, how long a connection's calls may still take once "
+    "--grpc-connection-age closed it (answers a gRPC client does not read hold its share of --answer-bytes-in-flight "
+    "until then)",
     "max_pooled_inputs": "inputs per POST /v1/embeddings request (one pooled vector each)",
     "max_pooled_tokens": "tokens per POST /v1/embeddings request, all inputs together (embedded in chunks of "
     "--max-tokens-per-request, so memory is bounded by the answer, not the request)",
@@ -132,7 +149,8 @@ _HELP = {
     "DEADLINE_EXCEEDED)",
     "grpc_message_timeout": "seconds a gRPC call's request message may take to arrive after its headers (then "
     "DEADLINE_EXCEEDED): a call whose message never completes holds its place no longer",
-    "grpc_connection_age": "seconds after which the server closes a gRPC connection (GOAWAY; its RPCs get 30 s more; "
+    "grpc_connection_age": "seconds after which the server closes a gRPC connection (GOAWAY; its RPCs get "
+    "--answer-write-timeout-s more; "
     "clients reconnect): whatever a connection holds is held for at most this long (0 = no age limit)",
     "max_stream_inflight": "EmbedStream requests in flight per stream",
     "shutdown_delay": "on SIGTERM, seconds the server keeps answering while its health checks (gRPC health, GET "
@@ -148,6 +166,8 @@ _HELP = {
     "default is 5 ms: health checks and short requests then wait behind large answers being encoded)",
     "http_header_timeout": "seconds an HTTP request's headers may take to arrive",
     "http_body_timeout": "seconds an HTTP request body may pause between two reads",
+    "http_body_deadline_s": "seconds an HTTP request body may take in all, from its headers to its last byte, "
+    "however steadily it trickles (then 408 and the connection is closed)",
     "http_idle_timeout": "seconds an idle keep-alive HTTP connection stays open",
     "max_connections": "open HTTP connections; beyond, new ones get 503 and are closed",
     "max_connections_per_peer": "open HTTP connections from one client address, its share of --max-connections "
@@ -177,13 +197,10 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}).validate()
 
 
-CONNECTION_AGE_GRACE_S = 30.0  # a connection closed for its age gives its RPCs this long to finish
-
-
 def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
     """``grpc.aio.server``'s keyword arguments for these limits: message sizes and gRPC core's per-connection
-    bounds (issue 39: one connection of half-sent calls held every one of --max-concurrent-rpcs, gRPC health
-    included): streams open at once, idle and age limits. gRPC core's own count of open calls is only a backstop
+    bounds (without them one connection of half-sent calls could hold every one of --max-concurrent-rpcs, gRPC
+    health included): streams open at once, idle and age limits. gRPC core's own count of open calls is only a backstop
     behind the call gate (service.grpc.interceptors.CallGate), with room for health checks and calls being refused.
     SO_REUSEPORT only when asked (``reuse_port``: sibling processes share the port): otherwise a second server on
     a taken port must fail, not share it."""
@@ -197,7 +214,8 @@ def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
     if limits.grpc_connection_age > 0:
         options += [
             ("grpc.max_connection_age_ms", int(limits.grpc_connection_age * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
+            # then it is closed whatever it holds: answers its client never took are freed here
+            ("grpc.max_connection_age_grace_ms", int(limits.answer_write_timeout_s * 1000)),
         ]
     return {"maximum_concurrent_rpcs": 2 * limits.max_concurrent_rpcs + 256, "options": options}
 

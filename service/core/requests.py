@@ -44,6 +44,7 @@ from elmo.service.core.answers import (
     pooled,
     pooled_bytes,
 )
+from elmo.service.core.budget import AnswerBudget, AnswerClaim
 from elmo.service.core.checks import (
     Bounds,
     check_count,
@@ -99,6 +100,7 @@ class RequestCore:
         self.limits = limits
         self.state = ServerState()  # the drain switch and the count it waits for: the server's drain sets it
         self.versions = versions
+        self.answers = AnswerBudget.for_limits(limits)  # answer bytes in flight: the doors release what they sent
         # Only large requests reach the workers (small ones run in place). They run at the event loop's priority,
         # not lowered: they hold the GIL (Python work), and a lowered thread that holds it while the OS runs others
         # keeps the event loop waiting (health waited 0.7-1.3 s under the noisy-neighbour bench on 2 busy cores).
@@ -149,13 +151,18 @@ class RequestCore:
         deadline: float | None = None,
         *,
         admitted: bool = False,
+        claim: AnswerClaim | None = None,
     ) -> T:
         """Per-token vectors: prepare, queue, then ``answer(result)`` (the door's builder, on a worker when the answer
-        is large), all while the request holds its version."""
+        is large), all while the request holds its version. ``claim``: the answer's place in the budget of answer
+        bytes in flight, taken once its size is known, before any vector is computed; the door releases it once the
+        answer has left."""
         started = time.monotonic()
         with self._in_flight(request.model, admitted) as (model, alias_task):
             prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
+            if claim is not None:
+                claim.take(prepared.answer_bytes)
             result = await self._vectors(prepared, deadline, started)
             return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
 
@@ -167,13 +174,17 @@ class RequestCore:
         normalize: bool = False,
         check: Callable[[ServedModel, Task | None], None] | None = None,
         deadline: float | None = None,
+        claim: AnswerClaim | None = None,
     ) -> T:
         """One vector per input (OpenAI's /v1/embeddings; the pooled limits hold). ``check(model, task)``: the door's
-        own checks against the resolved version (``dimensions``), run with the preparation, before any other work."""
+        own checks against the resolved version (``dimensions``), run with the preparation, before any other work.
+        ``claim``: as for :meth:`embed`."""
         started = time.monotonic()
         with self._in_flight(request.model, admitted=False) as (model, alias_task):
             prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
+            if claim is not None:
+                claim.take(prepared.answer_bytes)
             vectors = await self._pooled_vectors(prepared, deadline, started, normalize)
             result = PooledResult(prepared, vectors)
             return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)

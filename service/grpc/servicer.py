@@ -14,7 +14,9 @@ import time
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code, invalid
+from elmo.service.common.shares import peer_address
 from elmo.service.core.answers import EmbedResult, response_bytes
+from elmo.service.core.budget import AnswerClaim
 from elmo.service.core.encodings import PROTOBUF
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
@@ -44,14 +46,15 @@ def _answer(method):
     return wrapper
 
 
-def _embed(core: RequestCore, request: pb.EmbedRequest, context, admitted: bool = False):
+def _embed(core: RequestCore, request: pb.EmbedRequest, context, claim: AnswerClaim, admitted: bool = False):
     """One EmbedRequest through the core, answered as the serialized EmbedResponse (its request id echoed): the
-    bytes gRPC sends, which its serializer passes through (:func:`_serialized`)."""
+    bytes gRPC sends, which its serializer passes through (:func:`_serialized`). ``claim`` holds the answer's bytes
+    in the budget of answers in flight; the caller releases it once the answer has left."""
 
     def answer(result: EmbedResult) -> bytes:
         return response_bytes(result, request.request_id)
 
-    return core.embed(request, PROTOBUF, answer, _deadline(context), admitted=admitted)
+    return core.embed(request, PROTOBUF, answer, _deadline(context), admitted=admitted, claim=claim)
 
 
 class EmbedderServicer:
@@ -60,7 +63,11 @@ class EmbedderServicer:
 
     @_answer
     async def Embed(self, request, context):  # noqa: N802 - gRPC method names
-        return await _embed(self.core, request, context)
+        # The answer holds its bytes until the call is done: gRPC sends it only as the client's window allows, so
+        # an answer the client never reads stays in the budget (and its peer's next large calls are refused).
+        claim = self.core.answers.claim(peer_address(context.peer()))
+        context.add_done_callback(lambda _: claim.release())
+        return await _embed(self.core, request, context, claim)
 
     async def EmbedStream(self, request_iterator, context):  # noqa: N802
         """Requests are embedded concurrently (so they batch together), answered in order; at most
@@ -81,6 +88,8 @@ class EmbedderServicer:
         slots = asyncio.Semaphore(self.core.limits.max_stream_inflight)
         inflight: asyncio.Queue = asyncio.Queue()  # bounded by the slots (plus one error and the end mark)
         done = object()
+        peer = peer_address(context.peer())
+        claims: list[AnswerClaim] = []  # the answers in flight's bytes, released as each is taken by gRPC
 
         async def read() -> None:
             try:
@@ -89,7 +98,10 @@ class EmbedderServicer:
                         inflight.put_nowait(invalid(request.message))
                         return
                     await slots.acquire()
-                    inflight.put_nowait(asyncio.ensure_future(_embed(self.core, request, context, admitted=True)))
+                    claim = self.core.answers.claim(peer)
+                    claims.append(claim)
+                    embedding = _embed(self.core, request, context, claim, admitted=True)
+                    inflight.put_nowait((asyncio.ensure_future(embedding), claim))
             finally:
                 inflight.put_nowait(done)
 
@@ -98,12 +110,19 @@ class EmbedderServicer:
             while (item := await inflight.get()) is not done:
                 if isinstance(item, ServiceError):
                     raise item
-                yield await item
+                embedding, claim = item
+                yield await embedding  # resumed once gRPC has sent it
+                claim.release()
+                claims.remove(claim)
                 slots.release()
         finally:
             reader.cancel()
+            for claim in claims:
+                claim.release()
             while not inflight.empty():
                 item = inflight.get_nowait()
+                if isinstance(item, tuple):
+                    item = item[0]
                 if isinstance(item, asyncio.Future):
                     item.cancel()
                     if item.done() and not item.cancelled():

@@ -39,6 +39,7 @@ from elmo.service.common.errors import Kind, ServiceError, clip, http_status, in
 from elmo.service.common.limits import human_bytes
 from elmo.service.common.tokens import AdminToken, BearerToken
 from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed
+from elmo.service.core.budget import RETRY_AFTER_S, AnswerBudgetFull, AnswerClaim
 from elmo.service.core.requests import RequestCore
 from elmo.service.http import schema
 from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
@@ -102,19 +103,33 @@ def error_response(status: int, message: str, kind: str, headers: dict[str, str]
 
 
 async def send_in_pieces(
-    request: web.Request, parts: list[bytes], headers: dict[str, str] | None = None
+    request: web.Request, parts: list[bytes], headers: dict[str, str] | None = None, write_timeout: float = 30.0
 ) -> web.StreamResponse:
     """A large body written a piece at a time, each after the last has drained: the event loop never copies or holds
     the whole answer in one step (asyncio's transport would buffer tens of MB in one call), and the answer is
-    never joined into one buffer."""
+    never joined into one buffer. A piece the client does not take within ``write_timeout`` seconds closes the
+    connection (:class:`ClientGone`): a client that stops reading frees the answer's memory."""
     response = web.StreamResponse(headers={**COMMON_HEADERS, **(headers or {}), "Content-Type": JSON_TYPE})
     response.content_length = sum(map(len, parts))
     await response.prepare(request)
     for piece in _pieces(parts, SEND_PIECE_BYTES):
-        await response.write(piece)
+        await _write_within(request, response.write(piece), write_timeout)
         await asyncio.sleep(0)  # a socket that takes each piece at once never pushes back: let the others in
-    await response.write_eof()
+    await _write_within(request, response.write_eof(), write_timeout)
     return response
+
+
+async def _write_within(request: web.Request, write: Awaitable[None], timeout: float) -> None:
+    """``write`` (which waits until the client has taken what was buffered), or the connection aborted after
+    ``timeout`` seconds: abort, not close, which would wait for that client to take the rest."""
+    try:
+        async with asyncio.timeout(timeout):
+            await write
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        message = f"the client did not take its answer within {timeout:g} s (--answer-write-timeout-s)"
+        raise ClientGone(message) from None
 
 
 def _pieces(parts: list[bytes], size: int) -> Iterator[bytes | memoryview]:
@@ -245,6 +260,8 @@ class HttpFrontend:
     async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
+        except AnswerBudgetFull as exc:  # answers in flight fill the budget: the server's room, not the request
+            return error_response(503, exc.message, exc.kind.value, {"Retry-After": str(RETRY_AFTER_S)})
         except ServiceError as exc:
             return error_response(http_status(exc.kind), exc.message, exc.kind.value)
         except web.HTTPException as exc:  # aiohttp's own (no route, wrong method, body too large), and 408
@@ -254,9 +271,11 @@ class HttpFrontend:
             if exc.keep_alive is False:  # the rest of the body will not come: this connection is done
                 response.force_close()
             return response
-        except (ClientGone, ConnectionResetError):
+        except (ClientGone, ConnectionError) as exc:
             # Nobody to answer; aiohttp drops what is written to a closed connection quietly (a re-raise would log
-            # an ERROR with a traceback for every client that hangs up).
+            # an ERROR with a traceback for every client that hangs up). The client's doing, not the server's fault.
+            log.info("client disconnect: %s %s from %s: %s", request.method, request.path, request.remote,
+                     exc or type(exc).__name__)  # fmt: skip
             return web.Response(status=CLIENT_GONE_STATUS)
         except Exception:  # a bug: answer 500, keep serving
             log.exception("%s %s failed", request.method, request.path)
@@ -328,7 +347,12 @@ class HttpFrontend:
         """A built answer: in one write when small, in pieces when large."""
         if sum(map(len, answer.parts)) <= SEND_PIECE_BYTES:
             return web.Response(body=b"".join(answer.parts), content_type=JSON_TYPE, headers=answer.headers)
-        return await send_in_pieces(request, answer.parts, answer.headers)
+        return await send_in_pieces(request, answer.parts, answer.headers, self.limits.answer_write_timeout_s)
+
+    def _claim(self, request: web.Request) -> AnswerClaim:
+        """The answer's place in the budget of answer bytes in flight, counted for the client's address; the
+        endpoint releases it once the answer was written or the connection closed."""
+        return self.core.answers.claim(request.remote or "")
 
     async def _parse(self, body: bytes, parse: Callable[[dict], T]) -> T:
         """``parse(json object)`` for a request body, on a worker when the body is large."""
@@ -359,8 +383,12 @@ class HttpFrontend:
             return JsonAnswer(encode_json_parts(payload), answer_headers(prepared))
 
         encoding = ENCODINGS[parsed.encoding]
-        built = await self.core.embed_pooled(parsed.embed, encoding, answer, normalize, check)
-        return await self._send(request, built)
+        claim = self._claim(request)
+        try:
+            built = await self.core.embed_pooled(parsed.embed, encoding, answer, normalize, check, claim=claim)
+            return await self._send(request, built)
+        finally:
+            claim.release()
 
     async def embed(self, request: web.Request) -> web.StreamResponse:
         body = await self._read(request)
@@ -371,8 +399,12 @@ class HttpFrontend:
             payload = schema.embed_answer(result, call.encoding, call.embed.request_id)
             return JsonAnswer(encode_json_parts(payload), answer_headers(result.prepared))
 
-        built = await self.core.embed(call.embed, ENCODINGS[call.encoding], answer)
-        return await self._send(request, built)
+        claim = self._claim(request)
+        try:
+            built = await self.core.embed(call.embed, ENCODINGS[call.encoding], answer, claim=claim)
+            return await self._send(request, built)
+        finally:
+            claim.release()
 
     async def tokenize(self, request: web.Request) -> web.StreamResponse:
         body = await self._read(request)

@@ -377,19 +377,28 @@ class ConnectionGuard:
 
 
 async def read_body(request: web.Request, limits: Limits) -> bytes:
-    """The request body, read chunk by chunk with at most ``limits.http_body_timeout`` between two chunks.
+    """The request body, read chunk by chunk with at most ``limits.http_body_timeout`` between two chunks, and all
+    of it within ``limits.http_body_deadline_s`` (a sender that trickles a byte now and then never pauses long).
 
     Raises ``web.HTTPRequestEntityTooLarge`` past the app's ``client_max_size`` (before reading on), a 408
-    ``web.HTTPRequestTimeout`` when the body stalls, ``web.HTTPBadRequest`` for a malformed body (bad chunked
-    encoding) and :class:`ClientGone` when the client disconnects before the body is complete.
+    ``web.HTTPRequestTimeout`` when the body stalls or misses its deadline, ``web.HTTPBadRequest`` for a malformed
+    body (bad chunked encoding) and :class:`ClientGone` when the client disconnects before the body is complete.
     """
     max_size = request.client_max_size  # 0: no limit, as in aiohttp's own request.read()
     declared = request.content_length
     if max_size and declared is not None and declared > max_size:
         raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=declared)
     body = bytearray()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.http_body_deadline_s
     while True:
-        chunk = await _next_chunk(request, limits.http_body_timeout)
+        left = deadline - loop.time()
+        if left <= 0:
+            raise _late(limits.http_body_deadline_s)
+        if left < limits.http_body_timeout:
+            chunk = await _next_chunk(request, left, lambda: _late(limits.http_body_deadline_s))
+        else:
+            chunk = await _next_chunk(request, limits.http_body_timeout)
         if not chunk:
             return bytes(body)
         body.extend(chunk)
@@ -397,11 +406,13 @@ async def read_body(request: web.Request, limits: Limits) -> bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=len(body))
 
 
-async def _next_chunk(request: web.Request, timeout: float) -> bytes:
+async def _next_chunk(
+    request: web.Request, timeout: float, on_timeout: Callable[[], web.HTTPRequestTimeout] | None = None
+) -> bytes:
     try:
         return await asyncio.wait_for(request.content.readany(), timeout)
     except TimeoutError:
-        raise _stalled(timeout) from None
+        raise (on_timeout() if on_timeout is not None else _stalled(timeout)) from None
     except ConnectionError as exc:  # aiohttp cancels the body with ConnectionResetError when the connection drops
         raise ClientGone(f"client disconnected before the request body was complete ({exc})") from None
     except RequestPayloadError as exc:
@@ -409,7 +420,14 @@ async def _next_chunk(request: web.Request, timeout: float) -> bytes:
 
 
 def _stalled(timeout: float) -> web.HTTPRequestTimeout:
-    message = f"request body stalled for {timeout:g} s (--http-body-timeout)"
+    return _timed_out(f"request body stalled for {timeout:g} s (--http-body-timeout)")
+
+
+def _late(deadline: float) -> web.HTTPRequestTimeout:
+    return _timed_out(f"request body not complete within {deadline:g} s (--http-body-deadline-s)")
+
+
+def _timed_out(message: str) -> web.HTTPRequestTimeout:
     error = web.HTTPRequestTimeout(reason=message, text=message)
     error.force_close()  # the rest of that body may still come: the connection cannot carry another request
     return error
