@@ -143,8 +143,8 @@ def _cell_body(
     The in-step layout (``step_input``, or ``gates_table`` as four (R, C) tables, one per gate) computes each gate
     by a product of its own, whose (B, C) result the activations read in place (onnxruntime fuses a Gemm and its
     Sigmoid): no Split copies the (B, 4C) gates twice a step, 1.10-1.15x faster per run at 64-192 rows, but slower
-    for a lone sentence on two threads (four smaller products to share out), hence only there (docs/front-door.md,
-    "Eighth round")."""
+    for a lone sentence on two threads (four smaller products to share out), hence only there
+    (bench/notes/front-door.md)."""
     body = _Builder(f"{g.prefix}{scope}/")
     h_in, c_in, gates_t, h_next, c_next, y_t = (
         f"{body.prefix}{name}" for name in ("h", "c", "gates_t", "h_next", "c_next", "y_t")
@@ -264,7 +264,7 @@ def _separate_layer(
     it projects its input for all steps at once, outside the loop; with ``inputs_in_step`` inside each step,
     with the recurrent product ([x_t, h] @ [W_in; W_rec]): no (S·B, 4C) gates through memory, 1.11-1.15× faster
     per run at 64 rows, but 1.3-1.55× slower at 1 row and slower at 8, where each step reads twice the weights
-    (docs/front-door.md, "Sixth round"). The export writes it as context_in_step.onnx, which the batch job runs; the
+    (bench/notes/front-door.md). The export writes it as context_in_step.onnx, which the batch job runs; the
     service keeps the hoisted graph, as a lone sentence's latency comes first."""
     g, outputs = graph.g, []
     for d, (x, w) in enumerate(zip(xs, weights)):

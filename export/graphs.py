@@ -27,7 +27,7 @@ class EncoderGraph(torch.nn.Module):
     onnxruntime's ``Conv`` runs one small product per token and width and barely gains from a second thread; here
     every position's K char vectors side by side (N, W, K·(d+1)), K the widest filter, meet all filters' weights at
     once (K·(d+1), F), a filter narrower than K holding zeros for the taps it lacks (measured: bench.runtime.
-    char_cnn_forms, docs/front-door.md "Sixth round"). A filter of width w has no window at the last w-1 positions;
+    char_cnn_forms, bench/notes/front-door.md). A filter of width w has no window at the last w-1 positions;
     a window that reads past the row is pushed below every real one instead: the char vectors get a (d+1)-th
     component, 0 inside the row and 1 for the ids padding it past its end, weighted on each tap the filter uses by
     :func:`past_the_row_weight` (an exact 0 for the windows that stay inside). The max over positions is then the

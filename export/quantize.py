@@ -30,7 +30,7 @@ from onnx import numpy_helper
 
 from elmo.runtime.probe import token_cosines
 
-INT8_MEAN_COSINE = 0.999  # the issue's bar: a mean this close keeps task scores (bench/export/int8.py)
+INT8_MEAN_COSINE = 0.999  # a mean this close keeps task scores (bench/export/int8.py)
 INT8_MIN_COSINE = 0.99  # and no single token far off (measured worst: 0.997 on real text)
 QUANTIZED_OPS = ("MatMul", "Gemm")
 QUANTIZATION = {  # what onnx.json records of every int8 export; quantization_record adds the weights' scheme

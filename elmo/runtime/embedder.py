@@ -217,8 +217,8 @@ class Embedder:
             raise InputError(f"context_layout must be one of {', '.join(CONTEXT_LAYOUTS)}, not {asked!r}")
         if asked == "in_step" and "context_in_step" not in graphs:
             raise ModelFileError(
-                f"{self.model_dir}: this export has no in_step context graph ({CONTEXT_IN_STEP_FILE}: float exports "
-                "since issue 42's seventh round); re-run `elmo export`, or use context_layout='separate'"
+                f"{self.model_dir}: this export has no in_step context graph ({CONTEXT_IN_STEP_FILE}, which "
+                "`elmo export` writes for float models); re-run `elmo export`, or use context_layout='separate'"
             )
         if asked is not None:
             return asked
@@ -232,7 +232,7 @@ class Embedder:
         has_signed = CONTEXT_S8_KEY in graphs
         if signed_int8 and not has_signed:
             raise ModelFileError(f"{self.model_dir}: signed_int8 was demanded but this export has no "
-                                 f"{CONTEXT_S8_FILE} (int8 exports since issue 42's thirteenth round: re-run `elmo "
+                                 f"{CONTEXT_S8_FILE} (the current `elmo export --int8` writes it: re-run `elmo "
                                  "export --int8`)")  # fmt: skip
         self.int8_products = None
         if has_signed and self.context_layout == "separate" and provider == CPU:
@@ -336,7 +336,7 @@ class Embedder:
         ``views``: each sentence's layers are a read-only view into its batch's output, not a copy of its own. A
         copy of more than a few hundred floats gives the GIL away and must take it back; beside a busy thread (the
         service's event loop) each take waits up to the switch interval: 64 sentences' copies took 0.2 ms alone and
-        140 ms beside a spinning thread (docs/front-door.md "Third round"). A caller that copies the vectors anyway
+        140 ms beside a spinning thread (measured: bench/notes/front-door.md). A caller that copies the vectors anyway
         (the service writes them into its answers) asks for views."""
         return self._embed_valid(self._validated(sentences), background, views)
 
@@ -492,7 +492,7 @@ class Embedder:
         the all-threads session (a lone sentence's latency); otherwise every batch runs on the parallel session's
         ``pool`` (started longest first, so that the call does not end on one long batch while the other runs
         idle): calls from several threads at once (the service's batcher) then share the cores run by run instead
-        of each starting all the threads (measured: docs/front-door.md "Third round")."""
+        of each starting all the threads (measured: bench/notes/front-door.md)."""
         if pool is None:
             return (self._contextualize(table, [rows[i] for i in indices]) for indices in batches)
         if len(batches) == 1 and self._claim_all_threads():

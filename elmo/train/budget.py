@@ -1,10 +1,10 @@
 """``elmo adapt --minutes M``: one time budget for the whole command (split, scoring, training, export), kept across
 ``--resume``. Torch-free.
 
-Before issue 30 a fixed 120 s was held back for the final scoring and the export whatever the budget (``--minutes
-3`` trained for 60 s), the split and the first scoring were not counted at all, and a kill + ``--resume`` started
-the clock again. Now the command's own seconds are summed in its record (adapt.json) at every step, training gets
-what is left after a *measured* reserve, and a resumed run continues the same clock.
+A fixed reserve for the final scoring and the export would starve a small budget (``--minutes 3`` would train for
+60 s) and would not count the split and the first scoring. So the command's own seconds are summed in its record
+(adapt.json) at every step, training gets what is left after a *measured* reserve, and a resumed run continues the
+same clock.
 """
 
 from __future__ import annotations

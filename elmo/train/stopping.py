@@ -1,7 +1,7 @@
 """Stopping a long command cleanly: Ctrl-C (SIGINT) or SIGTERM asks it to stop after the step in progress, so that it
 can save what it has (a checkpoint, the adaptation record) and say how to resume; a second signal stops at once.
 
-Without this, ``elmo train`` stopped before its first checkpoint left an empty run folder (issue 30), and a stop in
+Without it, ``elmo train`` stopped before its first checkpoint would leave an empty run folder, and a stop in
 the middle of a step could leave the weights and the optimizer state out of step with each other. Torch-free.
 """
 

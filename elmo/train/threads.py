@@ -3,8 +3,8 @@
 torch's CPU kernels run on GNU OpenMP (libgomp). Left alone, libgomp lets a thread that has finished its share spin
 for a while (about 3 ms) before it sleeps. The biLM's LSTM runs a few small parallel regions per time step, so its
 threads wait often: on an idle machine the spinning is harmless, but on a busy one a spinning thread burns the time
-slice that the thread it waits for needs, and training crawls (issue 30: 154 tokens/s with libgomp's default, 1,915
-with ``OMP_WAIT_POLICY=PASSIVE`` on the same busy 2-core machine). ``python -m bench.train.wait_policy`` measures
+slice that the thread it waits for needs, and training crawls (154 tokens/s with libgomp's default, 1,915 with
+``OMP_WAIT_POLICY=PASSIVE``, on the same busy 2-core machine). ``python -m bench.train.wait_policy`` measures
 the variants side by side, idle and busy; docs/training.md holds the figures behind the choice below.
 
 libgomp reads the variables once, when it is loaded (the first ``import torch``), so ``elmo`` sets them before it
