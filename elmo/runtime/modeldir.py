@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -78,6 +80,40 @@ def member_file(directory: Path, name: object, what: str, must_exist: bool = Tru
     if must_exist and not path.is_file():
         raise ModelFileError(f"{path}: {what} is missing (re-run `elmo export`)")
     return path
+
+
+OUTSIDE_RULE = 'docs/models.md, "Paths that leave their folder"'
+_log = logging.getLogger(__name__)
+_said_outside: set[tuple[Path, Path]] = set()  # (path, where it leads): each said once per process
+_said_lock = threading.Lock()
+
+
+def outside_target(folder: Path, path: Path) -> Path | None:
+    """Where ``path``, found in ``folder``, really is when that is outside ``folder`` (through a symlink, a ``..``
+    or an absolute path); None when it stays inside, or does not exist."""
+    try:
+        real = Path(folder, path).resolve(strict=True)
+        inside = real.is_relative_to(Path(folder).resolve())
+    except (OSError, RuntimeError):  # missing, unreadable, a symlink loop: the caller's own check names it
+        return None
+    return None if inside else real
+
+
+def note_if_outside(folder: Path, path: Path, what: str) -> Path | None:
+    """The one rule for a model path found inside a folder (a repository's model and version folders, a model's
+    task folders, a spaCy pipeline's model): a path that leads outside the folder is still used (a symlinked version
+    published on purpose, a pipeline saved by reference), and one WARNING per process names it and where it leads.
+    Returns that outside place, or None when the path stays inside."""
+    real = outside_target(folder, path)
+    if real is None:
+        return None
+    shown = Path(folder, path)
+    with _said_lock:
+        if (shown, real) in _said_outside:
+            return real
+        _said_outside.add((shown, real))
+    _log.warning("%s %s leads outside %s, to %s: loaded from there (%s)", what, shown, folder, real, OUTSIDE_RULE)
+    return real
 
 
 def model_directory(path: str | Path) -> Path:

@@ -20,7 +20,9 @@ number or fails because the number exists (a non-empty folder is never replaced)
 their own number and neither ever writes into the other's. Copying a version in by hand (``cp -r``) is not atomic;
 the size check on the weights file keeps a copy in progress from counting, but copy to a hidden name and rename.
 Numbers are one more than the highest numbered entry present, as in Triton: a deleted highest version's number is
-given again.
+given again. A model or version folder may be a symlink to a folder elsewhere (published on purpose, e.g. ``ln -s
+/data/exports/7 ROOT/default/7``): it counts like any other, and one WARNING names where it leads
+(elmo.runtime.modeldir.note_if_outside; docs/models.md).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo.errors import ConfigError, ModelFileError
-from elmo.runtime.modeldir import MAX_META_BYTES, ONNX_FILE, ONNX_META_FILE, member_file
+from elmo.runtime.modeldir import MAX_META_BYTES, ONNX_FILE, ONNX_META_FILE, member_file, note_if_outside
 
 VERSION_PATTERN = re.compile(r"[1-9][0-9]{0,8}")  # 1, 2, ... (no leading zeros: one folder per number)
 MAX_VERSION = 999_999_999
@@ -95,7 +97,9 @@ def verification_passed(version_dir: Path) -> bool:
 
 def incomplete_reason(folder: Path) -> str | None:
     """Why ``folder``'s contents are not a complete, verified export (None when they are): the graphs onnx.json
-    names, its weights file at the recorded size, a passed verification. Cheap (no hashing): a poller calls it."""
+    names, its weights file at the recorded size, a passed verification. Cheap (no hashing): a poller calls it.
+    A version folder that leads outside its model's folder (a symlink) counts, said once (note_if_outside)."""
+    note_if_outside(folder.parent, Path(folder.name), "version folder")
     meta = _read_meta(folder)
     if meta is None:
         where = folder / ONNX_META_FILE
@@ -151,13 +155,14 @@ def complete_versions(model_dir: Path) -> list[int]:
 
 def scan(root: Path) -> dict[str, list[int]]:
     """Model name -> its complete versions (possibly none), for every model folder under ``root`` (hidden and
-    otherwise misnamed folders skipped)."""
+    otherwise misnamed folders skipped; one that leads outside ``root``, a symlink, counts, said once)."""
     root = Path(root)
     if not root.is_dir():
         raise ModelFileError(f"{root}: model root not found (a folder of NAME/VERSION/ model directories)")
     found = {}
     for entry in sorted(root.iterdir()):
         if NAME_PATTERN.fullmatch(entry.name) and entry.is_dir():
+            note_if_outside(root, Path(entry.name), "model folder")
             found[entry.name] = complete_versions(entry)
     return found
 

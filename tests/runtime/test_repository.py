@@ -134,6 +134,51 @@ def test_a_version_that_reaches_outside_its_folder_is_not_complete(tmp_path):
     assert "probe '../probe.bin' must be a plain file name" in incomplete_reason(probe)
 
 
+def outside_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "leads outside" in r.getMessage()]
+
+
+def test_a_symlinked_version_folder_counts_and_is_named_once(tmp_path, caplog):
+    """docs/models.md, "Paths that leave their folder": a version published as a symlink to a folder elsewhere is
+    served, and one WARNING names where it leads, however often the repository is scanned."""
+    elsewhere = fake_export(tmp_path / "exports" / "v2")
+    root = tmp_path / "models"
+    fake_export(root / "default" / "1")
+    (root / "default" / "2").symlink_to(elsewhere)
+    (root / "default" / "3").symlink_to("1")  # inside the model's folder: nothing to say
+    with caplog.at_level("WARNING"):
+        for _ in range(3):  # a poller scans again and again
+            assert scan(root) == {"default": [1, 2, 3]}
+    assert outside_warnings(caplog) == [
+        f"version folder {root / 'default' / '2'} leads outside {root / 'default'}, to {elsewhere}: loaded from "
+        'there (docs/models.md, "Paths that leave their folder")'
+    ]
+
+
+def test_a_symlinked_model_folder_counts_and_is_named_once(tmp_path, caplog):
+    elsewhere = tmp_path / "shared" / "zh"
+    fake_export(elsewhere / "1")
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "zh").symlink_to(elsewhere)
+    with caplog.at_level("WARNING"):
+        assert scan(root) == {"zh": [1]}
+        assert scan(root) == {"zh": [1]}
+    assert outside_warnings(caplog) == [
+        f"model folder {root / 'zh'} leads outside {root}, to {elsewhere}: loaded from there "
+        '(docs/models.md, "Paths that leave their folder")'
+    ]
+
+
+def test_a_model_root_reached_through_a_symlink_is_not_outside_itself(tmp_path, caplog):
+    real = tmp_path / "real"
+    fake_export(real / "default" / "1")
+    (tmp_path / "link").symlink_to(real)
+    with caplog.at_level("WARNING"):
+        assert scan(tmp_path / "link") == {"default": [1]}
+    assert outside_warnings(caplog) == []
+
+
 def test_a_real_export_counts_and_loads(tiny_model_dir, tmp_path):
     published = publish_copy(tiny_model_dir, tmp_path / "root", "tiny")
     assert (published.version, published.path) == (1, tmp_path / "root" / "tiny" / "1")
