@@ -1,4 +1,4 @@
-"""The char-CNN's convolutions in two forms, side by side on the runtime's own path (docs/front-door.md, "Sixth round").
+"""The char-CNN's convolutions in two forms, side by side on the runtime's own path (bench/notes/front-door.md).
 
     python -m bench.runtime.char_cnn_forms --preset small --threads 1 2
     python -m bench.runtime.char_cnn_forms --model models/default --threads 2

@@ -569,7 +569,7 @@ class _WatchedSession:
 def test_calls_from_several_threads_share_the_runs(tiny_model_dir, embedder):
     # The service's batcher calls from two threads at once, each call one small batch. A lone batch may take the
     # all-threads session only while no other run executes; else both calls would start every thread at once on
-    # the same cores (measured: docs/front-door.md "Tenth round"). So no run ever starts beside an all-threads run,
+    # the same cores (measured: bench/notes/front-door.md). So no run ever starts beside an all-threads run,
     # none starts while one executes, and never more runs than runs_in_flight execute together.
     import threading
     from collections import Counter
@@ -594,7 +594,7 @@ def test_calls_from_several_threads_share_the_runs(tiny_model_dir, embedder):
 
 def test_a_cpu_only_request_loads_its_graphs_side_by_side(tiny_model_dir, monkeypatch):
     # Where only the CPU was asked for, the context graph's layout is known before the encoder loads, so the
-    # encoder, the context graph and the parallel runs' copy of it load at once (docs/front-door.md "Tenth round").
+    # encoder, the context graph and the parallel runs' copy of it load at once (bench/notes/front-door.md).
     # Each load here waits until all three began: loads one after another break the barrier instead.
     import threading
 
