@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from elmo.errors import InputError, ModelFileError
+from elmo.runtime.modeldir import note_if_outside
 
 TASKS_DIR = "tasks"
 TASK_FILE = "task.json"
@@ -301,6 +302,7 @@ class TaskStore:
         cached = self._cache.get(name)
         if cached and cached[0] == mtime:
             return cached[1]
+        note_if_outside(self.model_dir, Path(TASKS_DIR, name), "task folder")  # followed, said once (docs/models.md)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:

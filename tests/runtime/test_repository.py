@@ -12,8 +12,10 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from elmo.client import EmbedderClient
 from elmo.errors import ConfigError, ModelFileError
 from elmo.runtime import Embedder
 from elmo.runtime.repository import (
@@ -30,6 +32,8 @@ from elmo.runtime.repository import (
     verification_passed,
     version_dir,
 )
+from tests.serve_process import ServeProcess
+from tests.service_helpers import POS_DEMO, model_with_pos_demo
 
 GRAPHS = {"model": "model.onnx", "encoder": "encoder.onnx", "context": "context.onnx"}
 
@@ -177,6 +181,30 @@ def test_a_model_root_reached_through_a_symlink_is_not_outside_itself(tmp_path, 
     with caplog.at_level("WARNING"):
         assert scan(tmp_path / "link") == {"default": [1]}
     assert outside_warnings(caplog) == []
+
+
+def test_a_served_repository_follows_symlinked_version_and_task_folders_and_says_so_once(tiny_model_dir, tmp_path):
+    """`elmo serve --model-root` on a version folder and a task folder that are symlinks to folders elsewhere: both
+    are served (a task's mix applied), and the server's log names each outside place once, polls or not."""
+    version = model_with_pos_demo(tiny_model_dir, tmp_path / "exports")
+    shared_task = tmp_path / "shared-tasks" / POS_DEMO.name
+    shutil.move(version / "tasks" / POS_DEMO.name, shared_task)
+    (version / "tasks" / POS_DEMO.name).symlink_to(shared_task)
+    root = tmp_path / "models"
+    (root / "tiny").mkdir(parents=True)
+    (root / "tiny" / "1").symlink_to(version)
+    args = ["--model-root", str(root), "--poll-interval-s", "0.05"]
+    with ServeProcess(args, tmp_path / "serve") as server, EmbedderClient(server.wait_serving()) as client:
+        plain = client.embed_texts(["the apple fell"], model="tiny")[0]
+        for _ in range(3):  # a task is read again each time: still said once
+            mixed = client.embed(["the apple fell"], model="tiny", task=POS_DEMO.name)[0].mix
+        np.testing.assert_allclose(mixed, POS_DEMO.apply(plain), rtol=1e-5, atol=1e-6)
+        log = server.stderr()  # after the polls of the load, warm-up and calls (every 0.05 s)
+    assert log.count("leads outside") == 2, log
+    assert f"version folder {root / 'tiny' / '1'} leads outside {root / 'tiny'}, to {version}: loaded" in log
+    served = root / "tiny" / "1"
+    task = served / "tasks" / POS_DEMO.name
+    assert f"task folder {task} leads outside {served}, to {shared_task}: loaded from there" in log
 
 
 def test_a_real_export_counts_and_loads(tiny_model_dir, tmp_path):
