@@ -58,7 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="Ray actors (default: one per GPU, else CPUs / --threads)")
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads per session")
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
-    parser.add_argument("--overwrite", action="store_true", help="discard an existing OUTPUT or unfinished job")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier output of embed-file at OUTPUT, or discard its unfinished job (never anything else)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     long_lines = parser.add_argument_group("long lines")
     long_lines.add_argument(

@@ -5,17 +5,17 @@ engine), finish the output.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from elmo.batch.engines import Backend, make_backend
 from elmo.batch.layout import HDF5, Layout
-from elmo.batch.pipeline import Progress, embed_events, prefetched, write_shards
-from elmo.batch.plan import JSONL, InputPlan, detect_input_format, scan_input
-from elmo.batch.state import JobDirectory, JobOptions, _differences, job_fingerprint
-from elmo.batch.writers import Hdf5Assembly, ShardStats, finish_parquet, finished_job
+from elmo.batch.pipeline import Progress, embed_events, line_limit, prefetched, write_shards
+from elmo.batch.plan import JSONL, InputPlan, check_input_path, detect_input_format, scan_input
+from elmo.batch.state import JobDirectory, JobOptions, describe_differences, job_fingerprint
+from elmo.batch.writers import Hdf5Assembly, ShardStats, earlier_output, finish_parquet
 from elmo.errors import InputError, ModelFileError
+from elmo.text.overflow import Overflow
 
 log = logging.getLogger("elmo.batch")
 
@@ -57,6 +57,7 @@ def _size(path: Path) -> str:
 
 
 def check_options(options: JobOptions) -> None:
+    """Everything that can be checked before the model loads or the input is read, each named by its flag."""
     if options.model is None and not options.server:
         raise InputError("give --model DIR (local runtime) or --server HOST:PORT (remote)")
     if options.model is not None and options.server:
@@ -69,6 +70,11 @@ def check_options(options: JobOptions) -> None:
         raise InputError(f"--batch-tokens must be >= 1, got {options.batch_tokens}")
     if options.shard_lines < 1:
         raise InputError(f"--shard-lines must be >= 1, got {options.shard_lines}")
+    if options.max_sentence_tokens is not None and options.max_sentence_tokens < 1:
+        raise InputError(f"--max-sentence-tokens must be >= 1, got {options.max_sentence_tokens}")
+    if options.window_overlap < 0:
+        raise InputError(f"--window-overlap must be >= 0, got {options.window_overlap}")
+    check_input_path(options.input)
     if options.output.resolve() == options.input.resolve():
         raise InputError(f"{options.output}: OUTPUT would overwrite INPUT")
     if not options.output.parent.is_dir():
@@ -76,31 +82,37 @@ def check_options(options: JobOptions) -> None:
 
 
 def run_job(options: JobOptions) -> JobResult:
-    """The whole job: scan, resume or start, embed the pending shards (local or Ray), finish. Idempotent."""
+    """The whole job: scan, resume or start, embed the pending shards (local or Ray), finish. Idempotent.
+
+    What is already at OUTPUT and OUTPUT.partial is checked first: the job replaces or resumes only its own."""
     check_options(options)
+    job = JobDirectory(options.output)
+    earlier = earlier_output(options.output)  # refuses what embed-file did not write
+    job.check_ours()
     input_format = detect_input_format(options.input, options.input_format)
-    plan = scan_input(options.input, input_format, options.shard_lines, options.progress)
-    if plan.n_lines == 0:  # an empty output that exits 0 reads as success; a wrong or truncated INPUT is likelier
-        raise InputError(f"{options.input}: the input is empty (no lines to embed); nothing written")
     backend = make_backend(options)
     try:
+        limit = line_limit(options, backend) if Overflow.parse(options.overflow) is Overflow.REJECT else None
+        plan = scan_input(options.input, input_format, options.shard_lines, options.progress, limit, options.tokenized)
+        if plan.n_lines == 0:  # an empty output that exits 0 reads as success; a wrong or truncated INPUT is likelier
+            raise InputError(f"{options.input}: the input is empty (no lines to embed); nothing written")
         layout = Layout(options.spec, backend.n_layers, backend.dim, options.dtype)
         fingerprint = job_fingerprint(options, plan, backend.identity(), layout)
-        job = JobDirectory(options.output)
-        done = finished_job(options.output, options.output_format)
-        if done is not None and not options.overwrite:
-            if done == fingerprint:
-                if job.path.exists():  # killed between the final rename and the clean-up
-                    shutil.rmtree(job.path)
-                return JobResult(options.output, lines=plan.n_lines, already_complete=True)
-            why = (
-                f"was made with other arguments or input ({_differences(done, fingerprint)})" if done else "is not ours"
-            )
-            raise InputError(f"{options.output} already exists and {why}; remove it or pass --overwrite")
-        if done is not None:
-            shutil.rmtree(options.output) if options.output.is_dir() else options.output.unlink()
+        if earlier is not None and not options.overwrite:
+            if earlier != fingerprint:
+                raise InputError(
+                    f"{options.output} already exists, made by embed-file with other options or input "
+                    f"({describe_differences(earlier, fingerprint)}); add --overwrite to replace it, or choose "
+                    "another OUTPUT path"
+                )
+            job.remove()  # killed between the final rename and the clean-up
+            return JobResult(options.output, lines=plan.n_lines, already_complete=True)
         job.open(fingerprint, options.overwrite)
-        return _embed_pending(options, plan, backend, layout, job, fingerprint)
+        try:
+            return _embed_pending(options, plan, backend, layout, job, fingerprint)
+        except BaseException:
+            job.discard_if_nothing_committed()  # a failed job that committed nothing leaves nothing behind
+            raise
     finally:
         backend.close()
 

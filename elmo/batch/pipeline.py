@@ -18,11 +18,11 @@ import numpy as np
 
 from elmo.batch.engines import Backend
 from elmo.batch.layout import DTYPES, Layout
-from elmo.batch.plan import JSONL, InputPlan, Record, ShardSpec, plan_call_groups, read_shard
+from elmo.batch.plan import JSONL, InputPlan, LineLimit, Record, ShardSpec, plan_call_groups, read_shard
 from elmo.batch.state import JobOptions, _fsync_dir, _fsync_file
 from elmo.batch.writers import WRITERS, ShardStats
-from elmo.errors import ElmoError, InputError
-from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
+from elmo.errors import ElmoError
+from elmo.text.overflow import Overflow, embed_windowed
 
 log = logging.getLogger("elmo.batch")
 
@@ -50,22 +50,33 @@ def sentence_limit(options: JobOptions, backend: Backend) -> int:
     return min(options.max_sentence_tokens or backend.max_tokens_per_sentence, backend.max_tokens_per_sentence)
 
 
-def _checked_records(plan: InputPlan, shard: ShardSpec, options: JobOptions, limit: int) -> list[Record]:
+def line_limit(options: JobOptions, backend: Backend) -> LineLimit:
+    """The sentence limit as ``--overflow reject`` enforces it, named the way the user can change it."""
+    tokens = sentence_limit(options, backend)
+    if options.max_sentence_tokens is not None and options.max_sentence_tokens <= backend.max_tokens_per_sentence:
+        return LineLimit(tokens, "--max-sentence-tokens")
+    where = "the server's" if options.server else "the local runtime's"
+    return LineLimit(tokens, f"{where} limit; --max-sentence-tokens can lower it, not raise it")
+
+
+def _checked_records(plan: InputPlan, shard: ShardSpec, options: JobOptions, limit: LineLimit) -> list[Record]:
     """The shard's records, each within the sentence limit under the job's overflow policy: over it, ``reject``
-    stops the job naming the line, ``truncate`` keeps the first ``limit`` tokens, ``window`` keeps them all."""
-    records = read_shard(plan, shard, options.tokenized)
+    stops the job naming the line (the scan has refused such lines already; the input may have changed since),
+    ``truncate`` keeps the first ``limit`` tokens, ``window`` keeps them all."""
     policy = Overflow.parse(options.overflow)
+    keep = limit.tokens if policy is Overflow.TRUNCATE else None  # a huge line is tokenized only as far as kept
+    records = read_shard(plan, shard, options.tokenized, keep)
     truncated = 0
     for record in records:
-        if len(record.tokens) <= limit or policy is Overflow.WINDOW:
+        if len(record.tokens) <= limit.tokens or policy is Overflow.WINDOW:
             continue
         if policy is Overflow.REJECT:
-            line = f"line {record.index + 1}"
-            raise InputError(f"{plan.path}: {over_limit_message(line, len(record.tokens), limit)}")
-        record.tokens = record.tokens[:limit]
+            raise limit.refusal(plan.path, record.index, f"{len(record.tokens):,}")
+        record.tokens = record.tokens[: limit.tokens]
         truncated += 1
     if truncated:
-        log.warning("%s: %d lines of shard %d truncated to %d tokens", plan.path, truncated, shard.number, limit)
+        log.warning("%s: %d lines of shard %d truncated to %d tokens (--overflow truncate)", plan.path, truncated,
+                    shard.number, limit.tokens)  # fmt: skip
     return records
 
 
@@ -75,13 +86,14 @@ def embed_events(
     """The embedding itself, the same for every engine: per shard its records (read and tokenized one shard
     ahead, in a thread of their own), then per call group its vectors. Groups are length-sorted; blank lines get no
     model call (the writer fills them in)."""
-    limit = sentence_limit(options, backend)
+    limit = line_limit(options, backend)
     read_ahead = prefetched(((shard, _checked_records(plan, shard, options, limit)) for shard in shards), depth=1)
     for shard, records in read_ahead:
         yield ShardStart(shard, records)
         for positions in plan_call_groups([len(r.tokens) for r in records], backend.group_tokens):
             sentences = [records[p].tokens for p in positions]
-            yield CallGroup(positions, embed_windowed(backend.embed, sentences, limit, options.window_overlap))
+            outputs = embed_windowed(backend.embed, sentences, limit.tokens, options.window_overlap)
+            yield CallGroup(positions, outputs)
         yield ShardEnd(shard)
 
 

@@ -24,6 +24,9 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 # padding), and memory holds at most PREFETCH + 2 groups, whatever the input's size. (Not the overflow policy's
 # windows, elmo.text.overflow: those are pieces of one long sentence.)
 GROUP_BYTES = 128 << 20
+# A line over the sentence limit is counted whole up to this many characters (for the exact count in the refusal);
+# beyond, only as far as it takes to know it is over the limit (an 18 MB line would take seconds to count).
+EXACT_COUNT_CHARS = 1 << 20
 
 
 # -- input ---------------------------------------------------------------------------------------------------------
@@ -114,9 +117,80 @@ def _json_fields(text: str, line_index: int, path: Path) -> tuple[str, str | Non
     return str(raw_id), None, tokens
 
 
-def make_record(raw: bytes, line_index: int, path: Path, input_format: str, tokenized: bool) -> Record:
+@dataclass(frozen=True)
+class LineLimit:
+    """The tokens a line may hold when ``--overflow reject`` (the default) refuses longer ones, and where that limit
+    comes from, in the words of the command line."""
+
+    tokens: int
+    source: str = "--max-sentence-tokens"
+
+    def refusal(self, path: Path, line_index: int, count: str) -> InputError:
+        """The one refusal of a line over the limit (in the scan, and in the embedding loop's own check)."""
+        return InputError(
+            f"{path}: line {line_index + 1} has {count} tokens, over the limit of {self.tokens:,} tokens per line "
+            f"({self.source}); use --overflow truncate (keep its first {self.tokens:,} tokens) or --overflow "
+            "window (embed it all in overlapping windows), or split the line"
+        )
+
+
+def tokens_over_limit(
+    sentence: str, limit: int, tokenized: bool, exact_count_chars: int = EXACT_COUNT_CHARS
+) -> str | None:
+    """None when ``sentence`` holds at most ``limit`` tokens; else its count for a message ("4,123,456", or "more
+    than 100,000" when counting stopped early).
+
+    Cheap on huge lines: a token is at least one character, so a sentence of at most ``limit`` characters is within
+    the limit without tokenizing; one of up to ``exact_count_chars`` is counted whole (the exact count costs under a
+    second); a longer one is tokenized a prefix at a time, the prefix doubling, and since a cut splits at most one
+    token, a prefix with more than ``limit + 1`` tokens settles it."""
+    if len(sentence) <= limit:
+        return None
+    if len(sentence) <= exact_count_chars:
+        count, _ = _count_tokens(sentence, None, tokenized)
+        return f"{count:,}" if count > limit else None
+    size = 2 * (limit + 2)
+    while size < len(sentence):
+        count, _ = _count_tokens(sentence[:size], limit + 1, tokenized)
+        if count > limit + 1:
+            return f"more than {limit:,}"
+        size *= 2
+    count, complete = _count_tokens(sentence, limit + 1, tokenized)
+    if count <= limit:
+        return None
+    return f"{count:,}" if complete else f"more than {limit:,}"
+
+
+def _count_tokens(text: str, stop_after: int | None, tokenized: bool) -> tuple[int, bool]:
+    """Tokens of ``text`` as the job will embed them, and whether that is all of them (tokenizing may stop once
+    there are more than ``stop_after``)."""
+    if tokenized:
+        return len(whitespace_tokens(text)), True
+    result = tokenize(text, stop_after=stop_after)
+    return len(result.tokens), result.complete
+
+
+def _check_line_length(
+    text: str, fields: tuple | None, line_index: int, path: Path, tokenized: bool, limit: LineLimit
+) -> None:
+    """Refuse a line over the limit in the scan, before any embedding (``fields``: a JSONL line's, else None)."""
+    if fields is not None:
+        _, text, tokens = fields
+        if tokens is not None:
+            if len(tokens) > limit.tokens:
+                raise limit.refusal(path, line_index, f"{len(tokens):,}")
+            return
+    count = tokens_over_limit(text.strip(), limit.tokens, tokenized)
+    if count is not None:
+        raise limit.refusal(path, line_index, count)
+
+
+def make_record(
+    raw: bytes, line_index: int, path: Path, input_format: str, tokenized: bool, keep: int | None = None
+) -> Record:
     """One raw line -> Record. Raw text goes through elmo.text.tokenize.tokenize (the one tokenizer); with
-    ``tokenized`` it is split on whitespace and embedded untouched."""
+    ``tokenized`` it is split on whitespace and embedded untouched. ``keep``: only the first ``keep`` tokens will be
+    embedded (--overflow truncate), so tokenizing may stop once there are more."""
     text = _line_text(raw, line_index, path)
     tokens: list[str] | None = None
     if input_format == JSONL:
@@ -126,28 +200,42 @@ def make_record(raw: bytes, line_index: int, path: Path, input_format: str, toke
     if tokens is not None:
         return Record(line_index, record_id, " ".join(tokens), tokens)
     sentence = text.strip()
-    words = whitespace_tokens(sentence) if tokenized else tokenize(sentence).tokens
+    words = whitespace_tokens(sentence) if tokenized else tokenize(sentence, stop_after=keep).tokens
     return Record(line_index, record_id, sentence, words)
 
 
-def scan_input(path: Path, input_format: str, shard_lines: int, progress: bool = False) -> InputPlan:
-    """Read INPUT once, validating every line (UTF-8; JSON for JSONL) so that a bad line fails the job before any
-    work, and note where each shard starts. Memory: one entry per shard. ``progress``: a tqdm bar over the bytes on
-    stderr (about 25 MB/s on one core: a 1 GB corpus is checked for 40 s before the first sentence is embedded)."""
-    from tqdm import tqdm
-
+def check_input_path(path: Path) -> None:
     if not path.exists():
         raise InputError(f"{path}: input file not found")
     if not path.is_file():
         raise InputError(f"{path}: input is not a regular file")
+
+
+def scan_input(
+    path: Path,
+    input_format: str,
+    shard_lines: int,
+    progress: bool = False,
+    limit: LineLimit | None = None,
+    tokenized: bool = False,
+) -> InputPlan:
+    """Read INPUT once, validating every line (UTF-8; JSON for JSONL; with ``limit``, its length in tokens) so that
+    a bad line fails the job before any work, and note where each shard starts. Memory: one entry per shard.
+    ``progress``: a tqdm bar over the bytes on stderr (about 25 MB/s on one core: a 1 GB corpus is checked for 40 s
+    before the first sentence is embedded)."""
+    from tqdm import tqdm
+
+    check_input_path(path)
     with tqdm(
         total=path.stat().st_size, unit="B", unit_scale=True, desc="checking input", disable=not progress,
         dynamic_ncols=True, leave=False,
     ) as bar:  # fmt: skip
-        return _scan(path, input_format, shard_lines, bar)
+        return _scan(path, input_format, shard_lines, bar, limit, tokenized)
 
 
-def _scan(path: Path, input_format: str, shard_lines: int, bar) -> InputPlan:
+def _scan(
+    path: Path, input_format: str, shard_lines: int, bar, limit: LineLimit | None, tokenized: bool
+) -> InputPlan:
     digest = hashlib.sha256()
     shards: list[ShardSpec] = []
     line_index = 0
@@ -157,8 +245,11 @@ def _scan(path: Path, input_format: str, shard_lines: int, bar) -> InputPlan:
             for raw in handle:
                 digest.update(raw)
                 text = _line_text(raw, line_index, path)
-                if input_format == JSONL:
-                    _json_fields(text, line_index, path)
+                fields = _json_fields(text, line_index, path) if input_format == JSONL else None
+                # a line of at most N bytes holds at most N tokens (a token is at least one byte): only long ones
+                # are counted
+                if limit is not None and len(raw) > limit.tokens:
+                    _check_line_length(text, fields, line_index, path, tokenized, limit)
                 line_index += 1
                 offset += len(raw)
                 if line_index % shard_lines == 0:
@@ -173,8 +264,9 @@ def _scan(path: Path, input_format: str, shard_lines: int, bar) -> InputPlan:
     return InputPlan(path, input_format, line_index, digest.hexdigest(), shards)
 
 
-def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool) -> list[Record]:
-    """The shard's lines as Records (seek to its byte range; no re-scan of what came before)."""
+def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool, keep: int | None = None) -> list[Record]:
+    """The shard's lines as Records (seek to its byte range; no re-scan of what came before); ``keep`` as for
+    make_record."""
     with open(plan.path, "rb") as handle:
         handle.seek(shard.byte_start)
         data = handle.read(shard.byte_end - shard.byte_start)
@@ -184,7 +276,8 @@ def read_shard(plan: InputPlan, shard: ShardSpec, tokenized: bool) -> list[Recor
     if len(lines) != shard.n_lines:
         raise InputError(f"{plan.path}: changed while the job was running (lines {shard.first_line}+)")
     return [
-        make_record(raw, shard.first_line + i, plan.path, plan.input_format, tokenized) for i, raw in enumerate(lines)
+        make_record(raw, shard.first_line + i, plan.path, plan.input_format, tokenized, keep)
+        for i, raw in enumerate(lines)
     ]
 
 

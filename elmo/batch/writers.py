@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import numpy as np
 
@@ -26,8 +25,9 @@ from elmo.batch.state import (
     _fsync_file,
     _read_json,
     _write_json_atomic,
+    is_fingerprint,
 )
-from elmo.errors import ElmoError
+from elmo.errors import ElmoError, InputError
 
 log = logging.getLogger("elmo.batch")
 
@@ -193,20 +193,77 @@ WRITERS = {HDF5: (Hdf5ShardWriter, ".h5"), PARQUET: (ParquetShardWriter, ".parqu
 
 
 # -- finishing -----------------------------------------------------------------------------------------------------
-def finished_job(output: Path, output_format: str) -> dict | None:
-    """The fingerprint a finished OUTPUT was made with ({} when it exists but is not ours; None when absent)."""
-    if not output.exists():
+def earlier_output(output: Path) -> dict | None:
+    """The fingerprint of the earlier embed-file output at OUTPUT, None when nothing is there. Anything else there
+    (a user's folder or file, an hdf5 file embed-file did not write, an output with files added to it) is refused
+    with an InputError: the job replaces only what it wrote itself."""
+    if not (output.exists() or output.is_symlink()):
         return None
-    if output_format == PARQUET:
-        manifest = _read_json(output / MANIFEST_FILE) if output.is_dir() else {}
-        return manifest.get("job", {}) if manifest.get("complete") else {}
+    if output.is_symlink():
+        _refuse_output(output, "it is a symbolic link")
+    if output.is_dir():
+        return _earlier_parquet(output)
+    return _earlier_hdf5(output)
+
+
+def _earlier_parquet(output: Path) -> dict:
+    """A Parquet output is ours when its _manifest.json is complete and names the job; it may hold nothing else."""
+    manifest = _read_json(output / MANIFEST_FILE)
+    fingerprint = manifest.get("job")
+    if not manifest.get("complete") or not is_fingerprint(fingerprint):
+        _refuse_output(output, f"a folder without embed-file's {MANIFEST_FILE}")
+    foreign = sorted(set(_entry_names(output)) - set(_parquet_files(manifest)))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        _refuse_output(output, f"an embed-file output that also holds {shown}, which embed-file did not write")
+    return fingerprint
+
+
+def _entry_names(folder: Path) -> list[str]:
+    return [child.name + ("/" if child.is_dir() else "") for child in folder.iterdir()]
+
+
+def _parquet_files(manifest: dict) -> list[str]:
+    """The files of a finished Parquet output: its manifest and the shards it lists."""
+    shards = manifest.get("shards") if isinstance(manifest.get("shards"), list) else []
+    return [MANIFEST_FILE, *(str(entry.get("file")) for entry in shards if isinstance(entry, dict))]
+
+
+def _earlier_hdf5(output: Path) -> dict:
+    """An hdf5 output is ours when its root carries the job's fingerprint (the ``elmo_batch_job`` attribute)."""
     try:
         import h5py
 
         with h5py.File(output, "r") as handle:
-            return json.loads(handle.attrs.get(JOB_ATTR, "{}"))
-    except (OSError, ValueError):
-        return {}
+            fingerprint = json.loads(handle.attrs.get(JOB_ATTR, "{}"))
+    except (OSError, ValueError, TypeError):
+        _refuse_output(output, "a file that is not an hdf5 file")
+    if not is_fingerprint(fingerprint):
+        _refuse_output(output, "an hdf5 file that embed-file did not write")
+    return fingerprint
+
+
+def _refuse_output(output: Path, what: str) -> NoReturn:
+    raise InputError(
+        f"{output} already exists and is not an embed-file output ({what}); embed-file writes a new OUTPUT or "
+        "replaces its own earlier one (--overwrite), never anything else: choose another OUTPUT path"
+    )
+
+
+def make_room_for_output(output: Path, replaced_by_file: bool) -> None:
+    """Before the finished output takes OUTPUT's place: an earlier embed-file output there goes (checked again, it
+    may have changed while the job ran). An hdf5 file is replaced by the rename itself (``replaced_by_file``)."""
+    if earlier_output(output) is None:
+        return
+    if not output.is_dir():
+        if not replaced_by_file:
+            output.unlink()
+        return
+    manifest = _read_json(output / MANIFEST_FILE)
+    for name in reversed(_parquet_files(manifest)):  # the manifest last: a crash midway leaves it ours
+        (output / name).unlink(missing_ok=True)
+    output.rmdir()
+    _fsync_dir(output.parent)
 
 
 def _ordered_entries(job: JobDirectory, plan: InputPlan) -> list[dict]:
@@ -283,9 +340,10 @@ class Hdf5Assembly:
         index_dataset[0] = json.dumps(sentence_to_index)
         self.file.close()
         _fsync_file(self.path)
+        make_room_for_output(self.job.output, replaced_by_file=True)
         os.replace(self.path, self.job.output)
         _fsync_dir(self.job.output.parent)
-        shutil.rmtree(self.job.path)
+        self.job.remove()
 
     def close(self) -> None:
         if self.file.id.valid:
@@ -295,6 +353,7 @@ class Hdf5Assembly:
 def finish_parquet(job: JobDirectory, plan: InputPlan, fingerprint: dict, totals: ShardStats) -> None:
     """Write the final manifest (complete: true) into the shard directory and rename the directory to OUTPUT."""
     entries = _ordered_entries(job, plan)
+    make_room_for_output(job.output, replaced_by_file=False)
     manifest = {
         "complete": True,
         "job": fingerprint,

@@ -353,7 +353,7 @@ def test_every_crash_state_resumes_to_the_same_output(tmp_path, tiny_model_dir):
 
     # killed after the final rename, before removing OUTPUT.partial: a rerun only cleans up
     job.path.mkdir()
-    (job.path / "_job.json").write_text("{}")
+    (job.path / "_job.json").write_text(json.dumps(fingerprint))
     assert embed_file(source, output, *args) == 0
     assert not job.path.exists()
     assert_same_output(output, reference, "hdf5")
@@ -367,30 +367,71 @@ def _parsed(source: Path, output: Path, args: list) -> object:
     return parser.parse_args([str(source), str(output), *map(str, args), "--no-progress", "--threads", "1"])
 
 
+def unfinished_job(source: Path, output: Path, args: list, shards: int) -> JobDirectory:
+    """OUTPUT.partial as a job run with ``args`` leaves it when killed after committing ``shards`` shards."""
+    options = options_from_args(_parsed(source, output, args))
+    plan = scan_input(source, "text", options.shard_lines)
+    backend = make_backend(options)
+    layout = Layout(options.spec, backend.n_layers, backend.dim, options.dtype)
+    job = JobDirectory(output)
+    job.open(job_fingerprint(options, plan, backend.identity(), layout), overwrite=False)
+    for shard in plan.shards[:shards]:
+        job.commit(write_shard(plan, shard, options, backend, layout, job.path))
+    return job
+
+
 def test_resume_refuses_other_arguments_and_existing_outputs(tmp_path, tiny_model_dir, capsys):
     source = write_lines(tmp_path / "in.txt", corpus(30))
     output = tmp_path / "out.h5"
-    partial = tmp_path / "out.h5.partial"
-    partial.mkdir()
-    (partial / "_job.json").write_text(json.dumps({"version": 1, "dtype": "float16"}))
+    model = ["--model", tiny_model_dir, "--shard-lines", "10"]
+    job = unfinished_job(source, output, [*model, "--dtype", "float16"], shards=1)
+    before = sorted(p.name for p in job.path.iterdir())
     capsys.readouterr()
-    assert embed_file(source, output, "--model", tiny_model_dir) == 2
-    err = capsys.readouterr().err
-    assert "unfinished job with other arguments" in err and "dtype" in err and "--overwrite" in err
+    assert embed_file(source, output, *model) == 2
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "holds an unfinished job with 1 shards committed" in err
+    assert "--dtype float16 -> --dtype float32" in err and "--overwrite" in err  # in the words of the command line
+    assert "'dtype'" not in err and "float16' ->" not in err
+    assert sorted(p.name for p in job.path.iterdir()) == before  # the committed shard is kept
 
-    assert embed_file(source, output, "--model", tiny_model_dir, "--overwrite") == 0
+    assert embed_file(source, output, *model, "--overwrite") == 0
     capsys.readouterr()
-    assert embed_file(source, output, "--model", tiny_model_dir) == 0  # same job again: nothing to do
+    assert embed_file(source, output, *model) == 0  # same job again: nothing to do
     assert "already complete" in capsys.readouterr().out
-    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "top") == 2  # another job's file
-    assert "already exists and was made with other arguments or input (layers: 'all' -> 'top')" in (
-        capsys.readouterr().err
-    )
+    assert embed_file(source, output, *model, "--layers", "top") == 2  # another job's output
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "already exists, made by embed-file with other options or input (--layers all -> --layers top)" in err
+    assert "add --overwrite to replace it" in err
     other = tmp_path / "other.h5"
     other.write_bytes(b"not hdf5 at all")
-    assert embed_file(source, other, "--model", tiny_model_dir) == 2  # someone else's file: never overwritten
-    assert "already exists and is not ours" in capsys.readouterr().err
+    assert embed_file(source, other, *model) == 2  # someone else's file: never overwritten
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "already exists and is not an embed-file output" in err and "choose another OUTPUT path" in err
     assert other.read_bytes() == b"not hdf5 at all"
+
+
+def test_other_options_on_a_job_that_committed_nothing_start_again(tmp_path, tiny_model_dir, capsys):
+    """Killed before its first commit, a job run again with other options simply starts again; with committed
+    shards the refusal names the options as typed (``--overflow reject -> --overflow truncate``)."""
+    source = write_lines(tmp_path / "in.txt", corpus(30))
+    model = ["--model", tiny_model_dir, "--shard-lines", "10"]
+    reference = tmp_path / "reference.h5"
+    assert embed_file(source, reference, *model, "--overflow", "truncate") == 0
+
+    output = tmp_path / "out.h5"
+    unfinished_job(source, output, model, shards=0)
+    assert embed_file(source, output, *model, "--overflow", "truncate") == 0
+    assert_same_output(output, reference, "hdf5")
+
+    again = tmp_path / "again.h5"
+    unfinished_job(source, again, model, shards=2)
+    capsys.readouterr()
+    assert embed_file(source, again, *model, "--overflow", "truncate", "--max-sentence-tokens", "64") == 2
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "with 2 shards committed" in err
+    changed = "--overflow reject -> --overflow truncate, --max-sentence-tokens (not given) -> --max-sentence-tokens 64"
+    assert changed in err
+    assert "[" not in err and "None" not in err  # never the fingerprint's own fields
 
 
 def test_progress_bar_and_summary(tmp_path, tiny_model_dir, capsys):

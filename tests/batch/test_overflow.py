@@ -27,7 +27,9 @@ def test_reject_names_the_line_and_the_way_out(tmp_path, tiny_model_dir, capsys)
     args = ["--model", tiny_model_dir, "--max-sentence-tokens", "32"]
     assert embed_file(source, tmp_path / "out.h5", *args) == 2
     (line,) = error_lines(capsys.readouterr().err)
-    assert "line 2 has 80 tokens, over the limit of 32 per sentence" in line and "'window'" in line
+    assert "line 2 has 80 tokens, over the limit of 32 tokens per line (--max-sentence-tokens)" in line
+    assert "--overflow truncate" in line and "--overflow window" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # refused in the scan: nothing written
 
 
 def test_window_and_truncate_locally(tmp_path, tiny_model_dir, embedder):
