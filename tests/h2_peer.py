@@ -72,7 +72,9 @@ class H2Peer:
 
     ``initial_window``: the SETTINGS_INITIAL_WINDOW_SIZE this peer announces for its receive side (0 = the server
     can send no response data at all). The connection-level window is HTTP/2's fixed 65,535 bytes and is never
-    opened further either. ``settings``: more SETTINGS to announce (h2.settings.SettingCodes -> value)."""
+    opened further either. ``settings``: more SETTINGS to announce (h2.settings.SettingCodes -> value).
+    ``source``: the local address to connect from (another loopback address, 127.0.0.2, is another client
+    address to the server: another peer for its per-client shares)."""
 
     def __init__(
         self,
@@ -81,9 +83,12 @@ class H2Peer:
         initial_window: int = 0,
         settings: dict[int, int] | None = None,
         timeout: float = 10.0,
+        source: str | None = None,
     ) -> None:
         self.host, self.port = host, port
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = socket.create_connection(
+            (host, port), timeout=timeout, source_address=(source, 0) if source else None
+        )
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config=config)
         self.conn.initiate_connection()

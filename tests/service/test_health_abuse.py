@@ -1,0 +1,182 @@
+"""Health that no client can stall or exhaust, on real servers on 127.0.0.1 with real clients.
+
+The abusive clients are raw HTTP/2 peers (tests/h2_peer.py) that announce a receive window of 0 and never open it:
+the server can send them headers and trailers, never a status message. One such grpc.health.v1 Watch must not keep
+the server from saying SERVING, nor from saying NOT_SERVING and exiting on SIGTERM; a flood of Watch streams must
+not keep a new client's Check or Embed out (Watch streams have shares of their own, --health-watch-max and
+--health-watch-max-per-peer). The deadlines below (1 s) are the bound the service promises a probe, not speed
+measurements: a server that keeps its promise answers in milliseconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from elmo.client import EmbedderClient
+from elmo.runtime import Embedder
+from tests.h2_peer import HEALTH_WATCH, H2Peer, health_request
+from tests.serve_process import ServeProcess, wait_until
+from tests.service_helpers import EDGE_LIMITS, ServerThread
+
+PROMISE_S = 1.0  # a probe's Check and an Embed are answered within this, whatever other clients hold
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+TOKEN = "health-abuse-token"
+
+
+def check(target: str, timeout: float = PROMISE_S) -> str:
+    """A new client's grpc.health.v1 Check: the status name, or the error code's name."""
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as error:
+            return error.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def embed_tokens(target: str, token: str | None = None) -> list[str]:
+    """A new client's Embed, answered within PROMISE_S (its deadline)."""
+    with EmbedderClient(target, auth_token=token, timeout=PROMISE_S, retry_policy=None) as client:
+        return client.embed(["still answered"])[0].tokens
+
+
+def stalled_watch(target: str, source: str | None = None) -> H2Peer:
+    """A Watch whose client never reads a status: once the server has begun answering (its headers arrived), the
+    status it writes waits on a window of 0."""
+    host, port = target.rsplit(":", 1)
+    peer = H2Peer(host, int(port), initial_window=0, source=source)
+    stream = peer.send_call(HEALTH_WATCH, health_request())
+    deadline = time.monotonic() + 10
+    while not peer.streams[stream].headers and time.monotonic() < deadline:
+        peer.read_events(0.1)
+    assert peer.streams[stream].headers.get(":status") == "200", peer.streams[stream]
+    assert not peer.streams[stream].ended
+    return peer
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_model_dir: Path) -> Embedder:
+    return Embedder(tiny_model_dir, intra_op_threads=1)
+
+
+def test_a_watch_that_never_reads_does_not_keep_health_from_serving(runtime: Embedder) -> None:
+    server = ServerThread({"tiny": runtime}, EDGE_LIMITS)
+    peer = None
+    try:
+        assert check(server.target) == "NOT_SERVING"  # the port is open, the model not yet warm
+        peer = stalled_watch(server.target)
+        server.call(server.server.warm_up(), timeout=20)  # SERVING is set without waiting on any watcher
+        assert check(server.target) == "SERVING"
+        assert embed_tokens(server.target) == ["still", "answered"]
+        # a second one, opened while serving, changes nothing either
+        with stalled_watch(server.target):
+            assert check(server.target) == "SERVING"
+            assert embed_tokens(server.target) == ["still", "answered"]
+    finally:
+        if peer is not None:
+            peer.close()
+        server.stop()
+
+
+def test_a_watcher_that_does_not_read_is_dropped_and_others_still_follow(runtime: Embedder) -> None:
+    from elmo.service.grpc.health import WatchLimits
+
+    limits = WatchLimits(stall_s=0.3)
+    server = ServerThread({"tiny": runtime}, EDGE_LIMITS, health_limits=limits)
+    try:
+        server.warm_up()
+        with stalled_watch(server.target), grpc.insecure_channel(server.target) as channel:
+            follower = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+            assert next(follower).status == health_pb2.HealthCheckResponse.SERVING
+            health = server.server.health
+            wait_until(lambda: health.dropped == 1, 10, "the stalled watcher dropped")
+            assert health.watching == 2  # the dropped one keeps its place until its stream has ended
+            server.loop.call_soon_threadsafe(health.set, "", health_pb2.HealthCheckResponse.NOT_SERVING)
+            assert next(follower).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            follower.cancel()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 1.0])
+def test_sigterm_with_a_stalled_watch_reaches_not_serving_and_exits_in_time(
+    tiny_model_dir: Path, tmp_path: Path, delay_s: float
+) -> None:
+    drain_s, slack_s = 2.0, 2.0  # slack: the process's own teardown (the batchers' threads, the interpreter)
+    args = ["--model", str(tiny_model_dir), "--shutdown-delay", f"{delay_s:g}", "--drain-seconds", f"{drain_s:g}"]
+    with ServeProcess(args, tmp_path) as server:
+        target = server.wait_serving()
+        with stalled_watch(target):
+            server.sigterm()
+            signalled = time.monotonic()
+            if delay_s:  # leaving: NOT_SERVING while requests are still answered
+                wait_until(lambda: check(target) == "NOT_SERVING", delay_s, "NOT_SERVING during --shutdown-delay")
+                assert embed_tokens(target) == ["still", "answered"]
+            assert server.wait(delay_s + drain_s + slack_s) == 0
+            exited_after = time.monotonic() - signalled
+        log = server.stderr()
+    assert exited_after <= delay_s + drain_s + slack_s
+    assert log.rstrip().endswith("drained and stopped"), log
+    assert "Traceback" not in log
+
+
+def read_refusals(peers: list[H2Peer], streams: list[list[int]], expected: int, wait_s: float = 10.0) -> None:
+    """Read the peers' sockets until ``expected`` of their streams have ended (HTTP/2 sends a refusal's trailers
+    whatever the window), or ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        ended = sum(peer.streams[i].ended for peer, ids in zip(peers, streams, strict=True) for i in ids)
+        if ended >= expected:
+            return
+        for peer in peers:
+            peer.read_events(0.05)
+
+
+def _loopback_alias_works() -> bool:
+    """127.0.0.2 can be a client's address on this host (Linux routes all of 127/8 to lo)."""
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.2", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_a_watch_flood_keeps_no_check_or_embed_out(tiny_model_dir: Path, tmp_path: Path, token: str | None) -> None:
+    # gRPC's own cap on open calls is 2 x 16 + 256 (+ the Watch streams' 8 on this server): 3 x 100 streams would
+    # fill it if Watch streams were not counted in shares of their own
+    args = ["--model", str(tiny_model_dir), "--max-concurrent-rpcs", "16", "--max-calls-per-peer", "16",
+            "--health-watch-max", "8", "--health-watch-max-per-peer", "4"]  # fmt: skip
+    env = {"ELMO_AUTH_TOKEN": token} if token else None
+    sources = ["127.0.0.1", "127.0.0.2", "127.0.0.3"] if _loopback_alias_works() else ["127.0.0.1"] * 3
+    with ServeProcess(args, tmp_path, env=env) as server:
+        target = server.wait_serving()
+        host, port = target.rsplit(":", 1)
+        peers = [H2Peer(host, int(port), initial_window=0, source=source) for source in sources]
+        try:
+            streams = [peer.send_calls(HEALTH_WATCH, health_request(), 100) for peer in peers]
+            expected_held = 8 if len(set(sources)) > 1 else 4
+            read_refusals(peers, streams, 300 - expected_held)
+            refused = [[peer.streams[i] for i in ids if peer.streams[i].ended] for peer, ids in zip(peers, streams)]
+            held = [100 - len(ended) for ended in refused]
+            # each client address gets its share (4), and all of them together the whole (8); the rest is refused
+            assert sum(held) == expected_held, held
+            assert all(n <= 4 for n in held), held
+            for ended in refused:
+                assert {s.grpc_status for s in ended} == {RESOURCE_EXHAUSTED}
+            messages = {s.grpc_message for ended in refused for s in ended}
+            assert any("--health-watch-max-per-peer" in m for m in messages), messages
+            if len(set(sources)) > 1:
+                assert any("--health-watch-max)" in m for m in messages), messages
+            # the flood still open (the held streams, their statuses unread), a new client is answered at once
+            assert check(target) == "SERVING"
+            assert embed_tokens(target, token) == ["still", "answered"]
+        finally:
+            for peer in peers:
+                peer.close()
