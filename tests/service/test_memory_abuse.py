@@ -1,0 +1,168 @@
+"""Memory bounded by configuration, not by clients: a real ``elmo serve`` on 127.0.0.1 against clients that do not
+read their answers (a zero HTTP/2 window, an HTTP socket never read), bloat gRPC's header tables, trickle request
+bodies or hang up mid-answer.
+
+The memory figures are the server process's own (VmRSS from /proc) with the shipped model (models/default), where
+an answer is large enough to matter; the bounds asserted are generous multiples of what was measured, so that they
+hold on any x86-64 CPU: they catch memory that grows with the number of calls, not a few MiB of allocator noise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from elmo.v1 import embedder_pb2 as pb
+from elmo.v1 import embedder_pb2_grpc as pb_grpc
+from tests.conftest import REPO
+from tests.h2_peer import EMBED, H2Peer, rss_bytes
+from tests.serve_process import ServeProcess, health_status, wait_until
+from tests.service_helpers import metric_value, scrape
+
+MIB = 1024 * 1024
+DEFAULT_MODEL = REPO / "models" / "default"
+OTHER_CLIENT = "127.0.0.2"  # another loopback address: another client to the server's per-address shares
+needs_default_model = pytest.mark.skipif(not (DEFAULT_MODEL / "model.onnx").is_file(), reason="models/default absent")
+
+
+@dataclass(frozen=True)
+class Ports:
+    grpc: int
+    metrics: int
+    http: int
+
+
+def serve(args: list[str], workdir: Path) -> ServeProcess:
+    return ServeProcess(["--metrics-port", "0", "--http-port", "0", *args], workdir)
+
+
+def ports_of(server: ServeProcess) -> Ports:
+    grpc_port, metrics_port, http_port = server.port_file.read_text().split("\n")[:3]
+    return Ports(int(grpc_port), int(metrics_port), int(http_port))
+
+
+def embedded_tokens(port: int) -> float:
+    return metric_value(scrape(port), "elmo_embedded_tokens_total") or 0.0
+
+
+def request_count(port: int, **labels: str) -> float:
+    text = scrape(port)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("elmo_requests_total{") and all(f'{k}="{v}"' in line for k, v in labels.items())
+    )
+
+
+def embed_body(n_inputs: int, tokens_each: int, encoding: str = "float") -> bytes:
+    return json.dumps({"inputs": [" ".join(["a"] * tokens_each)] * n_inputs, "encoding": encoding}).encode()
+
+
+def post(port: int, path: str, body: bytes, source: str | None = None, rcvbuf: int | None = None) -> socket.socket:
+    """A raw HTTP/1.1 POST whose answer is left for the caller to read (or never read)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:  # before connecting, so that the window the client announces stays small
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    if source is not None:
+        sock.bind((source, 0))
+    sock.settimeout(60)
+    sock.connect(("127.0.0.1", port))
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    sock.sendall(head + body)
+    return sock
+
+
+def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (lower-case names) and body of one HTTP/1.1 answer with a Content-Length."""
+    data = bytearray()
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before the answer's head: {bytes(data[:200])!r}")
+        data.extend(chunk)
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    rest = bytearray(body)
+    while len(rest) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        rest.extend(chunk)
+    return int(lines[0].split()[1]), headers, bytes(rest)
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """True when the server closes ``sock`` (EOF or reset) within ``within`` seconds; reads and drops its bytes."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            if not sock.recv(1 << 20):
+                return True
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            return True
+    return False
+
+
+# -- the HTTP body deadline -----------------------------------------------------------------------------------------
+def test_a_body_trickled_slower_than_its_deadline_gets_408_and_the_connection_closes(tiny_model_dir, tmp_path):
+    """One byte every 0.3 s never pauses for --http-body-timeout (30 s), but the whole body must be in within
+    --http-body-deadline-s: 408 naming that flag, then the connection is closed."""
+    with serve(["--model", str(tiny_model_dir), "--http-body-deadline-s", "2"], tmp_path) as server:
+        server.wait_serving()
+        port = ports_of(server).http
+        body = b'{"inputs": ["a b c"]}'.ljust(64)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        head = (f"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        sock.sendall(head)
+        sent = 0
+        sock.settimeout(0.3)
+        answer = bytearray()
+        while sent < len(body) and b"\r\n\r\n" not in answer:
+            sock.sendall(body[sent : sent + 1])
+            sent += 1
+            try:
+                answer.extend(sock.recv(65536))
+            except TimeoutError:
+                pass
+        sock.settimeout(30)
+        status_line = bytes(answer).split(b"\r\n", 1)[0]
+        assert status_line.startswith(b"HTTP/1.1 408"), (status_line, sent)
+        assert sent < len(body)
+        while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
+            answer.extend(chunk)
+        assert b"--http-body-deadline-s" in answer
+        assert closed_by_server(sock, 20)  # once aiohttp's linger over the unsent rest (10 s) is over
+        sock.close()
+
+
+# -- a client that hangs up mid-answer -------------------------------------------------------------------------------
+def test_a_client_that_hangs_up_mid_answer_is_an_info_line_not_an_error(tiny_model_dir, tmp_path):
+    """The client reads the head of a multi-MB answer and resets its connection: the server logs one INFO line
+    "client disconnect", no ERROR and no traceback, and counts no 500."""
+    with serve(["--model", str(tiny_model_dir)], tmp_path) as server:
+        server.wait_serving()
+        ports = ports_of(server)
+        sock = post(ports.http, "/v1/embed", embed_body(16, 500), rcvbuf=4096)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not a FIN
+        sock.close()
+        wait_until(lambda: "client disconnect" in server.stderr(), 30, "the disconnect logged")
+        assert request_count(ports.metrics, method="POST /v1/embed", code="client_disconnected") == 1
+        assert request_count(ports.metrics, code="500") == 0
+        log = server.stderr()
+        assert re.search(r" INFO service\.http: client disconnect: POST /v1/embed", log), log[-2000:]
+        assert " ERROR " not in log and "Traceback" not in log, log[-4000:]
