@@ -21,7 +21,9 @@ train`` it is frozen and annotating; ``cache_mb`` keeps each training sentence's
 sentence, not once per epoch.
 
 Saved with the pipeline (``nlp.to_disk``) by reference (the model directory's absolute path or the server), or with
-the model's serving files inside the pipeline folder (``bundle = true``).
+the model's serving files inside the pipeline folder (``bundle = true``). Loading it, a model path in ``cfg.json`` is
+taken from the component's folder, and one that leads outside it (by reference, a symlink, a ``..``) is loaded with
+one WARNING naming where (docs/models.md, "Paths that leave their folder").
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from thinc.api import Model
 
 from elmo.errors import ElmoError, InputError
 from elmo.features import connect, select_layer
+from elmo.runtime.modeldir import note_if_outside
 from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
 
 DEFAULT_EXTENSION = "elmo_layers"
@@ -392,13 +395,20 @@ class ElmoComponent(Pipe):
         except (OSError, json.JSONDecodeError) as exc:
             raise ElmoSpacyError(f"elmo component '{self.name}': {path / CFG_FILE} is not readable ({exc})") from None
         if cfg.get("bundled"):
-            self.model_path, self.server = str(path / BUNDLE_DIR), ""
+            self.model_path, self.server = str(self._model_in(path, BUNDLE_DIR, "bundled model")), ""
         elif cfg.get("model"):
-            self.model_path, self.server = str(cfg["model"]), ""
+            self.model_path, self.server = str(self._model_in(path, str(cfg["model"]), "model")), ""
         else:
             self.model_path, self.server = "", str(cfg.get("server") or self.server)
         self._backend = None
         return self
+
+    def _model_in(self, folder: Path, model: str, what: str) -> Path:
+        """The model directory ``cfg.json`` names, a relative path taken from the component's folder; one that
+        leads outside it (saved by reference, a symlink, a ``..``) is loaded from there, and said once in a
+        WARNING (elmo.runtime.modeldir.note_if_outside, docs/models.md)."""
+        note_if_outside(folder, Path(model), f"elmo component '{self.name}': {folder / CFG_FILE} names a {what};")
+        return folder / model
 
     def to_bytes(self, *, exclude: Iterable[str] = ()) -> bytes:
         return json.dumps({"model": self.model_path, "server": self.server}).encode()
