@@ -136,8 +136,8 @@ class RemoteBackend:
             if spec.kind == "mix" and spec.task not in self.info.tasks:
                 available = ", ".join(self.info.tasks) or "none"
                 raise InputError(
-                    f"unknown task '{spec.task}' on server {target} (model {self.info.name}); "
-                    f"available tasks: {available}"
+                    f"--layers mix:{spec.task}: unknown task '{spec.task}' on server {target} "
+                    f"(model {self.info.name}); available tasks: {available}"
                 )
         except BaseException:
             self.client.close()  # the job never starts: nothing else will close the channel
@@ -237,8 +237,10 @@ class RemoteBackend:
             need, own = self._response_bytes(sentence), self._request_bytes(sentence)
             if own > request_budget:
                 raise InputError(
-                    f"a sentence of {len(sentence)} tokens needs a {own}-byte request, over the server's "
-                    f"max_message_bytes {self.max_message_bytes} (its first token: {sentence[0][:40]!r}...)"
+                    f"a sentence of {len(sentence)} tokens needs a {own:,}-byte request, over what the server takes "
+                    f"(its --max-message-bytes {self.max_message_bytes:,}; the sentence's first token: "
+                    f"{sentence[0][:40]!r}...); a lower --max-sentence-tokens with --overflow window sends it in "
+                    "smaller pieces"
                 )
             full = len(current) >= self.max_inputs or tokens + len(sentence) > self.max_request_tokens
             over = size + need > 0.8 * self.max_response_bytes - 1024 or request_size + own > request_budget

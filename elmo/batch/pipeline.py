@@ -55,8 +55,8 @@ def line_limit(options: JobOptions, backend: Backend) -> LineLimit:
     tokens = sentence_limit(options, backend)
     if options.max_sentence_tokens is not None and options.max_sentence_tokens <= backend.max_tokens_per_sentence:
         return LineLimit(tokens, "--max-sentence-tokens")
-    where = "the server's" if options.server else "the local runtime's"
-    return LineLimit(tokens, f"{where} limit; --max-sentence-tokens can lower it, not raise it")
+    where = "the server's limit, its --max-tokens-per-sentence" if options.server else "the local runtime's limit"
+    return LineLimit(tokens, f"{where}; --max-sentence-tokens can lower it, not raise it")
 
 
 def _checked_records(plan: InputPlan, shard: ShardSpec, options: JobOptions, limit: LineLimit) -> list[Record]:

@@ -61,3 +61,20 @@ def test_window_through_a_server_with_a_small_sentence_limit(tmp_path, tiny_mode
     got = read_hdf5(tmp_path / "remote.h5")["1"]
     expected = embed_windowed(embedder.embed_tokens, [TOKENS], size=20, overlap=6)[0]
     np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+def test_reject_through_a_server_names_the_servers_limit(tmp_path, embedder, capsys):
+    from tests.service_helpers import EDGE_LIMITS, ServerThread  # 20 tokens per sentence
+
+    server = ServerThread({"tiny": embedder}, EDGE_LIMITS)
+    try:
+        server.warm_up()
+        source = write_lines(tmp_path / "in.txt", LINES)
+        capsys.readouterr()
+        assert embed_file(source, tmp_path / "remote.h5", "--server", server.target) == 2
+    finally:
+        server.stop()
+    (line,) = error_lines(capsys.readouterr().err)
+    assert "line 2 has 80 tokens, over the limit of 20 tokens per line (the server's limit, its " in line
+    assert "--max-tokens-per-sentence; --max-sentence-tokens can lower it, not raise it)" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
