@@ -41,7 +41,6 @@ import argparse
 import hashlib
 import json
 import logging
-import pickle
 import re
 from pathlib import Path
 
@@ -49,6 +48,14 @@ import numpy as np
 import torch
 
 from elmo.errors import ConfigError, ModelFileError
+from elmo.importers.budget import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    add_budget_argument,
+    check_budget,
+    checked_budget,
+    describe,
+)
+from elmo.importers.torch_state import StateFile, read_declarations
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import save_model
 from elmo.model.config import ModelConfig
@@ -63,6 +70,7 @@ WORD_DIC = "word.dic"
 TOKEN_EMBEDDER = "token_embedder.pkl"
 ENCODER = "encoder.pkl"
 DIC_ID = re.compile(r"[0-9]+")  # a .dic line's id: ASCII digits, >= 0
+MAX_CONFIG_BYTES = 1 << 20  # their config.json and network JSON are a few hundred bytes
 
 # The network config that ELMoForManyLangs 0.0.4 ships (elmoformanylangs/configs/cnn_{0,50}_100_512_4096_sample.json,
 # identical) and falls back to when a model folder lacks it, as the published English model does.
@@ -86,11 +94,13 @@ SENTENCE_TOKENS = ("<bos>", "<eos>")
 
 
 # -- the folder's text files ---------------------------------------------------------------------------------------
-def read_dic(path: Path) -> dict[str, int]:
+def read_dic(path: Path, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> dict[str, int]:
     """A char.dic / word.dic (``token<TAB>id`` lines) parsed exactly as ELMoForManyLangs parses it: each line
-    stripped, a line left with one field is the ideographic space U+3000 (stripped as whitespace), later lines win."""
+    stripped, a line left with one field is the ideographic space U+3000 (stripped as whitespace), later lines win.
+    A file over ``max_bytes`` is refused unread."""
     if not path.is_file():
         raise ModelFileError(f"{path}: file not found")
+    _check_file_size(path, max_bytes, "--max-weight-bytes")
     table: dict[str, int] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -110,7 +120,15 @@ def read_dic(path: Path) -> dict[str, int]:
     return table
 
 
+def _check_file_size(path: Path, max_bytes: int, limit: str) -> None:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ModelFileError(f"{path}: {size:,} bytes, over the {max_bytes:,} this file may have ({limit}): refused "
+                             "unread")  # fmt: skip
+
+
 def _read_json(path: Path, what: str) -> dict:
+    _check_file_size(path, MAX_CONFIG_BYTES, "a model folder's JSON config")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -216,10 +234,12 @@ def network_to_config(net: dict, source: str, n_chars: int, n_words: int) -> Mod
     return cfg.validate()
 
 
-def build_scheme(model_dir: Path, max_chars: int, with_words: bool) -> VocabScheme:
+def build_scheme(
+    model_dir: Path, max_chars: int, with_words: bool, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES
+) -> VocabScheme:
     """char.dic (+ word.dic) -> the char-vocabulary scheme, checked for the special entries their code needs."""
     char_path = model_dir / CHAR_DIC
-    chars = read_dic(char_path)
+    chars = read_dic(char_path, max_bytes)
     needed = [*CHAR_SPECIAL_NAMES, *SENTENCE_TOKENS]
     missing = [name for name in needed if name not in chars]
     if missing:
@@ -229,7 +249,7 @@ def build_scheme(model_dir: Path, max_chars: int, with_words: bool) -> VocabSche
     words = word_specials = None
     if with_words:
         word_path = model_dir / WORD_DIC
-        words = read_dic(word_path)
+        words = read_dic(word_path, max_bytes)
         missing = [name for name in ("<oov>", "<pad>") if name not in words]
         if missing:
             raise ModelFileError(f"{word_path}: special entries {missing} missing")
@@ -238,39 +258,87 @@ def build_scheme(model_dir: Path, max_chars: int, with_words: bool) -> VocabSche
 
 
 # -- the state dicts -----------------------------------------------------------------------------------------------
-def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A torch state dict file -> {name: tensor}, through ``torch.load(weights_only=True)`` (no code runs); anything
-    but a flat mapping of names to tensors is a ModelFileError naming the file."""
-    if not path.is_file():
-        raise ModelFileError(f"{path}: file not found")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError, TypeError) as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelFileError(
-            f"{path}: not a torch state dict of tensors (refused by weights_only loading: {why})"
-        ) from None
-    if not isinstance(state, dict):
-        raise ModelFileError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors")
-    bad = [str(k) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-    if bad:
-        raise ModelFileError(f"{path}: entries that are not tensors: {bad[:4]}")
-    return dict(state)
+def _our_name(theirs: str, file_index: int) -> str:
+    """Their state dict key (token_embedder.pkl: 0, encoder.pkl: 1) -> the BiLM parameter it becomes."""
+    if file_index == 0:
+        ours = theirs.replace("char_emb_layer.embedding.", "char_embedding.")
+        ours = ours.replace("word_emb_layer.embedding.", "word_embedding.")
+        ours = ours.replace("convolutions.", "convs.").replace("highways._layers.", "highway.layers.")
+        return f"encoder.{ours}"
+    head, _, rest = theirs.partition(".")
+    direction, _, layer = head.rpartition("_layer_")
+    return f"{direction}_layers.{layer}.{rest}"
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every float parameter of the BiLM ``cfg`` describes (vocab_size 0) -> its shape, from the config alone: no
+    model is built before the files are checked (tests/importers/test_declared_sizes.py holds it to BiLM's own)."""
+    nf, p, c = cfg.n_filters, cfg.projection_dim, cfg.cell_dim
+    shapes = {"encoder.char_embedding.weight": (cfg.n_chars, cfg.char_dim)}
+    if cfg.word_dim > 0:
+        shapes["encoder.word_embedding.weight"] = (cfg.n_words, cfg.word_dim)
+    for i, (width, count) in enumerate(cfg.filters):
+        shapes[f"encoder.convs.{i}.weight"] = (count, cfg.char_dim, width)
+        shapes[f"encoder.convs.{i}.bias"] = (count,)
+    for k in range(cfg.n_highway):
+        shapes[f"encoder.highway.layers.{k}.weight"] = (2 * nf, nf)
+        shapes[f"encoder.highway.layers.{k}.bias"] = (2 * nf,)
+    shapes["encoder.projection.weight"] = (p, nf + cfg.word_dim)
+    shapes["encoder.projection.bias"] = (p,)
+    for stack in ("forward_layers", "backward_layers"):
+        for layer in range(cfg.n_layers):
+            shapes[f"{stack}.{layer}.input_linearity.weight"] = (4 * c, p)
+            shapes[f"{stack}.{layer}.state_linearity.weight"] = (4 * c, p)
+            shapes[f"{stack}.{layer}.state_linearity.bias"] = (4 * c,)
+            shapes[f"{stack}.{layer}.state_projection.weight"] = (p, c)
+    return shapes
+
+
+def check_declarations(cfg: ModelConfig, files: tuple[StateFile, StateFile], max_bytes: int) -> None:
+    """Their two files' declared tensors against the network ``cfg`` describes, before any is read: every name
+    known, every shape and dtype (float32) as the config and vocabularies imply, none missing, and the config's
+    weights and the storages to read within ``max_bytes``. Errors name the file and the tensor."""
+    expected = expected_shapes(cfg)
+    check_budget(str(files[0].path.parent), expected.values(), max_bytes, "the network config with the vocabularies")
+    seen: set[str] = set()
+    for index, state_file in enumerate(files):
+        for theirs, decl in state_file.tensors.items():
+            ours = _our_name(theirs, index)
+            if ours not in expected:
+                raise ModelFileError(
+                    f"{state_file.path}: unexpected tensor '{theirs}' (not part of the network its config describes)"
+                )
+            want = expected[ours]
+            if ours in ("encoder.char_embedding.weight", "encoder.word_embedding.weight"):
+                want = (want[0] - 1, *want[1:])  # their table has no row for our "no token here" id 0
+            if decl.shape != want or decl.dtype != "float32":
+                declared, implied = describe(decl.shape, decl.dtype), describe(want, "float32")
+                raise ModelFileError(f"{state_file.path}: tensor '{theirs}' is declared {declared}, the config and "
+                                     f"vocabularies imply {implied}: refused before reading")  # fmt: skip
+            seen.add(ours)
+        stored = sum(storage.nbytes for storage in state_file.storages(state_file.tensors).values())
+        if stored > max_bytes:
+            raise ModelFileError(f"{state_file.path}: its tensors' storages declare {stored:,} bytes, over the "
+                                 f"{max_bytes:,}-byte budget (--max-weight-bytes): refused before reading")  # fmt: skip
+    missing = sorted(set(expected) - seen)
+    if missing:
+        path = files[1].path if missing[0].startswith(("forward", "backward")) else files[0].path
+        raise ModelFileError(f"{path}: tensors missing for {missing[:4]} (the config describes them)")
+
+
+def load_tensors(state_file: StateFile) -> dict[str, torch.Tensor]:
+    """The declared tensors of a checked file, read (numpy, no pickle) -> {their name: tensor}."""
+    arrays = state_file.read(list(state_file.tensors))
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
 
 def convert_state(cfg: ModelConfig, token_embedder: dict, encoder: dict, paths: tuple[Path, Path]) -> dict:
     """Their two state dicts -> BiLM state dict; every key and shape checked, errors name the file and key."""
     expected = BiLM(cfg).state_dict()
     renamed: dict[str, tuple[str, Path, torch.Tensor]] = {}  # ours -> (theirs, file, tensor)
-    for theirs, tensor in token_embedder.items():
-        ours = theirs.replace("char_emb_layer.embedding.", "char_embedding.")
-        ours = ours.replace("word_emb_layer.embedding.", "word_embedding.")
-        ours = ours.replace("convolutions.", "convs.").replace("highways._layers.", "highway.layers.")
-        renamed[f"encoder.{ours}"] = (theirs, paths[0], tensor)
-    for theirs, tensor in encoder.items():
-        head, _, rest = theirs.partition(".")
-        direction, _, layer = head.rpartition("_layer_")
-        renamed[f"{direction}_layers.{layer}.{rest}"] = (theirs, paths[1], tensor)
+    for index, state in enumerate((token_embedder, encoder)):
+        for theirs, tensor in state.items():
+            renamed[_our_name(theirs, index)] = (theirs, paths[index], tensor)
     state: dict[str, torch.Tensor] = {}
     for ours, (theirs, path, tensor) in renamed.items():
         if ours not in expected:
@@ -296,8 +364,9 @@ def convert_state(cfg: ModelConfig, token_embedder: dict, encoder: dict, paths: 
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
-def import_manylangs(model_dir: str | Path, out: str | Path) -> BiLM:
-    """ELMoForManyLangs model folder -> model directory ``out``. Returns the model."""
+def import_manylangs(model_dir: str | Path, out: str | Path, max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> BiLM:
+    """ELMoForManyLangs model folder -> model directory ``out``. Returns the model. ``max_weight_bytes`` bounds the
+    weights the config and vocabularies may imply, checked with every declared tensor before any is read."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelFileError(f"{model_dir}: model folder not found")
@@ -308,18 +377,17 @@ def import_manylangs(model_dir: str | Path, out: str | Path) -> BiLM:
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 3:
         raise ConfigError(f"{net_source}: field 'token_embedder.max_characters_per_token': must be an integer >= 3")
     with_words = isinstance(word_dim, int) and not isinstance(word_dim, bool) and word_dim > 0
-    scheme = build_scheme(model_dir, max_chars, with_words)
+    scheme = build_scheme(model_dir, max_chars, with_words, max_weight_bytes)
     paths = (model_dir / TOKEN_EMBEDDER, model_dir / ENCODER)
-    token_state, encoder_state = load_tensors(paths[0]), load_tensors(paths[1])
+    files = (read_declarations(paths[0]), read_declarations(paths[1]))
     # The tables' sizes come from the weights (their EmbeddingLayer has len(dic) rows); the dic ids must fit them.
-    n_chars = _table_rows(token_state, "char_emb_layer.embedding.weight", paths[0], scheme.chars, model_dir / CHAR_DIC)
+    n_chars = _table_rows(files[0], "char_emb_layer.embedding.weight", scheme.chars, model_dir / CHAR_DIC)
     n_words = 0
     if with_words:
-        n_words = _table_rows(
-            token_state, "word_emb_layer.embedding.weight", paths[0], scheme.words, model_dir / WORD_DIC
-        )
+        n_words = _table_rows(files[0], "word_emb_layer.embedding.weight", scheme.words, model_dir / WORD_DIC)
     cfg = network_to_config(net, net_source, n_chars + 1, n_words + 1)
-    state = convert_state(cfg, token_state, encoder_state, paths)
+    check_declarations(cfg, files, max_weight_bytes)
+    state = convert_state(cfg, load_tensors(files[0]), load_tensors(files[1]), paths)
     # one array first: a list of arrays makes torch warn (slow path) on every import
     state["encoder.boundary_ids"] = torch.as_tensor(np.stack([scheme.bos_ids, scheme.eos_ids]), dtype=torch.int64)
     model = BiLM(cfg)
@@ -333,15 +401,16 @@ def import_manylangs(model_dir: str | Path, out: str | Path) -> BiLM:
     return model
 
 
-def _table_rows(state: dict, key: str, path: Path, table: dict[str, int], dic: Path) -> int:
-    """Rows of an embedding table: ELMoForManyLangs builds it with one row per dic entry (ids 0..len - 1)."""
-    tensor = state.get(key)
-    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2:
-        raise ModelFileError(f"{path}: tensor '{key}' missing or not a 2-D table")
-    rows = int(tensor.shape[0])
+def _table_rows(state_file: StateFile, key: str, table: dict[str, int], dic: Path) -> int:
+    """Rows of an embedding table as declared: ELMoForManyLangs builds it with one row per dic entry (ids
+    0..len - 1)."""
+    decl = state_file.tensors.get(key)
+    if decl is None or len(decl.shape) != 2:
+        raise ModelFileError(f"{state_file.path}: tensor '{key}' missing or not a 2-D table")
+    rows = decl.shape[0]
     if rows != len(table) or max(table.values()) >= rows:
         raise ModelFileError(
-            f"{path}: tensor '{key}' has {rows} rows but {dic} has {len(table)} entries with ids up to "
+            f"{state_file.path}: tensor '{key}' has {rows} rows but {dic} has {len(table)} entries with ids up to "
             f"{max(table.values())} (mismatched files)"
         )
     return rows
@@ -372,11 +441,12 @@ def _write_model_card(out: Path, source: Path, cfg: ModelConfig, net_source: str
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="ELMoForManyLangs model folder (config.json, char.dic, *.pkl)")
     parser.add_argument("--out", required=True, help="model directory to write")
+    add_budget_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     with torch.no_grad():
-        model = import_manylangs(args.model, args.out)
+        model = import_manylangs(args.model, args.out, checked_budget(args))
     cfg = model.cfg
     summary = {
         "out": str(args.out),

@@ -7,17 +7,25 @@ for a small model, not for one declared gigabyte).
 
 from __future__ import annotations
 
+import collections
+import io
 import json
+import pickle
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from elmo.cli import main as elmo_main
+from elmo.importers.manylangs import import_manylangs
 from tests.importers.test_allennlp import SHAPES, random_hdf5_weights, write_allennlp_files
+from tests.importers.test_manylangs import write_synthetic_folder
 
 REPO = Path(__file__).resolve().parents[2]
 ELMO = Path(sys.executable).with_name("elmo")
@@ -150,3 +158,184 @@ def test_kb_files_declaring_gigabytes_stay_under_the_memory_bound(tmp_path):
             assert f"'{name}'" in one_error_line(err)
         peaks[case] = peak
     assert all(peak < PEAK_RSS_LIMIT_MIB for peak in peaks.values()), peaks
+
+
+# -- ELMoForManyLangs: torch state dict files, read without unpickling -------------------------------------------
+class _Storage:
+    """Pickled as torch.save pickles a storage: a persistent id naming its type, key and element count."""
+
+    def __init__(self, key: str, numel: int, kind=torch.FloatStorage) -> None:
+        self.key, self.numel, self.kind = key, numel, kind
+
+
+class _Tensor:
+    """Pickled as torch.save pickles a tensor: torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)."""
+
+    def __init__(self, storage: _Storage, shape: tuple[int, ...], stride: tuple[int, ...], offset: int = 0) -> None:
+        self.storage, self.shape, self.stride, self.offset = storage, shape, stride, offset
+
+    def __reduce__(self):
+        return torch._utils._rebuild_tensor_v2, (self.storage, self.offset, self.shape, self.stride, False,
+                                                 collections.OrderedDict())  # fmt: skip
+
+
+class _StatePickler(pickle.Pickler):
+    legacy = False
+
+    def persistent_id(self, obj):
+        if isinstance(obj, _Storage):  # the legacy layout adds a view (None: the whole storage)
+            return ("storage", obj.kind, obj.key, "cpu", obj.numel, *((None,) if self.legacy else ()))
+        return None
+
+
+def forge_state_file(path: Path, tensors: dict[str, _Tensor], data: dict[str, bytes], legacy: bool) -> None:
+    """A state dict file in torch.save's layout (zip or legacy) that declares whatever ``tensors`` say, holding the
+    storage bytes ``data``: the declarations a hostile file can make, without torch checking them on the way."""
+    pickled = io.BytesIO()
+    pickler = _StatePickler(pickled, protocol=2)
+    pickler.legacy = legacy
+    pickler.dump(collections.OrderedDict(tensors))
+    if legacy:
+        with open(path, "wb") as handle:
+            for header in (0x1950A86A20F9469CFC6C, 1001, {"little_endian": True, "protocol_version": 1001}):
+                pickle.dump(header, handle, protocol=2)
+            handle.write(pickled.getvalue())
+            pickle.dump(sorted(data), handle, protocol=2)
+            for key in sorted(data):
+                numel = next(t.storage.numel for t in tensors.values() if t.storage.key == key)
+                handle.write(struct.pack("<q", numel) + data[key])
+        return
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", pickled.getvalue())
+        archive.writestr("archive/version", "3\n")
+        archive.writestr("archive/byteorder", "little")
+        for key, blob in data.items():
+            archive.writestr(f"archive/data/{key}", blob)
+
+
+def resave(path: Path, legacy: bool, edit=None) -> None:
+    """Re-write ``path`` (a state dict) in the zip or the legacy layout, after ``edit(state)``."""
+    state = torch.load(path, weights_only=True)
+    if edit:
+        edit(state)
+    torch.save(state, path, _use_new_zipfile_serialization=not legacy)
+
+
+def import_manylangs_argv(folder: Path, out: Path, *extra: str) -> list[str]:
+    return ["import-manylangs", "--model", str(folder), "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_both_torch_layouts_import_to_the_same_model(tmp_path, legacy):
+    """ELMoForManyLangs' published .pkl files are torch's legacy layout; the reader reads it and the zip layout
+    alike, with numpy, and the result is what torch itself loads."""
+    folder = write_synthetic_folder(tmp_path / "peer")
+    for name in ("token_embedder.pkl", "encoder.pkl"):
+        resave(folder / name, legacy)
+        assert zipfile.is_zipfile(folder / name) is not legacy
+    model = import_manylangs(folder, tmp_path / "ours")
+    state = model.state_dict()
+    token = torch.load(folder / "token_embedder.pkl", weights_only=True)
+    torch.testing.assert_close(state["encoder.projection.weight"], token["projection.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(state["encoder.char_embedding.weight"][1:], token["char_emb_layer.embedding.weight"])
+    encoder = torch.load(folder / "encoder.pkl", weights_only=True)
+    torch.testing.assert_close(state["backward_layers.1.state_projection.weight"],
+                               encoder["backward_layer_1.state_projection.weight"], rtol=0, atol=0)  # fmt: skip
+
+
+def _declare_in_token_embedder(folder: Path, legacy: bool, name: str, shape, stride, numel: int, data: bytes,
+                               kind=torch.FloatStorage) -> None:  # fmt: skip
+    """token_embedder.pkl re-forged: its real tensors, and ``name`` declared as given (storage key "x")."""
+    state = torch.load(folder / "token_embedder.pkl", weights_only=True)
+    tensors, blobs = {}, {}
+    for index, (key, tensor) in enumerate(state.items()):
+        if key == name:
+            continue
+        tensor = tensor.contiguous()
+        storage = _Storage(str(index), tensor.numel())
+        tensors[key] = _Tensor(storage, tuple(tensor.shape), tuple(tensor.stride()))
+        blobs[storage.key] = tensor.numpy().astype("<f4").tobytes()
+    tensors[name] = _Tensor(_Storage("x", numel, kind), shape, stride)
+    blobs["x"] = data
+    forge_state_file(folder / "token_embedder.pkl", tensors, blobs, legacy)
+
+
+PROJECTION = "projection.weight"  # (8, 34) in the synthetic network: P x (n_filters + word_dim)
+MANYLANGS_CASES = {
+    # a 2^40-element view of one stored float (stride 0): 4 TiB if anything materialised it
+    "4TiB-view": (PROJECTION, (1 << 20, 1 << 20), (0, 0), 1, b"\0" * 4, "is declared (1048576, 1048576) float32"),
+    # a storage that declares 64 GiB, stored as 4 bytes
+    "64GiB-storage": (PROJECTION, (8, 34), (34, 1), 1 << 34, b"\0" * 4, "68,719,476,736"),
+    "float64": (PROJECTION, (8, 34), (34, 1), 8 * 34, b"\0" * 8 * 8 * 34, "is declared (8, 34) float64"),
+}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize("case", list(MANYLANGS_CASES))
+def test_a_manylangs_declaration_unlike_the_config_is_refused(tmp_path, capsys, case, legacy):
+    name, shape, stride, numel, data, says = MANYLANGS_CASES[case]
+    folder = write_synthetic_folder(tmp_path / "peer")
+    kind = torch.DoubleStorage if case == "float64" else torch.FloatStorage
+    _declare_in_token_embedder(folder, legacy, name, shape, stride, numel, data, kind)
+    assert (folder / "token_embedder.pkl").stat().st_size < 64 << 10
+    out = tmp_path / "out"
+    assert elmo_main(import_manylangs_argv(folder, out)) == 2
+    line = one_error_line(capsys.readouterr().err, "import-manylangs")
+    assert "token_embedder.pkl" in line and says in line
+    assert not out.exists()
+
+
+def test_a_manylangs_config_over_the_budget_is_refused_before_reading(tmp_path, capsys):
+    folder = write_synthetic_folder(tmp_path / "peer")
+    net = json.loads((folder / "net.json").read_text())
+    net["encoder"]["dim"] = 1 << 24  # four LSTMs of 4 x 2^24 x 8 floats each, and more: ~ 9 GiB
+    (folder / "net.json").write_text(json.dumps(net))
+    assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
+    line = one_error_line(capsys.readouterr().err, "import-manylangs")
+    assert "the network config with the vocabularies implies" in line and "(--max-weight-bytes)" in line
+    folder = write_synthetic_folder(tmp_path / "small")
+    assert elmo_main(import_manylangs_argv(folder, tmp_path / "out", "--max-weight-bytes", "1000")) == 2
+    assert "over the 1,000-byte budget" in one_error_line(capsys.readouterr().err, "import-manylangs")
+
+
+def test_nothing_in_a_state_dict_file_is_unpickled(tmp_path, capsys):
+    """A pickle that would write a file when unpickled: the reader never calls what a pickle names."""
+    folder = write_synthetic_folder(tmp_path / "peer")
+    marker = tmp_path / "written-by-the-pickle"
+
+    class WritesAFile:
+        def __reduce__(self):
+            return open, (str(marker), "w")
+
+    with open(folder / "encoder.pkl", "wb") as handle:
+        pickle.dump(collections.OrderedDict({"forward_layer_0.input_linearity.weight": WritesAFile()}), handle, 2)
+    assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
+    line = one_error_line(capsys.readouterr().err, "import-manylangs")
+    assert "encoder.pkl" in line and not marker.exists()
+
+
+@pytest.mark.slow  # three imports in child processes, ~3 s each (torch's import)
+def test_manylangs_files_declaring_gigabytes_stay_under_the_memory_bound(tmp_path):
+    peaks = {}
+    for case in ("4TiB-view", "64GiB-storage"):
+        for legacy in (False, True):
+            name, shape, stride, numel, data, says = MANYLANGS_CASES[case]
+            folder = write_synthetic_folder(tmp_path / f"{case}-{legacy}" / "peer")
+            _declare_in_token_embedder(folder, legacy, name, shape, stride, numel, data)
+            rc, err, peak = run_import(folder.parent, *import_manylangs_argv(folder, folder.parent / "out"))
+            assert rc == 2 and says in one_error_line(err, "import-manylangs")
+            peaks[f"{case}-{'legacy' if legacy else 'zip'}"] = peak
+    assert all(peak < PEAK_RSS_LIMIT_MIB for peak in peaks.values()), peaks
+
+
+@pytest.mark.parametrize("word_dim", [0, 6])
+def test_the_shapes_checked_are_the_models_own(word_dim):
+    """The ManyLangs importer checks declarations against shapes worked out from the config (no model is built
+    before the files pass): they are exactly the float parameters of the BiLM that config builds."""
+    from elmo.importers.manylangs import expected_shapes, network_to_config
+    from elmo.model.bilm import BiLM
+    from tests.importers.test_manylangs import network
+
+    cfg = network_to_config(network(word_dim), "net.json", 30, 40)
+    model_shapes = {k: tuple(v.shape) for k, v in BiLM(cfg).state_dict().items() if v.is_floating_point()}
+    assert expected_shapes(cfg) == model_shapes
