@@ -474,12 +474,12 @@ def test_ray_engine_matches_local(tmp_path, tiny_model_dir, capfd):
         assert embed_file(source, tmp_path / "ray.h5", *args, "--engine", "ray") == 0
         err = capfd.readouterr().err
         assert "core_worker.cc" not in err and "Progress bars disabled" not in err, err
-        assert embed_file(too_long, tmp_path / "long.h5", *args, "--engine", "ray") == 2  # raised inside an actor
+        assert embed_file(too_long, tmp_path / "long.h5", *args, "--engine", "ray") == 2  # by the scan, before Ray
         (line,) = error_lines(capfd.readouterr().err)
         assert line.startswith(
-            f"elmo embed-file: error: {too_long.resolve()}: line 2 has 100001 tokens, over the limit of 100000 "
-            "per sentence; split it, or ask for overflow 'window'"
+            f"elmo embed-file: error: {too_long}: line 2 has 100,001 tokens, over the limit of 100,000 tokens per line"
         )
+        assert not (tmp_path / "long.h5").exists() and not (tmp_path / "long.h5.partial").exists()
     finally:
         ray.shutdown()
     assert_same_output(tmp_path / "ray", tmp_path / "local.parquet", "parquet")
