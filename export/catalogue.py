@@ -13,8 +13,12 @@ Sources (checked against the publishers' own pages):
   ``elmo import-manylangs`` carries it). The README states no licence for the models; it asks users to cite Che et
   al. (2018) and the NLPL repository.
 
-Sizes: a byte count where a published one was found (a download log of the file); otherwise unknown (None) until the
-first download, which records the size and SHA-256 in the pins file, and every later download must match them.
+Sizes and checksums: a byte count where a published one was found (a download log of the file, a mirror's Git LFS
+pointer), and a SHA-256 where a publisher or a mirror's LFS pointer records one (an LFS pointer names the file's
+``oid sha256:...`` and ``size``). A file pinned by its SHA-256 here is checked against it on every download:
+a mismatch is refused and nothing is kept. Where none was found, the first download records the size and SHA-256 in
+the pins file (trust on first use) and every later download must match them. Each pin below cites where it was found;
+none is computed here.
 """
 
 from __future__ import annotations
@@ -34,11 +38,24 @@ ALLENNLP, MANYLANGS = "allennlp", "manylangs"
 @dataclass(frozen=True)
 class Source:
     """One file of a published model: its name in the download cache, the publisher's address, its size in bytes
-    when known (None: recorded by the first download)."""
+    when known (None: recorded by the first download) and its published SHA-256 when one was found (None: pinned on
+    first use)."""
 
     file: str
     url: str
     size: int | None = None
+    sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sha256 is not None and (len(self.sha256) != 64 or set(self.sha256) - set("0123456789abcdef")):
+            raise ValueError(f"{self.file}: a SHA-256 is 64 lowercase hex digits (got {self.sha256!r})")
+
+    @property
+    def pin(self) -> str:
+        """How a download of this file is checked, in the words the catalogue table uses."""
+        if self.sha256 is not None:
+            return "SHA-256 pinned"
+        return "size listed, SHA-256 on first use" if self.size is not None else "on first use"
 
 
 @dataclass(frozen=True)
@@ -56,10 +73,19 @@ class Entry:
         return None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[arg-type]
 
 
-def _allennlp(name: str, stem: str, title: str, options: int | None, weights: int | None, approx: str) -> Entry:
+def _allennlp(
+    name: str,
+    stem: str,
+    title: str,
+    options: int | None,
+    weights: int | None,
+    approx: str,
+    weights_sha256: str | None = None,
+) -> Entry:
     files = (  # the folder is named by the full stem, 5.5B included
         Source(f"elmo_{stem}_options.json", f"{ALLENNLP_BASE}/{stem}/elmo_{stem}_options.json", options),
-        Source(f"elmo_{stem}_weights.hdf5", f"{ALLENNLP_BASE}/{stem}/elmo_{stem}_weights.hdf5", weights),
+        Source(f"elmo_{stem}_weights.hdf5", f"{ALLENNLP_BASE}/{stem}/elmo_{stem}_weights.hdf5", weights,
+               weights_sha256),
     )
     return Entry(name, ALLENNLP, title, files, ALLENNLP_LICENCE, approx)
 
@@ -87,8 +113,12 @@ CATALOGUE: dict[str, Entry] = {
                   None, None, "≈ 54 MB (13.6 M float32)"),
         _allennlp("medium", "2x2048_256_2048cnn_1xhighway", "AllenNLP ELMo medium (English, 1B Word Benchmark)",
                   None, None, "≈ 112 MB (28.0 M float32)"),
+        # weights: the Git LFS pointer of elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5 in the Hugging Face mirror
+        # lysandre/elmo (https://huggingface.co/lysandre/elmo/commit/e96602c873f90782c21402b8d8d1ff1327318678, the
+        # mirror's "Contribute ELMO" commit): oid sha256:a6b92b9c... size 374434792, the size AllenNLP's download
+        # logs give for this file. No published checksum was found for the other AllenNLP files or NLPL's zips.
         _allennlp("original", "2x4096_512_2048cnn_2xhighway", "AllenNLP ELMo original (English, 1B Word Benchmark)",
-                  336, 374_434_792, ""),
+                  336, 374_434_792, "", "a6b92b9ccbb13fe489faacd2221c795d4bebe84b75f8aded9d85ea464fa5c994"),
         _allennlp("5.5B", "2x4096_512_2048cnn_2xhighway_5.5B",
                   "AllenNLP ELMo original (5.5B) (English, Wikipedia + monolingual news crawl)", None, None,
                   "≈ 374 MB (93.6 M float32)"),
@@ -117,13 +147,25 @@ def _size(entry: Entry) -> str:
 
 
 def markdown_table(catalogue: dict[str, Entry] | None = None) -> str:
-    """The catalogue as docs/pretrained.md shows it."""
+    """The catalogue as docs/pretrained.md and ``elmo pull --list`` show it; "checked by" says, file by file, whether
+    a download is checked against a published SHA-256 or pinned on first use."""
     catalogue = CATALOGUE if catalogue is None else catalogue
-    lines = ["| name | model | files (publisher's address) | size | licence |", "|---|---|---|---|---|"]
+    lines = [
+        "| name | model | files (publisher's address) | size | checked by | licence |",
+        "|---|---|---|---|---|---|",
+    ]
     for entry in catalogue.values():
         links = "<br>".join(f"[`{s.file}`]({s.url})" for s in entry.files)
-        lines.append(f"| `{entry.name}` | {entry.title} | {links} | {_size(entry)} | {entry.licence} |")
+        pins = "<br>".join(_pin(s) for s in entry.files)
+        lines.append(f"| `{entry.name}` | {entry.title} | {links} | {_size(entry)} | {pins} | {entry.licence} |")
     return "\n".join(lines) + "\n"
+
+
+def _pin(source: Source) -> str:
+    short = source.file.rsplit("_", 1)[-1]  # options.json, weights.hdf5, 179.zip
+    if source.sha256 is not None:
+        return f"{short}: **{source.pin}** (`{source.sha256[:12]}…`)"
+    return f"{short}: {source.pin}"
 
 
 if __name__ == "__main__":  # python -m elmo.export.catalogue > the table for docs/pretrained.md

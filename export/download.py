@@ -6,9 +6,13 @@
 - **Size**: the size the catalogue lists, else the size pinned by the first download, must be the size the server
   announces (Content-Length / Content-Range) and the size on disk at the end; a shorter (truncated) or longer file
   is refused before anything reads it.
-- **Pins**: the first complete download of a file records its SHA-256 and size in the pins file (JSON, keyed by
-  ``NAME/FILE``, so a mirror's copy is checked against the same pin); every later download, and every reuse of the
-  cached file, must match it. A file that does not is removed and refused: it is never imported.
+- **Published checksums**: a file whose SHA-256 the catalogue pins (found at its publisher or in a mirror's Git LFS
+  pointer) must have it, on its first download as on every later one and every reuse of the cached copy; a file that
+  does not is refused and removed (the partial download included): nothing of it is kept or imported.
+- **Pins**: a file the catalogue has no checksum for is trusted on first use: its first complete download records its
+  SHA-256 and size in the pins file (JSON, keyed by ``NAME/FILE``, so a mirror's copy is checked against the same
+  pin); every later download, and every reuse of the cached file, must match it. A file that does not is removed and
+  refused: it is never imported.
 
 - **Bounds**: bytes are counted as they arrive, and the transfer stops at the size the catalogue or the pin gives,
   else at ``max_bytes`` (``elmo pull --max-download-bytes``, default DEFAULT_MAX_DOWNLOAD_BYTES): a server that
@@ -91,7 +95,8 @@ class Pins:
 
 @dataclass
 class Fetched:
-    """One file in the download cache, checked: ``pinned`` is "recorded" (first download) or "verified"."""
+    """One file in the download cache, checked: ``pinned`` is "published" (the catalogue's SHA-256), "recorded"
+    (trusted on first download) or "verified" (against the pin its first download recorded)."""
 
     key: str
     path: Path
@@ -124,16 +129,17 @@ def fetch(
     progress: bool = True,
     retry_wait_s: float = 1.0,
     max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
+    sha256: str | None = None,
 ) -> Fetched:
-    """``dest`` complete and checked (size, SHA-256 against the pin; the pin recorded when there is none yet):
-    reused when already in the cache, else downloaded (resuming ``dest.part``), never more than its known size or
-    ``max_bytes``. Raises DataError on a refusal, and when another process is fetching the same file
-    (``dest.lock``)."""
+    """``dest`` complete and checked (size; SHA-256 against ``sha256``, the published checksum, else against the pin,
+    recorded when there is none yet): reused when already in the cache, else downloaded (resuming ``dest.part``),
+    never more than its known size or ``max_bytes``. Raises DataError on a refusal, and when another process is
+    fetching the same file (``dest.lock``)."""
     dest = Path(dest)
     if max_bytes < 1:
         raise DataError(f"the download cap must be at least 1 byte (got {max_bytes})")
     with _locked(dest):
-        return _fetch(url, dest, key, pins, size, retries, progress, retry_wait_s, max_bytes)
+        return _fetch(url, dest, key, pins, size, retries, progress, retry_wait_s, max_bytes, sha256)
 
 
 @contextlib.contextmanager
@@ -150,8 +156,8 @@ def _locked(dest: Path):
 
 
 def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries: int, progress: bool,
-           retry_wait_s: float, max_bytes: int) -> Fetched:  # fmt: skip
-    pin = pins.get(key)
+           retry_wait_s: float, max_bytes: int, published: str | None) -> Fetched:  # fmt: skip
+    pin = None if published is not None else pins.get(key)  # a published checksum outranks a pin of one's own
     expected, why = _expected(size, pin)
     cap = Cap(expected, why) if expected is not None else Cap(max_bytes, "the download cap (--max-download-bytes) is")
     downloaded = False
@@ -172,12 +178,19 @@ def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries
                     ) from None
                 time.sleep(retry_wait_s * 2**attempt)
         _check_size(part, expected, why, url)
+        digest = sha256_of(part)
+        if published is not None:  # checked before it takes the file's name: a tampered file never has it
+            _check_published(part, digest, published, url, key)
         os.replace(part, dest)
         downloaded = True
     else:
         _check_size(dest, expected, why, url, cached=True)
-    digest = sha256_of(dest)
+        digest = sha256_of(dest)
+        if published is not None:
+            _check_published(dest, digest, published, url, key)
     actual = dest.stat().st_size
+    if published is not None:
+        return Fetched(key, dest, url, digest, actual, "published", downloaded)
     if pin is None:
         pins.record(key, digest, actual, url)
         return Fetched(key, dest, url, digest, actual, "recorded", downloaded)
@@ -189,6 +202,15 @@ def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries
             "file, delete that key from the pins file)"
         )
     return Fetched(key, dest, url, digest, actual, "verified", downloaded)
+
+
+def _check_published(path: Path, digest: str, published: str, url: str, key: str) -> None:
+    """Refuse (and remove) ``path``, whose SHA-256 is ``digest``, unless that is the one the catalogue pins."""
+    if digest == published:
+        return
+    path.unlink()
+    raise DataError(f"{url}: sha256 {digest} differs from the published {published} the catalogue pins for {key}: "
+                    "refused and removed, nothing kept or imported (a tampered or corrupted download)")  # fmt: skip
 
 
 def _check_size(path: Path, expected: int | None, why: str, url: str, cached: bool = False) -> None:

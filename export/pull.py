@@ -1,7 +1,8 @@
 """``elmo pull NAME``: a published ELMo model by name, from its publisher's address to a servable model directory.
 
 1. Download the files the catalogue (export/catalogue.py) lists for NAME into the download cache: resumable, a
-   progress bar, the size checked, the SHA-256 pinned on first download and verified on every later one
+   progress bar, the size checked, the SHA-256 checked against the one the catalogue pins where a publisher's (or
+   a mirror's LFS pointer) was found, else pinned on first download and verified on every later one
    (export/download.py). Nothing else in this project downloads at run time; this command does only when asked.
 2. Import them through the existing importers: AllenNLP's ``options.json`` + ``weights.hdf5``
    (elmo.importers.allennlp, read with h5py) or ELMoForManyLangs' zip (extracted, checked for unsafe paths, then
@@ -69,11 +70,12 @@ def download(
     progress: bool = True,
     max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
 ) -> list[Fetched]:
-    """Every file of ``entry`` in ``cache/NAME/``, checked against its size and pin (recorded on first download),
-    none longer than its known size or ``max_bytes``."""
+    """Every file of ``entry`` in ``cache/NAME/``, checked against its size and its published SHA-256, else its pin
+    (recorded on first download), none longer than its known size or ``max_bytes``."""
     return [
         fetch(resolve_url(source.url, base_url), cache / entry.name / source.file, f"{entry.name}/{source.file}",
-              pins, source.size, retries=retries, progress=progress, max_bytes=max_bytes)  # fmt: skip
+              pins, source.size, retries=retries, progress=progress, max_bytes=max_bytes,
+              sha256=source.sha256)  # fmt: skip
         for source in entry.files
     ]
 
@@ -223,7 +225,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a published model: small, medium, original, 5.5B (AllenNLP, English) or an ELMoForManyLangs language "
         "code (zh, de, ...); --list shows them all",
     )
-    parser.add_argument("--list", action="store_true", help="print the catalogue (names, files, sizes, licences)")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the catalogue (names, files, sizes, which files are pinned by a published SHA-256, licences)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the model directory to write (new or empty)")
     parser.add_argument(
         "--model-root",

@@ -300,6 +300,61 @@ def test_an_altered_file_is_refused_against_its_pin(server, allennlp_files, tmp_
         download(SMALL, tmp_path / "cache", pins, server.url, progress=False)
 
 
+# -- published checksums: pinned in the catalogue, never trusted on first use ---------------------------------------
+def test_the_list_shows_which_files_are_pinned_by_a_published_checksum(capsys):
+    weights = CATALOGUE["original"].files[1]
+    # the Git LFS pointer of the Hugging Face mirror (cited in export/catalogue.py): its oid and size
+    assert weights.sha256 == "a6b92b9ccbb13fe489faacd2221c795d4bebe84b75f8aded9d85ea464fa5c994"
+    assert weights.size == 374_434_792
+    assert elmo_main(["pull", "--list"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "weights.hdf5: **SHA-256 pinned** (`a6b92b9ccbb1…`)" in rows["`original`"]
+    assert "options.json: size listed, SHA-256 on first use" in rows["`original`"]
+    assert "weights.hdf5: on first use" in rows["`small`"] and "179.zip: on first use" in rows["`zh`"]
+    with pytest.raises(ValueError, match="64 lowercase hex digits"):
+        Source("f", "https://x/f", 1, "A6B9")  # a pin is a whole SHA-256, never a guess or a prefix
+
+
+def pinned_small(allennlp_files: dict[str, bytes]) -> Entry:
+    """`small` as the catalogue lists a file it has a published checksum for: the fixture's size and SHA-256."""
+    options, weights = SMALL.files
+    whole = allennlp_files[weights.file]
+    pinned = Source(weights.file, weights.url, len(whole), hashlib.sha256(whole).hexdigest())
+    return Entry("small", "allennlp", SMALL.title, (options, pinned), SMALL.licence)
+
+
+def test_a_tampered_download_of_a_pinned_file_is_refused_and_nothing_kept(server, allennlp_files, tmp_path, capsys,
+                                                                          monkeypatch):  # fmt: skip
+    weights = SMALL.files[1]
+    monkeypatch.setattr(pull_module, "CATALOGUE", {"small": pinned_small(allennlp_files)})
+    tampered = bytearray(allennlp_files[weights.file])
+    tampered[len(tampered) // 2] ^= 0x01  # one bit, same size: only the checksum can tell
+    server.files[path_of(weights)] = bytes(tampered)
+    out, cache = tmp_path / "small", tmp_path / "cache"
+    assert elmo_main(pull_args("small", server, tmp_path, "--out", str(out))) == 2
+    error = last_error(capsys)
+    assert len(error) == 1 and "differs from the published" in error[0] and "nothing kept or imported" in error[0]
+    assert not out.exists()
+    assert not [p for p in (cache / "small").iterdir() if p.name.startswith(weights.file) and p.suffix != ".lock"]
+    assert f"small/{weights.file}" not in json.loads((cache / "pins.json").read_text())  # not trusted on first use
+
+    # a pin of one's own (a pins file that recorded the tampered file) does not outrank the published checksum
+    Pins(cache / "pins.json").record(f"small/{weights.file}", hashlib.sha256(tampered).hexdigest(), len(tampered), "x")
+    with pytest.raises(DataError, match="differs from the published"):
+        download(pull_module.CATALOGUE["small"], cache, Pins(cache / "pins.json"), server.url, progress=False)
+
+    # the publisher's file passes, marked as checked against the published checksum
+    server.files[path_of(weights)] = allennlp_files[weights.file]
+    fetched = download(pull_module.CATALOGUE["small"], cache, Pins(cache / "pins.json"), server.url, progress=False)
+    assert [f.pinned for f in fetched] == ["verified", "published"]
+
+    # and a cached copy altered on disk afterwards is refused and removed, whatever the pins file says
+    fetched[1].path.write_bytes(bytes(tampered))
+    with pytest.raises(DataError, match="differs from the published"):
+        download(pull_module.CATALOGUE["small"], cache, Pins(cache / "pins.json"), server.url, progress=False)
+    assert not fetched[1].path.exists()
+
+
 # -- ELMoForManyLangs: a zip, into a model repository ----------------------------------------------------------------
 def zip_flat(folder: Path, archive: Path) -> bytes:
     with zipfile.ZipFile(archive, "w") as handle:
