@@ -6,8 +6,8 @@
    (export/download.py). Nothing else in this project downloads at run time; this command does only when asked.
 2. Import them through the existing importers: AllenNLP's ``options.json`` + ``weights.hdf5``
    (elmo.importers.allennlp, read with h5py) or ELMoForManyLangs' zip (extracted, checked for unsafe paths, then
-   elmo.importers.manylangs, whose ``.pkl`` state dicts are read with ``torch.load(weights_only=True)``: tensors
-   only, nothing is unpickled).
+   elmo.importers.manylangs, whose ``.pkl`` state dicts are read without unpickling); both importers check every
+   declared shape and dtype, and the byte budget, before they read a weight.
 3. Export and verify (elmo.export.onnx_export) into ``--out DIR`` (built beside it under a hidden name and renamed
    when verified), or, with ``--model-root ROOT``, publish it as the next version of NAME (elmo.runtime.repository:
    atomic, so a server polling ROOT sees the whole version or nothing).

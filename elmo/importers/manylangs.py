@@ -4,7 +4,9 @@
 ``config.json`` (its ``config_path`` names the network's JSON: in the folder, else by file name in the folder, else
 the package's own default config, which this module carries), ``char.dic``, ``word.dic`` when the network has a word
 embedding (``token_embedder.word_dim > 0``), and the two torch state dicts ``token_embedder.pkl`` and ``encoder.pkl``.
-The ``.pkl`` files are read with ``torch.load(weights_only=True)``, tensors only: nothing else is ever unpickled.
+The ``.pkl`` files are never unpickled: elmo.importers.torch_state reads their declarations (every tensor's name,
+shape, dtype and storage), ``check_declarations`` holds them to what the config and vocabularies imply and to the byte
+budget (``--max-weight-bytes``), and only then are the tensors' bytes read, with numpy.
 
 It writes ``config.json`` + ``model.safetensors`` (char_scheme "vocab", vocab_size 0) and the char vocabulary
 ``char_vocab.json`` (+ ``word_vocab.json``), which ``elmo export``, the runtime, the service and the batch job read.
