@@ -274,3 +274,67 @@ def test_the_tutorial_runs_as_written_in_a_fresh_folder(reader_folder, servers) 
     spacy_lines = dict(line.split(": ", 1) for line in printed[-1].splitlines() if line.startswith("苹果, fruit vs"))
     company, fruit = (float(spacy_lines[key]) for key in ("苹果, fruit vs company", "苹果, fruit vs fruit"))
     assert company < fruit, spacy_lines  # "The fruit is closer to the other fruit than to the company."
+
+
+# -- the token advice of step 1: prose, not a block, so its commands are taken from the page's inline code ----------
+TOKEN_SERVE = re.compile(r"`(ELMO_AUTH_TOKEN=(\S+) make serve)`")
+EMBED_ONE = '.venv-serve/bin/elmo embed --server 127.0.0.1:50051 "我吃了一个苹果。"'
+CLIENT_ONE = (
+    ".venv-serve/bin/python -c 'from elmo.client import EmbedderClient\n"
+    'with EmbedderClient("127.0.0.1:50051") as client: print(client.embed_texts(["苹果"])[0].shape)\''
+)
+POST_ONE = "curl -s -o /dev/null -w '%{http_code}' localhost:8080/v1/embed -H 'Content-Type: application/json' " + (
+    "-d '{\"inputs\": [\"苹果\"]}'"
+)
+
+
+@dataclass(frozen=True)
+class TokenAdvice:
+    serve: str  # how to start the server with a token
+    export: str  # what a client's terminal sets
+    header: str  # what curl sends
+
+
+def token_advice(text: str) -> TokenAdvice:
+    """Step 1's token advice, as the page writes it: the serve command, the client's export and curl's header."""
+    found = TOKEN_SERVE.findall(text)
+    assert len(found) == 1, f"the tutorial should say once how to serve with a token: {found}"
+    serve, token = found[0]
+    export, header = f"export ELMO_AUTH_TOKEN={token}", f"-H 'Authorization: Bearer {token}'"
+    for code in (export, header):
+        assert f"`{code}`" in text, f"the token advice lacks `{code}`"
+    return TokenAdvice(serve, export, header)
+
+
+def shell(body: str, folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``body`` in a shell in ``folder``, whatever its exit status (the token test expects refusals)."""
+    return subprocess.run(["bash", "-c", body], cwd=folder, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_the_token_advice_is_read_from_the_page() -> None:
+    advice = token_advice(TUTORIAL.read_text(encoding="utf-8"))
+    assert advice.serve.endswith(f" {SERVE_COMMAND}") and advice.export.startswith("export ELMO_AUTH_TOKEN=")
+    with pytest.raises(AssertionError, match="lacks"):
+        token_advice("start it as `ELMO_AUTH_TOKEN=s3cret make serve`, then `export ELMO_AUTH_TOKEN=s3cret`")
+
+
+@pytest.mark.slow  # a server of its own
+def test_the_token_advice_of_step_1_holds(reader_folder, servers) -> None:
+    """Served as step 1 says, with a token: API calls without it are refused (gRPC UNAUTHENTICATED, HTTP 401); the
+    `elmo` command and the Python client pass with the variable exported in their terminal, curl with the header; the
+    page and the metrics stay open."""
+    folder, env = reader_folder, reader_environment()
+    advice = token_advice(TUTORIAL.read_text(encoding="utf-8"))
+    server = start_server(advice.serve, folder, env)
+    servers.append(server)
+
+    for command in (EMBED_ONE, CLIENT_ONE):
+        refused = shell(command, folder, env)
+        assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stdout + refused.stderr, refused
+        assert shell(f"{advice.export}\n{command}", folder, env).returncode == 0, command
+    assert shell(POST_ONE, folder, env).stdout == "401"
+    assert shell(POST_ONE.replace(" -d ", f" {advice.header} -d ", 1), folder, env).stdout == "200"
+    for open_url in ("localhost:8080/", "localhost:9090/metrics"):
+        assert shell(f"curl -s -o /dev/null -w '%{{http_code}}' {open_url}", folder, env).stdout == "200", open_url
+    press_ctrl_c(server)
