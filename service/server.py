@@ -48,7 +48,13 @@ from elmo.service.grpc.admin import (
     admin_auth_interceptor,
     admin_handler,
 )
-from elmo.service.grpc.health import HealthServicer, WatchLimits, add_health_arguments, watch_limits_from_args
+from elmo.service.grpc.health import (
+    HealthLimits,
+    HealthServicer,
+    add_health_arguments,
+    health_handler,
+    health_limits_from_args,
+)
 from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallGate, ObserverInterceptor
 from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 from elmo.service.models.registry import ModelRegistry, ServedModel, parse_alias, serve_model
@@ -56,7 +62,7 @@ from elmo.service.models.versions import FixedModels, ModelManager, parse_bytes
 from elmo.service.processes import die_with_supervisor, run_processes, wait_for_the_group
 from elmo.service.telemetry.metrics import ServiceMetrics
 from elmo.service.telemetry.observe import RequestObserver
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from elmo.errors import ConfigError, ElmoError
@@ -119,7 +125,7 @@ class ElmoServer:
         repository: RepositoryOptions | None = None,
         admin_token: str | None = None,
         reuse_port: bool = False,
-        health_limits: WatchLimits | None = None,
+        health_limits: HealthLimits | None = None,
     ):
         self.registry = ModelRegistry(models, aliases, allow_empty=repository is not None)
         self.limits = limits
@@ -141,7 +147,7 @@ class ElmoServer:
             raise ConfigError("--admin-token controls a model repository: serve one with --model-root DIR")
         self.core = RequestCore(self.registry, limits, self.repository)
         self.state = self.core.state  # the drain below sets the core's switch
-        self.health = HealthServicer(health_limits)
+        self.health = HealthServicer(health_limits, limits.grpc_message_timeout)
         observer = RequestObserver(metrics)
         interceptors: list[grpc.aio.ServerInterceptor] = [ObserverInterceptor(observer)]
         if auth_token:  # the clients' token: not on health checks, nor on the admin API (its own token)
@@ -165,7 +171,7 @@ class ElmoServer:
                 self.core, observer, auth_token, self._serving, normalize=normalize,
                 admin_token=admin_token if swappable else None,
             )  # fmt: skip
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.server.add_generic_rpc_handlers((health_handler(self.health),))
         reflection.enable_server_reflection(
             (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
@@ -176,10 +182,10 @@ class ElmoServer:
 
     def _grpc_settings(self, reuse_port: bool) -> dict:
         """grpc.aio.server's arguments: gRPC's own cap on open calls holds the call gate's calls and refusals
-        (service.common.limits) plus every Watch stream the health shares allow, with room for Checks left over,
-        so that Watch streams can never keep a Check or an Embed out (docs/operations.md, "Health checks")."""
+        (service.common.limits) plus every health call the health shares allow (service.grpc.health), so that no
+        kind of call can keep another out (docs/operations.md, "Health checks")."""
         settings = grpc_server_settings(self.limits, reuse_port)
-        settings["maximum_concurrent_rpcs"] += self.health.limits.max_watches
+        settings["maximum_concurrent_rpcs"] += self.health.limits.calls
         return settings
 
     def _serving(self) -> bool:
@@ -555,7 +561,7 @@ async def serve(args: argparse.Namespace) -> int:
         repository=repository,
         admin_token=admin_token,
         reuse_port=args.reuse_port,
-        health_limits=watch_limits_from_args(args),
+        health_limits=health_limits_from_args(args),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

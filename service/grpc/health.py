@@ -7,26 +7,30 @@ client that does not read (its HTTP/2 window shut) delays nobody but itself, and
 within ``stall_s`` is dropped: it gets no further status, and its stream ends (DEADLINE_EXCEEDED) as soon as the
 client reads again.
 
-Watch streams are bounded like calls are (service.common.shares): at most ``max_watches`` at once, of which one
-client address may hold ``max_watches_per_peer``; beyond either, a new Watch gets RESOURCE_EXHAUSTED naming the
-flag. A Watch keeps its place until its stream has really ended on the wire, a dropped one included (a stream whose
-client never reads can only be closed by that client, by the connection's age limit or by the shutdown), so stalled
-streams never add up beyond the share. Every Watch ends after ``max_age_s`` (status OK; the client watches again),
-so a place is never held for good. ``Check`` answers at once from the recorded status.
+Health calls are bounded like embedding calls are (service.common.shares), in shares of their own: Watch streams
+(``max_watches`` at once, ``max_watches_per_peer`` of them from one client address) and Check calls in progress
+(``max_checks``, ``max_checks_per_peer``); beyond, RESOURCE_EXHAUSTED naming the flag. A call takes its place at its
+headers, before its request message is read (that must come within ``message_timeout_s``), and keeps it until its
+answers have really left: gRPC holds a call whose client does not read until that client reads, goes away, or the
+server stops, and so do the shares, so calls that stall never add up beyond them. Both methods are served as
+request-streaming handlers, which gRPC starts at the headers (the wire format is the same: clients cannot tell).
+Every Watch ends after ``max_age_s`` (status OK; the client watches again), so a place is never held for good.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
 
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code
 from elmo.service.common.shares import Shares, peer_address
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from elmo.errors import ConfigError
 
@@ -36,25 +40,34 @@ Status = health_pb2.HealthCheckResponse.ServingStatus
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name  # grpc.health.v1.Health
 
 
 @dataclass(frozen=True)
-class WatchLimits:
-    """``elmo serve``'s bounds on grpc.health.v1 Watch streams (the ``--health-watch-*`` flags)."""
+class HealthLimits:
+    """``elmo serve``'s bounds on grpc.health.v1 calls (the ``--health-*`` flags)."""
 
     max_watches: int = 64  # Watch streams open at once, all clients together
     max_watches_per_peer: int = 8  # of those, what one client address may hold
     max_age_s: float = 300.0  # a Watch ends (OK) after this long; the client watches again
     stall_s: float = 5.0  # a status not taken by its client this soon: that watcher is dropped
+    max_checks: int = 128  # Check calls in progress at once (a served Check lasts until its answer has left)
+    max_checks_per_peer: int = 32  # of those, what one client address may hold
 
-    def validate(self) -> WatchLimits:
+    def validate(self) -> HealthLimits:
         for f in fields(self):
             value = getattr(self, f.name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(f"--{_FLAGS[f.name]} must be positive (got {value!r})")
-        if self.max_watches_per_peer > self.max_watches:
-            raise ConfigError("--health-watch-max-per-peer must not exceed --health-watch-max")
+        for total, per_peer in (("max_watches", "max_watches_per_peer"), ("max_checks", "max_checks_per_peer")):
+            if getattr(self, per_peer) > getattr(self, total):
+                raise ConfigError(f"--{_FLAGS[per_peer]} must not exceed --{_FLAGS[total]}")
         return self
+
+    @property
+    def calls(self) -> int:
+        """The most health calls the shares let be open at once."""
+        return self.max_watches + self.max_checks
 
 
 _FLAGS = {
@@ -62,11 +75,13 @@ _FLAGS = {
     "max_watches_per_peer": "health-watch-max-per-peer",
     "max_age_s": "health-watch-max-age-s",
     "stall_s": "health-watch-stall-s",
+    "max_checks": "health-check-max",
+    "max_checks_per_peer": "health-check-max-per-peer",
 }
 _HELP = {
     "max_watches": "grpc.health.v1 Watch streams open at once, all clients together; beyond, a new Watch gets "
-    "RESOURCE_EXHAUSTED (Check is never refused for it). gRPC's own cap on open calls leaves room for these on top "
-    "of --max-concurrent-rpcs, so Watch streams can never keep a Check or an Embed out",
+    "RESOURCE_EXHAUSTED. gRPC's own cap on open calls leaves room for all health calls on top of "
+    "--max-concurrent-rpcs, so they can never keep an Embed out, nor Watch streams a Check",
     "max_watches_per_peer": "Watch streams one client address may hold open, its share of --health-watch-max "
     "(behind a proxy raise it to --health-watch-max)",
     "max_age_s": "seconds after which a Watch stream ends with OK; the client watches again (grpc's client-side "
@@ -74,25 +89,32 @@ _HELP = {
     "stall_s": "seconds a Watch stream's client may take to read a new status; a watcher that does not is dropped "
     "(no further statuses; its stream ends with DEADLINE_EXCEEDED once the client reads), and no other watcher, "
     "probe or status change ever waits for it",
+    "max_checks": "grpc.health.v1 Check calls in progress at once, all clients together (a Check is answered at "
+    "once, but holds its place until its client has taken the answer); beyond, RESOURCE_EXHAUSTED",
+    "max_checks_per_peer": "Check calls in progress from one client address, its share of --health-check-max",
 }
 
 
 def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("health checks (grpc.health.v1, GET /health)")
-    defaults = WatchLimits()
-    for f in fields(WatchLimits):
+    defaults = HealthLimits()
+    for f in fields(HealthLimits):
         default = getattr(defaults, f.name)
         group.add_argument(
             f"--{_FLAGS[f.name]}",
-            dest=f"health_watch_{f.name}",
+            dest=_dest(f.name),
             type=type(default),
             default=default,
             help=f"{_HELP[f.name]} (default {default:g})",
         )
 
 
-def watch_limits_from_args(args: argparse.Namespace) -> WatchLimits:
-    return WatchLimits(**{f.name: getattr(args, f"health_watch_{f.name}") for f in fields(WatchLimits)}).validate()
+def _dest(field_name: str) -> str:
+    return _FLAGS[field_name].replace("-", "_")
+
+
+def health_limits_from_args(args: argparse.Namespace) -> HealthLimits:
+    return HealthLimits(**{f.name: getattr(args, _dest(f.name)) for f in fields(HealthLimits)}).validate()
 
 
 class _Watcher:
@@ -113,15 +135,20 @@ class _Stalled(Exception):
         self.write = write
 
 
-class HealthServicer(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1.Health, with statuses set by the server (:meth:`set`, :meth:`enter_graceful_shutdown`)."""
+class HealthServicer:
+    """grpc.health.v1.Health, with statuses set by the server (:meth:`set`, :meth:`enter_graceful_shutdown`);
+    :func:`health_handler` serves it. ``message_timeout_s``: how soon a call's request message must follow its
+    headers (--grpc-message-timeout)."""
 
-    def __init__(self, limits: WatchLimits | None = None) -> None:
-        self.limits = limits or WatchLimits()
+    def __init__(self, limits: HealthLimits | None = None, message_timeout_s: float = 30.0) -> None:
+        self.limits = limits or HealthLimits()
+        self.message_timeout_s = message_timeout_s
         self._status: dict[str, int] = {}
         self._watchers: set[_Watcher] = set()
-        self.shares = Shares(self.limits.max_watches, self.limits.max_watches_per_peer, "health Watch streams",
-                             ("--health-watch-max", "--health-watch-max-per-peer"))  # fmt: skip
+        self.watches = Shares(self.limits.max_watches, self.limits.max_watches_per_peer, "health Watch streams",
+                              ("--health-watch-max", "--health-watch-max-per-peer"))  # fmt: skip
+        self.checks = Shares(self.limits.max_checks, self.limits.max_checks_per_peer, "health Check calls",
+                             ("--health-check-max", "--health-check-max-per-peer"))  # fmt: skip
         self._closing = False
         self.dropped = 0  # watchers dropped for not reading their status
 
@@ -145,7 +172,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     @property
     def watching(self) -> int:
         """Watch streams holding a place now (dropped ones whose streams are still open included)."""
-        return self.shares.count
+        return self.watches.count
 
     def _record(self, service: str, status: int) -> None:
         self._status[service] = status
@@ -153,28 +180,57 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             if watcher.service == service:
                 watcher.changed.set()
 
-    # -- the RPCs --------------------------------------------------------------------------------------------------
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext):
-        status = self._status.get(request.service)
-        if status is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service[:100]!r}")
-        return health_pb2.HealthCheckResponse(status=status)
+    # -- the RPCs (request-streaming handlers: they start at the call's headers) ------------------------------------
+    async def check(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
+                    context: grpc.aio.ServicerContext) -> None:  # fmt: skip
+        async with self._place(self.checks, context):
+            request = await self._request(requests, context)
+            status = self._status.get(request.service)
+            if status is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service[:100]!r}")
+            # a client that does not read holds this write, and with it its place, until it reads or goes
+            await context.write(health_pb2.HealthCheckResponse(status=status))
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
+    async def watch(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
+                    context: grpc.aio.ServicerContext) -> None:  # fmt: skip
+        async with self._place(self.watches, context) as peer:
+            request = await self._request(requests, context)
+            watcher = _Watcher(request.service)
+            self._watchers.add(watcher)
+            try:
+                await self._follow(watcher, context)
+            except _Stalled as stalled:
+                await self._end_dropped(watcher, context, peer, stalled.write)
+            finally:
+                self._watchers.discard(watcher)
+
+    @contextlib.asynccontextmanager
+    async def _place(self, shares: Shares, context: grpc.aio.ServicerContext) -> AsyncIterator[str]:
+        """A place in ``shares`` for this call's client address, or RESOURCE_EXHAUSTED naming the limit; given back
+        only when the call is over (its answers sent, or gRPC has cancelled it)."""
         peer = peer_address(context.peer())
         try:
-            self.shares.take(peer)
+            shares.take(peer)
         except ServiceError as exc:
             await context.abort(grpc_code(exc.kind), exc.message)
-        watcher = _Watcher(request.service)
-        self._watchers.add(watcher)
         try:
-            await self._follow(watcher, context)
-        except _Stalled as stalled:
-            await self._end_dropped(watcher, context, peer, stalled.write)
+            yield peer
         finally:
-            self._watchers.discard(watcher)
-            self.shares.give_back(peer)  # only now: the stream has ended, or gRPC has cancelled the call
+            shares.give_back(peer)
+
+    async def _request(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
+                       context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckRequest:  # fmt: skip
+        """The call's one request message, within ``message_timeout_s`` of its headers."""
+        try:
+            async with asyncio.timeout(self.message_timeout_s):
+                return await anext(aiter(requests))
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"the request message did not arrive within {self.message_timeout_s:g} s of the "
+                                "call's headers (--grpc-message-timeout); the call is closed")  # fmt: skip
+        raise AssertionError("unreachable: context.abort raises")
 
     async def _follow(self, watcher: _Watcher, context: grpc.aio.ServicerContext) -> None:
         """Send each new status of the watched service until the stream's age is up or the server shuts down."""
@@ -223,4 +279,20 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         )
 
 
-__all__ = ["HealthServicer", "WatchLimits", "add_health_arguments", "watch_limits_from_args"]
+def health_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler:
+    """grpc.health.v1.Health's two methods, served by ``servicer`` as request-streaming handlers (same wire format
+    as the unary-request methods of the contract: gRPC starts them at the headers, so a call takes its place in the
+    shares before its request message is read)."""
+    kwargs = dict(request_deserializer=health_pb2.HealthCheckRequest.FromString,
+                  response_serializer=health_pb2.HealthCheckResponse.SerializeToString)  # fmt: skip
+    return grpc.method_handlers_generic_handler(
+        HEALTH_SERVICE,
+        {
+            "Check": grpc.stream_stream_rpc_method_handler(servicer.check, **kwargs),
+            "Watch": grpc.stream_stream_rpc_method_handler(servicer.watch, **kwargs),
+        },
+    )
+
+
+__all__ = ["HEALTH_SERVICE", "HealthLimits", "HealthServicer", "add_health_arguments", "health_handler",
+           "health_limits_from_args"]  # fmt: skip

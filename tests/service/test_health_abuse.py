@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from elmo.client import EmbedderClient
 from elmo.runtime import Embedder
-from tests.h2_peer import HEALTH_WATCH, H2Peer, health_request
+from tests.h2_peer import HEALTH_CHECK, HEALTH_WATCH, H2Peer, health_request
 from tests.serve_process import ServeProcess, wait_until
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
@@ -84,9 +84,9 @@ def test_a_watch_that_never_reads_does_not_keep_health_from_serving(runtime: Emb
 
 
 def test_a_watcher_that_does_not_read_is_dropped_and_others_still_follow(runtime: Embedder) -> None:
-    from elmo.service.grpc.health import WatchLimits
+    from elmo.service.grpc.health import HealthLimits
 
-    limits = WatchLimits(stall_s=0.3)
+    limits = HealthLimits(stall_s=0.3)
     server = ServerThread({"tiny": runtime}, EDGE_LIMITS, health_limits=limits)
     try:
         server.warm_up()
@@ -147,34 +147,51 @@ def _loopback_alias_works() -> bool:
         return False
 
 
-@pytest.mark.parametrize("token", [None, TOKEN])
-def test_a_watch_flood_keeps_no_check_or_embed_out(tiny_model_dir: Path, tmp_path: Path, token: str | None) -> None:
-    # gRPC's own cap on open calls is 2 x 16 + 256 (+ the Watch streams' 8 on this server): 3 x 100 streams would
-    # fill it if Watch streams were not counted in shares of their own
+@pytest.mark.parametrize(
+    ("method", "message_sent", "token"),
+    [
+        (HEALTH_WATCH, True, None),  # Watch streams whose statuses are never read
+        (HEALTH_WATCH, True, TOKEN),
+        (HEALTH_CHECK, True, TOKEN),  # Checks whose answers are never read
+        (HEALTH_CHECK, False, None),  # Checks whose request message never comes
+    ],
+    ids=["watch", "watch-token", "check-token", "check-half-sent"],
+)
+def test_a_health_flood_keeps_no_check_or_embed_out(
+    tiny_model_dir: Path, tmp_path: Path, method: str, message_sent: bool, token: str | None
+) -> None:
+    if not _loopback_alias_works():
+        pytest.skip("needs 127.0.0.2-4 as client addresses (Linux routes all of 127/8 to lo)")
+    # gRPC's own cap on open calls is 2 x 16 + 256 (+ the health shares' 8 + 16 on this server): 3 x 100 health calls
+    # held open would fill it if they were not counted in shares of their own
     args = ["--model", str(tiny_model_dir), "--max-concurrent-rpcs", "16", "--max-calls-per-peer", "16",
-            "--health-watch-max", "8", "--health-watch-max-per-peer", "4"]  # fmt: skip
+            "--health-watch-max", "8", "--health-watch-max-per-peer", "4",
+            "--health-check-max", "16", "--health-check-max-per-peer", "4"]  # fmt: skip
+    watch = method == HEALTH_WATCH
+    flag = "--health-watch-max" if watch else "--health-check-max"
     env = {"ELMO_AUTH_TOKEN": token} if token else None
-    sources = ["127.0.0.1", "127.0.0.2", "127.0.0.3"] if _loopback_alias_works() else ["127.0.0.1"] * 3
     with ServeProcess(args, tmp_path, env=env) as server:
         target = server.wait_serving()
         host, port = target.rsplit(":", 1)
-        peers = [H2Peer(host, int(port), initial_window=0, source=source) for source in sources]
+        # three client addresses flood; the probe and the Embed below come from a fourth, 127.0.0.1
+        peers = [H2Peer(host, int(port), initial_window=0, source=f"127.0.0.{n}") for n in (2, 3, 4)]
         try:
-            streams = [peer.send_calls(HEALTH_WATCH, health_request(), 100) for peer in peers]
-            expected_held = 8 if len(set(sources)) > 1 else 4
+            request = health_request() if message_sent else None
+            streams = [peer.send_calls(method, request, 100, end_stream=message_sent) for peer in peers]
+            expected_held = 8 if watch else 12  # Watch: the whole (8) of 3 x 4; Check: 3 x 4 of 16
             read_refusals(peers, streams, 300 - expected_held)
             refused = [[peer.streams[i] for i in ids if peer.streams[i].ended] for peer, ids in zip(peers, streams)]
             held = [100 - len(ended) for ended in refused]
-            # each client address gets its share (4), and all of them together the whole (8); the rest is refused
+            # each client address gets at most its share (4), all of them together at most the whole
             assert sum(held) == expected_held, held
             assert all(n <= 4 for n in held), held
             for ended in refused:
                 assert {s.grpc_status for s in ended} == {RESOURCE_EXHAUSTED}
             messages = {s.grpc_message for ended in refused for s in ended}
-            assert any("--health-watch-max-per-peer" in m for m in messages), messages
-            if len(set(sources)) > 1:
-                assert any("--health-watch-max)" in m for m in messages), messages
-            # the flood still open (the held streams, their statuses unread), a new client is answered at once
+            assert any(f"{flag}-per-peer" in m for m in messages), messages
+            if watch:
+                assert any(f"{flag})" in m for m in messages), messages
+            # the flood still open (the held calls, their answers unread), a new client is answered at once
             assert check(target) == "SERVING"
             assert embed_tokens(target, token) == ["still", "answered"]
         finally:
