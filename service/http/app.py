@@ -42,7 +42,7 @@ from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed
 from elmo.service.core.budget import RETRY_AFTER_S, AnswerBudgetFull, AnswerClaim
 from elmo.service.core.requests import RequestCore
 from elmo.service.http import schema
-from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body
+from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body, reset
 from elmo.service.http.encode import encode_json_parts
 from elmo.service.http.encodings import ENCODINGS
 from elmo.service.http.openapi import openapi_document
@@ -120,14 +120,14 @@ async def send_in_pieces(
 
 
 async def _write_within(request: web.Request, write: Awaitable[None], timeout: float) -> None:
-    """``write`` (which waits until the client has taken what was buffered), or the connection aborted after
-    ``timeout`` seconds: abort, not close, which would wait for that client to take the rest."""
+    """``write`` (which waits until the client has taken what was buffered), or the connection reset after
+    ``timeout`` seconds (:func:`~service.http.connections.reset`)."""
     try:
         async with asyncio.timeout(timeout):
             await write
     except TimeoutError:
         if request.transport is not None:
-            request.transport.abort()
+            reset(request.transport)
         message = f"the client did not take its answer within {timeout:g} s (--answer-write-timeout-s)"
         raise ClientGone(message) from None
 

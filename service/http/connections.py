@@ -31,7 +31,9 @@ import asyncio
 import enum
 import json
 import logging
+import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable
 
 from aiohttp import http_exceptions, web
@@ -370,10 +372,22 @@ class ConnectionGuard:
 
     @staticmethod
     def _abort(conn: _Connection) -> None:
-        # abort, not close: close() would wait for a client that does not read to take the rest of a response
         conn.deadline = None  # closing takes a loop turn; do not count it twice
         if conn.transport is not None:
-            conn.transport.abort()
+            reset(conn.transport)
+
+
+def reset(transport: asyncio.BaseTransport) -> None:
+    """Close a connection at once, whatever it still had to send: abort, not close (close() would wait for a client
+    that does not read to take the rest of an answer), with a zero linger, so that the kernel sends a reset
+    instead of keeping the unsent bytes for that client (it would, for minutes, into a window that never opens)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:  # already gone
+            pass
+    transport.abort()
 
 
 async def read_body(request: web.Request, limits: Limits) -> bytes:
@@ -433,4 +447,5 @@ def _timed_out(message: str) -> web.HTTPRequestTimeout:
     return error
 
 
-__all__ = ["COMMON_HEADERS", "REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body"]
+__all__ = ["COMMON_HEADERS", "REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body",
+           "reset"]  # fmt: skip

@@ -101,19 +101,18 @@ def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, bytes(rest)
 
 
+TCP_ESTABLISHED = 1  # linux/tcp_states.h
+
+
 def closed_by_server(sock: socket.socket, within: float) -> bool:
-    """True when the server closes ``sock`` (EOF or reset) within ``within`` seconds; reads and drops its bytes."""
+    """True once the server has closed or reset ``sock`` (its TCP state leaves ESTABLISHED), within ``within``
+    seconds. Reads nothing: a client that read would take the answer, and the server would have no reason to."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.05, deadline - time.monotonic()))
-        try:
-            if not sock.recv(1 << 20):
-                return True
-        except TimeoutError:
+    while sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_ESTABLISHED:
+        if time.monotonic() > deadline:
             return False
-        except ConnectionError:
-            return True
-    return False
+        time.sleep(0.1)
+    return True
 
 
 # -- the HTTP body deadline -----------------------------------------------------------------------------------------
@@ -166,3 +165,95 @@ def test_a_client_that_hangs_up_mid_answer_is_an_info_line_not_an_error(tiny_mod
         log = server.stderr()
         assert re.search(r" INFO service\.http: client disconnect: POST /v1/embed", log), log[-2000:]
         assert " ERROR " not in log and "Traceback" not in log, log[-4000:]
+
+
+# -- answers nobody reads: the budget of answer bytes in flight ------------------------------------------------------
+def stall_flags(share_mib: int) -> list[str]:
+    return ["--model", str(DEFAULT_MODEL), "--answer-bytes-in-flight-per-peer", str(share_mib * MIB)]
+
+
+def grpc_embed_request(n_inputs: int = 16, tokens_each: int = 499) -> pb.EmbedRequest:
+    """7,984 tokens by default: a 23.5 MiB answer from models/default, in one HTTP/2 frame (under 16 KiB)."""
+    return pb.EmbedRequest(inputs=[pb.Input(text=" ".join(["a"] * tokens_each))] * n_inputs)
+
+
+def another_client_is_served(target: str) -> float:
+    """A fresh client at 127.0.0.1: health SERVING and a small Embed answered; returns the Embed's seconds."""
+    assert health_status(target) == "SERVING"
+    with grpc.insecure_channel(target) as channel:
+        started = time.monotonic()
+        reply = pb_grpc.EmbedderStub(channel).Embed(grpc_embed_request(1, 3), timeout=10)
+        elapsed = time.monotonic() - started
+    assert [len(e.tokens) for e in reply.embeddings] == [3]
+    return elapsed
+
+
+@needs_default_model
+def test_unread_http_answers_hold_their_share_until_the_write_timeout_closes_them(tmp_path):
+    """Two 15.7 MiB base64 answers that their client (127.0.0.2) never reads fill its 40 MiB share: its third big
+    call gets 503 with Retry-After before any vector is computed, while another client is served. The write timeout
+    then aborts both connections and frees the share: the same big call is answered."""
+    with serve([*stall_flags(40), "--answer-write-timeout-s", "10"], tmp_path) as server:
+        target = server.wait_serving()
+        ports, pid = ports_of(server), server.proc.pid
+        body = embed_body(16, 250, "base64")  # 4,000 tokens
+        base_rss, base_tokens = rss_bytes(pid), embedded_tokens(ports.metrics)
+        stalled = [post(ports.http, "/v1/embed", body, source=OTHER_CLIENT, rcvbuf=4096) for _ in range(2)]
+        wait_until(lambda: embedded_tokens(ports.metrics) >= base_tokens + 8000, 120, "both answers computed")
+
+        refused = post(ports.http, "/v1/embed", body, source=OTHER_CLIENT)
+        status, headers, answer = read_answer(refused)
+        refused.close()
+        assert status == 503 and headers.get("retry-after") == "1", (status, headers, answer[:300])
+        assert "--answer-bytes-in-flight-per-peer" in json.loads(answer)["error"]["message"]
+        assert embedded_tokens(ports.metrics) == base_tokens + 8000  # refused before its vectors were computed
+        seconds = another_client_is_served(target)
+        held_rss = rss_bytes(pid)
+        print(f"HTTP unread: RSS {base_rss / MIB:.0f} -> {held_rss / MIB:.0f} MiB with 2 answers held; "
+              f"another client's Embed {seconds:.3f} s")  # fmt: skip
+        assert held_rss - base_rss < 400 * MIB
+
+        assert all(closed_by_server(sock, 60) for sock in stalled)  # the write timeout aborted them
+        for sock in stalled:
+            sock.close()
+        again = post(ports.http, "/v1/embed", body, source=OTHER_CLIENT)
+        status, _, answer = read_answer(again)
+        again.close()
+        assert status == 200, answer[:300]
+        print(f"HTTP unread: RSS {rss_bytes(pid) / MIB:.0f} MiB once the stalled connections were closed")
+
+
+@needs_default_model
+def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_closed(tmp_path):
+    """A raw HTTP/2 client (127.0.0.2) with a zero receive window asks for two 23.5 MiB answers, which gRPC can
+    never send: they fill its 50 MiB share, and its third call ends RESOURCE_EXHAUSTED before any vector is
+    computed, while another client is served. --grpc-connection-age then closes the connection after
+    --answer-write-timeout-s of grace, which frees the share: the same client's big calls are computed again."""
+    flags = [*stall_flags(50), "--grpc-connection-age", "20", "--answer-write-timeout-s", "5"]
+    with serve(flags, tmp_path) as server:
+        target = server.wait_serving()
+        ports, pid = ports_of(server), server.proc.pid
+        request = grpc_embed_request().SerializeToString()
+        base_rss, base_tokens = rss_bytes(pid), embedded_tokens(ports.metrics)
+        with H2Peer("127.0.0.1", ports.grpc, initial_window=0, source=OTHER_CLIENT) as peer:
+            held = [peer.send_call(EMBED, request) for _ in range(2)]
+            wait_until(lambda: embedded_tokens(ports.metrics) >= base_tokens + 2 * 7984, 120, "both computed")
+            third = peer.send_call(EMBED, request)
+            assert peer.wait_ended([third], 30)
+            result = peer.streams[third]
+            assert result.grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], (result, peer.streams)
+            assert "--answer-bytes-in-flight-per-peer" in result.grpc_message
+            assert not any(peer.streams[i].ended for i in held)
+            assert embedded_tokens(ports.metrics) == base_tokens + 2 * 7984  # refused before computing
+            seconds = another_client_is_served(target)
+            held_rss = rss_bytes(pid)
+            print(f"gRPC zero window: RSS {base_rss / MIB:.0f} -> {held_rss / MIB:.0f} MiB with 2 answers held; "
+                  f"another client's Embed {seconds:.3f} s")  # fmt: skip
+            assert held_rss - base_rss < 400 * MIB
+            assert closed_by_server(peer.sock, 90)  # the connection's age (20 s) and its grace (5 s)
+        after_tokens = embedded_tokens(ports.metrics)
+        with H2Peer("127.0.0.1", ports.grpc, initial_window=0, source=OTHER_CLIENT) as peer:
+            again = [peer.send_call(EMBED, request) for _ in range(2)]
+            wait_until(lambda: embedded_tokens(ports.metrics) >= after_tokens + 2 * 7984, 120, "computed again")
+            assert not any(peer.streams[i].ended for i in again)
+        print(f"gRPC zero window: RSS {rss_bytes(pid) / MIB:.0f} MiB after the stalled connection was closed")
