@@ -96,7 +96,7 @@ def time_embed_file(
     pools at the end) loses up to that much of its time."""
     from elmo.batch.job import run_job
     from elmo.batch.layout import parse_layers
-    from elmo.batch.state import JobOptions
+    from elmo.batch.options import JobOptions
 
     options = JobOptions(
         input=source,

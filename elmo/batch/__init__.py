@@ -14,14 +14,17 @@ and of commitment::
 
 Everything lives in ``OUTPUT.partial/`` until that last rename, so OUTPUT never exists half-written. A job killed
 at any point (SIGKILL included) and started again with the same arguments keeps the committed shards, deletes
-everything else in ``OUTPUT.partial/`` and carries on; the finished output holds every input line exactly once.
+its other files in ``OUTPUT.partial/`` and carries on; the finished output holds every input line exactly once.
+The job removes or replaces only what it wrote (its ``_job.json``, the Parquet ``_manifest.json``, the hdf5 root
+attribute mark it), and a job that fails before its first commit leaves nothing behind.
 Memory is bounded by a few call groups (hdf5) or one shard (Parquet), whatever the input's size.
 
 The embedding itself (:mod:`elmo.batch.pipeline`) is the same code for the local engine, the Ray engine
 (:mod:`elmo.batch.ray_engine`) and remote mode (``--server``, through :mod:`elmo.client`). Imports no torch.
 
 Modules, in the order the data flows: plan (input, shards, call groups) -> engines (local / remote) and ray_engine ->
-pipeline (the shared loop) -> writers (shard files, finished output) ; state (job directory, resume) ; layout (what
-to write) ; job (start to finish) ; cli (``elmo embed-file``).
+pipeline (the shared loop) -> writers (shard files, finished output) ; options (the job's options and fingerprint) ;
+jobdir (the job directory, resume) ; atomic (crash-safe files) ; layout (what to write) ; job (start to finish) ;
+cli (``elmo embed-file``).
 """
 

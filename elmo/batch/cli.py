@@ -10,8 +10,8 @@ from pathlib import Path
 
 from elmo.batch.job import run_job
 from elmo.batch.layout import DTYPES, HDF5, PARQUET, output_format, parse_layers
+from elmo.batch.options import DEFAULT_SHARD_LINES, JobOptions
 from elmo.batch.plan import JSONL, TEXT
-from elmo.batch.state import DEFAULT_SHARD_LINES, JobOptions
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 log = logging.getLogger("elmo.batch")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from elmo.batch.layout import LayerSpec, load_task_mix, reduce_layers
+from elmo.batch.options import JobOptions
 from elmo.batch.plan import GROUP_BYTES
-from elmo.batch.state import JobOptions
 from elmo.errors import ElmoError, InputError
 
 if TYPE_CHECKING:  # elmo.client (grpc) is imported only in remote mode

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo.batch.engines import Backend, make_backend
+from elmo.batch.jobdir import JobDirectory
 from elmo.batch.layout import HDF5, Layout
+from elmo.batch.options import JobOptions, describe_differences, job_fingerprint
 from elmo.batch.pipeline import Progress, embed_events, line_limit, prefetched, write_shards
 from elmo.batch.plan import JSONL, InputPlan, check_input_path, detect_input_format, scan_input
-from elmo.batch.state import JobDirectory, JobOptions, describe_differences, job_fingerprint
 from elmo.batch.writers import Hdf5Assembly, ShardStats, earlier_output, finish_parquet
 from elmo.errors import InputError, ModelFileError
 from elmo.text.overflow import Overflow

@@ -16,10 +16,11 @@ from queue import Empty, Full, Queue
 
 import numpy as np
 
+from elmo.batch.atomic import fsync_dir, fsync_file
 from elmo.batch.engines import Backend
 from elmo.batch.layout import DTYPES, Layout
+from elmo.batch.options import JobOptions
 from elmo.batch.plan import JSONL, InputPlan, LineLimit, Record, ShardSpec, plan_call_groups, read_shard
-from elmo.batch.state import JobOptions, _fsync_dir, _fsync_file
 from elmo.batch.writers import WRITERS, ShardStats
 from elmo.errors import ElmoError
 from elmo.text.overflow import Overflow, embed_windowed
@@ -187,9 +188,9 @@ def write_shards(
                 writer.close()
                 writer = None
                 final = directory / (event.shard.stem + suffix)
-                _fsync_file(temporary)
+                fsync_file(temporary)
                 os.replace(temporary, final)
-                _fsync_dir(directory)
+                fsync_dir(directory)
                 yield {
                     "shard": event.shard.number,
                     "file": final.name,

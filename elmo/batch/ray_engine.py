@@ -34,10 +34,11 @@ import numpy as np
 
 from elmo import errors
 from elmo.batch.engines import Backend, make_backend
+from elmo.batch.jobdir import JobDirectory
 from elmo.batch.layout import Layout
+from elmo.batch.options import JobOptions
 from elmo.batch.pipeline import Progress, write_shard
 from elmo.batch.plan import InputPlan, ShardSpec
-from elmo.batch.state import JobDirectory, JobOptions
 from elmo.errors import ElmoError
 
 log = logging.getLogger("elmo.batch")

@@ -14,19 +14,11 @@ from typing import NoReturn, Protocol
 
 import numpy as np
 
+from elmo.batch.atomic import fsync_dir, fsync_file, read_json, write_json_atomic
+from elmo.batch.jobdir import COMMIT_LOG, JOB_FILE, MANIFEST_FILE, JobDirectory
 from elmo.batch.layout import DTYPES, HDF5, PARQUET, Layout
+from elmo.batch.options import is_fingerprint
 from elmo.batch.plan import InputPlan, Record, ShardSpec
-from elmo.batch.state import (
-    COMMIT_LOG,
-    JOB_FILE,
-    MANIFEST_FILE,
-    JobDirectory,
-    _fsync_dir,
-    _fsync_file,
-    _read_json,
-    _write_json_atomic,
-    is_fingerprint,
-)
 from elmo.errors import ElmoError, InputError
 
 log = logging.getLogger("elmo.batch")
@@ -208,7 +200,7 @@ def earlier_output(output: Path) -> dict | None:
 
 def _earlier_parquet(output: Path) -> dict:
     """A Parquet output is ours when its _manifest.json is complete and names the job; it may hold nothing else."""
-    manifest = _read_json(output / MANIFEST_FILE)
+    manifest = read_json(output / MANIFEST_FILE)
     fingerprint = manifest.get("job")
     if not manifest.get("complete") or not is_fingerprint(fingerprint):
         _refuse_output(output, f"a folder without embed-file's {MANIFEST_FILE}")
@@ -259,11 +251,11 @@ def make_room_for_output(output: Path, replaced_by_file: bool) -> None:
         if not replaced_by_file:
             output.unlink()
         return
-    manifest = _read_json(output / MANIFEST_FILE)
+    manifest = read_json(output / MANIFEST_FILE)
     for name in reversed(_parquet_files(manifest)):  # the manifest last: a crash midway leaves it ours
         (output / name).unlink(missing_ok=True)
     output.rmdir()
-    _fsync_dir(output.parent)
+    fsync_dir(output.parent)
 
 
 def _ordered_entries(job: JobDirectory, plan: InputPlan) -> list[dict]:
@@ -315,7 +307,7 @@ class Hdf5Assembly:
             for offset in np.flatnonzero(~done).tolist():  # blank lines
                 self._dataset(first + offset, self.layout.empty(), None if ids is None else ids[offset])
         self.file.flush()
-        _fsync_file(self.path)  # a little at a time, so that the final fsync has little left to do
+        fsync_file(self.path)  # a little at a time, so that the final fsync has little left to do
         self.copied.add(entry["shard"])
 
     def _dataset(self, line: int, array: np.ndarray, record_id: str | None) -> None:
@@ -339,10 +331,10 @@ class Hdf5Assembly:
         index_dataset = self.file.create_dataset(SENTENCE_INDEX, (1,), dtype=h5py.string_dtype())
         index_dataset[0] = json.dumps(sentence_to_index)
         self.file.close()
-        _fsync_file(self.path)
+        fsync_file(self.path)
         make_room_for_output(self.job.output, replaced_by_file=True)
         os.replace(self.path, self.job.output)
-        _fsync_dir(self.job.output.parent)
+        fsync_dir(self.job.output.parent)
         self.job.remove()
 
     def close(self) -> None:
@@ -362,11 +354,11 @@ def finish_parquet(job: JobDirectory, plan: InputPlan, fingerprint: dict, totals
         "tokens": totals.tokens,
         "shards": [{k: e[k] for k in ("file", "first_line", "n_lines", "blank", "tokens", "bytes")} for e in entries],
     }
-    _write_json_atomic(job.path / MANIFEST_FILE, manifest)
+    write_json_atomic(job.path / MANIFEST_FILE, manifest)
     for name in (JOB_FILE, COMMIT_LOG):
         (job.path / name).unlink(missing_ok=True)
     os.replace(job.path, job.output)
-    _fsync_dir(job.output.parent)
+    fsync_dir(job.output.parent)
 
 
 # -- reading the output back ---------------------------------------------------------------------------------------
@@ -377,7 +369,7 @@ def iter_parquet(path: str | Path) -> Iterator[tuple[int, str, list[str], np.nda
 
     path = Path(path)
     files = (
-        [path / entry["file"] for entry in _read_json(path / MANIFEST_FILE).get("shards", [])]
+        [path / entry["file"] for entry in read_json(path / MANIFEST_FILE).get("shards", [])]
         if path.is_dir()
         else [path]
     )

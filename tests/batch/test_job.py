@@ -21,10 +21,11 @@ import pytest
 
 from elmo.batch.cli import add_arguments, options_from_args
 from elmo.batch.engines import LOCAL_MAX_TOKENS_PER_SENTENCE, make_backend
+from elmo.batch.jobdir import JobDirectory
 from elmo.batch.layout import Layout, parse_layers
+from elmo.batch.options import JobOptions, job_fingerprint
 from elmo.batch.pipeline import prefetched, write_shard
 from elmo.batch.plan import plan_call_groups, read_shard, scan_input
-from elmo.batch.state import JobDirectory, JobOptions, job_fingerprint
 from elmo.batch.writers import iter_parquet
 from elmo.cli import main as cli
 from elmo.errors import ElmoError, InputError
