@@ -21,6 +21,7 @@ reason, and in CI (a fresh machine) fails instead (tests/test_readme_commands.py
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -267,13 +268,25 @@ def test_the_tutorial_runs_as_written_in_a_fresh_folder(reader_folder, servers) 
             assert not missing, f"the tutorial shows {missing}; the block printed:\n{shown[-4000:]}"
     press_ctrl_c(servers[0])
 
-    # what the page says the commands left behind
-    task = (folder / "models" / "default" / "tasks" / "apple_sense" / "task.json").read_text()
-    assert '"kind": "tagging"' in task and not (DEFAULT_MODEL / "tasks" / "apple_sense").exists()
-    assert (folder / "out.hdf5").is_file() and sorted(p.name for p in (folder / "out").glob("*.parquet"))
-    spacy_lines = dict(line.split(": ", 1) for line in printed[-1].splitlines() if line.startswith("苹果, fruit vs"))
-    company, fruit = (float(spacy_lines[key]) for key in ("苹果, fruit vs company", "苹果, fruit vs fruit"))
-    assert company < fruit, spacy_lines  # "The fruit is closer to the other fruit than to the company."
+    # what the page's prose says of what the commands left behind and printed
+    task = json.loads((folder / "models" / "default" / "tasks" / "apple_sense" / "task.json").read_text())
+    assert task["kind"] == "tagging" and sorted(task["labels"]) == ["BRAND", "FRUIT", "O"], task
+    assert not (DEFAULT_MODEL / "tasks" / "apple_sense").exists()  # the shipped model gained nothing
+    weights = task["mix"]["softmax"]
+    assert max(weights) == weights[2], f"the page says layer 2 gets the largest weight: {weights}"
+    layer_2, mix = (printed_value(printed, prefix) for prefix in ("layer 2: cosine ", "mix: cosine "))
+    assert layer_2 < mix < 1.0, (layer_2, mix)  # "between layer 2's (0.934) and 1"
+    company, fruit = (printed_value(printed, f"苹果, fruit vs {other}:") for other in ("company", "fruit"))
+    assert company < fruit, (company, fruit)  # "The fruit is closer to the other fruit than to the company."
+    assert (folder / "out.hdf5").is_file() and list((folder / "out").glob("*.parquet"))
+
+
+def printed_value(outputs: list[str], prefix: str) -> float:
+    """The number after ``prefix`` on the first line of ``outputs`` that starts with it."""
+    for line in (line for output in outputs for line in output.splitlines()):
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    raise AssertionError(f"no line starting {prefix!r} in the tutorial's outputs")
 
 
 # -- the token advice of step 1: prose, not a block, so its commands are taken from the page's inline code ----------
