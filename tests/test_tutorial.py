@@ -17,6 +17,9 @@ first, so `make` in the folder has nothing to install), and a copy of models/def
 into it; the shipped model must not gain one). The tutorial's ports are `make serve`'s own (50051/8080/9090), so no
 command is substituted: when something already holds one of them the served test skips with the README test's
 reason, and in CI (a fresh machine) fails instead (tests/test_readme_commands.py, readme_ports_decision).
+
+Step 1's advice to serve with a token is prose (inline code), not a block: a test of its own takes the command, the
+client's `export` and curl's header from the page and checks what the page says they do.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from grpc_health.v1 import health_pb2
 from tests.test_readme_commands import (
     DEFAULT_MODEL,
     GRPC_PORT,
+    README,
     README_PORTS,
     REPO,
     fresh_shell_environment,
     health_status,
+    readme_command,
     readme_ports_decision,
     run_command,
     tail,
@@ -148,7 +153,7 @@ def test_expected_lines_must_be_whole_lines_of_the_output() -> None:
 def test_a_failing_command_of_a_block_fails_the_run(tmp_path) -> None:
     env = reader_environment()
     assert run_block("echo one\necho two", tmp_path, env).split() == ["one", "two"]
-    for broken in ("false\necho after", "echo x | grep -q y\necho after", ".venv-serve/bin/elmo --no-such-flag"):
+    for broken in ("false\necho after", "echo x | grep -q y | cat\necho after", "ls /no/such/path\necho after"):
         with pytest.raises(AssertionError, match="exited with"):
             run_block(broken, tmp_path, env)
 
@@ -157,6 +162,8 @@ def test_the_tutorial_saves_each_file_before_a_command_runs_it_and_serves_first(
     steps = parse_tutorial(TUTORIAL.read_text(encoding="utf-8"))
     kinds = [step.kind for step in steps]
     assert kinds.count("serve") == 1 and kinds.index("serve") < kinds.index("bash"), kinds
+    # the same server as the README's set-up block starts
+    assert SERVE_COMMAND == readme_command(README.read_text(encoding="utf-8"), "make serve")
     for index, step in enumerate(steps):
         if step.kind == "file":
             later = " ".join(s.body for s in steps[index + 1 :] if s.kind == "bash")
@@ -178,8 +185,8 @@ def serve_stamp() -> str:
 def fresh_folder(folder: Path) -> Path:
     """A clone's worth of the checkout in ``folder``, where `make serve` and `make dev` have nothing left to do."""
     stamps = [".venv/.installed", serve_stamp()]
-    # In the checkout, so that an out-of-date venv is rebuilt from the sources; `make` in the folder would run pip
-    # there, where the links lead back to the checkout's venvs but no source tree is.
+    # Brought up to date in the checkout, where pip finds the sources; `make` in the folder would reinstall the
+    # checkout's venvs (through the links) from a folder that has none.
     run_command(f"make --no-print-directory {' '.join(stamps)}", REPO, timeout=900)
     folder.mkdir()
     for name in ("Makefile", "pyproject.toml", ".venv", ".venv-serve"):
