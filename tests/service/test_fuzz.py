@@ -10,7 +10,9 @@ Two tiers, no deadline: every fuzz test runs once *fixed* (derandomized: the sam
 examples; the fast tier, `make check`) and once *random* (all the examples from the run's seed, which the test
 session prints on its first line and in every failure, and which ``ELMO_FUZZ_SEED=N`` replays; the slow tier): CI finds
 new cases on every run, and any of them reproduces. The admin API is fuzzed from the same document, against a
-repository server of its own (so that unloading its model cannot disturb the other tests).
+repository server of its own (so that unloading its model cannot disturb the other tests), and over gRPC there too
+(elmo.v1.ModelAdmin: every method, any name and version, with the admin token, none or a wrong one, and raw bytes;
+the server must still load its model and embed afterwards).
 """
 
 from __future__ import annotations
@@ -374,6 +376,98 @@ def test_raw_bytes_as_any_request_never_fault_the_server(channel, tier):
             expect_no_server_fault(unary, data)
 
     check()
+
+
+# -- gRPC: the admin API (elmo.v1.ModelAdmin), against the repository server, with the admin token ----------------
+INT64 = st.integers(-(2**63), 2**63 - 1)
+# the one model often enough that loads and unloads really happen; names that are paths or not names; any text
+MODEL_NAMES = st.one_of(
+    st.just("tiny"),
+    st.sampled_from(["", "nope", "..", "../tiny", "tiny/1", "tiny@1", "Tiny", ".incoming-1", "t" * 65]),
+    WEIRD,
+)
+VERSIONS = st.one_of(st.integers(-1, 2), INT64)  # 0: the latest (load) or every version (unload); tiny has 1
+ADMIN_TYPES = {  # method: (request, answer)
+    "LoadModel": (pb.LoadModelRequest, pb.ModelStatus),
+    "UnloadModel": (pb.UnloadModelRequest, pb.ModelStatus),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+}
+ADMIN_CALLS = st.one_of(
+    st.tuples(st.just("LoadModel"), st.builds(pb.LoadModelRequest, name=MODEL_NAMES, version=VERSIONS)),
+    st.tuples(st.just("UnloadModel"), st.builds(pb.UnloadModelRequest, name=MODEL_NAMES, version=VERSIONS)),
+    st.tuples(st.just("RepositoryIndex"), st.just(pb.RepositoryIndexRequest())),
+)
+ADMIN_TOKEN = (("authorization", f"Bearer {ADMIN}"),)
+# mostly the admin token; none and a wrong one have clear statuses of their own (UNAUTHENTICATED, PERMISSION_DENIED)
+ADMIN_METADATA = st.sampled_from([ADMIN_TOKEN] * 8 + [(), (("authorization", "Bearer no"),)])
+
+
+@pytest.fixture(scope="module")
+def admin_channel(admin_server):
+    with grpc.insecure_channel(admin_server.target) as channel:
+        yield channel
+
+
+def admin_call(channel, method: str, metadata, raw: bool = False):
+    """``method`` of elmo.v1.ModelAdmin as a (request, timeout) callable sending ``metadata``; ``raw``: the request
+    is bytes, sent as they are."""
+    request, answer = ADMIN_TYPES[method]
+    codecs = {"request_serializer": request.SerializeToString, "response_deserializer": answer.FromString}
+    call = channel.unary_unary(f"/elmo.v1.ModelAdmin/{method}", **({} if raw else codecs))
+    return lambda message, timeout: call(message, timeout=timeout, metadata=metadata)
+
+
+def assert_admin_server_alive(channel) -> None:
+    """After the fuzzing: the repository server answers its index, loads tiny again and embeds with it."""
+    admin = pb_grpc.ModelAdminStub(channel)
+    status = admin.LoadModel(pb.LoadModelRequest(name="tiny"), timeout=60, metadata=ADMIN_TOKEN)
+    assert [v.version for v in status.versions if v.state == pb.VERSION_READY] == [1], status
+    index = admin.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30, metadata=ADMIN_TOKEN)
+    assert [model.name for model in index.models] == ["tiny"]
+    request = pb.EmbedRequest(inputs=[pb.Input(text="alive")], model="tiny")
+    assert len(pb_grpc.EmbedderStub(channel).Embed(request, timeout=30).embeddings) == 1
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_every_admin_method_answers_every_request_or_names_the_fault(admin_channel, tier):
+    """LoadModel, UnloadModel and RepositoryIndex with any name and version (odd Unicode, paths, int64 edges), with
+    the admin token, none or a wrong one: an answer or a clear status, never INTERNAL or UNKNOWN; alive after."""
+
+    @fuzz(tier, 150)
+    @given(call=ADMIN_CALLS, metadata=ADMIN_METADATA)
+    @example(call=("LoadModel", pb.LoadModelRequest(name=OVERSIZED)), metadata=ADMIN_TOKEN)
+    @example(call=("UnloadModel", pb.UnloadModelRequest(name="tiny")), metadata=ADMIN_TOKEN)  # then nothing loaded
+    @example(call=("LoadModel", pb.LoadModelRequest(name="tiny", version=2**63 - 1)), metadata=ADMIN_TOKEN)
+    def check(call, metadata):
+        method, request = call
+        expect_no_server_fault(admin_call(admin_channel, method, metadata), request)
+
+    check()
+    assert_admin_server_alive(admin_channel)
+
+
+@st.composite
+def raw_admin_messages(draw) -> bytes:
+    """Random bytes, or a valid admin request with a few bytes overwritten or cut."""
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=200))
+    data = bytearray(draw(ADMIN_CALLS)[1].SerializeToString())
+    for _ in range(draw(st.integers(1, 4))):
+        if data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data[: draw(st.integers(0, len(data)))]) if draw(st.booleans()) else bytes(data)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_raw_bytes_as_any_admin_request_never_fault_the_server(admin_channel, tier):
+    @fuzz(tier, 150)
+    @given(method=st.sampled_from(tuple(ADMIN_TYPES)), data=raw_admin_messages())
+    @example(method="LoadModel", data=b"\xff" * 20_000)
+    def check(method, data):
+        expect_no_server_fault(admin_call(admin_channel, method, ADMIN_TOKEN, raw=True), data)
+
+    check()
+    assert_admin_server_alive(admin_channel)
 
 
 # A stream whose second message is over --max-message-bytes, behind a valid first one that is being embedded, is cut
