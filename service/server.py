@@ -302,16 +302,20 @@ class ElmoServer:
                 await asyncio.wait_for(self.state.wait_idle(), timeout=grace)
             except TimeoutError:
                 log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
-        # what is still open (a Watch whose client does not read) gets what is left of the grace, 1 s at most: then
-        # gRPC cancels it, so that the process is gone within --drain-seconds whatever clients hold
-        await self.server.stop(min(STOP_GRACE_S, max(0.0, ends_at - asyncio.get_running_loop().time())))
-        if self.http is not None:
-            await self.http.stop()
+        # what is still open (a Watch or an answer whose client does not read) gets what is left of the grace, 1 s
+        # at most, then is cancelled; both doors close at once, so that the process is gone within --drain-seconds
+        # (and that second) whatever clients hold
+        left = max(0.0, ends_at - asyncio.get_running_loop().time())
+        await asyncio.gather(self.server.stop(min(STOP_GRACE_S, left)), self._stop_http())
         await self.repository.close()
         self.core.close()
         self.metrics.close()
         log.info("drained and stopped")
         self._stopped.set()
+
+    async def _stop_http(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
 
     async def wait(self) -> None:
         await self._stopped.wait()

@@ -36,7 +36,6 @@ from elmo.errors import ConfigError
 
 log = logging.getLogger("service.health")
 
-Status = health_pb2.HealthCheckResponse.ServingStatus
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -197,3 +199,45 @@ def test_a_health_flood_keeps_no_check_or_embed_out(
         finally:
             for peer in peers:
                 peer.close()
+
+
+def http_health(url: str) -> int:
+    """A new client's GET /health: its status code, answered within PROMISE_S."""
+    try:
+        with urllib.request.urlopen(url, timeout=PROMISE_S) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """GET /health answers from the server's state at once: a client that pipelines probes and reads no answer holds
+    only its own connection (aiohttp stops reading it), and SIGTERM still turns it 503 and ends the process."""
+    delay_s, drain_s, slack_s = 1.0, 2.0, 3.0  # slack: the process's teardown, and the HTTP door's own close
+    args = ["--model", str(tiny_model_dir), "--http-port", "0", "--shutdown-delay", f"{delay_s:g}",
+            "--drain-seconds", f"{drain_s:g}"]  # fmt: skip
+    with ServeProcess(args, tmp_path) as server:
+        server.wait_serving()
+        http_port = int(server.port_file.read_text().split("\n")[2])  # lines: gRPC, metrics, HTTP
+        url = f"http://127.0.0.1:{http_port}/health"
+        assert http_health(url) == 200
+        with socket.create_connection(("127.0.0.1", http_port)) as hog:
+            hog.settimeout(0.2)
+            probes = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 2000
+            pushed, stop_at = 0, time.monotonic() + 3.0
+            while time.monotonic() < stop_at:  # until the server stops reading it (the socket's buffers full)
+                try:
+                    pushed += hog.send(probes)
+                except TimeoutError:
+                    continue
+            assert pushed > 1 << 20  # far more than the answers the kernel can hold for a client that never reads
+            assert [http_health(url) for _ in range(3)] == [200, 200, 200]
+            server.sigterm()
+            signalled = time.monotonic()
+            wait_until(lambda: http_health(url) == 503, delay_s, "GET /health 503 during --shutdown-delay")
+            assert server.wait(delay_s + drain_s + slack_s) == 0
+            exited_after = time.monotonic() - signalled
+        log = server.stderr()
+    assert exited_after <= delay_s + drain_s + slack_s
+    assert log.rstrip().endswith("drained and stopped"), log
+    assert "Traceback" not in log
