@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import sys
+from types import ModuleType
 
 from elmo.errors import ElmoError
 
@@ -97,6 +98,17 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
+    """The module of command ``name`` and its full parser (the flags every command shares, then its own)."""
+    module_name, help_, _ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="json: one object per line")
+    module.add_arguments(parser)
+    return module, parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -106,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"elmo: unknown command '{name}'\n\n{_usage()}", file=sys.stderr)
         return 2
-    module_name, help_, extra = COMMANDS[name]
+    extra = COMMANDS[name][2]
     if missing := missing_for(extra):
         print(f"elmo {name}: needs {', '.join(missing)} (the `{extra}` extra), not in this environment: "
               f"{install_hint(extra)}", file=sys.stderr)  # fmt: skip
@@ -114,11 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from elmo.train.threads import apply_wait_policy  # torch-free: libgomp reads it once, as the module loads torch
 
     apply_wait_policy()
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="json: one object per line")
-    module.add_arguments(parser)
+    module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     args.command_line = argv  # the command as given (`elmo serve --processes N` starts N of it)
     configure_logging(str(args.log_level), args.log_format)
