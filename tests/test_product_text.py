@@ -16,8 +16,10 @@ from elmo.cli import COMMANDS, command_parser, missing_for
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
-ORDINALS = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
-            "fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|last|latest|next|this")  # fmt: skip
+ORDINALS = (
+    "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
+    "fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|last|latest|next|this"
+)
 # Each pattern names one kind of development history; what it must not catch is in its own (?!...) or test below.
 HISTORY = {
     "an issue number": re.compile(r"\bissues?\s*#?\d+|#\d{1,4}\b(?!-)", re.IGNORECASE),
@@ -88,7 +90,8 @@ def test_each_kind_of_history_is_found(text: str):
     [
         "--rounds 3 alternates the two sides", "rounding to float16", "a round trip", "round-robin DNS",
         "sha256 9f2c4a1e0b7d6c5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a", "models/default/model.onnx",
-        "3 rounds of 8 s each", "SHA-256 pinned (a6b92b9ccbb1…)", "HTTP 404 for an unknown route", "the vectors of layer 2",
+        "3 rounds of 8 s each", "SHA-256 pinned (a6b92b9ccbb1…)", "HTTP 404 for an unknown route",
+        "the vectors of layer 2",
     ],
 )  # fmt: skip
 def test_todays_words_are_not_taken_for_history(text: str):
