@@ -36,6 +36,7 @@ _JOB_ENTRY = re.compile(
     r"_job\.json|_manifest\.jsonl?|_assembled\.h5\.tmp|part-\d{6,}\.(h5|parquet)"
     r"|\.part-\d{6,}\.[0-9a-f]{8}\.(h5|parquet)\.tmp|\._(job\.json|manifest\.jsonl?)\.[0-9a-f]{8}\.tmp"
 )
+_JOB_FILE_TEMPORARY = re.compile(r"\._job\.json\.[0-9a-f]{8}\.tmp")
 
 
 class JobDirectory:
@@ -45,7 +46,8 @@ class JobDirectory:
     missing or has another size is redone. A torn last line of the log (killed mid-append) is dropped.
 
     Only a folder that is the job's own is ever emptied or removed: one holding the job's ``_job.json`` and nothing
-    but the job's files (or, killed before the fingerprint was written, nothing but them).
+    but the job's files (or, killed before that file was written, nothing or that file's temporary; or, killed while
+    a Parquet output was being finished, the finished manifest instead).
     """
 
     def __init__(self, output: Path) -> None:
@@ -66,9 +68,17 @@ class JobDirectory:
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             self._refuse(f"it holds {shown}, which embed-file did not write")
-        job_file = self.path / JOB_FILE
-        if job_file.exists() and not is_fingerprint(read_json(job_file)):
-            self._refuse(f"its {JOB_FILE} is not an embed-file job's")
+        job_file, manifest = self.path / JOB_FILE, self.path / MANIFEST_FILE
+        if job_file.exists():
+            if not is_fingerprint(read_json(job_file)):
+                self._refuse(f"its {JOB_FILE} is not an embed-file job's")
+        elif manifest.exists():  # killed while finishing a Parquet output: its manifest carries the job's mark
+            if not is_fingerprint(read_json(manifest).get("job")):
+                self._refuse(f"its {MANIFEST_FILE} is not an embed-file job's")
+        elif any(not _JOB_FILE_TEMPORARY.fullmatch(child.name) for child in self.path.iterdir()):
+            # the job writes its _job.json right after making the folder: without one, the folder can only be
+            # empty or hold that file's temporary (killed in between)
+            self._refuse(f"it has no {JOB_FILE}")
 
     def _refuse(self, why: str) -> None:
         raise InputError(

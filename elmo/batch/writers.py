@@ -223,13 +223,17 @@ def _parquet_files(manifest: dict) -> list[str]:
 
 def _earlier_hdf5(output: Path) -> dict:
     """An hdf5 output is ours when its root carries the job's fingerprint (the ``elmo_batch_job`` attribute)."""
-    try:
-        import h5py
+    import h5py
 
+    try:
         with h5py.File(output, "r") as handle:
-            fingerprint = json.loads(handle.attrs.get(JOB_ATTR, "{}"))
-    except (OSError, ValueError, TypeError):
+            mark = handle.attrs.get(JOB_ATTR, "{}")
+    except OSError:
         _refuse_output(output, "a file that is not an hdf5 file")
+    try:
+        fingerprint = json.loads(mark)
+    except (ValueError, TypeError):
+        fingerprint = None
     if not is_fingerprint(fingerprint):
         _refuse_output(output, "an hdf5 file that embed-file did not write")
     return fingerprint
@@ -251,9 +255,12 @@ def make_room_for_output(output: Path, replaced_by_file: bool) -> None:
         if not replaced_by_file:
             output.unlink()
         return
-    manifest = read_json(output / MANIFEST_FILE)
-    for name in reversed(_parquet_files(manifest)):  # the manifest last: a crash midway leaves it ours
-        (output / name).unlink(missing_ok=True)
+    listed = set(_parquet_files(read_json(output / MANIFEST_FILE)))
+    # only the folder's own entries, never a listed name that points elsewhere; the manifest last, so that a crash
+    # midway leaves a folder still marked as embed-file's
+    for child in sorted(output.iterdir(), key=lambda child: child.name == MANIFEST_FILE):
+        if child.name in listed and child.is_file():
+            child.unlink()
     output.rmdir()
     fsync_dir(output.parent)
 

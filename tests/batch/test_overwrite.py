@@ -222,3 +222,49 @@ def test_truncate_tokenizes_a_long_line_only_as_far_as_it_keeps(tmp_path):
     kept = plan.read_shard(scanned, scanned.shards[0], tokenized=False, keep=1000)[1].tokens
     assert len(whole) > 20_000 and 1000 < len(kept) < len(whole)  # stopped early
     assert kept[:1000] == whole[:1000]
+
+
+def test_only_a_folder_with_the_jobs_mark_is_taken_as_its_own(tmp_path, tiny_model_dir, capsys):
+    """OUTPUT.partial without the job's _job.json is refused even when its files are named like the job's; an empty
+    one (killed between making it and writing _job.json) and one killed while a Parquet output was being finished
+    (its complete manifest, no _job.json) are the job's own: the rerun completes."""
+    source = write_lines(tmp_path / "in.txt", corpus(30))
+    model = ["--model", tiny_model_dir, "--shard-lines", "10"]
+    lookalike = tmp_path / "a.h5.partial"
+    lookalike.mkdir()
+    (lookalike / "part-000000.h5").write_bytes(b"someone's file")
+    capsys.readouterr()
+    assert embed_file(source, tmp_path / "a.h5", *model, "--overwrite") == 2
+    (err,) = error_lines(capsys.readouterr().err)
+    assert "a.h5.partial already exists and is not an unfinished embed-file job (it has no _job.json)" in err
+    assert (lookalike / "part-000000.h5").read_bytes() == b"someone's file" and not (tmp_path / "a.h5").exists()
+
+    (tmp_path / "b.h5.partial").mkdir()
+    assert embed_file(source, tmp_path / "b.h5", *model) == 0
+    assert not (tmp_path / "b.h5.partial").exists()
+
+    reference = tmp_path / "reference.parquet"
+    assert embed_file(source, reference, *model) == 0
+    finishing = tmp_path / "c.parquet.partial"
+    finishing.mkdir()
+    for file in reference.iterdir():  # the state between the final manifest and the rename
+        (finishing / file.name).write_bytes(file.read_bytes())
+    assert embed_file(source, tmp_path / "c.parquet", *model) == 0
+    assert_same_output(tmp_path / "c.parquet", reference, "parquet")
+    assert not finishing.exists()
+
+
+def test_replacing_an_output_removes_only_files_inside_it(tmp_path, tiny_model_dir):
+    """A manifest naming a file outside its folder (edited by hand, or crafted) never makes --overwrite remove it."""
+    import json
+
+    source = write_lines(tmp_path / "in.txt", corpus(20))
+    output = tmp_path / "out.parquet"
+    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "top") == 0
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me\n")
+    manifest = json.loads((output / "_manifest.json").read_text())
+    manifest["shards"].append({"file": "../victim.txt"})
+    (output / "_manifest.json").write_text(json.dumps(manifest))
+    assert embed_file(source, output, "--model", tiny_model_dir, "--layers", "average", "--overwrite") == 0
+    assert victim.read_bytes() == b"keep me\n"
