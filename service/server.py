@@ -303,8 +303,8 @@ class ElmoServer:
             except TimeoutError:
                 log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
         # what is still open (a Watch or an answer whose client does not read) gets what is left of the grace, 1 s
-        # at most, then is cancelled; both doors close at once, so that the process is gone within --drain-seconds
-        # (and that second) whatever clients hold
+        # at most, then is cancelled; both doors close at once: the process is gone soon after --drain-seconds,
+        # whatever clients hold
         left = max(0.0, ends_at - asyncio.get_running_loop().time())
         await asyncio.gather(self.server.stop(min(STOP_GRACE_S, left)), self._stop_http())
         await self.repository.close()

@@ -241,6 +241,7 @@ class HealthServicer:
             if status != sent:
                 await self._send(context, status)
                 sent = status
+                continue  # the status may have changed while it was being sent
             if self._closing:
                 return  # NOT_SERVING sent: the stream ends, the server is going
             try:

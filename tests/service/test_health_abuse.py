@@ -241,3 +241,42 @@ def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir:
     assert exited_after <= delay_s + drain_s + slack_s
     assert log.rstrip().endswith("drained and stopped"), log
     assert "Traceback" not in log
+
+
+def test_watch_ends_at_its_age_and_at_the_drain_and_unknown_services_are_named(runtime: Embedder) -> None:
+    from elmo.service.grpc.health import HealthLimits
+
+    server = ServerThread({"tiny": runtime}, EDGE_LIMITS, health_limits=HealthLimits(max_age_s=0.5))
+    try:
+        server.warm_up()
+        with grpc.insecure_channel(server.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            aged = stub.Watch(health_pb2.HealthCheckRequest(service="elmo.v1.Embedder"), timeout=10)
+            assert [reply.status for reply in aged] == [health_pb2.HealthCheckResponse.SERVING]  # then OK, at 0.5 s
+            assert aged.code() == grpc.StatusCode.OK
+            with pytest.raises(grpc.RpcError) as unknown:
+                stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "no.such.Service" in unknown.value.details()
+    finally:
+        server.stop()
+    # a Watch open at the drain is told NOT_SERVING, and its stream ends
+    server = ServerThread({"tiny": runtime}, EDGE_LIMITS)
+    with grpc.insecure_channel(server.target) as channel:
+        server.warm_up()
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        server.stop()
+        assert [reply.status for reply in watch] == [health_pb2.HealthCheckResponse.NOT_SERVING]
+        assert watch.code() == grpc.StatusCode.OK
+
+
+def test_health_share_flags_are_checked_at_start(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.serve_process import serve_until_exit
+
+    args = ["--model", str(tiny_model_dir), "--health-watch-max", "4", "--health-watch-max-per-peer", "8"]
+    finished = serve_until_exit(args, tmp_path)
+    assert finished.returncode == 2
+    assert finished.error_lines() == [
+        "elmo serve: error: --health-watch-max-per-peer must not exceed --health-watch-max"
+    ], finished.stderr
