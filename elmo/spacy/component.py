@@ -421,7 +421,8 @@ class ElmoComponent(Pipe):
 
 def copy_serving_files(source: Path, target: Path) -> None:
     """The model directory's serving files (regular files only: a symlink could point anywhere on the host) and its
-    tasks, copied into ``target``."""
+    tasks, copied into ``target``. A task folder that leads outside the model's folder is copied as the runtime
+    reads it, and said once (elmo.runtime.modeldir.note_if_outside)."""
     if not (source / "onnx.json").is_file():
         raise ElmoSpacyError(f"elmo component: {source} is not an exported model directory (no onnx.json)")
     target.mkdir(parents=True, exist_ok=True)
@@ -430,9 +431,10 @@ def copy_serving_files(source: Path, target: Path) -> None:
             if not item.name.startswith(BUNDLE_SKIP):
                 shutil.copyfile(item, target / item.name)
     tasks = source / TASKS_DIR
-    if tasks.is_dir() and not tasks.is_symlink():
+    if tasks.is_dir():
         for task in sorted(tasks.iterdir()):
-            if task.is_dir() and not task.is_symlink() and not task.name.startswith("."):
+            if task.is_dir() and not task.name.startswith("."):
+                note_if_outside(source, Path(TASKS_DIR, task.name), "task folder")
                 (target / TASKS_DIR / task.name).mkdir(parents=True, exist_ok=True)
                 for name in TASK_FILES:
                     item = task / name

@@ -14,6 +14,7 @@ import pytest
 import spacy
 
 from elmo.runtime.modeldir import OUTSIDE_RULE
+from elmo.runtime.tasks import Task, save_task
 
 TEXT = "The apple fell ."
 
@@ -82,3 +83,24 @@ def test_a_relative_model_path_is_taken_from_the_components_folder(tmp_path: Pat
     np.testing.assert_array_equal(layers, want)
     assert said == [outside_line(component, "model", component / "../../models/tiny", model)]
     assert spacy.load(tmp_path / "pipeline").get_pipe("elmo").model_path == str(component / "../../models/tiny")
+
+
+def test_bundling_copies_a_task_folder_that_leads_outside_and_names_it(tmp_path: Path, model: Path, caplog) -> None:
+    """The runtime reads a symlinked task folder (said once), so the bundle carries a copy of it, and the pipeline
+    keeps working once the outside folder is gone."""
+    save_task(model, Task("pos_demo", "tagging", 3, 16, [0.4, -0.9, 1.7], 0.8))
+    shared = tmp_path / "shared" / "pos_demo"
+    shutil.move(model / "tasks" / "pos_demo", shared)
+    (model / "tasks" / "pos_demo").symlink_to(shared)
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": str(model), "bundle": True, "output": "task:pos_demo"})
+    want = nlp(TEXT).tensor
+    with caplog.at_level(logging.WARNING):
+        nlp.to_disk(tmp_path / "pipeline")
+    said = [r.getMessage() for r in caplog.records if "leads outside" in r.getMessage()]
+    assert said == [f"task folder {model / 'tasks' / 'pos_demo'} leads outside {model}, to {shared}: loaded from "
+                    f"there ({OUTSIDE_RULE})"]  # fmt: skip
+    bundled = tmp_path / "pipeline" / "elmo" / "model" / "tasks" / "pos_demo"
+    assert not bundled.is_symlink() and (bundled / "task.json").is_file()
+    shutil.rmtree(shared)
+    np.testing.assert_array_equal(spacy.load(tmp_path / "pipeline")(TEXT).tensor, want)
