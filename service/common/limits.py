@@ -197,6 +197,10 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}).validate()
 
 
+METADATA_SOFT_BYTES = 8 * 1024
+METADATA_HARD_BYTES = 16 * 1024
+
+
 def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
     """``grpc.aio.server``'s keyword arguments for these limits: message sizes and gRPC core's per-connection
     bounds (without them one connection of half-sent calls could hold every one of --max-concurrent-rpcs, gRPC
@@ -210,6 +214,11 @@ def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
         ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
         ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout * 1000)),
+        # A call's headers as decoded, whatever they cost on the wire (HPACK lets a few bytes repeat a 4 KiB table
+        # entry): over the soft bound some calls, over the hard one every call is refused with RESOURCE_EXHAUSTED
+        # before anything is kept (gRPC's own defaults, stated here so that they are the service's bound).
+        ("grpc.max_metadata_size", METADATA_SOFT_BYTES),
+        ("grpc.absolute_max_metadata_size", METADATA_HARD_BYTES),
     ]
     if limits.grpc_connection_age > 0:
         options += [

@@ -257,3 +257,32 @@ def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_close
             wait_until(lambda: embedded_tokens(ports.metrics) >= after_tokens + 2 * 7984, 120, "computed again")
             assert not any(peer.streams[i].ended for i in again)
         print(f"gRPC zero window: RSS {rss_bytes(pid) / MIB:.0f} MiB after the stalled connection was closed")
+
+
+# -- an HPACK bomb ---------------------------------------------------------------------------------------------------
+BOMB_HEADER = ("x-bomb", "A" * 4000)  # one 4 KB entry of the HPACK table, which each further copy only refers to
+
+
+def test_an_hpack_bomb_is_refused_and_costs_no_memory(tiny_model_dir, tmp_path):
+    """250 calls on one zero-window connection, each with 4,000 copies of a 4 KB header (16 MB decoded per call, a
+    few KB on the wire, ~1.7 MB in all): gRPC refuses them RESOURCE_EXHAUSTED by the headers' size bound before
+    anything is kept (all but one or two, which it serves with the bomb dropped), the server's RSS stays within
+    64 MiB of where it was, and another client gets health SERVING and its Embed answered."""
+    with serve(["--model", str(tiny_model_dir)], tmp_path) as server:
+        target = server.wait_serving()
+        ports, pid = ports_of(server), server.proc.pid
+        request = grpc_embed_request(1, 2).SerializeToString()
+        base_rss = rss_bytes(pid)
+        with H2Peer("127.0.0.1", ports.grpc, initial_window=0) as peer:
+            bombed = []
+            for _ in range(5):
+                bombed += [peer.send_call(EMBED, request, headers=[BOMB_HEADER] * 4000) for _ in range(50)]
+                peer.read_events(0.2)
+            peer.wait_ended(bombed, 30)
+            refused = [i for i in bombed if peer.streams[i].grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
+            assert len(refused) >= 0.9 * len(bombed), {i: peer.streams[i] for i in bombed if i not in refused}
+            bombed_rss = rss_bytes(pid)
+            seconds = another_client_is_served(target)
+        print(f"HPACK bomb: RSS {base_rss / MIB:.0f} -> {bombed_rss / MIB:.0f} MiB; another client's Embed "
+              f"{seconds:.3f} s")  # fmt: skip
+        assert bombed_rss - base_rss < 64 * MIB
