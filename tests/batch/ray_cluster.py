@@ -1,4 +1,4 @@
-"""A real multi-node Ray cluster on loopback, and the batch job's fault scenario on it (issue 32).
+"""A real multi-node Ray cluster on loopback, and the batch job's fault scenario on it.
 
 ``LoopbackCluster`` starts a head and worker nodes with ``ray start --block``, each its own process group with its own
 raylet, object store and temp dir, as on separate machines; every node is 127.0.0.1 (its GCS and raylet listen on

@@ -609,7 +609,7 @@ def test_ray_actors_ask_for_a_gpu_each_when_the_cluster_has_gpus(tmp_path):
 
 
 def test_ray_restarts_actors_only_where_another_node_can_take_them():
-    """Issue 32: on 2+ nodes Ray restarts a lost node's actors elsewhere (bounded) and resubmits their shards; on one
+    """On 2+ nodes Ray restarts a lost node's actors elsewhere (bounded) and resubmits their shards; on one
     node nothing restarts (no ray#53727 error line). The full behaviour: tests/batch/test_ray_cluster.py (slow)."""
     from elmo.batch.ray_engine import ACTOR_RESTARTS, restart_policy
 

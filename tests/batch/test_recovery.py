@@ -1,4 +1,4 @@
-"""The batch job riding out a server's refusals, and resuming in remote and Ray modes (docs/batch.md, issue 15).
+"""The batch job riding out a server's refusals, and resuming in remote and Ray modes (docs/batch.md).
 
 Every server is the real one (service.server.ElmoServer on 127.0.0.1, tests/service_helpers.py) and every refusal
 is its own: UNAVAILABLE 'server is shutting down' from a real drain (kept open, when a test needs it, by another
@@ -283,8 +283,8 @@ def test_job_rides_out_a_drain_and_a_restart_on_the_same_port(tmp_path, runtimes
 
     To keep the restart deterministic, the job's RPC threads are parked in their back-off sleep while the server
     stops and restarts (the drain is held open by another client's stream until all of them are refused), and then
-    sleep their real delay; so no request of the job lands in the instant the port closes (see the report of
-    issue 15: a request that does gets CANCELLED, which the job does not retry)."""
+    sleep their real delay; so no request of the job lands in the instant the port closes (a request that does gets
+    CANCELLED, which the job retries as an outage)."""
     source, reference = clean_run
     first = PortServer(runtimes)
     first.warm_up()
@@ -522,7 +522,7 @@ def test_ray_job_killed_mid_way_resumes_without_recomputing(tmp_path, tiny_model
     finally:
         ray.shutdown()
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "core_worker.cc" not in result.stderr, result.stderr[-3000:]  # Ray's E line on every job (issue 30)
+    assert "core_worker.cc" not in result.stderr, result.stderr[-3000:]  # Ray's E line came on every job
     assert f"ray: connecting to {address} ..." in result.stderr  # said before the seconds ray.init takes
     resumed_lines = sum(entry["n_lines"] for entry in entries)
     assert f"this run embedded {120 - resumed_lines} sentences" in result.stdout
@@ -531,7 +531,7 @@ def test_ray_job_killed_mid_way_resumes_without_recomputing(tmp_path, tiny_model
     assert_same_output(output, reference, "parquet")
 
 
-# -- a bug found on the way (issue 15), fixed ---------------------------------------------------------------------
+# -- requests within the server's message limit ------------------------------------------------------------------------
 def test_requests_are_cut_to_the_servers_message_limit(tmp_path, runtimes, tiny_model_dir, monkeypatch):
     """Long tokens (URLs, base64 in a web corpus): each sentence fits the server's 16 KiB request limit, eight of
     them do not. The server advertises the limit in GetModelInfo; the job must cut its requests to it (as it does
