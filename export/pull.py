@@ -34,6 +34,7 @@ from elmo.export.onnx_export import export_model
 
 from elmo.errors import ConfigError, DataError, ElmoError, ModelFileError
 from elmo.importers.allennlp import import_allennlp
+from elmo.importers.budget import DEFAULT_MAX_WEIGHT_BYTES, add_budget_argument, checked_budget
 from elmo.importers.manylangs import import_manylangs
 from elmo.runtime.repository import check_model_name, publishing
 
@@ -126,16 +127,24 @@ def _check_member_size(archive: Path, info: zipfile.ZipInfo) -> None:
                         "extracted")  # fmt: skip
 
 
-def build(entry: Entry, files: list[Fetched], pins: Pins, folder: Path, work: Path, threads: int | None) -> None:
+def build(
+    entry: Entry,
+    files: list[Fetched],
+    pins: Pins,
+    folder: Path,
+    work: Path,
+    threads: int | None,
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+) -> None:
     """Import ``files`` into the model directory ``folder``, export and verify it, and record the provenance."""
     try:
         with torch.no_grad():
             if entry.kind == ALLENNLP:
                 options, weights = (f.path for f in files)
-                import_allennlp(options, weights, folder)
+                import_allennlp(options, weights, folder, max_weight_bytes=max_weight_bytes)
             else:
                 try:
-                    import_manylangs(extract_zip(files[0].path, work), folder)
+                    import_manylangs(extract_zip(files[0].path, work), folder, max_weight_bytes)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
     except ElmoError as exc:
@@ -178,6 +187,7 @@ def pull(
     threads: int | None = None,
     catalogue: dict[str, Entry] | None = None,
     max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
+    max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
 ) -> dict:
     """Download, check, import, export and verify the model ``name`` into ``out`` or as the next version in the
     model repository ``model_root`` (under ``repo_name``, default ``name``). Returns the summary printed."""
@@ -204,12 +214,12 @@ def pull(
     }
     if model_root is not None:
         with publishing(Path(model_root), repo_name) as publication:
-            build(entry, files, pins, publication.folder, work, threads)
+            build(entry, files, pins, publication.folder, work, threads, max_weight_bytes)
         return {**summary, "out": str(publication.path), "model": repo_name, "version": publication.version}
     staging = out.parent / f".{out.name}.pulling-{os.getpid()}-{secrets.token_hex(4)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        build(entry, files, pins, staging, work, threads)
+        build(entry, files, pins, staging, work, threads, max_weight_bytes)
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         os.rename(staging, out)
@@ -268,6 +278,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a file whose size neither the catalogue nor a pin gives is cut off and refused past N bytes "
         f"(default {DEFAULT_MAX_DOWNLOAD_BYTES:,}); a file of known size never past that size",
     )
+    add_budget_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads for the verification")
 
@@ -289,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
             args.name, out=args.out, model_root=args.model_root, repo_name=args.repo_name, cache=args.cache,
             pins_path=args.pins, base_url=args.base_url or os.environ.get(BASE_URL_ENV) or None,
             retries=args.retries, progress=not args.no_progress, threads=args.threads,
-            max_download_bytes=args.max_download_bytes,
+            max_download_bytes=args.max_download_bytes, max_weight_bytes=checked_budget(args),
         )  # fmt: skip
     except ModelFileError as exc:  # an import or export refusal: name the model it was pulling
         raise ModelFileError(f"{args.name}: {exc}") from None

@@ -73,6 +73,8 @@ TOKEN_EMBEDDER = "token_embedder.pkl"
 ENCODER = "encoder.pkl"
 DIC_ID = re.compile(r"[0-9]+")  # a .dic line's id: ASCII digits, >= 0
 MAX_CONFIG_BYTES = 1 << 20  # their config.json and network JSON are a few hundred bytes
+# A .dic line is ~15 bytes and becomes a Python dict entry of ~100: the published word.dic files are tens of MB.
+MAX_DIC_BYTES = 128 << 20
 
 # The network config that ELMoForManyLangs 0.0.4 ships (elmoformanylangs/configs/cnn_{0,50}_100_512_4096_sample.json,
 # identical) and falls back to when a model folder lacks it, as the published English model does.
@@ -96,13 +98,13 @@ SENTENCE_TOKENS = ("<bos>", "<eos>")
 
 
 # -- the folder's text files ---------------------------------------------------------------------------------------
-def read_dic(path: Path, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> dict[str, int]:
+def read_dic(path: Path, max_bytes: int | None = None) -> dict[str, int]:
     """A char.dic / word.dic (``token<TAB>id`` lines) parsed exactly as ELMoForManyLangs parses it: each line
     stripped, a line left with one field is the ideographic space U+3000 (stripped as whitespace), later lines win.
-    A file over ``max_bytes`` is refused unread."""
+    A file over ``max_bytes`` (default MAX_DIC_BYTES) is refused unread."""
     if not path.is_file():
         raise ModelFileError(f"{path}: file not found")
-    _check_file_size(path, max_bytes, "--max-weight-bytes")
+    _check_file_size(path, MAX_DIC_BYTES if max_bytes is None else max_bytes, "a .dic file")
     table: dict[str, int] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -236,12 +238,10 @@ def network_to_config(net: dict, source: str, n_chars: int, n_words: int) -> Mod
     return cfg.validate()
 
 
-def build_scheme(
-    model_dir: Path, max_chars: int, with_words: bool, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES
-) -> VocabScheme:
+def build_scheme(model_dir: Path, max_chars: int, with_words: bool) -> VocabScheme:
     """char.dic (+ word.dic) -> the char-vocabulary scheme, checked for the special entries their code needs."""
     char_path = model_dir / CHAR_DIC
-    chars = read_dic(char_path, max_bytes)
+    chars = read_dic(char_path)
     needed = [*CHAR_SPECIAL_NAMES, *SENTENCE_TOKENS]
     missing = [name for name in needed if name not in chars]
     if missing:
@@ -251,7 +251,7 @@ def build_scheme(
     words = word_specials = None
     if with_words:
         word_path = model_dir / WORD_DIC
-        words = read_dic(word_path, max_bytes)
+        words = read_dic(word_path)
         missing = [name for name in ("<oov>", "<pad>") if name not in words]
         if missing:
             raise ModelFileError(f"{word_path}: special entries {missing} missing")
@@ -379,7 +379,7 @@ def import_manylangs(model_dir: str | Path, out: str | Path, max_weight_bytes: i
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 3:
         raise ConfigError(f"{net_source}: field 'token_embedder.max_characters_per_token': must be an integer >= 3")
     with_words = isinstance(word_dim, int) and not isinstance(word_dim, bool) and word_dim > 0
-    scheme = build_scheme(model_dir, max_chars, with_words, max_weight_bytes)
+    scheme = build_scheme(model_dir, max_chars, with_words)
     paths = (model_dir / TOKEN_EMBEDDER, model_dir / ENCODER)
     files = (read_declarations(paths[0]), read_declarations(paths[1]))
     # The tables' sizes come from the weights (their EmbeddingLayer has len(dic) rows); the dic ids must fit them.

@@ -379,6 +379,16 @@ def test_a_manylangs_zip_is_published_as_the_next_version_and_serves(server, tmp
     assert layers.shape[:2] == (3, 4) and np.isfinite(layers).all()
 
 
+def test_the_weight_budget_is_a_pull_flag(server, tmp_path, capsys):
+    """The importers' byte budget (--max-weight-bytes) applies to what `elmo pull` imports."""
+    folder = write_synthetic_folder(tmp_path / "peer", word_dim=0)
+    server.files[path_of(ZH.files[0])] = zip_flat(folder, tmp_path / "179.zip")
+    out = tmp_path / "zh"
+    assert elmo_main(pull_args("zh", server, tmp_path, "--out", str(out), "--max-weight-bytes", "1000")) == 2
+    error = last_error(capsys)
+    assert len(error) == 1 and "over the 1,000-byte budget (--max-weight-bytes)" in error[0] and not out.exists()
+
+
 def test_a_zip_with_an_unsafe_path_is_refused(tmp_path):
     archive = tmp_path / "bad.zip"
     with zipfile.ZipFile(archive, "w") as handle:

@@ -339,3 +339,18 @@ def test_the_shapes_checked_are_the_models_own(word_dim):
     cfg = network_to_config(network(word_dim), "net.json", 30, 40)
     model_shapes = {k: tuple(v.shape) for k, v in BiLM(cfg).state_dict().items() if v.is_floating_point()}
     assert expected_shapes(cfg) == model_shapes
+
+
+def test_text_files_over_their_bound_are_refused_unread(tmp_path, capsys, monkeypatch):
+    from elmo.importers import manylangs
+
+    folder = write_synthetic_folder(tmp_path / "peer")
+    size = (folder / "char.dic").stat().st_size
+    monkeypatch.setattr(manylangs, "MAX_DIC_BYTES", size - 1)
+    assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
+    line = one_error_line(capsys.readouterr().err, "import-manylangs")
+    assert "char.dic" in line and f"{size:,} bytes, over the {size - 1:,} this file may have (a .dic file)" in line
+    monkeypatch.setattr(manylangs, "MAX_DIC_BYTES", 1 << 27)
+    (folder / "net.json").write_bytes(b" " * (2 << 20))  # a 2 MiB "config"
+    assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
+    assert "net.json" in one_error_line(capsys.readouterr().err, "import-manylangs")
