@@ -29,6 +29,7 @@ import numpy as np
 from elmo.errors import ModelFileError
 
 MAX_PICKLE_BYTES = 16 << 20  # a state dict's pickle is names and shapes: KBs for ELMo; more is not a state dict
+MAX_NAME = 256  # characters of a tensor name or storage key (torch's are short): longer ones are refused, not echoed
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001
 # storage class -> (numpy dtype name, bytes per element); numpy has no bfloat16: declared, never read
@@ -122,7 +123,8 @@ def read_declarations(path: str | Path) -> StateFile:
         if zipfile.is_zipfile(path):
             return _read_zip(path)
         return _read_legacy(path)
-    except (ValueError, TypeError, KeyError, IndexError, EOFError, struct.error, zipfile.BadZipFile, OSError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, EOFError, RecursionError, struct.error, zipfile.BadZipFile,
+            OSError) as exc:  # fmt: skip
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(f"{path}: not a torch state dict of tensors ({why})") from None
 
@@ -165,7 +167,7 @@ def _read_legacy(path: Path) -> StateFile:
     keys = _walk(stream)
     storages = _distinct_storages(tensors, path)
     if not isinstance(keys, list) or sorted(map(str, keys)) != sorted(storages):
-        raise ModelFileError(f"{path}: its storage list {keys!r:.200} is not the storages its tensors use")
+        raise ModelFileError(f"{path}: its storage list ({_kind(keys)}) is not the storages its tensors use")
     offsets, position = {}, stream.tell()
     with open(path, "rb") as handle:
         for key in keys:
@@ -185,9 +187,12 @@ def _read_legacy(path: Path) -> StateFile:
 def _state_dict(value: object, path: Path) -> dict[str, TensorDecl]:
     if not isinstance(value, dict):
         raise ModelFileError(f"{path}: holds a {_kind(value)}, not a state dict of tensors")
-    bad = [str(k) for k, v in value.items() if not isinstance(k, str) or not isinstance(v, TensorDecl)]
+    bad = [str(k)[:MAX_NAME] for k, v in value.items() if not isinstance(k, str) or not isinstance(v, TensorDecl)]
     if bad:
         raise ModelFileError(f"{path}: entries that are not tensors: {bad[:4]}")
+    long = [name for name in value if len(name) > MAX_NAME]
+    if long:
+        raise ModelFileError(f"{path}: a tensor name of {len(long[0]):,} characters ({long[0][:MAX_NAME]}...)")
     for name, decl in value.items():
         if decl.end() > decl.storage.numel:
             raise ModelFileError(f"{path}: tensor '{name}' {decl.shape} reaches element {decl.end():,} of a storage "
@@ -327,11 +332,13 @@ def _storage(pid: object) -> Storage:
     """A persistent id ('storage', torch.<Type>Storage, key, location, numel[, view]) -> the storage it names."""
     ok = isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage" and isinstance(pid[1], _Global)
     if not ok or pid[1].module != "torch" or pid[1].name not in STORAGE_DTYPES or not _index(pid[4]):
-        raise ValueError(f"a persistent id {pid!r:.120} that is not a torch storage")
+        raise ValueError(f"a persistent id ({_kind(pid)}) that is not a torch storage")
     if len(pid) == 6 and pid[5] is not None:
         raise ValueError("a storage view (legacy view_metadata): not a plain state dict")
+    if not isinstance(pid[2], str) or len(pid[2]) > MAX_NAME:
+        raise ValueError("a storage key that is not a short string")
     dtype, itemsize = STORAGE_DTYPES[pid[1].name]
-    return Storage(str(pid[2]), dtype, itemsize, pid[4])
+    return Storage(pid[2], dtype, itemsize, pid[4])
 
 
 def _index(value: object) -> bool:

@@ -354,3 +354,26 @@ def test_text_files_over_their_bound_are_refused_unread(tmp_path, capsys, monkey
     (folder / "net.json").write_bytes(b" " * (2 << 20))  # a 2 MiB "config"
     assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
     assert "net.json" in one_error_line(capsys.readouterr().err, "import-manylangs")
+
+
+@pytest.mark.parametrize(
+    "pickled",
+    [
+        b"\x80\x02" + b")" + b"\x85" * 200_000 + b".",  # a tuple nested 200,000 deep
+        b"\x80\x02}X" + struct.pack("<I", 1 << 30) + b"x" * 10 + b".",  # a string declaring 1 GiB, 10 bytes there
+        b"\x80\x02}(X" + struct.pack("<I", 5000) + b"n" * 5000 + b"K\x01u.",  # a 5,000-character entry name
+        b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.",  # os.system("true"): named, never called
+    ],
+    ids=["deep-nesting", "short-string", "long-name", "os.system"],
+)
+@pytest.mark.parametrize("layout", ["zip", "raw"])
+def test_a_malformed_pickle_is_one_short_line(tmp_path, capsys, pickled, layout):
+    folder = write_synthetic_folder(tmp_path / "peer")
+    if layout == "zip":
+        with zipfile.ZipFile(folder / "encoder.pkl", "w") as archive:
+            archive.writestr("archive/data.pkl", pickled)
+    else:
+        (folder / "encoder.pkl").write_bytes(pickled)
+    assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
+    line = one_error_line(capsys.readouterr().err, "import-manylangs")
+    assert "encoder.pkl" in line and len(line) < 600
