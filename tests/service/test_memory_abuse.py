@@ -24,7 +24,7 @@ from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
 from tests.conftest import REPO
 from tests.h2_peer import EMBED, H2Peer, rss_bytes
-from tests.serve_process import ServeProcess, health_status, wait_until
+from tests.serve_process import ServeProcess, health_status, serve_until_exit, wait_until
 from tests.service_helpers import metric_value, scrape
 
 MIB = 1024 * 1024
@@ -286,3 +286,12 @@ def test_an_hpack_bomb_is_refused_and_costs_no_memory(tiny_model_dir, tmp_path):
         print(f"HPACK bomb: RSS {base_rss / MIB:.0f} -> {bombed_rss / MIB:.0f} MiB; another client's Embed "
               f"{seconds:.3f} s")  # fmt: skip
         assert bombed_rss - base_rss < 64 * MIB
+
+
+def test_a_per_peer_share_over_the_whole_budget_is_refused_at_start(tmp_path):
+    finished = serve_until_exit(["--model", str(tmp_path / "never-read"), "--answer-bytes-in-flight", str(64 * MIB),
+                                 "--answer-bytes-in-flight-per-peer", str(128 * MIB)], tmp_path)  # fmt: skip
+    assert finished.returncode == 2
+    assert finished.error_lines() == [
+        "elmo serve: error: --answer-bytes-in-flight-per-peer must not exceed --answer-bytes-in-flight"
+    ], finished.stderr
