@@ -272,12 +272,9 @@ def _declared_dataset(path: Path, handle, name: str, shape: tuple[int, ...], why
     if not isinstance(dataset, h5py.Dataset):
         raise ModelFileError(f"{path}: '{name}' is a group, options.json implies a dataset {shape} float32 ({why})")
     _refuse_data_elsewhere(path, name, dataset)
-    declared = describe(dataset.shape, dataset.dtype)
-    if dataset.dtype.kind != "f" or dataset.dtype.itemsize != FLOAT32_BYTES:
-        raise ModelFileError(f"{path}: dataset '{name}' is declared {declared}, options.json implies {shape} float32 "
-                             f"({why}): refused before reading")  # fmt: skip
-    if tuple(dataset.shape) != shape:
-        raise ModelFileError(f"{path}: dataset '{name}' has shape {tuple(dataset.shape)} (declared {declared}), "
+    is_float32 = dataset.dtype.kind == "f" and dataset.dtype.itemsize == FLOAT32_BYTES
+    if not is_float32 or tuple(dataset.shape) != shape:  # float32 of any byte order; nothing is converted
+        raise ModelFileError(f"{path}: dataset '{name}' is declared {describe(dataset.shape, dataset.dtype)}, "
                              f"options.json implies {shape} float32 ({why}): refused before reading")  # fmt: skip
     return dataset
 

@@ -84,11 +84,11 @@ CHAR_EMBED_SHAPE = (261, 4)  # SHAPE's char_cnn.embedding.dim is 4
 @pytest.mark.parametrize(
     "name, shape, dtype, says",
     [
-        ("char_embed", (1 << 18, 1 << 10), np.float32, "has shape (262144, 1024)"),
-        ("char_embed", (1 << 24, 1 << 10), np.float32, "has shape (16777216, 1024)"),  # 64 GiB
+        ("char_embed", (1 << 18, 1 << 10), np.float32, "is declared (262144, 1024) float32"),
+        ("char_embed", (1 << 24, 1 << 10), np.float32, "is declared (16777216, 1024) float32"),  # 64 GiB
         ("char_embed", CHAR_EMBED_SHAPE, np.float64, "is declared (261, 4) float64"),
         ("char_embed", CHAR_EMBED_SHAPE, np.int32, "is declared (261, 4) int32"),
-        ("RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0", (16, 48, 1), np.float32, "has shape (16, 48, 1)"),
+        ("RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0", (16, 48, 1), np.float32, "is declared (16, 48, 1) float32"),
     ],
     ids=["1-GiB-wrong-shape", "64-GiB", "float64", "int32", "extra-axis"],
 )
