@@ -239,7 +239,13 @@ def run_processes(args: argparse.Namespace, admin_api: bool) -> int:
         codes = group.stop_all()
     if unasked:
         return exit_code(ended.returncode) or 1
-    return next((exit_code(code) for code in codes if code), 0)
+    return next((exit_code(code) for code in codes if code and not stopped_before_serving(code)), 0)
+
+
+def stopped_before_serving(returncode: int) -> bool:
+    """Ended by the SIGTERM / SIGINT passed on to it before it could take one (still starting up): it held no
+    request, so that is a clean stop, like a drain."""
+    return returncode in (-signal.SIGTERM, -signal.SIGINT)
 
 
 def exit_code(returncode: int) -> int:

@@ -128,6 +128,20 @@ def test_a_killed_supervisor_leaves_no_server_behind(two_processes) -> None:
     probe.close()
 
 
+def test_a_sigterm_while_the_group_starts_stops_it_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM once the first process is warm, while the second is still starting (before it could take a signal)
+    or warming up: every process ends, none listened, and the group exits 0, as a drain does."""
+    with ServeProcess(["--model", str(tiny_model_dir), "--processes", "2"], tmp_path) as server:
+        wait_until(lambda: "warmed up" in server.stderr() or server.exited(), 60, "the first process warm")
+        wait_until(lambda: len(children(server.proc.pid)) == 2 or server.exited(), 60, "the second one started")
+        processes = children(server.proc.pid)
+        server.sigterm()
+        assert server.wait() == 0, server.stderr()
+    assert not any(alive(pid) for pid in processes)
+    assert not server.port_file.exists() or not server.port_file.read_text()  # the group never said it listened
+    assert "listening on" not in server.stderr()
+
+
 @pytest.mark.parametrize(
     "extra, env, error",
     [
