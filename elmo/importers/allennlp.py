@@ -251,8 +251,9 @@ def read_hdf5(path: str | Path, cfg: ModelConfig, max_bytes: int = DEFAULT_MAX_W
                 log.info("%s: ignored %d dataset(s) not used for embedding (not read): %s", path, len(ignored),
                          ignored[:6])  # fmt: skip
             return {name: _read_float32(dataset) for name, dataset in zip(expected, datasets)}
-    except OSError as exc:
-        raise ModelFileError(f"{path}: not a readable hdf5 file ({exc})") from None
+    except (OSError, RuntimeError, SystemError, ValueError, KeyError, TypeError) as exc:  # a corrupt file, as h5py
+        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__  # says it
+        raise ModelFileError(f"{path}: not a readable hdf5 file ({why})") from None
 
 
 def _hard_linked_names(path: Path, handle, h5py) -> set[str]:

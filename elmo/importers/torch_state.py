@@ -87,7 +87,10 @@ class StateFile:
     def read(self, names) -> dict[str, np.ndarray]:
         """The tensors ``names`` (float32 only), each a copy of its view of its storage's bytes."""
         arrays = {}
-        storages = {key: self._read_storage(storage) for key, storage in self.storages(names).items()}
+        try:
+            storages = {key: self._read_storage(storage) for key, storage in self.storages(names).items()}
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:  # a CRC or header the archive fails
+            raise ModelFileError(f"{self.path}: a storage could not be read ({str(exc)[:200]})") from None
         for name in names:
             decl = self.tensors[name]
             flat = storages[decl.storage.key]

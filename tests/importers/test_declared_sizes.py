@@ -11,6 +11,7 @@ import collections
 import io
 import json
 import pickle
+import random
 import struct
 import subprocess
 import sys
@@ -23,7 +24,11 @@ import pytest
 import torch
 
 from elmo.cli import main as elmo_main
+from elmo.errors import ElmoError
+from elmo.importers.allennlp import read_hdf5, read_options
 from elmo.importers.manylangs import import_manylangs
+from elmo.importers.torch_state import read_declarations
+from tests.conftest import FUZZ_SEED
 from tests.importers.test_allennlp import SHAPES, random_hdf5_weights, write_allennlp_files
 from tests.importers.test_manylangs import write_synthetic_folder
 
@@ -377,3 +382,38 @@ def test_a_malformed_pickle_is_one_short_line(tmp_path, capsys, pickled, layout)
     assert elmo_main(import_manylangs_argv(folder, tmp_path / "out")) == 2
     line = one_error_line(capsys.readouterr().err, "import-manylangs")
     assert "encoder.pkl" in line and len(line) < 600
+
+
+# -- corrupted files: whatever the bytes, one line or an import, never a traceback -------------------------------
+def _mutated(data: bytes, rng: random.Random, head: int) -> bytes:
+    """``data`` with 1-16 bytes overwritten, mostly in its first ``head`` bytes (headers, pickles, B-trees)."""
+    mutated = bytearray(data)
+    for _ in range(rng.choice([1, 2, 4, 16])):
+        at = rng.randrange(min(len(mutated), head) if rng.random() < 0.8 else len(mutated))
+        mutated[at] = rng.randrange(256)
+    return bytes(mutated)
+
+
+def test_corrupted_weights_files_are_one_error_or_an_import(tmp_path):
+    """Random byte changes to a valid weights.hdf5 and to both torch layouts of a ManyLangs state dict (seeded by the
+    session's fuzz seed): every outcome is an import or an ElmoError, never another exception."""
+    rng = random.Random(FUZZ_SEED)
+    options, weights = valid_files(tmp_path / "src")
+    cfg, whole = read_options(options), weights.read_bytes()
+    for _ in range(60):
+        weights.write_bytes(_mutated(whole, rng, 4096))
+        try:
+            read_hdf5(weights, cfg)
+        except ElmoError:
+            pass
+    for legacy in (False, True):
+        folder = write_synthetic_folder(tmp_path / f"peer-{legacy}")
+        resave(folder / "encoder.pkl", legacy)
+        encoder = (folder / "encoder.pkl").read_bytes()
+        for _ in range(30):
+            (folder / "encoder.pkl").write_bytes(_mutated(encoder, rng, 2048))
+            try:
+                state = read_declarations(folder / "encoder.pkl")
+                state.read(list(state.tensors))
+            except ElmoError:
+                pass
