@@ -10,6 +10,8 @@ never reads its answers keeps its share full and its new calls are refused, inst
 
 from __future__ import annotations
 
+import asyncio
+
 from elmo.service.common.errors import Kind, ServiceError
 from elmo.service.common.limits import Limits, human_bytes
 
@@ -38,9 +40,9 @@ class AnswerBudget:
     def held_by(self, peer: str) -> int:
         return self._by_peer.get(peer, 0)
 
-    def claim(self, peer: str) -> AnswerClaim:
+    def claim(self, peer: str, after: AnswerClaim | None = None) -> AnswerClaim:
         """An empty claim for one answer of ``peer``: the core fills it once the answer's size is known."""
-        return AnswerClaim(self, peer)
+        return AnswerClaim(self, peer, after)
 
     def _take(self, peer: str, n: int) -> None:
         # An answer larger than a share on its own (--max-response-bytes above it) still goes when nothing else is
@@ -72,18 +74,32 @@ class AnswerBudget:
 class AnswerClaim:
     """One answer's place in the budget: :meth:`take` its size (once, before the work; raises
     :class:`AnswerBudgetFull`), :meth:`release` once the answer has left (any number of times, from any outcome).
-    Used on the event loop only."""
+    ``after``: another claim that must have taken its place (or given up) first, :meth:`turn` waits for it: a
+    stream's answers take their places in the order they are sent. Used on the event loop only."""
 
-    __slots__ = ("budget", "peer", "bytes")
+    __slots__ = ("budget", "peer", "bytes", "after", "_settled")
 
-    def __init__(self, budget: AnswerBudget, peer: str):
+    def __init__(self, budget: AnswerBudget, peer: str, after: AnswerClaim | None = None):
         self.budget, self.peer = budget, peer
         self.bytes = 0
+        self.after = after
+        self._settled = asyncio.Event()
+
+    async def turn(self) -> None:
+        """Wait until the claim this one comes after has taken its place or given up."""
+        if self.after is not None:
+            await self.after._settled.wait()
+            self.after = None  # no reference kept to what has left
+
+    def settle(self) -> None:
+        """This claim has taken its place, or never will: the claim after it may go."""
+        self._settled.set()
 
     def take(self, n: int) -> None:
         self.release()  # a claim holds one answer's bytes: a second take replaces the first
         self.budget._take(self.peer, n)
         self.bytes = n
+        self.settle()
 
     def release(self) -> None:
         if self.bytes:

@@ -162,6 +162,7 @@ class RequestCore:
             prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
             if claim is not None:
+                await claim.turn()  # a stream's answers take their places in order
                 claim.take(prepared.answer_bytes)
             result = await self._vectors(prepared, deadline, started)
             return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
@@ -184,6 +185,7 @@ class RequestCore:
             prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
             if claim is not None:
+                await claim.turn()  # a stream's answers take their places in order
                 claim.take(prepared.answer_bytes)
             vectors = await self._pooled_vectors(prepared, deadline, started, normalize)
             result = PooledResult(prepared, vectors)

@@ -16,7 +16,7 @@ import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code, invalid
 from elmo.service.common.shares import peer_address
 from elmo.service.core.answers import EmbedResult, response_bytes
-from elmo.service.core.budget import AnswerClaim
+from elmo.service.core.budget import AnswerBudgetFull, AnswerClaim
 from elmo.service.core.encodings import PROTOBUF
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.decode import UndecodableRequest, lenient_parser
@@ -89,7 +89,24 @@ class EmbedderServicer:
         inflight: asyncio.Queue = asyncio.Queue()  # bounded by the slots (plus one error and the end mark)
         done = object()
         peer = peer_address(context.peer())
-        claims: list[AnswerClaim] = []  # the answers in flight's bytes, released as each is taken by gRPC
+        claims: list[AnswerClaim] = []  # the answers in flight's bytes, in order, released as each is taken by gRPC
+        left = asyncio.Event()  # set each time one of this stream's answers has left
+
+        async def embed(request: pb.EmbedRequest, claim: AnswerClaim) -> bytes:
+            # The stream's answers take their places in the budget in the order they are sent: one that does not
+            # fit waits for an answer ahead of it to leave (never for one behind it, which is sent after it), and
+            # is refused only when none of this stream's is ahead.
+            try:
+                while True:
+                    left.clear()
+                    try:
+                        return await _embed(self.core, request, context, claim, admitted=True)
+                    except AnswerBudgetFull:
+                        if not any(ahead.bytes for ahead in claims[: claims.index(claim)]):
+                            raise
+                        await left.wait()
+            finally:
+                claim.settle()
 
         async def read() -> None:
             try:
@@ -98,10 +115,9 @@ class EmbedderServicer:
                         inflight.put_nowait(invalid(request.message))
                         return
                     await slots.acquire()
-                    claim = self.core.answers.claim(peer)
+                    claim = self.core.answers.claim(peer, after=claims[-1] if claims else None)
                     claims.append(claim)
-                    embedding = _embed(self.core, request, context, claim, admitted=True)
-                    inflight.put_nowait((asyncio.ensure_future(embedding), claim))
+                    inflight.put_nowait((asyncio.ensure_future(embed(request, claim)), claim))
             finally:
                 inflight.put_nowait(done)
 
@@ -114,6 +130,7 @@ class EmbedderServicer:
                 yield await embedding  # resumed once gRPC has sent it
                 claim.release()
                 claims.remove(claim)
+                left.set()
                 slots.release()
         finally:
             reader.cancel()

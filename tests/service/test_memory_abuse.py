@@ -295,3 +295,18 @@ def test_a_per_peer_share_over_the_whole_budget_is_refused_at_start(tmp_path):
     assert finished.error_lines() == [
         "elmo serve: error: --answer-bytes-in-flight-per-peer must not exceed --answer-bytes-in-flight"
     ], finished.stderr
+
+
+def test_a_streams_answers_wait_their_turn_in_its_share_instead_of_failing(tiny_model_dir, tmp_path):
+    """A share that holds one 100-token answer of the tiny model (~21 KB as protobuf) but not two: an EmbedStream of
+    five such requests (sent at once, embedded concurrently) gets all five answers in order, each taking its place
+    once the one ahead of it has left, and the client's next Embed is answered: nothing is left held."""
+    flags = ["--model", str(tiny_model_dir), "--answer-bytes-in-flight-per-peer", "30000"]
+    with serve(flags, tmp_path) as server:
+        target = server.wait_serving()
+        requests = [grpc_embed_request(1, 100 - i) for i in range(5)]
+        with grpc.insecure_channel(target) as channel:
+            stub = pb_grpc.EmbedderStub(channel)
+            answers = list(stub.EmbedStream(iter(requests), timeout=60))
+            assert [len(a.embeddings[0].tokens) for a in answers] == [100, 99, 98, 97, 96]
+            assert len(stub.Embed(requests[0], timeout=60).embeddings[0].tokens) == 100
