@@ -249,10 +249,10 @@ class CallGate(_WrappingInterceptor):
             self.shares.take(peer)
         except ServiceError as exc:
             await context.abort(grpc_code(exc.kind), exc.message)
-        try:
-            yield
-        finally:
-            self.shares.give_back(peer)
+        # Given back once gRPC is done with the call, not when the handler returns: a unary answer whose client
+        # does not read (its window shut) keeps the call open in gRPC, and must keep its place in the shares too.
+        context.add_done_callback(lambda _: self.shares.give_back(peer))
+        yield
 
     async def _first(self, requests, context) -> object:
         """The one request message of a unary-request call."""

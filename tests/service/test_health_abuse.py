@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from elmo.client import EmbedderClient
 from elmo.runtime import Embedder
-from tests.h2_peer import HEALTH_CHECK, HEALTH_WATCH, H2Peer, health_request
+from tests.h2_peer import EMBED, HEALTH_CHECK, HEALTH_WATCH, H2Peer, health_request
 from tests.serve_process import ServeProcess, wait_until
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
@@ -280,3 +280,29 @@ def test_health_share_flags_are_checked_at_start(tiny_model_dir: Path, tmp_path:
     assert finished.error_lines() == [
         "elmo serve: error: --health-watch-max-per-peer must not exceed --health-watch-max"
     ], finished.stderr
+
+
+def test_unread_embed_answers_keep_no_check_out(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """An Embed whose client never reads its answer stays open in gRPC after its handler returns: it keeps its place
+    in --max-calls-per-peer until gRPC is done with it, so one client's unread answers never fill gRPC's own cap."""
+    if not _loopback_alias_works():
+        pytest.skip("needs 127.0.0.2 as a client address (Linux routes all of 127/8 to lo)")
+    from elmo.v1 import embedder_pb2 as pb
+
+    args = ["--model", str(tiny_model_dir), "--max-concurrent-rpcs", "16", "--max-calls-per-peer", "8"]
+    with ServeProcess(args, tmp_path) as server:
+        target = server.wait_serving()
+        host, port = target.rsplit(":", 1)
+        request = pb.EmbedRequest(inputs=[pb.Input(text="never read")]).SerializeToString()
+        # 500 calls from one client address: more than gRPC's own cap here (2 x 16 + 256 + the health shares' 192)
+        peers = [H2Peer(host, int(port), initial_window=0, source="127.0.0.2") for _ in range(5)]
+        try:
+            streams = [peer.send_calls(EMBED, request, 100) for peer in peers]
+            read_refusals(peers, streams, 500 - 8)
+            held = sum(not peer.streams[i].ended for peer, ids in zip(peers, streams) for i in ids)
+            assert held == 8  # its share, however many of its answers have been computed meanwhile
+            assert check(target) == "SERVING"
+            assert embed_tokens(target) == ["still", "answered"]
+        finally:
+            for peer in peers:
+                peer.close()
