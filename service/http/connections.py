@@ -372,15 +372,16 @@ class ConnectionGuard:
 
     @staticmethod
     def _abort(conn: _Connection) -> None:
+        # abort, not close: close() would wait for a client that does not read to take the rest of a response
         conn.deadline = None  # closing takes a loop turn; do not count it twice
         if conn.transport is not None:
-            reset(conn.transport)
+            conn.transport.abort()
 
 
 def reset(transport: asyncio.BaseTransport) -> None:
-    """Close a connection at once, whatever it still had to send: abort, not close (close() would wait for a client
-    that does not read to take the rest of an answer), with a zero linger, so that the kernel sends a reset
-    instead of keeping the unsent bytes for that client (it would, for minutes, into a window that never opens)."""
+    """Close a connection that stopped reading its answer at once: abort, not close (close() would wait for the
+    client to take the rest), with a zero linger, so that the kernel sends a reset instead of keeping the unsent
+    bytes for that client (it would, for minutes, into a window that never opens)."""
     sock = transport.get_extra_info("socket")
     if sock is not None:
         try:
