@@ -340,10 +340,28 @@ class RequestCore:
         return None
 
     # -- tokenizing and model info -----------------------------------------------------------------------------
-    async def tokenize(self, request: pb.TokenizeRequest, answer: Callable[[pb.TokenizeResponse], T]) -> T:
-        """The service's tokens and offsets, then ``answer(response)``: on a worker when the texts are long."""
+    async def tokenize(
+        self,
+        request: pb.TokenizeRequest,
+        answer: Callable[[pb.TokenizeResponse], T],
+        claim: AnswerClaim | None = None,
+        size: Callable[[T], int] | None = None,
+    ) -> T:
+        """The service's tokens and offsets, then ``answer(response)``: on a worker when the texts are long.
+        ``claim``: the answer's place in the budget of answer bytes in flight, taken at its ``size(answer)`` once it
+        is built (its size is known only then; tokenizing costs far less than embedding): an answer that does not
+        fit is dropped before it is sent, so unread answers hold no more than the budget."""
+
+        def built() -> tuple[T, int]:
+            made = answer(self._tokenize(request))
+            return made, size(made) if size is not None else 0
+
         chars = sum(len(text) for text in request.texts)
-        return await self.run(lambda: answer(self._tokenize(request)), heavy=chars > INLINE_CHARS)
+        made, n = await self.run(built, heavy=chars > INLINE_CHARS)
+        if claim is not None:
+            await claim.turn()
+            claim.take(n)
+        return made
 
     def _tokenize(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
         """The same input and token limits as embedding."""

@@ -147,7 +147,9 @@ class EmbedderServicer:
 
     @_answer
     async def Tokenize(self, request, context):  # noqa: N802
-        return await self.core.tokenize(request, lambda response: response)
+        claim = self.core.answers.claim(peer_address(context.peer()))
+        context.add_done_callback(lambda _: claim.release())
+        return await self.core.tokenize(request, lambda response: response, claim, pb.TokenizeResponse.ByteSize)
 
     @_answer
     async def GetModelInfo(self, request, context):  # noqa: N802

@@ -415,7 +415,12 @@ class HttpFrontend:
         def answer(response: pb.TokenizeResponse) -> JsonAnswer:
             return JsonAnswer(encode_json_parts(schema.tokenize_answer(response)))
 
-        return await self._send(request, await self.core.tokenize(tokenize_request, answer))
+        claim = self._claim(request)
+        try:
+            built = await self.core.tokenize(tokenize_request, answer, claim, lambda made: sum(map(len, made.parts)))
+            return await self._send(request, built)
+        finally:
+            claim.release()
 
     async def models(self, request: web.Request) -> web.Response:
         statuses = {status.name: status for status in self.core.statuses()}

@@ -29,6 +29,7 @@ from tests.service_helpers import metric_value, scrape
 
 MIB = 1024 * 1024
 DEFAULT_MODEL = REPO / "models" / "default"
+TOKENIZE = "/elmo.v1.Embedder/Tokenize"
 OTHER_CLIENT = "127.0.0.2"  # another loopback address: another client to the server's per-address shares
 needs_default_model = pytest.mark.skipif(not (DEFAULT_MODEL / "model.onnx").is_file(), reason="models/default absent")
 
@@ -310,3 +311,22 @@ def test_a_streams_answers_wait_their_turn_in_its_share_instead_of_failing(tiny_
             answers = list(stub.EmbedStream(iter(requests), timeout=60))
             assert [len(a.embeddings[0].tokens) for a in answers] == [100, 99, 98, 97, 96]
             assert len(stub.Embed(requests[0], timeout=60).embeddings[0].tokens) == 100
+
+
+def test_unread_tokenize_answers_hold_their_share_too(tiny_model_dir, tmp_path):
+    """Tokenize answers (every token and its offsets: about the text's size again) count in the budget as well, at
+    their size once built: a zero-window client's first 8,000-token answer (~100 KB) fills its 150 KB share, its
+    second is dropped and the call refused RESOURCE_EXHAUSTED, and another client is served."""
+    flags = ["--model", str(tiny_model_dir), "--answer-bytes-in-flight-per-peer", "150000"]
+    with serve(flags, tmp_path) as server:
+        target = server.wait_serving()
+        request = pb.TokenizeRequest(texts=[" ".join(["a"] * 8000)]).SerializeToString()
+        with H2Peer("127.0.0.1", ports_of(server).grpc, initial_window=0, source=OTHER_CLIENT) as peer:
+            held = peer.send_call(TOKENIZE, request)
+            peer.read_events(1.0)
+            refused = peer.send_call(TOKENIZE, request)
+            assert peer.wait_ended([refused], 30)
+            assert peer.streams[refused].grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            assert "--answer-bytes-in-flight-per-peer" in peer.streams[refused].grpc_message
+            assert not peer.streams[held].ended
+            another_client_is_served(target)
