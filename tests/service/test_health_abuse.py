@@ -1,11 +1,13 @@
 """Health that no client can stall or exhaust, on real servers on 127.0.0.1 with real clients.
 
 The abusive clients are raw HTTP/2 peers (tests/h2_peer.py) that announce a receive window of 0 and never open it:
-the server can send them headers and trailers, never a status message. One such grpc.health.v1 Watch must not keep
-the server from saying SERVING, nor from saying NOT_SERVING and exiting on SIGTERM; a flood of Watch streams must
-not keep a new client's Check or Embed out (Watch streams have shares of their own, --health-watch-max and
---health-watch-max-per-peer). The deadlines below (1 s) are the bound the service promises a probe, not speed
-measurements: a server that keeps its promise answers in milliseconds.
+the server can send them headers and trailers, never a message. One such grpc.health.v1 Watch must not keep the
+server from saying SERVING, nor from saying NOT_SERVING and exiting on SIGTERM. Floods of Watch streams, of Checks
+whose answers are never read or whose request never comes, and of unread Embed answers must not keep a new client's
+Check or Embed out: health calls have shares of their own (--health-watch-max, --health-check-max and their
+per-client parts), and every call keeps its place until gRPC is done with it. GET /health must not be stallable
+either. The deadlines below (1 s) are the bound the service promises a probe, not speed measurements: a server that
+keeps its promise answers in milliseconds.
 """
 
 from __future__ import annotations
