@@ -266,6 +266,8 @@ class ElmoServer:
             log.warning("no model version under %s could be loaded: health NOT_SERVING until one is published or "
                         "loaded through the admin API", self.repository.root)  # fmt: skip
             return
+        if not self.core.taking_requests:  # a signal came during the warm-up: health keeps the NOT_SERVING it set
+            return
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
 

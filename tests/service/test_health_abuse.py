@@ -16,6 +16,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -84,6 +85,21 @@ def test_a_watch_that_never_reads_does_not_keep_health_from_serving(runtime: Emb
     finally:
         if peer is not None:
             peer.close()
+        server.stop()
+
+
+def test_a_signal_during_the_warm_up_keeps_health_not_serving(runtime: Embedder) -> None:
+    """SIGTERM with --shutdown-delay while the model warms up: the warm-up's end must not say SERVING over the
+    NOT_SERVING the signal set, or a balancer sends traffic to a replica that is leaving."""
+    server = ServerThread({"tiny": runtime}, replace(EDGE_LIMITS, shutdown_delay=30.0))
+    try:
+        assert check(server.target) == "NOT_SERVING"
+        server.loop.call_soon_threadsafe(server.server.request_drain)  # what the SIGTERM handler calls
+        wait_until(lambda: server.server.state.leaving, 5, "the server leaving the rotation")
+        server.call(server.server.warm_up(), timeout=20)
+        assert check(server.target) == "NOT_SERVING"
+        assert embed_tokens(server.target) == ["still", "answered"]  # leaving: requests are still answered
+    finally:
         server.stop()
 
 
