@@ -48,6 +48,7 @@ from elmo.service.grpc.admin import (
     admin_auth_interceptor,
     admin_handler,
 )
+from elmo.service.grpc.disconnects import log_client_disconnects_as_info
 from elmo.service.grpc.health import (
     HealthLimits,
     HealthServicer,
@@ -155,6 +156,7 @@ class ElmoServer:
         if admin_token:
             interceptors.append(admin_auth_interceptor(admin_token))
         interceptors.append(CallGate.for_limits(limits))
+        log_client_disconnects_as_info()  # grpc.aio's own ERROR for an answer nobody was there to take
         self.server = grpc.aio.server(interceptors=interceptors, **self._grpc_settings(reuse_port))
         self.servicer = EmbedderServicer(self.core)
         self.server.add_generic_rpc_handlers((embedder_handler(self.servicer),))

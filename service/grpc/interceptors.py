@@ -15,7 +15,7 @@ from elmo.service.common.errors import ServiceError, grpc_code
 from elmo.service.common.limits import Limits
 from elmo.service.common.shares import Shares, peer_address
 from elmo.service.common.tokens import BearerToken
-from elmo.service.telemetry.observe import Observation, RequestObserver
+from elmo.service.telemetry.observe import CLIENT_GONE, Observation, RequestObserver
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 CLIENT_FAULT_CODES = {
@@ -118,12 +118,21 @@ class ObserverInterceptor(_WrappingInterceptor):
 
     @staticmethod
     def _finish(seen: Observation, context, error: BaseException | None, who: tuple[str, str]) -> None:
+        if _client_went_away(error):  # an answer that could not be sent: the client's doing, no fault
+            seen.finish(CLIENT_GONE, server_fault=False, describe=lambda: (*who, "client disconnect"))
+            return
         code = _final_code(context, error)
         seen.finish(
             code.name,
             server_fault=code is not grpc.StatusCode.OK and code not in CLIENT_FAULT_CODES,
             describe=lambda: (*who, context.details() or ""),
         )
+
+
+def _client_went_away(error: BaseException | None) -> bool:
+    """gRPC's core could not carry out a write (grpc.aio.InternalError): the stream is gone, its client closed or
+    reset the connection."""
+    return isinstance(error, grpc.aio.InternalError)
 
 
 def _who(context: grpc.aio.ServicerContext) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from elmo.service.common.shares import Shares, peer_address
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from elmo.v1 import embedder_pb2 as pb
-from tests.serve_process import ServeProcess
+from tests.serve_process import ServeProcess, wait_until
 
 TOKEN = "door-token"
 HALF_SENT = 1030  # more than --max-concurrent-rpcs (1,024)
@@ -194,3 +194,25 @@ def test_shares_bound_each_peer_and_the_whole() -> None:
     assert "(--total)" in (calls.refusal("c") or "")
     calls.give_back("a")
     assert calls.refusal("c") is None and calls.held_by("a") == 1 and calls.count == 2
+
+
+def test_a_client_gone_before_its_answer_is_one_info_line_not_an_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Calls whose client closes its connection before taking the answer (a zero window, then gone): one INFO line
+    each naming the method, no ERROR, no traceback, no server fault counted (grpc.aio logs an ERROR by itself)."""
+    from tests.h2_peer import EMBED, HEALTH_CHECK, H2Peer, health_request
+
+    embed = pb.EmbedRequest(inputs=[pb.Input(text="nobody reads this answer")] * 4).SerializeToString()
+    with ServeProcess(["--model", str(tiny_model_dir)], tmp_path) as server:
+        host, port = server.wait_serving().rsplit(":", 1)
+        for method, request in ((HEALTH_CHECK, health_request()), (EMBED, embed)):
+            with H2Peer(host, int(port), initial_window=0) as peer:
+                stream = peer.send_call(method, request)
+                peer.read_events(0.5)  # the answer is computed and waits for a window that never opens
+                assert not peer.streams[stream].ended
+        wait_until(lambda: server.stderr().count("client disconnect") >= 2, 10, "both disconnects logged")
+        server.sigterm()
+        assert server.wait(30) == 0
+        log = server.stderr()
+    assert f"INFO grpc._cython.cygrpc: client disconnect: the answer to {HEALTH_CHECK} was not delivered" in log
+    assert f"client disconnect: the answer to {EMBED} was not delivered" in log
+    assert " ERROR " not in log and "Traceback" not in log and " WARNING " not in log, log
