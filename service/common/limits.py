@@ -7,7 +7,9 @@ deliberately (see docs/service.md, "Limits").
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 from elmo.errors import ConfigError, InputError
 from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
@@ -178,19 +180,27 @@ _HELP = {
 }
 
 
-def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("limits")
-    defaults = Limits()
-    for f in fields(Limits):
+def add_fields_as_flags(
+    group: Any, defaults: object, flag_of: Callable[[str], str], help_of: Mapping[str, str],
+    choices: Mapping[str, list[str]] | None = None,
+) -> None:
+    """One flag per field of the dataclass instance ``defaults`` in ``group`` (a parser or an argument group):
+    ``--{flag_of(name)}``, typed and defaulted by the field's value, its help from ``help_of``; the parsed value lands
+    under the flag's own name, dashes as underscores."""
+    for f in fields(defaults):
         default = getattr(defaults, f.name)
         group.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
+            f"--{flag_of(f.name)}",
             type=type(default),
             default=default,
-            help=f"{_HELP[f.name]} (default {default})",
-            **({"choices": [o.value for o in Overflow]} if f.name == "overflow" else {}),
-        )
+            help=f"{help_of[f.name]} (default {default})",
+            **({"choices": choices[f.name]} if choices and f.name in choices else {}),
+        )  # fmt: skip
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    add_fields_as_flags(parser.add_argument_group("limits"), Limits(), lambda name: name.replace("_", "-"), _HELP,
+                        choices={"overflow": [o.value for o in Overflow]})  # fmt: skip
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -237,4 +247,7 @@ def human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-__all__ = ["MIB", "Limits", "add_limit_arguments", "grpc_server_settings", "human_bytes", "limits_from_args"]
+__all__ = [
+    "MIB", "Limits", "add_fields_as_flags", "add_limit_arguments", "grpc_server_settings", "human_bytes",
+    "limits_from_args",
+]  # fmt: skip

@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code
+from elmo.service.common.limits import add_fields_as_flags
 from elmo.service.common.shares import Shares, peer_address
 from grpc_health.v1 import health_pb2
 
@@ -96,16 +97,7 @@ _HELP = {
 
 def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("health checks (grpc.health.v1, GET /health)")
-    defaults = HealthLimits()
-    for f in fields(HealthLimits):
-        default = getattr(defaults, f.name)
-        group.add_argument(
-            f"--{_FLAGS[f.name]}",
-            dest=_dest(f.name),
-            type=type(default),
-            default=default,
-            help=f"{_HELP[f.name]} (default {default:g})",
-        )
+    add_fields_as_flags(group, HealthLimits(), _FLAGS.__getitem__, _HELP)
 
 
 def _dest(field_name: str) -> str:
