@@ -265,10 +265,10 @@ BOMB_HEADER = ("x-bomb", "A" * 4000)  # one 4 KB entry of the HPACK table, which
 
 
 def test_an_hpack_bomb_is_refused_and_costs_no_memory(tiny_model_dir, tmp_path):
-    """250 calls on one zero-window connection, each with 4,000 copies of a 4 KB header (16 MB decoded per call, a
-    few KB on the wire, ~1.7 MB in all): gRPC refuses them RESOURCE_EXHAUSTED by the headers' size bound before
-    anything is kept (all but one or two, which it serves with the bomb dropped), the server's RSS stays within
-    64 MiB of where it was, and another client gets health SERVING and its Embed answered."""
+    """100 calls on one zero-window connection, each with 4,000 copies of a 4 KB header (16 MB decoded per call, a
+    few KB on the wire; 1.6 GB if the server kept them): gRPC refuses them RESOURCE_EXHAUSTED by the headers' size
+    bound before anything is kept (all but one or two, which it serves with the bomb dropped), the server's RSS stays
+    within 64 MiB of where it was, and another client gets health SERVING and its Embed answered."""
     with serve(["--model", str(tiny_model_dir)], tmp_path) as server:
         target = server.wait_serving()
         ports, pid = ports_of(server), server.proc.pid
@@ -276,10 +276,10 @@ def test_an_hpack_bomb_is_refused_and_costs_no_memory(tiny_model_dir, tmp_path):
         base_rss = rss_bytes(pid)
         with H2Peer("127.0.0.1", ports.grpc, initial_window=0) as peer:
             bombed = []
-            for _ in range(5):
+            for _ in range(2):
                 bombed += [peer.send_call(EMBED, request, headers=[BOMB_HEADER] * 4000) for _ in range(50)]
                 peer.read_events(0.2)
-            peer.wait_ended(bombed, 30)
+            peer.wait_ended(bombed, 30, share=0.9)  # the one or two served wait for a window that never opens
             refused = [i for i in bombed if peer.streams[i].grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
             assert len(refused) >= 0.9 * len(bombed), {i: peer.streams[i] for i in bombed if i not in refused}
             bombed_rss = rss_bytes(pid)
