@@ -2,11 +2,11 @@
 
 A model directory holds config.json (elmo.model.config), model.safetensors, vocab.txt, optionally a char vocabulary
 (char_vocab.json, word_vocab.json: elmo.text.chars.VocabScheme, e.g. imported by elmo.importers.manylangs), and after
-``elmo export`` model.onnx, encoder.onnx, context.onnx, context_fused.onnx, context_in_step.onnx (float exports
-since issue 42's seventh round), context_s8.onnx (int8 exports since its thirteenth), model.onnx.data (their
-shared weights) and onnx.json. onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset,
-the sha256 of the checkpoint it came from, the verification result); :func:`read_onnx_metadata` checks it against
-config.json and the checkpoint so that a stale or foreign export fails loudly, naming the file.
+``elmo export`` model.onnx, encoder.onnx, context.onnx, context_fused.onnx, context_in_step.onnx (float exports;
+older ones may lack it), context_s8.onnx (int8 exports), model.onnx.data (their shared weights) and onnx.json.
+onnx.json describes the graphs (dims, layer count, char scheme, tokenizer, opset, the sha256 of the checkpoint it came
+from, the verification result); :func:`read_onnx_metadata` checks it against config.json and the checkpoint so that
+a stale or foreign export fails loudly, naming the file.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ models, onnxruntime sessions) kept out of its scans.
 grpc.aio leaves six small objects in a reference cycle behind every call (its method lookup's closure, whatever
 the servicer does), so under load the collector runs all the time: at ~500 calls/s on the tiny model, ~800 young
 and ~7 full collections per 10 s, each full one traversing every object of the process (~23 ms, the GIL held:
-every thread waits for it). Measured on an Intel Xeon (family 6 model 207), docs/front-door.md "Fourteenth round".
+every thread waits for it). Measured on an Intel Xeon (family 6 model 207); the record is in bench/notes/front-door.md.
 ``gc.freeze()`` once the server is warm moves what is alive then into a generation the collector never scans:
 full collections fall to ~6 ms, and HTTP's p99 under load (one process) from 50-58 ms to 34-42 ms.
 
