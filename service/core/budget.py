@@ -95,6 +95,11 @@ class AnswerClaim:
         """This claim has taken its place, or never will: the claim after it may go."""
         self._settled.set()
 
+    async def take_in_turn(self, n: int) -> None:
+        """:meth:`turn`, then :meth:`take`: a stream's answers take their places in the order they are sent."""
+        await self.turn()
+        self.take(n)
+
     def take(self, n: int) -> None:
         self.release()  # a claim holds one answer's bytes: a second take replaces the first
         self.budget._take(self.peer, n)

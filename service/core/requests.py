@@ -162,8 +162,7 @@ class RequestCore:
             prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
             if claim is not None:
-                await claim.turn()  # a stream's answers take their places in order
-                claim.take(prepared.answer_bytes)
+                await claim.take_in_turn(prepared.answer_bytes)
             result = await self._vectors(prepared, deadline, started)
             return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
 
@@ -185,8 +184,7 @@ class RequestCore:
             prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
                                       heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
             if claim is not None:
-                await claim.turn()  # a stream's answers take their places in order
-                claim.take(prepared.answer_bytes)
+                await claim.take_in_turn(prepared.answer_bytes)
             vectors = await self._pooled_vectors(prepared, deadline, started, normalize)
             result = PooledResult(prepared, vectors)
             return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
@@ -359,8 +357,7 @@ class RequestCore:
         chars = sum(len(text) for text in request.texts)
         made, n = await self.run(built, heavy=chars > INLINE_CHARS)
         if claim is not None:
-            await claim.turn()
-            claim.take(n)
+            await claim.take_in_turn(n)
         return made
 
     def _tokenize(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:

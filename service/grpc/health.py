@@ -31,6 +31,7 @@ import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code
 from elmo.service.common.limits import add_fields_as_flags
 from elmo.service.common.shares import Shares, peer_address
+from elmo.service.grpc.interceptors import first_message
 from grpc_health.v1 import health_pb2
 
 from elmo.errors import ConfigError
@@ -175,7 +176,7 @@ class HealthServicer:
     async def check(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
                     context: grpc.aio.ServicerContext) -> None:  # fmt: skip
         async with self._place(self.checks, context):
-            request = await self._request(requests, context)
+            request = await first_message(requests, context, self.message_timeout_s)
             status = self._status.get(request.service)
             if status is None:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service[:100]!r}")
@@ -185,7 +186,7 @@ class HealthServicer:
     async def watch(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
                     context: grpc.aio.ServicerContext) -> None:  # fmt: skip
         async with self._place(self.watches, context) as peer:
-            request = await self._request(requests, context)
+            request = await first_message(requests, context, self.message_timeout_s)
             watcher = _Watcher(request.service)
             self._watchers.add(watcher)
             try:
@@ -208,20 +209,6 @@ class HealthServicer:
             yield peer
         finally:
             shares.give_back(peer)
-
-    async def _request(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
-                       context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckRequest:  # fmt: skip
-        """The call's one request message, within ``message_timeout_s`` of its headers."""
-        try:
-            async with asyncio.timeout(self.message_timeout_s):
-                return await anext(aiter(requests))
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
-        except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"the request message did not arrive within {self.message_timeout_s:g} s of the "
-                                "call's headers (--grpc-message-timeout); the call is closed")  # fmt: skip
-        raise AssertionError("unreachable: context.abort raises")
 
     async def _follow(self, watcher: _Watcher, context: grpc.aio.ServicerContext) -> None:
         """Send each new status of the watched service until the stream's age is up or the server shuts down."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -218,6 +220,24 @@ def _observed(handler, start, finish) -> grpc.RpcMethodHandler:
     return make(writing, **kwargs)
 
 
+T = TypeVar("T")
+
+
+async def first_message(requests: AsyncIterator[T], context: grpc.aio.ServicerContext, timeout_s: float) -> T:
+    """A call's one request message, within ``timeout_s`` of its headers (``--grpc-message-timeout``); otherwise the
+    call is aborted, naming why."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await anext(aiter(requests))
+    except StopAsyncIteration:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
+    except TimeoutError:
+        message = (f"the request message did not arrive within {timeout_s:g} s of the call's headers "
+                   "(--grpc-message-timeout); the call is closed")  # fmt: skip
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+    raise AssertionError("unreachable: context.abort raises")
+
+
 class CallGate(_WrappingInterceptor):
     """Every call's request read against a clock, and every call but health checks counted in bounded shares.
 
@@ -265,15 +285,7 @@ class CallGate(_WrappingInterceptor):
 
     async def _first(self, requests, context) -> object:
         """The one request message of a unary-request call."""
-        try:
-            async with asyncio.timeout(self.message_timeout):
-                return await anext(aiter(requests))
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
-        except TimeoutError:
-            message = (f"the request message did not arrive within {self.message_timeout:g} s of the call's headers "
-                       "(--grpc-message-timeout); the call is closed")  # fmt: skip
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+        return await first_message(requests, context, self.message_timeout)
 
     def _gate(self, handler: grpc.RpcMethodHandler, counted: bool) -> grpc.RpcMethodHandler:
         kwargs = dict(request_deserializer=handler.request_deserializer,
