@@ -123,6 +123,15 @@ def test_a_watcher_that_does_not_read_is_dropped_and_others_still_follow(runtime
         server.stop()
 
 
+def exits_cleanly_in_time(server: ServeProcess, signalled: float, bound_s: float) -> None:
+    """The signalled server exits 0 within ``bound_s`` of ``signalled``, its log ending with the drain, no traceback."""
+    assert server.wait(bound_s) == 0
+    assert time.monotonic() - signalled <= bound_s
+    log = server.stderr()
+    assert log.rstrip().endswith("drained and stopped"), log
+    assert "Traceback" not in log
+
+
 @pytest.mark.parametrize("delay_s", [0.0, 1.0])
 def test_sigterm_with_a_stalled_watch_reaches_not_serving_and_exits_in_time(
     tiny_model_dir: Path, tmp_path: Path, delay_s: float
@@ -137,12 +146,7 @@ def test_sigterm_with_a_stalled_watch_reaches_not_serving_and_exits_in_time(
             if delay_s:  # leaving: NOT_SERVING while requests are still answered
                 wait_until(lambda: check(target) == "NOT_SERVING", delay_s, "NOT_SERVING during --shutdown-delay")
                 assert embed_tokens(target) == ["still", "answered"]
-            assert server.wait(delay_s + drain_s + slack_s) == 0
-            exited_after = time.monotonic() - signalled
-        log = server.stderr()
-    assert exited_after <= delay_s + drain_s + slack_s
-    assert log.rstrip().endswith("drained and stopped"), log
-    assert "Traceback" not in log
+            exits_cleanly_in_time(server, signalled, delay_s + drain_s + slack_s)
 
 
 def read_refusals(peers: list[H2Peer], streams: list[list[int]], expected: int, wait_s: float = 10.0) -> None:
@@ -253,12 +257,7 @@ def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir:
             server.sigterm()
             signalled = time.monotonic()
             wait_until(lambda: http_health(url) == 503, delay_s, "GET /health 503 during --shutdown-delay")
-            assert server.wait(delay_s + drain_s + slack_s) == 0
-            exited_after = time.monotonic() - signalled
-        log = server.stderr()
-    assert exited_after <= delay_s + drain_s + slack_s
-    assert log.rstrip().endswith("drained and stopped"), log
-    assert "Traceback" not in log
+            exits_cleanly_in_time(server, signalled, delay_s + drain_s + slack_s)
 
 
 def test_watch_ends_at_its_age_and_at_the_drain_and_unknown_services_are_named(runtime: Embedder) -> None:
