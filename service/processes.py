@@ -1,30 +1,39 @@
 """``elmo serve --processes N``: N server processes share the ports, and this process starts, watches and stops them.
 
-One process answers at most what its event loop and interpreter can handle (docs/runtime.md, "The front door's
-cost"): with a model that costs little, that and not the cores is the limit. Here N copies of the same ``elmo
-serve`` command listen on the same ports with SO_REUSEPORT (``--reuse-port``), and the kernel spreads connections
-among them; each process has its own models, batcher, limits, health, drain and ``--threads``. This process only:
+One process answers at most what its event loop and interpreter can handle (docs/explanation/runtime.md, "The
+front door's cost"): with a model that costs little, that and not the cores is the limit. Here N copies of the same
+``elmo serve`` command listen on the same ports with SO_REUSEPORT (``--reuse-port``), and the kernel spreads
+connections among them; each process has its own models, batcher, limits, health, drain and ``--threads``. This
+process only:
 
 - reserves the ports (a bound, never listening SO_REUSEPORT socket: port 0 becomes one port for all, and nothing
   else takes a given one) and checks every address before any model loads;
 - starts the N processes with the same command line (the first alone until it is warm: a bad command line or
-  model fails once, with its own line), each told its ports (the metrics port: ``--metrics-port`` + i,
-  one ``/metrics`` per process) and, without ``--threads``, its share of the cores, in a process group of their
-  own, so that a terminal's Ctrl-C reaches them once, through here;
+  model fails once, with its own line), each told its ports and, without ``--threads``, its share of the cores, in
+  a process group of their own, so that a terminal's Ctrl-C reaches them once, through here;
 - lets them listen only once all of them are warm: each loads its models and runs its warm-up (the load-time check
   included) without listening, says so in its warm file (:func:`wait_for_the_group`) and waits; once every one has,
   this process tells them all (GROUP_WARM_SIGNAL) and they open the shared ports. So no connection ever reaches a
   process that is not warm, and health on the shared port says SERVING only once the whole group is;
-- writes ``--port-file`` once all of them listen (a fourth line: every process's metrics port);
+- serves the group's one ``/metrics`` on ``--metrics-port`` (service.telemetry.group_metrics): each process serves
+  its own on a port of 127.0.0.1, merged here at every scrape;
+- under ``--model-root``, keeps one model version for the group (service.models.group): it watches the repository
+  (``--poll-interval-s``; the processes do not poll on their own) and tells every process to reconcile when it or
+  the admin API's choices changed, and logs once all have ("every server process serves NAME@VERSION");
+- writes ``--port-file`` once all of them listen (a fourth line: every process's own metrics port);
+- restarts a process that ends unasked (a crash, a kill, the memory killer) while the others keep serving: after
+  RESTART_FIRST_S, doubling with each restart in the last RESTART_WINDOW_S up to RESTART_MAX_S; the new process
+  warms up, then listens (GROUP_WARM_SIGNAL). The RESTARTS_ALLOWED-th restart within RESTART_WINDOW_S is not made:
+  the group stops, and this process exits with the code of the one that ended, for a supervisor above it
+  (systemd, Kubernetes) to act on. A process that ends before the group first listened stops the group the same way
+  (a bad command line or model would only fail again);
 - hands every SIGTERM / SIGINT on to all of them (each drains as one server does; a second signal cuts
-  ``--shutdown-delay`` short, as there), and exits 0 once all have;
-- stops all of them when one ends unasked (a crash, a failed start), and exits with its code: a supervisor
-  (systemd, Kubernetes) restarts the whole group, which never runs on fewer processes than it says.
+  ``--shutdown-delay`` short, as there), and exits 0 once all have.
 
 Each process dies with this one (:func:`die_with_supervisor`): a killed supervisor leaves no server on the ports.
 Limits hold per process: N processes admit N times ``--max-concurrent-rpcs`` and the rest, and a peer N times its
-own share, i.e. the same fraction of the whole. The admin API (``--admin-token``) is refused: its calls would reach
-one process; under ``--model-root`` every process follows the repository itself (``--poll-interval-s``).
+own share, i.e. the same fraction of the whole. The admin API (``--admin-token``) reaches whichever process took
+the call; that process changes the group's policy, and answers once every process has followed it.
 """
 
 from __future__ import annotations
@@ -39,50 +48,51 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from elmo.service.common.ports import bind_port
+from elmo.service.models.group import RECONCILE_SIGNAL, ModelGroup, describe
+from elmo.service.telemetry.group_metrics import GroupCollector, serve_group_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from elmo.errors import ConfigError
 from elmo.runtime.host import usable_cores
+from elmo.runtime.repository import scan, version_dir
 
 log = logging.getLogger("service.processes")
 
 POLL_S = 0.1  # how often the supervisor looks at its processes
 STOP_MARGIN_S = 30.0  # beyond --shutdown-delay + --drain-seconds, how long a stopping process gets before a kill
+RESTART_FIRST_S = 1.0  # a process that ended unasked is started again after this long, doubled for each restart
+RESTART_MAX_S = 30.0  # in the last RESTART_WINDOW_S, up to this long
+RESTART_WINDOW_S = 600.0
+RESTARTS_ALLOWED = 5  # restarts within RESTART_WINDOW_S; one more ending stops the group
+PROCESS_METRICS_HOST = "127.0.0.1"  # each process's own /metrics: read by the supervisor only
 _PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "ELMO_SERVE_SUPERVISOR"  # the supervisor's pid, in the environment of the processes it starts
 WARM_FILE_ENV = "ELMO_SERVE_WARM_FILE"  # where a process of the group says it is warm (wait_for_the_group)
 GROUP_WARM_SIGNAL = signal.SIGUSR1  # from the supervisor: every process of the group is warm, listen now
 
 
-def check_options(args: argparse.Namespace, admin_api: bool) -> None:
-    """ConfigError for what N processes cannot do (``admin_api``: an admin token was given, by flag or env)."""
+def check_options(args: argparse.Namespace) -> None:
+    """ConfigError for what N processes cannot do."""
     if args.processes < 1:
         raise ConfigError(f"--processes {args.processes}: give 1 or more")
-    if admin_api:
-        raise ConfigError("the admin API (--admin-token, $ELMO_ADMIN_TOKEN) with --processes: an admin call would "
-                          "change one process's models only; let every process follow the repository "
-                          "(--model-root DIR --poll-interval-s S)")  # fmt: skip
 
 
-def metrics_ports(first: int | None, processes: int) -> list[int | None]:
-    """Process i's metrics port: ``--metrics-port`` + i (0: any free port each; None: no metrics)."""
-    if first is None:
-        return [None] * processes
-    return [first + i if first else 0 for i in range(processes)]
-
-
-def process_command(args: argparse.Namespace, grpc_port: int, http_port: int | None, metrics_port: int | None,
-                    port_file: Path) -> list[str]:  # fmt: skip
+def process_command(args: argparse.Namespace, grpc_port: int, http_port: int | None, port_file: Path) -> list[str]:
     """The command line as given, then what makes it one of the group (argparse keeps a flag's last value)."""
     command = [sys.executable, "-m", "elmo.cli", *args.command_line, "--processes", "1", "--reuse-port"]
     command += ["--port", str(grpc_port), "--port-file", str(port_file)]
     if http_port is not None:
         command += ["--http-port", str(http_port)]
-    if metrics_port is not None:
-        command += ["--metrics-port", str(metrics_port)]
+    if args.metrics_port is not None:  # its own, for the supervisor to merge
+        command += ["--metrics-port", "0", "--metrics-host", PROCESS_METRICS_HOST]
+    if args.model_root is not None:  # the supervisor watches the repository for all of them
+        command += ["--poll-interval-s", "0"]
     if args.threads is None:  # onnxruntime's default is every core, in every process: N times too many threads
         command += ["--threads", str(threads_each(args.processes))]
     return command
@@ -124,23 +134,54 @@ async def wait_for_the_group(stopped: Callable[[], Awaitable[None]]) -> bool:
     return group_warm.is_set()
 
 
+@dataclass
+class Slot:
+    """One place in the group: its command (the same ports for every process ever started there) and files."""
+
+    index: int
+    command: list[str]
+    warm_file: Path
+    port_file: Path
+    process: subprocess.Popen | None = None
+    told_warm: bool = False  # GROUP_WARM_SIGNAL sent: it listens (or is about to)
+    restart_at: float | None = None  # ended unasked: started again at this time
+    signalled_round: int = -1  # the model policy's round it was last told to follow
+
+    def metrics_port(self) -> int | None:
+        """The port of its own /metrics, once it listens."""
+        try:
+            lines = self.port_file.read_text().split("\n")
+        except OSError:
+            return None
+        return int(lines[1]) if len(lines) > 1 and lines[1].strip() else None
+
+
 class ProcessGroup:
-    """The ``elmo serve`` processes started so far, their warm and port files, and the signals passed on to them."""
+    """The places of the group, the ``elmo serve`` processes in them, and the signals passed on to them."""
 
-    def __init__(self, stop_timeout: float) -> None:
+    def __init__(self, slots: list[Slot], stop_timeout: float, models: ModelGroup | None = None) -> None:
+        self.slots = slots
         self.stop_timeout = stop_timeout
-        self.processes: list[subprocess.Popen] = []
-        self.warm_files: list[Path] = []
-        self.port_files: list[Path] = []
+        self.models = models
         self.asked_to_stop = False
+        self.restarts: deque[float] = deque()  # when each restart within RESTART_WINDOW_S was decided
+        self.restart_count = 0
 
-    def start(self, command: list[str], warm_file: Path, port_file: Path) -> None:
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [slot.process for slot in self.slots if slot.process is not None]
+
+    def start(self, slot: Slot) -> None:
         if self.asked_to_stop:  # a signal came before this process: it would never get it
             return
-        environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), WARM_FILE_ENV: str(warm_file)}
-        self.processes.append(subprocess.Popen(command, process_group=0, env=environment))
-        self.warm_files.append(warm_file)
-        self.port_files.append(port_file)
+        for path in (slot.warm_file, slot.port_file):
+            path.unlink(missing_ok=True)
+        environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), WARM_FILE_ENV: str(slot.warm_file)}
+        if self.models is not None:
+            self.models.forget(slot.index)
+            environment |= self.models.environment(slot.index)
+        slot.process = subprocess.Popen(slot.command, process_group=0, env=environment)
+        slot.told_warm, slot.restart_at, slot.signalled_round = False, None, -1
 
     def forward(self, signum: int, _frame=None) -> None:
         """A signal to this process goes to every server process: each drains (a second one cuts the delay)."""
@@ -162,20 +203,56 @@ class ProcessGroup:
         return None
 
     def wait_warm(self) -> bool:
-        return self.wait_written(self.warm_files) is not None
+        started = [slot for slot in self.slots if slot.process is not None]
+        return self.wait_written([slot.warm_file for slot in started]) is not None
 
     def wait_listening(self) -> list[list[str]] | None:
         """Until all listen (their port files' lines); None if one ended first or a signal came."""
-        return self.wait_written(self.port_files)
+        return self.wait_written([slot.port_file for slot in self.slots])
 
-    def tell_all_warm(self) -> None:
-        for process in self.processes:
-            process.send_signal(GROUP_WARM_SIGNAL)
+    def tell_warm(self, slot: Slot) -> None:
+        assert slot.process is not None
+        slot.process.send_signal(GROUP_WARM_SIGNAL)
+        slot.told_warm = True
 
-    def wait_first_end(self) -> subprocess.Popen:
-        while (ended := self.first_ended()) is None:
-            time.sleep(POLL_S)
-        return ended
+    # -- while serving -----------------------------------------------------------------------------------------
+    def look_after(self, now: float) -> subprocess.Popen | None:
+        """One look at every place: a process that ended unasked is started again (after its back-off), a restarted
+        one that is warm is told to listen. The process that ended when no restart is left (the group stops)."""
+        for slot in self.slots:
+            process = slot.process
+            if process is not None and process.poll() is not None and not self.asked_to_stop:
+                if not self.may_restart(now):
+                    log.error("server process %d ended with exit code %s, its %d%s restart in %.0f s: stopping the "
+                              "other %d", process.pid, process.returncode, RESTARTS_ALLOWED + 1,
+                              _ordinal(RESTARTS_ALLOWED + 1), RESTART_WINDOW_S, len(self.slots) - 1)  # fmt: skip
+                    return process
+                delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** (len(self.restarts) - 1))
+                log.error("server process %d ended with exit code %s: the other %d keep serving; starting another "
+                          "in %.0f s", process.pid, process.returncode, len(self.slots) - 1, delay)  # fmt: skip
+                slot.process, slot.restart_at = None, now + delay
+                if self.models is not None:
+                    self.models.forget(slot.index)
+            if slot.process is None and slot.restart_at is not None and now >= slot.restart_at:
+                self.start(slot)
+                self.restart_count += 1
+            elif slot.process is not None and not slot.told_warm and _written(slot.warm_file):
+                self.tell_warm(slot)
+                log.info("server process %d (replacing one that ended) is warm: it takes connections now",
+                         slot.process.pid)  # fmt: skip
+        return None
+
+    def may_restart(self, now: float) -> bool:
+        while self.restarts and self.restarts[0] < now - RESTART_WINDOW_S:
+            self.restarts.popleft()
+        if len(self.restarts) >= RESTARTS_ALLOWED:
+            return False
+        self.restarts.append(now)
+        return True
+
+    def serving(self) -> int:
+        """Processes that are warm and running (those that take connections)."""
+        return sum(1 for s in self.slots if s.process is not None and s.process.poll() is None and s.told_warm)
 
     def stop_all(self) -> list[int]:
         """Their exit codes, once all have ended: unless a signal already went to them, SIGTERM first (they
@@ -192,23 +269,112 @@ class ProcessGroup:
         return codes
 
 
-def start_group(group: ProcessGroup, commands: list[list[str]], port_files: list[Path]) -> list[list[str]] | None:
+def _written(path: Path) -> bool:
+    return path.is_file() and bool(path.read_text())
+
+
+def _ordinal(n: int) -> str:
+    return {1: "st", 2: "nd", 3: "rd"}.get(n if n < 20 else n % 10, "th")
+
+
+class VersionKeeper:
+    """Under ``--model-root``: one model version for the group (service.models.group), from the supervisor's side."""
+
+    def __init__(self, group: ProcessGroup, models: ModelGroup, root: Path, poll_interval_s: float) -> None:
+        self.group = group
+        self.models = models
+        self.root = root
+        self.poll_interval_s = poll_interval_s
+        self.next_scan = 0.0
+        self.on_disk: dict | None = None
+        self.reported_round = -1
+        self.agreed: dict[str, int] = {}  # the version every process serves, per model (once they agree)
+
+    def look(self, now: float) -> None:
+        if self.poll_interval_s > 0 and now >= self.next_scan:
+            self.next_scan = now + self.poll_interval_s
+            self.watch_disk()
+        round_ = self.models.policy().round
+        for slot in self.group.slots:
+            process = slot.process
+            if process is None or process.poll() is not None or not slot.told_warm:
+                continue  # a starting process reads the policy when its models load
+            status = self.models.status(slot.index)
+            if (status is None or status.round < round_) and slot.signalled_round < round_:
+                process.send_signal(RECONCILE_SIGNAL)
+                slot.signalled_round = round_
+        if round_ > self.reported_round and (statuses := self.models.settled(round_)) is not None:
+            self.reported_round = round_
+            self.agreed, differing = describe(statuses)
+            if differing:
+                log.warning("the server processes serve different model versions: %s", differing)
+            else:
+                served = ", ".join(f"{name}@{version}" for name, version in sorted(self.agreed.items()))
+                log.info("every server process serves %s", served or "no model")
+
+    def watch_disk(self) -> None:
+        """The repository's complete versions (and their folders' times): a change starts a round."""
+        try:
+            found = scan(self.root)
+            seen = {name: [(v, version_dir(self.root, name, v).stat().st_mtime_ns) for v in versions]
+                    for name, versions in found.items()}  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - a bad moment on disk: look again next time
+            log.warning("looking at %s failed: %s; trying again in %.1f s", self.root, error, self.poll_interval_s)
+            return
+        if self.on_disk is not None and seen != self.on_disk:
+            log.info("%s changed: every server process reconciles", self.root)
+            self.models.change(lambda policy: None)
+        self.on_disk = seen
+
+
+def start_group(group: ProcessGroup) -> list[list[str]] | None:
     """The first process alone until it is warm (a bad command line or model fails once, with its own one line),
     then the others at once; once all are warm, all listen. Every process's port file's lines, or None when one
     ended first or a signal came."""
-    for i, (command, port_file) in enumerate(zip(commands, port_files)):
-        group.start(command, port_file.with_suffix(".warm"), port_file)
+    for i, slot in enumerate(group.slots):
+        group.start(slot)
         if i == 0 and not group.wait_warm():
             return None
     if not group.wait_warm():
         return None
-    group.tell_all_warm()
+    for slot in group.slots:
+        group.tell_warm(slot)
     return group.wait_listening()
 
 
-def run_processes(args: argparse.Namespace, admin_api: bool) -> int:
+def supervise(group: ProcessGroup, keeper: VersionKeeper | None) -> subprocess.Popen | None:
+    """While the group serves: restarts, the model version. The process that ended with no restart left, or None
+    once a signal came."""
+    while not group.asked_to_stop:
+        now = time.monotonic()
+        ended = group.look_after(now)
+        if ended is not None:
+            return ended
+        if keeper is not None:
+            keeper.look(now)
+        time.sleep(POLL_S)
+    return None
+
+
+def own_metrics(group: ProcessGroup, keeper: VersionKeeper | None) -> Callable[[], Iterable]:
+    def collect() -> Iterable:
+        yield GaugeMetricFamily("elmo_group_processes", "server processes warm and taking connections",
+                                value=group.serving())  # fmt: skip
+        yield CounterMetricFamily("elmo_group_process_restarts", "server processes started again after one ended "
+                                  "unasked", value=group.restart_count)  # fmt: skip
+        if keeper is not None:
+            version = GaugeMetricFamily("elmo_group_model_version", "the model version every server process serves "
+                                        "(reported once all followed the last change)", labels=["model"])  # fmt: skip
+            for name, number in sorted(keeper.agreed.items()):
+                version.add_metric([name], number)
+            yield version
+
+    return collect
+
+
+def run_processes(args: argparse.Namespace) -> int:
     """``elmo serve --processes N``: see the module's docstring. Returns the exit code."""
-    check_options(args, admin_api)
+    check_options(args)
     host = args.host
     # bound, never listening: the processes bind beside it (the kernel hands connections only to listening sockets)
     reserved = [bind_port(host, args.port, reuse_port=True)]
@@ -216,31 +382,55 @@ def run_processes(args: argparse.Namespace, admin_api: bool) -> int:
         reserved.append(bind_port(host, args.http_port, " for HTTP", reuse_port=True))
     grpc_port = reserved[0].getsockname()[1]
     http_port = reserved[1].getsockname()[1] if args.http_port is not None else None
-    metrics = metrics_ports(args.metrics_port, args.processes)
-    group = ProcessGroup(stop_timeout=args.shutdown_delay + args.drain_seconds + STOP_MARGIN_S)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, group.forward)
+    stop_timeout = args.shutdown_delay + args.drain_seconds + STOP_MARGIN_S
     with tempfile.TemporaryDirectory(prefix="elmo-serve-") as work:
-        port_files = [Path(work) / f"process-{i}.port" for i in range(args.processes)]
-        commands = [process_command(args, grpc_port, http_port, metrics[i], port_files[i])
-                    for i in range(args.processes)]  # fmt: skip
-        ports = start_group(group, commands, port_files)
+        slots = []
+        for i in range(args.processes):
+            port_file = Path(work) / f"process-{i}.port"
+            command = process_command(args, grpc_port, http_port, port_file)
+            slots.append(Slot(i, command, port_file.with_suffix(".warm"), port_file))
+        models = ModelGroup(Path(work), args.processes) if args.model_root is not None else None
+        group = ProcessGroup(slots, stop_timeout, models)
+        keeper = VersionKeeper(group, models, args.model_root, args.poll_interval_s) if models else None
+        metrics_server, metrics_port = None, None
+        if args.metrics_port is not None:
+            collector = GroupCollector(lambda: _metrics_of(group), own_metrics(group, keeper))
+            metrics_server, metrics_port = _serve_metrics(collector, args)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, group.forward)
+        ports = start_group(group)
         for sock in reserved:  # all listen now (or will not): the port is theirs
             sock.close()
         if ports is not None:
-            announce(args, grpc_port, http_port, [lines[1] for lines in ports])
-            ended = group.wait_first_end()
+            announce(args, grpc_port, metrics_port, http_port, [lines[1] for lines in ports])
+            ended = supervise(group, keeper)
         else:
             ended = group.first_ended()
+            if ended is not None and not group.asked_to_stop and len(group.processes) > 1:
+                log.error("server process %d ended with exit code %s before the group listened: stopping the other "
+                          "%d", ended.pid, ended.returncode, len(group.processes) - 1)  # fmt: skip
         unasked = not group.asked_to_stop and ended is not None
-        if unasked and len(group.processes) > 1:
-            log.error("server process %d ended with exit code %s: stopping the other %d", ended.pid,
-                      ended.returncode, len(group.processes) - 1)  # fmt: skip
         codes = group.stop_all()
+        if metrics_server is not None:
+            metrics_server.shutdown()
     if unasked:
         return exit_code(ended.returncode) or 1
     return next((exit_code(code) for code in codes if code and not stopped_before_serving(code)), 0)
 
+
+def _metrics_of(group: ProcessGroup) -> list[tuple[int, int] | None]:
+    found: list[tuple[int, int] | None] = []
+    for slot in group.slots:
+        port = slot.metrics_port() if slot.process is not None else None
+        found.append((slot.process.pid, port) if slot.process is not None and port else None)
+    return found
+
+
+def _serve_metrics(collector: GroupCollector, args: argparse.Namespace) -> tuple[object, int]:
+    try:
+        return serve_group_metrics(collector, args.metrics_port, args.metrics_host or args.host)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen for metrics on port {args.metrics_port}: {exc.strerror}") from None
 
 def stopped_before_serving(returncode: int) -> bool:
     """Ended by the SIGTERM / SIGINT passed on to it before it could take one (still starting up): it held no
@@ -253,14 +443,17 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def announce(args: argparse.Namespace, grpc_port: int, http_port: int | None, metrics: list[str]) -> None:
-    """The log line and ``--port-file``: the shared gRPC port, the first process's metrics port, the shared HTTP
-    port, then every process's metrics port."""
+def announce(args: argparse.Namespace, grpc_port: int, metrics_port: int | None, http_port: int | None,
+             metrics: list[str]) -> None:  # fmt: skip
+    """The log lines and ``--port-file``: the shared gRPC port, the group's metrics port, the shared HTTP port, then
+    every process's own metrics port."""
     log.info("%d server processes listening on %s:%d%s", args.processes, args.host, grpc_port,
              f" (HTTP {http_port})" if http_port is not None else "")  # fmt: skip
+    if metrics_port is not None:
+        log.info("metrics of the group on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
     if args.port_file is not None:
         every = " ".join(port for port in metrics if port)
-        args.port_file.write_text(f"{grpc_port}\n{metrics[0]}\n{http_port or ''}\n{every}\n")
+        args.port_file.write_text(f"{grpc_port}\n{metrics_port or ''}\n{http_port or ''}\n{every}\n")
 
 
 __all__ = ["ProcessGroup", "die_with_supervisor", "run_processes", "wait_for_the_group"]

@@ -612,7 +612,7 @@ async def _warm_up_or_fail(server: ElmoServer) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     if args.processes != 1:
-        return run_processes(args, admin_api=token_from(args.admin_token, ADMIN_TOKEN_ENV, "--admin-token") is not None)
+        return run_processes(args)
     die_with_supervisor()
     return asyncio.run(serve(args))
 

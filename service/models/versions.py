@@ -18,6 +18,10 @@ A swap, in order:
 4. once its count is 0 its batcher stops, its onnxruntime sessions are closed, ``gc`` runs and, on glibc,
    ``malloc_trim(0)`` hands the freed heap back to the system, so the process's RSS comes down.
 
+With ``--processes N`` every process has its own manager, and they follow one policy (service.models.group): an
+admin call changes it for the whole group and is answered once every process has reconciled to it; the supervisor,
+not each process, watches the repository (``--poll-interval-s``) and tells all of them when it changed.
+
 A version that fails at step 1 is refused with one log line (``service.models``) and
 ``elmo_model_load_failures_total{model}``; whatever served before keeps serving. The poller does not try a failed
 version again until its folder changes (or an admin loads it by hand).
@@ -47,6 +51,7 @@ from typing import Any
 from elmo.service.common.collector import settle
 from elmo.service.common.errors import Kind, ServiceError, clip, not_found
 from elmo.service.common.limits import Limits, human_bytes
+from elmo.service.models.group import RECONCILE_SIGNAL, ModelGroup, Policy, ProcessStatus
 from elmo.service.models.registry import ModelRegistry, ServedModel, serve_model
 from elmo.service.telemetry.metrics import ServiceMetrics
 
@@ -58,10 +63,12 @@ log = logging.getLogger("service.models")
 
 # RSS a loaded version adds per byte of its graph and weight files, measured with bench/service/swap.py --rss-model
 # after a few requests (CPU; the context graph is opened twice, for parallel runs): 2.9 for an ELMo-original-shape
-# model (4096/512, 357 MiB of files), 2.2 for the small preset. See docs/models.md.
+# model (4096/512, 357 MiB of files), 2.2 for the small preset. See docs/how-to/models.md.
 MODEL_MEMORY_FACTOR = 3.0
 MODEL_FILE_SUFFIXES = (".onnx", ".data")
 RELEASE_POLL_S = 0.02
+GROUP_POLL_S = 0.05  # how often an admin call looks whether every process of the group has followed it
+GROUP_SETTLE_S = 300.0  # how long it waits for them (a load takes seconds; a slow disk, more)
 LOADED_STATES = (pb.VERSION_LOADING, pb.VERSION_READY, pb.VERSION_UNLOADING)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -131,9 +138,11 @@ class ModelManager:
         max_memory: int | None = None,
         release_timeout_s: float = 60.0,
         on_change: Callable[[], None] | None = None,
+        group: ModelGroup | None = None,
     ):
         """``on_change``: called (on the event loop) after a version is added to or taken out of the registry: the
-        server's health follows what is loaded."""
+        server's health follows what is loaded. ``group``: the process group this one is part of (default: the one
+        the environment names, service.models.group)."""
         if keep_versions < 1:
             raise ConfigError(f"--keep-versions {keep_versions}: keep at least 1 (the latest)")
         if poll_interval_s < 0:
@@ -150,19 +159,36 @@ class ModelManager:
         self.release_timeout_s = release_timeout_s
         self.on_change = on_change or (lambda: None)
         self.records: dict[tuple[str, int], VersionRecord] = {}
-        self.pinned: dict[str, set[int]] = {}  # loaded by number through the admin API: kept loaded
-        self.excluded: dict[str, set[int]] = {}  # unloaded by number through the admin API: not loaded again
-        self.unwanted: set[str] = set()  # unloaded whole through the admin API: the poller leaves it alone
+        # the admin API's choices: versions pinned, excluded, models unwanted (shared by a group's processes)
+        self.group = group if group is not None else ModelGroup.from_environment()
+        self.policy = Policy()
+        self._following: asyncio.Task | None = None
+        self._follow_again = False
         self._ops: asyncio.Lock | None = None
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-load")
         self._poller: asyncio.Task | None = None
         self._releases: set[asyncio.Task] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
+    @property
+    def pinned(self) -> dict[str, set[int]]:
+        return self.policy.pinned
+
+    @property
+    def excluded(self) -> dict[str, set[int]]:
+        return self.policy.excluded
+
+    @property
+    def unwanted(self) -> set[str]:
+        return self.policy.unwanted
+
     async def start(self) -> None:
-        """Load what the policy wants (the latest complete version of every model), then poll if asked to."""
+        """Load what the policy wants (the latest complete version of every model), then poll if asked to; in a
+        group, follow the group's policy whenever the supervisor says it changed."""
         self._ops = asyncio.Lock()
         await self.reconcile()
+        if self.group is not None:
+            asyncio.get_running_loop().add_signal_handler(RECONCILE_SIGNAL, self._follow_soon)
         if self.poll_interval_s > 0:
             self._poller = asyncio.get_running_loop().create_task(self._poll(), name="model-root-poll")
 
@@ -174,8 +200,31 @@ class ModelManager:
             except Exception:  # a bad moment on disk must not stop the polling
                 log.exception("polling %s failed; trying again in %.1f s", self.root, self.poll_interval_s)
 
+    def _follow_soon(self) -> None:
+        """The supervisor says the group's policy or the repository changed: reconcile (once more if one runs)."""
+        if self._following is not None and not self._following.done():
+            self._follow_again = True
+            return
+        self._following = asyncio.get_running_loop().create_task(self._follow(), name="model-group-follow")
+
+    async def _follow(self) -> None:
+        self._follow_again = True
+        while self._follow_again:
+            self._follow_again = False
+            try:
+                await self.reconcile()
+            except Exception:  # a bad moment on disk: the next signal tries again
+                log.exception("following the group's models under %s failed", self.root)
+
     async def close(self) -> None:
         """Stop polling, release every version (the server is draining: its requests are done or cut)."""
+        if self.group is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().remove_signal_handler(RECONCILE_SIGNAL)
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -197,10 +246,51 @@ class ModelManager:
         """Bring what is loaded in line with the disk and the policy (one change at a time)."""
         assert self._ops is not None, "start() first"
         async with self._ops:
+            self._adopt_group_policy()
             found = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
             for name, complete in found.items():
                 if name not in self.unwanted:
                     await self._settle(name, complete)
+            self._drop_unwanted()
+            self._report_to_group()
+
+    def _adopt_group_policy(self) -> None:
+        if self.group is not None:
+            self.policy = self.group.policy()
+
+    def _drop_unwanted(self) -> None:
+        """What the admin API unloaded (here or, in a group, in another process) is not served, even as a model's
+        last version."""
+        for name in list(self.unwanted) + list(self.excluded):
+            for record in self._loaded_records(name):
+                if name in self.unwanted or record.number in self.excluded.get(name, set()):
+                    self._retire(record)
+
+    def _report_to_group(self) -> None:
+        if self.group is not None:
+            serving = {name: model.number for name, model in self.registry.models.items()}
+            self.group.report(ProcessStatus(self.policy.round, serving))
+
+    def _change_policy(self, mutate: Callable[[Policy], None]) -> None:
+        """An admin call's change: to this process's policy, or (in a group) to the group's, which this process
+        then follows (the other processes, once the supervisor tells them)."""
+        if self.group is None:
+            mutate(self.policy)
+        else:
+            self.policy = self.group.change(mutate)
+
+    async def _wait_for_the_group(self) -> None:
+        """In a group, once this process followed an admin call: until every process has (or GROUP_SETTLE_S)."""
+        if self.group is None:
+            return
+        self._report_to_group()
+        round_ = self.policy.round
+        deadline = time.monotonic() + GROUP_SETTLE_S
+        while self.group.settled(round_) is None:
+            if time.monotonic() > deadline:
+                log.warning("not every server process followed the admin call within %.0f s", GROUP_SETTLE_S)
+                return
+            await asyncio.sleep(GROUP_POLL_S)
 
     def _wanted(self, name: str, complete: list[int]) -> set[int]:
         excluded = self.excluded.get(name, set())
@@ -385,16 +475,23 @@ class ModelManager:
                 version = versions[-1]
             elif version not in numbered_folders(folder):
                 raise not_found(f"model '{name}' has no version {version} under {folder}")
-            self.unwanted.discard(name)
-            self.excluded.get(name, set()).discard(version)
-            if version != (versions[-1] if versions else 0):
-                self.pinned.setdefault(name, set()).add(version)
+            latest = versions[-1] if versions else 0
+
+            def want(policy: Policy) -> None:
+                policy.unwanted.discard(name)
+                policy.excluded.get(name, set()).discard(version)
+                if version != latest:
+                    policy.pinned.setdefault(name, set()).add(version)
+
+            self._change_policy(want)
             if not self._loaded(name, version):
                 record = await self._load(name, version)
                 if record.state != pb.VERSION_READY:
-                    self.pinned.get(name, set()).discard(version)
+                    self._change_policy(lambda policy: policy.pinned.get(name, set()).discard(version))
+                    self._report_to_group()
                     raise ServiceError(Kind.REFUSED, f"model {name} version {version} refused: {record.reason}")
             await self._settle(name, versions)
+        await self._wait_for_the_group()
         return self.status(name)
 
     async def unload(self, name: str, version: int = 0) -> pb.ModelStatus:
@@ -409,14 +506,22 @@ class ModelManager:
                 have = ", ".join(f"{name}@{r.number}" for r in loaded) or "none"
                 what = f"model '{name}'" if version == 0 else f"model version {name}@{version}"
                 raise not_found(f"{what} is not loaded (loaded: {have})")
-            if version == 0:
-                self.unwanted.add(name)
-                self.pinned.pop(name, None)
-            else:
-                self.excluded.setdefault(name, set()).add(version)
-                self.pinned.get(name, set()).discard(version)
+
+            def unwant(policy: Policy) -> None:
+                if version == 0:
+                    policy.unwanted.add(name)
+                    policy.pinned.pop(name, None)
+                else:
+                    policy.excluded.setdefault(name, set()).add(version)
+                    policy.pinned.get(name, set()).discard(version)
+
+            self._change_policy(unwant)
             for record in chosen:
                 self._retire(record)
+            if self.group is not None and version != 0:  # as the others will: an older version may be wanted now
+                complete = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
+                await self._settle(name, complete.get(name, []))
+        await self._wait_for_the_group()
         return self.status(name)
 
     # -- listing -------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """`elmo serve --processes N` on real processes: N servers share the gRPC and HTTP ports (the kernel spreads the
-connections, so both answer), each with its own /metrics; a SIGTERM drains them all and the group exits 0; a server
-process that dies takes the group down with a non-zero code; a killed supervisor leaves no server behind; what N
-processes cannot do is refused with one line."""
+connections, so both answer) and one /metrics counts them all; a SIGTERM drains them all and the group exits 0; a
+server process killed under load is started again while the other keeps serving, no call failing; a killed
+supervisor leaves no server behind; what N processes cannot do is refused with one line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -50,9 +51,14 @@ def alive(pid: int) -> bool:
 
 
 def ports(server: ServeProcess) -> tuple[int, int, list[int]]:
-    """(gRPC port, HTTP port, every process's metrics port) from the supervisor's port file."""
+    """(gRPC port, HTTP port, every process's own metrics port) from the supervisor's port file."""
     grpc_port, _, http_port, metrics = server.port_file.read_text().split("\n")[:4]
     return int(grpc_port), int(http_port), [int(port) for port in metrics.split()]
+
+
+def group_metrics_port(server: ServeProcess) -> int:
+    """The group's one /metrics (the port file's second line)."""
+    return int(server.port_file.read_text().split("\n")[1])
 
 
 def answered(metrics_port: int) -> tuple[float, float]:
@@ -100,21 +106,60 @@ def test_both_processes_answer_on_the_shared_ports_and_stop_together(two_process
     for protocol, per_process in zip(("gRPC", "HTTP"), zip(*counts)):
         assert sum(per_process) == CALLS, (protocol, counts)
         assert all(per_process), f"one process answered every {protocol} call: {counts}"
+    # one scrape of the documented port counts every call of every process, and says which process is ready
+    group = scrape(group_metrics_port(server))
+    assert answered(group_metrics_port(server)) == (CALLS, CALLS), group
+    assert metric_value(group, "elmo_group_processes") == 2.0
+    assert metric_value(group, "elmo_model_ready", process="0") == metric_value(group, "elmo_model_ready", process="1")
+    assert metric_value(group, "elmo_model_ready", process="1") == 1.0
+    buckets = metric_value(group, "elmo_request_latency_seconds_count", method="Embed")
+    assert buckets == CALLS  # histograms merged: every process's observations
     server.sigterm()
     assert server.wait() == 0
     assert not any(alive(pid) for pid in processes)
     assert "2 server processes listening" in server.stderr()
 
 
-def test_a_server_process_that_dies_stops_the_group(two_processes) -> None:
+def call_until(stop: threading.Event, grpc_port: int, outcomes: list[str]) -> None:
+    """Embed calls on one connection until ``stop``, through the documented client retry policy (a call in flight
+    on a killed process's connection fails UNAVAILABLE and is sent again): each outcome, "OK" or the error."""
+    with EmbedderClient(f"127.0.0.1:{grpc_port}", timeout=30) as client:
+        while not stop.is_set():
+            try:
+                client.embed_texts(["a call while a process is killed"])
+                outcomes.append("OK")
+            except RemoteError as error:
+                outcomes.append(str(error))
+
+
+@pytest.mark.slow  # ~15 s on 2 cores: a process killed under load, started again and warmed up
+def test_a_killed_process_is_started_again_while_the_other_keeps_serving(two_processes) -> None:
     server, grpc_port, _, _ = two_processes
     first, second = children(server.proc.pid)
-    os.kill(first, signal.SIGKILL)
-    assert server.wait() == 128 + signal.SIGKILL
-    assert not alive(second)
-    assert f"server process {first} ended with exit code -9: stopping the other 1" in server.stderr()
-    with pytest.raises(RemoteError, match="UNAVAILABLE"), EmbedderClient(f"127.0.0.1:{grpc_port}", timeout=5) as client:
-        client.embed_texts(["nobody listens"])
+    stop, outcomes = threading.Event(), []
+    callers = [threading.Thread(target=call_until, args=(stop, grpc_port, outcomes)) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    try:
+        wait_until(lambda: len(outcomes) >= 20, 60, "calls answered before the kill")
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "is warm: it takes connections now" in server.stderr(), 120, "a process warm in its place")
+        after_restart = len(outcomes)
+        wait_until(lambda: len(outcomes) >= after_restart + 20, 60, "calls answered after the restart")
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join(60)
+    failed = [outcome for outcome in outcomes if outcome != "OK"]
+    assert not failed, f"{len(failed)} of {len(outcomes)} calls failed: {failed[:3]}"
+    now = children(server.proc.pid)
+    assert len(now) == 2 and second in now and first not in now  # the survivor kept serving, one took the place
+    assert f"server process {first} ended with exit code -9: the other 1 keep serving" in server.stderr()
+    group = scrape(group_metrics_port(server))
+    assert metric_value(group, "elmo_group_processes") == 2.0
+    assert metric_value(group, "elmo_group_process_restarts_total") == 1.0
+    server.sigterm()
+    assert server.wait() == 0
 
 
 def test_a_killed_supervisor_leaves_no_server_behind(two_processes) -> None:
@@ -146,8 +191,7 @@ def test_a_sigterm_while_the_group_starts_stops_it_cleanly(tiny_model_dir: Path,
     "extra, env, error",
     [
         (["--processes", "0"], {}, "elmo serve: error: --processes 0: give 1 or more"),
-        (["--processes", "2", "--admin-token", "s3cret"], {}, "elmo serve: error: the admin API (--admin-token, $ELMO"),
-        (["--processes", "2"], {"ELMO_ADMIN_TOKEN": "s3cret"}, "elmo serve: error: the admin API (--admin-token, $EL"),
+        (["--processes", "2", "--admin-token", "s3cret"], {}, "elmo serve: error: --admin-token goes with --model-"),
     ],
 )
 def test_what_processes_cannot_do_is_refused(tiny_model_dir: Path, tmp_path: Path, extra, env, error) -> None:
@@ -182,10 +226,10 @@ def test_each_process_runs_the_command_as_given_with_its_ports_and_share_of_the_
     given = ["--model", "m", "--processes", "2", "--port", "0", "--http-port", "0", "--port-file", "f", *threads]
     args = parser.parse_args(given)
     args.command_line = ["serve", *given]
-    command = process_command(args, 50123, 8123, 9091, Path("process-1.port"))
+    command = process_command(args, 50123, 8123, Path("process-1.port"))
     assert command[3] == "serve"
     one = parser.parse_args(command[4:])  # what the process parses: the last value of a flag wins
-    assert (one.processes, one.reuse_port, one.port, one.http_port, one.metrics_port) == (1, True, 50123, 8123, 9091)
+    assert (one.processes, one.reuse_port, one.port, one.http_port, one.metrics_port) == (1, True, 50123, 8123, None)
     assert (one.port_file, one.threads, one.model) == (Path("process-1.port"), expected, ["m"])
 
 
