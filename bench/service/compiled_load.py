@@ -1,5 +1,5 @@
 """Served ÷ in-process with compiled load generators: nghttp2's ``h2load`` for gRPC ``Embed``, ``wrk`` for HTTP
-``POST /v1/embed`` (base64), so that the client costs the server's cores little (issue 42's table).
+``POST /v1/embed`` (base64), so that the client costs the server's cores little.
 
     python -m bench.service.compiled_load --rounds 3 --duration 15 --out bench/results/compiled_load.json
     python -m bench.service.compiled_load --before a11166d --rounds 3    # this checkout and REV alternating
@@ -17,12 +17,7 @@ for half ``--duration``) measured just before and just after it, so that the hos
 sides of a ratio alike. Before the runs, one request of each kind is sent by this checkout's client and its answer
 checked (h2load cannot read gRPC's status, which travels in trailers). Reported: requests/s and tokens/s of each, and
 served ÷ in-process, per round and as medians; the latency each generator reports (``latency_ms``: wrk's p50 and p99,
-h2load's mean and max, which is all it gives). ``--floor``: also, in each round, the same gRPC load on a bare
-grpc.aio server in front of the same runtime (bench.service.grpc_floor ``--model``: one runtime call per request,
-none of the service's code): what any Python grpc.aio door reaches on this machine. ``--ceiling``: also, in each
-round, bare grpc.aio and aiohttp servers that answer with the service's own answer bytes, prebuilt, under the same
-generators, and from their CPU per request the best served ÷ in-process any door on those stacks can reach on this
-machine's cores (bench.service.door_ceiling). Every load run records the machine's busy cores. The generators come
+h2load's mean and max, which is all it gives). Every load run records the machine's busy cores. The generators come
 from Debian (``nghttp2-client``, ``wrk``) and are installed by this command when missing. A benchmark: the figures
 depend on the machine, which the JSON names."""
 
@@ -37,7 +32,9 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from bench.kit.load import build_http_requests, build_requests, load_embedder, measure_in_process
 from bench.kit.models import DEFAULT_MODEL, MODELS_CACHE
@@ -45,11 +42,10 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import code_trees, in_turn, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
-from bench.service.door_ceiling import busy_cores, ceiling, machine_cpus, service_answers, start_echo
-from bench.service.grpc_floor import start_floor_server
 from elmo.bench.figures import machine
 
 GENERATORS = {"h2load": "nghttp2-client", "wrk": "wrk"}
+T = TypeVar("T")
 
 
 def ensure_generators() -> None:
@@ -167,19 +163,24 @@ def against(result: dict, in_process_requests_per_s: float) -> dict:
     return result
 
 
+def busy_cores(run: Callable[[], T]) -> tuple[T, float]:
+    """``run()``'s result and the machine's busy cores meanwhile (every CPU's non-idle time over the wall time)."""
+
+    def ticks() -> tuple[int, int]:
+        fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        return sum(fields[:8]) - fields[3] - fields[4], sum(fields[:8])  # busy (less idle, iowait), all
+
+    busy0, all0 = ticks()
+    result = run()
+    busy1, all1 = ticks()
+    cpus = sum(line.startswith("cpu") and line[3].isdigit() for line in open("/proc/stat"))
+    return result, cpus * (busy1 - busy0) / max(1, all1 - all0)
+
+
 def loaded(run) -> dict:
     """A load run's result, with the machine's busy cores while it ran."""
     result, cores = busy_cores(run)
     return {**result, "machine_busy_cores": round(cores, 2)}
-
-
-def echo_ceiling(result: dict, in_process_rps: float, compute_s: float) -> dict:
-    """A bare echo server's run (bench.service.door_ceiling) with the machine's CPU per answer and the ceiling that
-    puts on served ÷ in-process beside the runtime's ``compute_s`` a request."""
-    rps = result["requests"] / result["seconds"]
-    door_s = result["machine_busy_cores"] / rps
-    return {**result, "requests_per_s": rps, "machine_cpu_us_per_request": round(1e6 * door_s, 1),
-            "ceiling": ceiling(in_process_rps, compute_s, door_s, machine_cpus())}  # fmt: skip
 
 
 def served_runs(entry: dict) -> dict:
@@ -210,33 +211,20 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
     (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
     embedder = load_embedder(model, args.threads, texts, args.batch)
     servers = start_servers(args, model, trees)
-    children: dict[str, tuple] = {}  # the bare servers: "floor", "echo_grpc", "echo_http" -> (process, port)
-    if args.floor:
-        children["floor"] = start_floor_server(model, args.threads)
     loads = Loads(args, work, http_body)
     rounds = []
     try:
         for server in servers.values():
             check_answers(server.grpc_target, server.http_address, texts[: args.per_request], tokens)
-        if args.ceiling:
-            after = servers["after"]
-            answers = service_answers(after.grpc_target, after.http_address, grpc_body, http_body)
-            for protocol, answer in zip(("grpc", "http"), answers):
-                children[f"echo_{protocol}"] = start_echo(protocol, answer, work)
         for index in range(args.rounds):
-            rounds.append(measure_round(loads, embedder, texts, tokens, servers, children, index))
+            rounds.append(measure_round(loads, embedder, texts, tokens, servers, index))
             print(f"{name} round {index + 1}: {round_line(rounds[-1])}", flush=True)
     finally:
         for server in servers.values():
             server.stop()
-        for process, _ in children.values():
-            process.terminate()
-            process.wait(10)
         embedder.close()
     medians = {key: statistics.median(r[key]["served_over_in_process"] for r in rounds)
                for key in served_runs(rounds[0])}  # fmt: skip
-    for protocol in rounds[0].get("ceiling", {}):
-        medians[f"ceiling_{protocol}"] = statistics.median(r["ceiling"][protocol]["ceiling"] for r in rounds)
     return {"model": str(model), "texts": source, "sentences_per_request": args.per_request,
             "tokens_per_request": tokens, "rounds": rounds, "median_served_over_in_process": medians}  # fmt: skip
 
@@ -288,9 +276,8 @@ class InProcess:
                 "in_process_runs_requests_per_s": rates}  # fmt: skip
 
 
-def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, children: dict,
-                  index: int = 0) -> dict:  # fmt: skip
-    """Each server under each generator, then the bare servers (``children``), with an in-process run of half the
+def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, index: int = 0) -> dict:
+    """Each server under each generator, with an in-process run of half the
     load runs' duration before the first and after every one (:class:`InProcess`). The servers take turns in the
     opposite order every other round (``index``), so that neither is always measured first."""
     args = loads.args
@@ -303,22 +290,13 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
             entry[f"{label}_grpc"] = local.judge(loads.grpc(server.grpc_target))
         if "http" in args.protocols:
             entry[f"{label}_http"] = local.judge(loads.http(server.http_address))
-    if "floor" in children:
-        entry["floor_grpc"] = local.judge(loads.grpc(f"127.0.0.1:{children['floor'][1]}"))
-    if "echo_grpc" in children:
-        rps, compute_s = local.runs[-1]["requests_per_s"], local.runs[-1]["cpu_us_per_request"] / 1e6
-        entry["ceiling"] = {
-            "grpc": echo_ceiling(loads.grpc(f"127.0.0.1:{children['echo_grpc'][1]}"), rps, compute_s),
-            "http": echo_ceiling(loads.http(f"127.0.0.1:{children['echo_http'][1]}"), rps, compute_s),
-        }
     return {**local.summary(), **entry}
 
 
 def round_line(entry: dict) -> str:
     served = [f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f}){latency_note(v)}"
               for k, v in served_runs(entry).items()]  # fmt: skip
-    ceilings = [f"ceiling {p} {c['ceiling']:.2f}" for p, c in entry.get("ceiling", {}).items()]
-    return ", ".join(served + ceilings)
+    return ", ".join(served)
 
 
 def latency_note(run: dict) -> str:
@@ -352,8 +330,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the same for --before REV (a revision with elmo serve --processes)")  # fmt: skip
     parser.add_argument("--serve-args", default="", help="more `elmo serve` flags for this checkout's servers, one "
                         "string (--serve-args='--max-delay-ms 10')")  # fmt: skip
-    parser.add_argument("--floor", action="store_true", help="also load a bare grpc.aio server (see above)")
-    parser.add_argument("--ceiling", action="store_true", help="also load bare echo servers: the best any door reaches")
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
     return parser
 
