@@ -85,7 +85,7 @@ class H2Peer:
         timeout: float = 10.0,
         source: str | None = None,
     ) -> None:
-        self.host, self.port = host, port
+        self.host, self.port, self.timeout = host, port, timeout
         self.sock = socket.create_connection(
             (host, port), timeout=timeout, source_address=(source, 0) if source else None
         )
@@ -131,11 +131,25 @@ class H2Peer:
             *headers,
         ]
         self.conn.send_headers(stream_id, block, end_stream=request is None and end_stream)
-        if request is not None:
-            self.conn.send_data(stream_id, grpc_message(request), end_stream=end_stream)
         self.streams[stream_id] = StreamResult()
+        if request is not None:
+            message = grpc_message(request)
+            self._wait_send_window(stream_id, len(message))
+            self.conn.send_data(stream_id, message, end_stream=end_stream)
         self.flush()
         return stream_id
+
+    def _wait_send_window(self, stream_id: int, size: int) -> None:
+        """Read (which takes the server's WINDOW_UPDATEs) until ``size`` bytes may be sent on ``stream_id``: a
+        server that announces small windows (HAProxy: 64 KiB a connection) opens them as it takes the requests."""
+        if self.conn.local_flow_control_window(stream_id) >= size:
+            return
+        self.flush()
+        deadline = time.monotonic() + self.timeout
+        while self.conn.local_flow_control_window(stream_id) < size and not self.closed_by_server:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server kept its receive window under {size} bytes")
+            self.read_events(0.05)
 
     def send_calls(self, method: str, request: bytes | None, count: int, **options) -> list[int]:
         """``count`` calls at once (one write): the streams' ids."""
