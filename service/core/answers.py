@@ -136,7 +136,7 @@ def response_bytes(result: EmbedResult, request_id: str = "") -> bytes:
         model_version=prepared.model.number,
         task_stale=prepared.task_stale,
         request_id=request_id,
-        layers=prepared.layers or range(prepared.model.n_layers),
+        layers=() if prepared.omit_layers else (prepared.layers or range(prepared.model.n_layers)),  # none: mix only
         timing=pb.Timing(**timing_of(result)),
     ).SerializeToString()
     sentences = sentence_answers(result)

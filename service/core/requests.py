@@ -6,7 +6,7 @@ their wire format into an ``elmo.v1`` request, call one of its public operations
 :meth:`~RequestCore.embed_pooled`, :meth:`~RequestCore.tokenize`, :meth:`~RequestCore.model_info`,
 :meth:`~RequestCore.statuses`) with the encoding of their answer and a function that builds it, and send what
 comes back. Everything that costs more than a few microseconds per byte (tokenizing, window planning, building and
-encoding answers) runs on the core's worker threads (``--request-workers``), never on the event loop that accepts
+encoding answers) runs on the core's worker threads (``--request-threads``), never on the event loop that accepts
 connections and answers health checks; only requests small enough to cost less than a thread hop run in place.
 
 Ownership. An embedding request's admission (the drain's count) and its model version's in-flight count are taken
@@ -59,6 +59,7 @@ from elmo.service.core.encodings import AnswerEncoding
 from elmo.service.core.state import ServerState
 from elmo.service.models.registry import ModelRegistry, ServedModel
 from elmo.service.models.tasks import Task
+from elmo.service.telemetry import tracing
 
 from elmo.runtime.priority import background_executor
 from elmo.text.overflow import Overflow, over_limit_message, windowed
@@ -123,7 +124,7 @@ class RequestCore:
 
     @property
     def taking_requests(self) -> bool:
-        """False once the server leaves the rotation (--shutdown-delay) or drains: what health answers follow."""
+        """False once the server leaves the rotation (--shutdown-delay-s) or drains: what health answers follow."""
         return not (self.state.draining or self.state.leaving)
 
     def admit(self) -> contextlib.AbstractContextManager[None]:
@@ -159,12 +160,14 @@ class RequestCore:
         answer has left."""
         started = time.monotonic()
         with self._in_flight(request.model, admitted) as (model, alias_task):
-            prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding),
-                                      heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
-            if claim is not None:
-                await claim.take_in_turn(prepared.answer_bytes)
+            with tracing.phase("admission"):
+                prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding),
+                                          heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
+                if claim is not None:
+                    await claim.take_in_turn(prepared.answer_bytes)
             result = await self._vectors(prepared, deadline, started)
-            return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
+            with tracing.phase("answer"):
+                return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
 
     async def embed_pooled(
         self,
@@ -181,20 +184,24 @@ class RequestCore:
         ``claim``: as for :meth:`embed`."""
         started = time.monotonic()
         with self._in_flight(request.model, admitted=False) as (model, alias_task):
-            prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
-                                      heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
-            if claim is not None:
-                await claim.take_in_turn(prepared.answer_bytes)
+            with tracing.phase("admission"):
+                prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
+                                          heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
+                if claim is not None:
+                    await claim.take_in_turn(prepared.answer_bytes)
             vectors = await self._pooled_vectors(prepared, deadline, started, normalize)
             result = PooledResult(prepared, vectors)
-            return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
+            with tracing.phase("answer"):
+                return await self.run(lambda: answer(result), heavy=prepared.answer_bytes > encoding.inline_bytes)
 
     async def _vectors(self, prepared: PreparedEmbed, deadline: float | None, started: float) -> EmbedResult:
         """Queue a prepared request's sentences (windows of long ones) and wait for their vectors."""
         if not prepared.model.ready:
             raise ServiceError(Kind.UNAVAILABLE, f"model '{clip(prepared.model.name)}' is warming up; retry shortly")
         batch = windowed(prepared.sentences, prepared.window_size, self.limits.window_overlap)
+        queued = time.monotonic()
         pieces, stats = await prepared.model.batcher.embed(batch.pieces, deadline)
+        tracing.batch_spans(queued, stats)
         if len(batch.pieces) == len(batch.plans):
             return EmbedResult(prepared, pieces, stats, started)
         # Stitching copies every vector once, into fresh memory (page faults: 6-85 ms for 8,192 tokens of
@@ -206,7 +213,7 @@ class RequestCore:
         self, prepared: PreparedEmbed, deadline: float | None, started: float, normalize: bool
     ) -> list[np.ndarray]:
         """One float32 vector per input (:func:`pooled`), embedded a chunk of inputs at a time: each chunk within
-        the per-token limits (``--max-tokens-per-request``, ``--max-inputs``), as many in flight as the model runs
+        the per-token limits (``--max-request-tokens``, ``--max-inputs``), as many in flight as the model runs
         calls at once, each chunk's per-token vectors pooled and dropped as it ends. Memory is bounded by the answer
         and the chunks in flight, not by the request; the queue admits each chunk on its own."""
         chunks = input_chunks([len(s) for s in prepared.sentences], self.limits.max_tokens_per_request,
@@ -288,6 +295,10 @@ class RequestCore:
                 )
         if request.omit_layers and task is None:
             raise invalid("omit_layers needs a task: without one the response would hold no vectors")
+        if request.omit_layers and request.layers:  # a field that cannot take effect is refused, never echoed
+            raise invalid(
+                "layers has no effect with omit_layers (the answer holds only the task's mix): send one or the other"
+            )
         max_per_sentence = min(self.limits.max_tokens_per_sentence, model.max_tokens_per_sentence)
         max_per_input = min(bounds.max_tokens, self.limits.max_tokens_per_request)
         policy = overflow_policy(request.overflow, self.limits)
@@ -315,7 +326,7 @@ class RequestCore:
                     found = f"more than {plan.max_per_input}" if not complete else str(len(tokens))
                     raise too_large(
                         f"inputs[{i}] has {found} tokens: under 'window' one input may have at most "
-                        f"{plan.max_per_input} (--max-tokens-per-request); split it"
+                        f"{plan.max_per_input} (--max-request-tokens); split it"
                     )
             budget -= len(tokens)
             if budget < 0:

@@ -12,7 +12,7 @@ encoding large answers run on the core's workers; the event loop only moves byte
     POST /v1/embed        per-token, per-layer vectors and task mixes (JSON numbers or base64)
     POST /v1/tokenize     the service's tokens and offsets
     GET  /v1/models       served models (with their loaded versions), and one ``model:task`` entry per task mix
-    GET  /admin/models                  (--model-root, --admin-token) every model and version, with states
+    GET  /admin/models                  (--model-root, --admin-token: only then served, and documented)
     POST /admin/models/{name}/load      load a version ({"version": N}; none = the latest)
     POST /admin/models/{name}/unload    unload a version ({"version": N}; none = every version)
     GET  /health          200 SERVING / 503 NOT_SERVING (no token needed)
@@ -49,6 +49,7 @@ from elmo.service.http.openapi import openapi_document
 from elmo.service.models.registry import ServedModel
 from elmo.service.models.tasks import Task
 from elmo.service.telemetry.observe import CLIENT_GONE, RequestObserver
+from elmo.service.telemetry.tracing import http_middlewares
 
 from elmo.v1 import embedder_pb2 as pb
 
@@ -189,7 +190,7 @@ class HttpFrontend:
         observer.metrics.watch_connections(self.guard)
         self.app = web.Application(
             client_max_size=core.limits.max_message_bytes,
-            middlewares=[self._observe, self.guard.middleware, self._guard],
+            middlewares=[*http_middlewares(), self._observe, self.guard.middleware, self._guard],
         )
         self.app.add_routes(
             [
@@ -472,7 +473,7 @@ class HttpFrontend:
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi_document())
+        return web.json_response(openapi_document(admin=self._admin is not None))  # the routes this server serves
 
     async def page(self, request: web.Request) -> web.Response:
         html = PAGE.read_text(encoding="utf-8")  # read per request: the page can be edited while serving

@@ -250,7 +250,13 @@ def openai_answer(
 
 
 # -- POST /v1/embed (the gRPC contract's content) -----------------------------------------------------------------
-EMBED_FIELDS = {"inputs", "layers", "task", "omit_layers", "dtype", "encoding", "model", "request_id", "overflow"}
+# One name per idea across the three routes: ``input`` (OpenAI's) is what to embed or tokenize, ``encoding_format``
+# (OpenAI's) how vectors are written. The older names stay accepted as aliases (documented as such in the OpenAPI
+# document); sending a name and its alias together is refused rather than one silently winning.
+INPUT_ALIASES = {"/v1/embed": ("inputs",), "/v1/tokenize": ("text", "texts")}
+ENCODING_ALIASES = ("encoding",)
+EMBED_OPTIONS = ("layers", "task", "omit_layers", "dtype", "model", "request_id", "overflow")  # the proto's own names
+EMBED_FIELDS = {"input", *INPUT_ALIASES["/v1/embed"], "encoding_format", *ENCODING_ALIASES, *EMBED_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -259,16 +265,32 @@ class EmbedCall:
     encoding: str
 
 
+def _one_of(body: dict, names: tuple[str, ...], what: str) -> str | None:
+    """The one of ``names`` (a field and its aliases) that ``body`` has, or None; two of them are a 400."""
+    sent = [name for name in names if name in body]
+    if len(sent) > 1:
+        first = names[0]
+        alias = f"'{sent[1]}' is an alias of '{first}'" if sent[0] == first else f"both are aliases of '{first}'"
+        raise invalid(f"send {what} once: '{sent[0]}' and '{sent[1]}' are the same field ({alias})")
+    return sent[0] if sent else None
+
+
 def parse_embed(body: dict, request_id: str = "") -> EmbedCall:
-    """``inputs``: strings (tokenized by the service) or lists of tokens (``{"text": ...}`` and ``{"tokens": [...]}``
-    are accepted too); the other fields are the gRPC EmbedRequest's, plus ``encoding`` (float | base64)."""
+    """``input``: strings (tokenized by the service) or lists of tokens (``{"text": ...}`` and ``{"tokens": [...]}``
+    are accepted too; one string is one input); ``inputs`` is its alias. The other fields are the gRPC
+    EmbedRequest's, plus ``encoding_format`` (float | base64; alias ``encoding``)."""
     _no_unknown_fields(body, EMBED_FIELDS)
-    inputs = _get(body, "inputs", list, None)
+    name = _one_of(body, ("input", *INPUT_ALIASES["/v1/embed"]), "the inputs")
+    inputs = None if name is None else body[name]
     if inputs is None:
-        raise invalid("'inputs' is missing: send a list of texts or of token lists")
+        raise invalid("'input' is missing: send a list of texts or of token lists")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    _typed(inputs, list, name)  # type: ignore[arg-type]
     layers = _get(body, "layers", list, [])
+    encoding_name = _one_of(body, ("encoding_format", *ENCODING_ALIASES), "the encoding") or "encoding_format"
     request = pb.EmbedRequest(
-        inputs=[_embed_input(item, i) for i, item in enumerate(inputs)],
+        inputs=[_embed_input(item, f"{name}[{i}]") for i, item in enumerate(inputs)],
         layers=[_int32(layer, f"layers[{i}]") for i, layer in enumerate(layers)],
         task=_get(body, "task", str, ""),
         omit_layers=_get(body, "omit_layers", bool, False),
@@ -277,11 +299,10 @@ def parse_embed(body: dict, request_id: str = "") -> EmbedCall:
         request_id=_get(body, "request_id", str, "") or _header(request_id, "X-Request-Id"),
         overflow=_overflow(body),
     )
-    return EmbedCall(request, _choice(body, "encoding", list(ENCODINGS), "float"))
+    return EmbedCall(request, _choice(body, encoding_name, list(ENCODINGS), "float"))
 
 
-def _embed_input(item: Any, i: int) -> pb.Input:
-    name = f"inputs[{i}]"
+def _embed_input(item: Any, name: str) -> pb.Input:
     if isinstance(item, dict):
         _no_unknown_fields(item, {"text", "tokens"})
         if ("text" in item) == ("tokens" in item):
@@ -320,7 +341,8 @@ def embed_answer(result: EmbedResult, encoding: str, request_id: str = "") -> di
         "model": prepared.model.name,
         "model_version": prepared.model.number,
         "task_stale": prepared.task_stale,
-        "layers": list(prepared.layers or range(prepared.model.n_layers)),
+        # the layers the embeddings hold: none under omit_layers (only the task's mix)
+        "layers": [] if prepared.omit_layers else list(prepared.layers or range(prepared.model.n_layers)),
         "request_id": request_id,
         "embeddings": embeddings,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
@@ -330,12 +352,20 @@ def embed_answer(result: EmbedResult, encoding: str, request_id: str = "") -> di
 
 # -- POST /v1/tokenize ---------------------------------------------------------------------------------------------
 def parse_tokenize(body: dict) -> pb.TokenizeRequest:
-    _no_unknown_fields(body, {"texts", "text", "model"})
-    if ("texts" in body) == ("text" in body):
-        raise invalid("send exactly one of 'text' (a string) and 'texts' (a list of strings)")
-    texts = [_get(body, "text", str, "")] if "text" in body else _get(body, "texts", list, [])
+    """``input``: a string or a list of strings; ``text`` (a string) and ``texts`` (a list) are its aliases."""
+    names = ("input", *INPUT_ALIASES["/v1/tokenize"])
+    _no_unknown_fields(body, {*names, "model"})
+    name = _one_of(body, names, "the texts")
+    if name is None or body[name] is None:
+        raise invalid("'input' is missing: send a string or a list of strings")
+    texts = body[name]
+    if name != "texts" and isinstance(texts, str):  # 'input' and 'text' take one string
+        texts = [texts]
+    elif name == "text":
+        _typed(texts, str, name)
+    _typed(texts, list, name)
     return pb.TokenizeRequest(
-        texts=[_typed(t, str, f"texts[{i}]") for i, t in enumerate(texts)], model=_get(body, "model", str, "")
+        texts=[_typed(t, str, f"{name}[{i}]") for i, t in enumerate(texts)], model=_get(body, "model", str, "")
     )
 
 

@@ -121,12 +121,12 @@ def call_and_validate(case, fuzz_server, admin_server):
 # The document is built here, not fetched at import (there is no server yet); test_the_fuzzed_document_is_the_served_one
 # checks that it is exactly what GET /openapi.json serves. (schemathesis.pytest.from_fixture, which would fetch it,
 # reads a pytest-internal attribute that pytest 9 no longer has.)
-DOCUMENT = json.loads(json.dumps(openapi_document()))
+DOCUMENT = json.loads(json.dumps(openapi_document(admin=True)))  # the admin routes too: admin_server serves them
 schema = schemathesis.openapi.from_dict(DOCUMENT)
 
 
 def test_the_fuzzed_document_is_the_served_one(fuzz_server, admin_server):
-    with urllib.request.urlopen(f"{fuzz_server.http_url}/openapi.json", timeout=30) as response:
+    with urllib.request.urlopen(f"{admin_server.http_url}/openapi.json", timeout=30) as response:
         assert json.loads(response.read()) == DOCUMENT
     routes = {route.resource.canonical for route in admin_server.server.http.app.router.routes()}
     assert routes == set(DOCUMENT["paths"])  # the admin routes included: every one of them is fuzzed

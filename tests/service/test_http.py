@@ -99,6 +99,34 @@ def test_http_requests_are_counted_in_the_metrics(server):
     assert server.metric("elmo_requests_total", method="POST /v1/tokenize", code="200") == before + 1
 
 
+def test_every_route_takes_its_texts_as_input_and_the_older_names_as_aliases(server):
+    """One name for one idea: 'input' on /v1/embeddings, /v1/embed and /v1/tokenize; 'inputs' and 'text'/'texts'
+    answer the same."""
+    texts = TEXTS[:2]
+    status, pooled = call(server.http_url, "/v1/embeddings", {"input": texts})
+    assert status == 200 and [item["index"] for item in pooled["data"]] == [0, 1]
+    status, embedded = call(server.http_url, "/v1/embed", {"input": texts, "encoding_format": "base64"})
+    assert status == 200 and len(embedded["embeddings"]) == 2
+    assert call(server.http_url, "/v1/embed", {"inputs": texts, "encoding": "base64"})[1]["embeddings"] == (
+        embedded["embeddings"]
+    )
+    status, one = call(server.http_url, "/v1/embed", {"input": texts[0]})  # one string: one input
+    assert status == 200 and one["embeddings"][0]["tokens"] == embedded["embeddings"][0]["tokens"]
+    status, tokenized = call(server.http_url, "/v1/tokenize", {"input": texts})
+    assert status == 200 and [t["tokens"] for t in tokenized["texts"]] == [e["tokens"] for e in embedded["embeddings"]]
+    assert call(server.http_url, "/v1/tokenize", {"texts": texts})[1] == tokenized
+    status, single = call(server.http_url, "/v1/tokenize", {"input": texts[1]})
+    assert status == 200 and single == call(server.http_url, "/v1/tokenize", {"text": texts[1]})[1]
+    assert single["texts"] == tokenized["texts"][1:]
+
+
+def test_an_answer_of_only_the_mix_names_no_layers(server):
+    """Under omit_layers the answer holds no layers, and says so (it does not echo the model's layers)."""
+    status, answer = call(server.http_url, "/v1/embed", {"input": ["x y"], "task": "pos_demo", "omit_layers": True})
+    assert status == 200 and answer["layers"] == [] and "layers" not in answer["embeddings"][0]
+    assert "mix" in answer["embeddings"][0]
+
+
 # -- bad input ---------------------------------------------------------------------------------------------------
 BAD = [
     ("/v1/embeddings", b"{not json", 400, "not valid JSON"),
@@ -133,6 +161,17 @@ BAD = [
     ("/v1/tokenize", {"texts": "not a list"}, 400, "'texts' must be a list"),
     ("/v1/tokenize", {"texts": []}, 400, "texts is empty"),
     ("/v1/nothing", {}, 404, "no such endpoint"),
+    # a field that cannot take effect is refused, never echoed as if applied; a field and its alias are one field
+    ("/v1/embed", {"input": ["x"], "layers": [2], "task": "pos_demo", "omit_layers": True}, 400,
+     "layers has no effect with omit_layers"),
+    ("/v1/embed", {"input": ["x"], "inputs": ["x"]}, 400, "'inputs' is an alias of 'input'"),
+    ("/v1/embed", {"input": "x", "encoding": "base64", "encoding_format": "float"}, 400,
+     "'encoding' is an alias of 'encoding_format'"),
+    ("/v1/embed", {"layers": [1]}, 400, "'input' is missing"),
+    ("/v1/tokenize", {"input": "x", "text": "x"}, 400, "'text' is an alias of 'input'"),
+    ("/v1/tokenize", {"text": "x", "texts": ["x"]}, 400, "both are aliases of 'input'"),
+    ("/v1/tokenize", {"text": ["x"]}, 400, "'text' must be a string, not a list"),
+    ("/v1/tokenize", {"model": "tiny"}, 400, "'input' is missing"),
 ]
 
 

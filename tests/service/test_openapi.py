@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import urllib.request
 
 import pytest
 from elmo.service.common.errors import Kind
@@ -20,9 +21,10 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from elmo.runtime import Embedder
+from elmo.v1 import embedder_pb2 as pb
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
-DOCUMENT = json.loads(json.dumps(openapi_document()))  # as served: JSON, not Python tuples
+DOCUMENT = json.loads(json.dumps(openapi_document(admin=True)))  # as served (JSON, not Python tuples), admin API on
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
@@ -185,3 +187,63 @@ def test_the_error_schema_is_the_shape_the_server_sends():
     assert validator.is_valid({"error": {"message": "'input' is missing", "type": "invalid_input", "code": 400}})
     assert not validator.is_valid({"error": {"message": "x", "type": "invalid_input"}})
     assert not validator.is_valid({"detail": "x"})
+
+
+REQUESTS = ("EmbeddingsRequest", "EmbedRequest", "TokenizeRequest")
+
+
+@pytest.mark.parametrize("name", REQUESTS)
+def test_every_request_takes_its_texts_as_input_and_marks_each_other_name_as_an_alias(name):
+    """One name per idea: the texts are 'input' on every route; an older name still accepted is a deprecated alias
+    of a field of the same request, never a second name with its own meaning."""
+    properties = DOCUMENT["components"]["schemas"][name]["properties"]
+    assert "input" in properties and not properties["input"].get("deprecated")
+    for field, schema in properties.items():
+        if schema.get("deprecated"):
+            target = schema["description"].split("'")[1]
+            assert schema["description"].startswith("alias of ") and target in properties, (name, field)
+            assert not properties[target].get("deprecated"), (name, field)
+    words = {field for field, schema in properties.items() if not schema.get("deprecated")}
+    if name != "EmbeddingsRequest":  # (OpenAI's request keeps its 'user', which no other route has)
+        assert words - {"input", "encoding_format"} <= PROTO_WORDS[name], name
+
+
+PROTO_WORDS = {  # the proto's field names: the HTTP schema uses the same words
+    "EmbedRequest": {f.name for f in pb.EmbedRequest.DESCRIPTOR.fields},
+    "TokenizeRequest": {f.name for f in pb.TokenizeRequest.DESCRIPTOR.fields},
+}
+
+
+@pytest.mark.parametrize(
+    "body, valid",
+    [
+        ({"input": ["x"], "layers": [2], "task": "t"}, True),
+        ({"input": ["x"], "task": "t", "omit_layers": True}, True),
+        ({"input": ["x"], "layers": [2], "task": "t", "omit_layers": True}, False),  # layers cannot take effect
+        ({"input": ["x"], "inputs": ["x"]}, False),  # a field and its alias
+        ({"inputs": ["x"], "encoding": "base64"}, True),  # aliases alone
+        ({"input": ["x"], "encoding": "base64", "encoding_format": "float"}, False),
+    ],
+)
+def test_the_embed_request_schema_refuses_what_the_server_refuses(body, valid):
+    assert _validator("EmbedRequest").is_valid(body) is valid
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_model_dir):
+    """A server without the admin API (no --admin-token)."""
+    server = ServerThread({"tiny": Embedder(tiny_model_dir, intra_op_threads=1)}, EDGE_LIMITS, http=True)
+    yield server
+    server.stop()
+
+
+def test_a_server_without_the_admin_api_documents_only_the_routes_it_serves(plain_server):
+    with urllib.request.urlopen(f"{plain_server.http_url}/openapi.json", timeout=30) as response:
+        served = json.loads(response.read())
+    app = plain_server.server.http.app
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    assert {(method.upper(), path) for path, method, _ in operations(served)} == routes
+    assert not any(path.startswith(ADMIN_PATH) for path in served["paths"])
+    assert set(served["components"]["securitySchemes"]) == {"bearer"}
+    assert spec_errors(served) == []
+    assert served == json.loads(json.dumps(openapi_document(admin=False)))
