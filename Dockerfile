@@ -9,7 +9,7 @@
 #   docker run --gpus all -p 50051:50051 -p 9090:9090 -v /srv/models/mine:/models/mine:ro elmo-service \
 #       --model /models/mine --host 0.0.0.0 --port 50051 --metrics-port 9090   # another model directory
 #
-# docs/operations.md explains the flags, logs, metrics, shutdown, TLS/bearer options and sizing.
+# docs/how-to/deploy.md explains the flags, logs, metrics, shutdown, TLS/bearer options and sizing.
 # tests/test_dockerfile.py checks this file with Docker's own parser, our rules, and a pip resolution of every
 # `pip install` below for this image's Python and platform.
 

@@ -34,7 +34,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # gRPC's own retries (gRFC A6), on by default: a call answered UNAVAILABLE (a replica warming up or draining, a
 # connection refused or reset, a balancer with no healthy backend) is sent again after a random wait of up to 0.1,
 # 0.2, 0.4, 0.8 s, at most 5 attempts in all. Nothing else is retried: an INVALID_ARGUMENT would fail again, and
-# retrying RESOURCE_EXHAUSTED ("overloaded") would add load to a saturated fleet. docs/scaling.md gives the same
+# retrying RESOURCE_EXHAUSTED ("overloaded") would add load to a saturated fleet. docs/how-to/replicas.md gives the same
 # service config for other clients (grpcurl, Go, Node) and the HTTP clients' equivalents.
 RETRY_POLICY: dict = {
     "maxAttempts": 5,

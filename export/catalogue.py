@@ -1,5 +1,5 @@
 """The published ELMo models that ``elmo pull NAME`` knows: one table, name -> files, publishers' addresses, sizes,
-licence. docs/pretrained.md carries the same table, written by ``python -m elmo.export.catalogue`` (and
+licence. docs/how-to/pretrained.md carries the same table, written by ``python -m elmo.export.catalogue`` (and
 tests/export/test_pull.py checks that the two agree). Torch-free.
 
 Sources (checked against the publishers' own pages):
@@ -147,7 +147,7 @@ def _size(entry: Entry) -> str:
 
 
 def markdown_table(catalogue: dict[str, Entry] | None = None) -> str:
-    """The catalogue as docs/pretrained.md and ``elmo pull --list`` show it; "checked by" says, file by file, whether
+    """The catalogue as docs/how-to/pretrained.md and ``elmo pull --list`` show it; "checked by" says, file by file, whether
     a download is checked against a published SHA-256 or pinned on first use."""
     catalogue = CATALOGUE if catalogue is None else catalogue
     lines = [
@@ -168,5 +168,5 @@ def _pin(source: Source) -> str:
     return f"{short}: {source.pin}"
 
 
-if __name__ == "__main__":  # python -m elmo.export.catalogue > the table for docs/pretrained.md
+if __name__ == "__main__":  # python -m elmo.export.catalogue > the table for docs/how-to/pretrained.md
     sys.stdout.write(markdown_table())

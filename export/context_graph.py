@@ -2,7 +2,7 @@
 
 Why by hand: the tracer turns the scripted recurrence into a ``Loop`` that carries a tensor sequence, which
 onnxruntime runs 2-4x slower than PyTorch eager; a ``Scan`` with the state as loop-carried tensors runs at
-unrolled-graph speed, for any length, in one graph (figures: docs/runtime.md, bench/recurrence.py).
+unrolled-graph speed, for any length, in one graph (figures: docs/explanation/runtime.md, bench/recurrence.py).
 
 Graph (S = T + 2 positions, <S> and </S> included; L LSTM layers; P projection, C cell; R table rows):
   inputs   table float32 (R, P): token vectors; index int64 (B, S): row b is [<S>, n_b tokens, </S>, anything]

@@ -12,7 +12,7 @@ How it is judged (before the export is kept): per-token cosine similarity of eac
 graphs of the same weights, on the verification sentences and on held-out text when given (``--heldout FILE``).
 The bar: mean >= INT8_MEAN_COSINE for every layer and no token below INT8_MIN_COSINE. The export stores a probe
 (export/probe.py) judged by the same bar on every host that loads it (elmo.runtime.probe). Measured figures per
-scheme and CPU: docs/runtime.md, ``python -m bench.export.int8 --schemes ...``.
+scheme and CPU: docs/explanation/runtime.md, ``python -m bench.export.int8 --schemes ...``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild models/default from nothing, exactly as shipped (docs/training.md §5):
+# Rebuild models/default from nothing, exactly as shipped (docs/how-to/train.md §5):
 #   data -> stage 1 (fresh, configs/default.json) -> stage 2 (init_from stage 1, configs/default-stage2.json)
 #   -> stage 3 (init_from stage 2, Chinese oversampled 2x, configs/default-stage3.json)
 #   -> stage 4 (init_from stage 3, Chinese 3x, sentences up to 128 tokens, configs/default-stage4.json)
@@ -28,7 +28,7 @@ LAST=$(( ${#STAGES[@]} - 1 ))
 REPORT_CORPUS=data/corpus
 MIX_ARGS=()
 # No OMP_WAIT_POLICY here: `elmo` sets its measured choice itself before torch loads (elmo/train/threads.py,
-# docs/training.md "Threads on a busy machine"); a value exported by the caller is kept.
+# docs/how-to/train.md "Threads on a busy machine"); a value exported by the caller is kept.
 
 [ -f data/corpus/train.txt ] || "$ELMO" data fetch --out data/corpus
 

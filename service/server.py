@@ -185,7 +185,7 @@ class ElmoServer:
     def _grpc_settings(self, reuse_port: bool) -> dict:
         """grpc.aio.server's arguments: gRPC's own cap on open calls holds the call gate's calls and refusals
         (service.common.limits) plus every health call the health shares allow (service.grpc.health), so that no
-        kind of call can keep another out (docs/operations.md, "Health checks")."""
+        kind of call can keep another out (docs/how-to/deploy.md, "Health checks")."""
         settings = grpc_server_settings(self.limits, reuse_port)
         settings["maximum_concurrent_rpcs"] += self.health.limits.calls
         return settings
@@ -340,7 +340,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="serve a model repository, DIR/NAME/VERSION/ exported model directories: the latest complete version "
-        "of every NAME; versions change while serving (--poll-interval-s, the admin API); see docs/models.md",
+        "of every NAME; versions change while serving (--poll-interval-s, the admin API); see docs/how-to/models.md",
     )
     parser.add_argument(
         "--poll-interval-s",
@@ -361,7 +361,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SIZE",
         help="with --model-root: refuse a load that would take the models' memory over SIZE (2GiB, 512MiB, 4GB; "
-        "estimated from the model files, see docs/models.md; default no limit)",
+        "estimated from the model files, see docs/how-to/models.md; default no limit)",
     )
     parser.add_argument(
         "--admin-token",
@@ -439,7 +439,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among them), each "
         "with its own copy of the models, batcher, limits and --threads (default: the cores / N): for models cheap "
-        "enough (or a backend fast enough) that one process's request handling is the limit (docs/scaling.md) "
+        "enough (or a backend fast enough) that one process's request handling is the limit (docs/how-to/replicas.md) "
         "(default 1)",
     )
     parser.add_argument(

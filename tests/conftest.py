@@ -175,7 +175,7 @@ SLOW: tuple[str, ...] = (
     "tests/spacy/test_component.py::test_add_pipe_by_entry_point_without_importing_the_package",  # 4.0
     "tests/spacy/test_component.py::test_the_component_runs_where_torch_cannot_be_imported",  # 3.0
     "tests/spacy/test_component.py::test_a_server_failure_mid_pipe_keeps_the_documents_already_processed",  # 2.4
-    "tests/test_readme_commands.py::test_docs_spacy_commands_run_in_order",  # 32: docs/spacy.md, fetch to export
+    "tests/test_readme_commands.py::test_docs_spacy_commands_run_in_order",  # 32: docs/how-to/spacy.md, fetch to export
     "tests/test_readme_commands.py::test_readme_spacy_blocks_run_as_written",  # 9: two interpreters on models/default
     # needed, whatever their time: Chromium, which `make test` installs
     "tests/service/test_page.py",

@@ -39,7 +39,7 @@ DOMAIN_TEXT_CHARS = 300_000
 def write_domain_text(path: Path, max_chars: int = DOMAIN_TEXT_CHARS) -> Path:
     """The docs of this repository as one text file, whole lines up to ``max_chars``: real technical English, far
     from Brown's 1961 prose."""
-    lines = [line.strip() for doc in sorted((REPO / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
+    lines = [line.strip() for doc in sorted((REPO / "docs").rglob("*.md")) for line in doc.read_text().splitlines()]
     kept, size = [], 0
     for line in (line for line in lines if line):
         if size + len(line) + 1 > max_chars:

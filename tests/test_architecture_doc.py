@@ -1,4 +1,4 @@
-"""docs/architecture.md stays true to the tree: every module under elmo/, service/ and export/ is named there, by
+"""docs/explanation/architecture.md stays true to the tree: every module under elmo/, service/ and export/ is named there, by
 its path or by its file name in a paragraph (a bullet) that names its folder."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "architecture.md"
+DOC = REPO / "docs" / "explanation" / "architecture.md"
 FOLDERS = ("elmo", "service", "export")
 
 
@@ -44,7 +44,7 @@ def unnamed(doc: str, paths: list[str]) -> list[str]:
 
 def test_every_module_is_named_in_the_architecture_doc():
     missing = unnamed(DOC.read_text(), modules())
-    assert not missing, f"docs/architecture.md does not name: {missing} (add each to its part's paragraph)"
+    assert not missing, f"docs/explanation/architecture.md does not name: {missing} (add each to its part's paragraph)"
 
 
 def test_the_check_finds_a_module_the_doc_does_not_name():

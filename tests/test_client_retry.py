@@ -103,8 +103,8 @@ def test_the_service_config_is_the_documented_json():
 
 
 def test_docs_give_the_same_service_config_for_other_clients():
-    """docs/scaling.md's JSON block (after `<!-- service-config -->`) is what elmo.client sends."""
-    text = (REPO / "docs" / "scaling.md").read_text()
+    """docs/how-to/replicas.md's JSON block (after `<!-- service-config -->`) is what elmo.client sends."""
+    text = (REPO / "docs" / "how-to" / "replicas.md").read_text()
     block = re.search(r"<!-- service-config -->\n```json\n(.*?)\n```", text, re.S)
-    assert block, "docs/scaling.md lost its service-config block"
+    assert block, "docs/how-to/replicas.md lost its service-config block"
     assert json.loads(block.group(1)) == json.loads(service_config())

@@ -1,6 +1,6 @@
 """scripts/gpu_check.py, the parts that run without a GPU: which onnxruntime is imported, the refusal on a host
 where a plain start does not pick CUDA, and the served measurement (bench.kit reused) on whatever provider
-this host's runtime picks. The CUDA steps themselves need the GPU machine (docs/operations.md, GPU)."""
+this host's runtime picks. The CUDA steps themselves need the GPU machine (docs/how-to/deploy.md, GPU)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 its tiny mode (GPU_TRAIN_TINY=1: configs/tiny.json's shape, a slice of the Brown test corpus, 6 steps): prepare
 here, train "there" (this host, with matplotlib, gRPC and onnxruntime made unimportable, as they may be missing on
 that machine), receive here. What comes back must fit the device call: at most 8 files of at most 16 MiB, plain
-names. The real run needs the GPU machine (docs/operations.md, "GPU training")."""
+names. The real run needs the GPU machine (docs/how-to/deploy.md, "GPU training")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every command in the fenced bash blocks of README.md and of the docs pages that took the README's blocks when it
-became a front page (DOCUMENTS: docs/clients.md, docs/pipeline.md, ...) runs as written in this checkout (in CI: a
+became a front page (DOCUMENTS: docs/how-to/clients.md, docs/how-to/pipeline.md, ...) runs as written in this checkout (in CI: a
 fresh clone on a fresh machine), or as the substitution listed next to it in README_COMMANDS, the one table of how
 each command is covered. A command of any of those pages that is neither run nor listed fails
 test_every_readme_command_is_run_or_listed, so the README and those pages cannot drift from what is tested. Their
@@ -16,7 +16,7 @@ Python blocks run against the served default model.
   the README's serving commands are never silently dropped there. Every other server in the suite picks a free port.
 - The tour's batch-job and mix lines run in a scratch folder holding the files a user would have (a corpus, a
   CoNLL file) and a copy of models/default, so the new task is not written into the shipped model.
-- The pipeline block (fetch, train, the whole recipe, eval, baseline, export, serve; docs/pipeline.md) runs in
+- The pipeline block (fetch, train, the whole recipe, eval, baseline, export, serve; docs/how-to/pipeline.md) runs in
   tests/test_readme_pipeline.py, in a scratch folder, on a tiny config.
 
 The first run creates .venv-serve (about a minute); later runs reuse it. The shipped default model is part of the
@@ -56,8 +56,8 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 # The README and the pages its blocks moved to: every ```bash command of each is run or listed in README_COMMANDS,
 # every ```python block of each runs against `make serve`. A page that takes a README block joins this list.
-DOCUMENTS = (README, DOCS / "clients.md", DOCS / "pipeline.md", DOCS / "quality.md", DOCS / "speed.md", DOCS / "api.md",
-             DOCS / "spacy.md")
+DOCUMENTS = (README, DOCS / "how-to" / "clients.md", DOCS / "how-to" / "pipeline.md", DOCS / "explanation" / "quality.md",
+             DOCS / "speed.md", DOCS / "how-to" / "spacy.md")
 DEFAULT_MODEL = REPO / "models" / "default"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
@@ -67,7 +67,7 @@ SENTENCE = "The cat sat on the mat ."
 
 # -- the table: how each README bash command is covered --------------------------------------------------------------
 FIXTURE, CI, SERVED, USER_FILES, PIPELINE, NOT_RUN = "fixture", "ci", "served", "user files", "pipeline", "not run"
-SPACY = "spacy"  # docs/spacy.md's commands, in a scratch folder (test_docs_spacy_commands_run_in_order)
+SPACY = "spacy"  # docs/how-to/spacy.md's commands, in a scratch folder (test_docs_spacy_commands_run_in_order)
 REPO_ROOT = "repo root"  # as written, in the checkout
 
 
@@ -119,7 +119,7 @@ README_COMMANDS: dict[str, Coverage] = {
         "training, after, stale tasks, export (tests/train/test_adapt.py checks that perplexity falls)",
     ),
     ".venv/bin/elmo import-manylangs --model zhs.model --out models/zhs": Coverage(USER_FILES),
-    # pipeline block (docs/pipeline.md): tests/test_readme_pipeline.py, in a scratch folder, in this order
+    # pipeline block (docs/how-to/pipeline.md): tests/test_readme_pipeline.py, in a scratch folder, in this order
     ".venv/bin/elmo data fetch": Coverage(PIPELINE),
     ".venv/bin/elmo train --config configs/default.json --out runs/default": Coverage(
         PIPELINE,
@@ -146,7 +146,7 @@ README_COMMANDS: dict[str, Coverage] = {
         why="50052 may be taken on a test machine (the README picks it to sit beside `make serve`'s 50051); any "
         "free port instead, read back from --port-file",
     ),
-    # docs/spacy.md: tests/test_readme_commands.py::test_docs_spacy_commands_run_in_order, in a scratch folder
+    # docs/how-to/spacy.md: tests/test_readme_commands.py::test_docs_spacy_commands_run_in_order, in a scratch folder
     ".venv/bin/elmo spacy data brown-pos --out corpus/brown": Coverage(
         SPACY,
         run_as=".venv/bin/elmo spacy data brown-pos --out corpus/brown --train 300 --dev 60 --test 60",
@@ -218,7 +218,7 @@ def page_name(path: Path) -> str:
 
 
 def documents_text() -> dict[str, str]:
-    """DOCUMENTS' text, by page name ('README.md', 'docs/clients.md', ...), in DOCUMENTS order."""
+    """DOCUMENTS' text, by page name ('README.md', 'docs/how-to/clients.md', ...), in DOCUMENTS order."""
     return {page_name(path): path.read_text(encoding="utf-8") for path in DOCUMENTS}
 
 
@@ -286,9 +286,9 @@ def test_a_new_unlisted_readme_command_is_caught() -> None:
         assert command in stale, (page, command)
         _, stale = coverage_gaps({name: text for name, text in pages.items() if name != page})
         assert command in stale, (page, command)
-    # the pipeline block moved to docs/pipeline.md: its commands are counted there, not only in the README
+    # the pipeline block moved to docs/how-to/pipeline.md: its commands are counted there, not only in the README
     assert {page for page, command in page_commands(pages) if README_COMMANDS[command].how == PIPELINE} == {
-        "docs/pipeline.md"
+        "docs/how-to/pipeline.md"
     }
 
 
@@ -686,7 +686,7 @@ def python_block_runner(block: str, page: str = "README.md") -> str:
 
 
 def test_readme_python_blocks_run_against_the_served_model(served) -> None:
-    """Each ```python block of DOCUMENTS (the README's tour blocks now live in docs/clients.md), as written, from the
+    """Each ```python block of DOCUMENTS (the README's tour blocks now live in docs/how-to/clients.md), as written, from the
     repo root, against `make serve`: in the torch-free serve venv, or, for the OpenAI client's block, in .venv (the
     `openai` package is the user's, not the service's: the dev extra)."""
     clients = set(documented_snippets().values()) | set(spacy_blocks())  # run in .venv-clients / .venv, below
@@ -726,7 +726,7 @@ def spacy_blocks() -> list[str]:
 
 
 def test_readme_spacy_blocks_run_as_written() -> None:
-    """The spaCy blocks (README, docs/spacy.md), verbatim, from the repo root in .venv. The README's: 苹果 as the
+    """The spaCy blocks (README, docs/how-to/spacy.md), verbatim, from the repo root in .venv. The README's: 苹果 as the
     company is further from 苹果 the fruit than another fruit is, and the layers are (3, 8, dim) float32; the docs':
     whitespace tokens are tokens with zero vectors."""
     blocks = spacy_blocks()
@@ -742,7 +742,7 @@ def test_readme_spacy_blocks_run_as_written() -> None:
 
 
 def test_docs_spacy_commands_run_in_order(tmp_path) -> None:
-    """docs/spacy.md's commands, in page order, in a scratch folder holding a copy of models/default (export-task
+    """docs/how-to/spacy.md's commands, in page order, in a scratch folder holding a copy of models/default (export-task
     writes into it) and the checkout's configs/, bench/ and .venv: data, a short `spacy train`, the export, the served
     mix against the listener, the throughput bench."""
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
@@ -782,7 +782,7 @@ def client_snippets(text: str) -> dict[str, str]:
 
 
 def documented_snippets() -> dict[str, str]:
-    """The client blocks of DOCUMENTS (the README's, now in docs/clients.md), each client on one page only."""
+    """The client blocks of DOCUMENTS (the README's, now in docs/how-to/clients.md), each client on one page only."""
     found: dict[str, str] = {}
     for page, text in documents_text().items():
         snippets = client_snippets(text)
@@ -794,7 +794,7 @@ def documented_snippets() -> dict[str, str]:
 def paragraphs(n: int = N_DOCUMENTS) -> list[str]:
     """``n`` paragraph-length documents (40-60 words) of real prose: this repository's docs, cut into pieces."""
     words = " ".join(
-        line for path in sorted((REPO / "docs").glob("*.md")) for line in path.read_text().splitlines()
+        line for path in sorted((REPO / "docs").rglob("*.md")) for line in path.read_text().splitlines()
         if len(line.split()) > 8 and not line.startswith(("|", "```", "#", "    "))
     ).split()  # fmt: skip
     out, start = [], 0
@@ -852,9 +852,7 @@ def pooled_answer(documents: list[str]) -> np.ndarray:
 def test_readme_has_one_snippet_per_client_and_docs_show_the_same() -> None:
     snippets = documented_snippets()
     assert tuple(snippets) == CLIENTS
-    assert tuple(client_snippets((DOCS / "clients.md").read_text())) == CLIENTS  # where the README sends readers
-    docs = (REPO / "docs" / "service.md").read_text()
-    assert client_snippets(docs) == snippets  # docs/service.md shows exactly the tested snippets
+    assert tuple(client_snippets((DOCS / "how-to" / "clients.md").read_text())) == CLIENTS  # where the README sends readers
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -1,4 +1,4 @@
-"""The README's pipeline block, corpus to served model (now docs/pipeline.md, one of DOCUMENTS in
+"""The README's pipeline block, corpus to served model (now docs/how-to/pipeline.md, one of DOCUMENTS in
 tests/test_readme_commands.py), runs in order in a scratch folder, the way a fresh clone would.
 
 Each command runs as written, or as the substitution README_COMMANDS (tests/test_readme_commands.py) lists for it
@@ -173,7 +173,7 @@ def test_readme_pipeline_block_runs_in_order_on_a_tiny_config(tmp_path) -> None:
     work = tmp_path
     for name in (".venv", "configs", "scripts"):  # what a clone has; data/ and runs/ are made here
         (work / name).symlink_to(REPO / name)
-    commands = commands_covered_by(PIPELINE)  # every page of DOCUMENTS: the block lives in docs/pipeline.md
+    commands = commands_covered_by(PIPELINE)  # every page of DOCUMENTS: the block lives in docs/how-to/pipeline.md
     assert [step_of(c) for c in commands] == ["data fetch", "train", "recipe", "eval-lm", "baseline", "export",
                                               "serve"], commands  # fmt: skip
     for command in commands:

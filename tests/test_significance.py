@@ -59,7 +59,7 @@ def test_bootstrap_interval_separates_a_real_gain_from_noise():
         ([0.007, 0.021], "better"),  # wholly above 0, however small
         ([-0.021, -0.007], "worse"),
         ([-0.0003, 0.0035], "tie (within ±0.01)"),  # the README's POS row: inside the margin
-        ([-0.059, 0.072], "inconclusive"),  # docs/adapt.md's senses row: holds 0, reaches far past the margin
+        ([-0.059, 0.072], "inconclusive"),  # docs/how-to/adapt.md's senses row: holds 0, reaches far past the margin
         ([-0.032, 0.006], "inconclusive"),  # a negative point difference is not called a tie either
     ],
 )
@@ -82,9 +82,9 @@ def test_every_verdict_written_in_the_docs_is_what_the_code_says_of_its_interval
     verdicts = r"better|worse|inconclusive|tie \(within ±[\d.]+\)|at least as good|tie"  # the old ones too
     quoted = re.compile(rf"\[([+−-]?\d\.\d+), ([+−-]?\d\.\d+)\]:\s+\**({verdicts})")
     found = 0
-    for path in [repo / "README.md", *sorted((repo / "docs").glob("*.md")), *sorted((repo / "models").rglob("*.md"))]:
+    for path in [repo / "README.md", *sorted((repo / "docs").rglob("*.md")), *sorted((repo / "models").rglob("*.md"))]:
         for low, high, said in quoted.findall(path.read_text(encoding="utf-8")):
             interval = [float(x.replace("−", "-")) for x in (low, high)]
             assert said == verdict({"ci95": interval}), f"{path.name}: [{low}, {high}]: {said}"
             found += 1
-    assert found >= 10  # the README's task and sense tables, docs/tasks.md, docs/adapt.md, the model card, report.md
+    assert found >= 10  # the README's task and sense tables, docs/how-to/tasks.md, docs/how-to/adapt.md, the model card, report.md

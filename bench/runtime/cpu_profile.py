@@ -1,4 +1,4 @@
-"""Where CPU time goes in the runtime's two graphs, measured on real text (docs/runtime.md, issue 19).
+"""Where CPU time goes in the runtime's two graphs, measured on real text (docs/explanation/runtime.md, issue 19).
 
     python -m bench.runtime.cpu_profile --preset small                      # ELMo-small shape, random weights
     python -m bench.runtime.cpu_profile --model models/default --threads 2

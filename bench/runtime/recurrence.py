@@ -1,4 +1,4 @@
-"""The exact biLSTM recurrence, measured in the forms we considered (docs/runtime.md, "alternatives").
+"""The exact biLSTM recurrence, measured in the forms we considered (docs/explanation/runtime.md, "alternatives").
 
     python -m bench.runtime.recurrence --model runs/bench-models/elmo-small --batch-sizes 1 8 64 --steps 27 --threads 1
 

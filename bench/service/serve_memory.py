@@ -1,4 +1,4 @@
-"""Memory of a serving process, for the sizing table in docs/operations.md.
+"""Memory of a serving process, for the sizing table in docs/how-to/deploy.md.
 
     python -m bench.service.serve_memory --model DIR [--max-batch-tokens 1024 4096] [--providers CPUExecutionProvider]
 

@@ -184,7 +184,7 @@ def _connect(ray, address: str | None, where: str) -> None:
             raise ElmoError(
                 f"the Ray cluster at {where} refused this driver: token authentication is on and this process has "
                 "not the cluster's token; run with RAY_AUTH_MODE=token and the token in RAY_AUTH_TOKEN_PATH (a "
-                "file) or RAY_AUTH_TOKEN, as on the cluster's nodes (docs/batch.md#multi-node-ray)"
+                "file) or RAY_AUTH_TOKEN, as on the cluster's nodes (docs/how-to/batch.md#multi-node-ray)"
             ) from None
         if isinstance(exc, ConnectionError):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -434,7 +434,7 @@ def _write_model_card(out: Path, source: Path, cfg: ModelConfig, net_source: str
         f"{cfg.n_filters} ({cfg.activation}), {cfg.n_highway} highway, word embedding {cfg.word_dim or 'none'}; "
         f"{n_params / 1e6:.1f} M parameters",
         "- input: tokens as the model was trained on (Chinese models: segmented words, not single characters); "
-        "use pre-tokenized input (docs/pretrained.md)",
+        "use pre-tokenized input (docs/how-to/pretrained.md)",
         "",
     ]
     (out / "README.md").write_text("\n".join(lines))

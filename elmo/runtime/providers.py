@@ -162,7 +162,7 @@ def open_session(
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Spinning worker threads keep the cores busy between runs and starve the gRPC threads and the tokenizer that
-    # feed them: measured 35-40 % fewer served tokens/s with it on (docs/service.md).
+    # feed them: measured 35-40 % fewer served tokens/s with it on (docs/explanation/service.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if intra_op_threads:

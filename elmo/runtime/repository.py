@@ -22,7 +22,7 @@ the size check on the weights file keeps a copy in progress from counting, but c
 Numbers are one more than the highest numbered entry present, as in Triton: a deleted highest version's number is
 given again. A model or version folder may be a symlink to a folder elsewhere (published on purpose, e.g. ``ln -s
 /data/exports/7 ROOT/default/7``): it counts like any other, and one WARNING names where it leads
-(elmo.runtime.modeldir.note_if_outside; docs/models.md).
+(elmo.runtime.modeldir.note_if_outside; docs/how-to/models.md).
 """
 
 from __future__ import annotations

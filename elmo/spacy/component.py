@@ -23,7 +23,7 @@ sentence, not once per epoch.
 Saved with the pipeline (``nlp.to_disk``) by reference (the model directory's absolute path or the server), or with
 the model's serving files inside the pipeline folder (``bundle = true``). Loading it, a model path in ``cfg.json`` is
 taken from the component's folder, and one that leads outside it (by reference, a symlink, a ``..``) is loaded with
-one WARNING naming where (docs/models.md, "Paths that leave their folder").
+one WARNING naming where (docs/how-to/models.md, "Paths that leave their folder").
 """
 
 from __future__ import annotations
@@ -406,7 +406,7 @@ class ElmoComponent(Pipe):
     def _model_in(self, folder: Path, model: str, what: str) -> Path:
         """The model directory ``cfg.json`` names, a relative path taken from the component's folder; one that
         leads outside it (saved by reference, a symlink, a ``..``) is loaded from there, and said once in a
-        WARNING (elmo.runtime.modeldir.note_if_outside, docs/models.md)."""
+        WARNING (elmo.runtime.modeldir.note_if_outside, docs/how-to/models.md)."""
         note_if_outside(folder, Path(model), f"elmo component '{self.name}': {folder / CFG_FILE} names a {what};")
         return folder / model
 

@@ -7,7 +7,7 @@ overlap by ``overlap`` tokens (the last one is moved left to end at the sentence
 vectors from the window where it has the most context, i.e. the largest ``min(tokens to its left, tokens to its
 right)`` inside the window, counting a side where the window reaches the sentence's edge as complete. Between two
 neighbouring windows that is a single cut in the middle of their overlap, so each token keeps at least
-``overlap // 2`` tokens of context on each side that the whole sentence gives it. docs/service.md ("Long inputs")
+``overlap // 2`` tokens of context on each side that the whole sentence gives it. docs/reference/grpc.md ("Long inputs")
 has the measured distance to whole-sentence vectors.
 """
 

@@ -5,7 +5,7 @@ for a while (about 3 ms) before it sleeps. The biLM's LSTM runs a few small para
 threads wait often: on an idle machine the spinning is harmless, but on a busy one a spinning thread burns the time
 slice that the thread it waits for needs, and training crawls (154 tokens/s with libgomp's default, 1,915 with
 ``OMP_WAIT_POLICY=PASSIVE``, on the same busy 2-core machine). ``python -m bench.train.wait_policy`` measures
-the variants side by side, idle and busy; docs/training.md holds the figures behind the choice below.
+the variants side by side, idle and busy; docs/how-to/train.md holds the figures behind the choice below.
 
 libgomp reads the variables once, when it is loaded (the first ``import torch``), so ``elmo`` sets them before it
 imports the command's module; a value the user set wins. Torch-free, so that ``elmo`` itself stays torch-free.
@@ -19,7 +19,7 @@ from collections.abc import MutableMapping
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 SPIN_COUNT = "GOMP_SPINCOUNT"  # libgomp's own knob: set by the user, it decides the spinning whatever the policy
-# Measured (docs/training.md, "Threads on a busy machine", 2 cores): with a busy-looping process per core, PASSIVE
+# Measured (docs/how-to/train.md, "Threads on a busy machine", 2 cores): with a busy-looping process per core, PASSIVE
 # made `elmo train` 1.95x and `elmo adapt` 3.1x faster than libgomp's default, and 5-11 % slower on an idle machine;
 # shorter spins (GOMP_SPINCOUNT 1,000 / 10,000) cost as much idle and recovered less when busy.
 CHOSEN: dict[str, str] = {WAIT_POLICY: "PASSIVE"}

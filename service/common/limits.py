@@ -1,7 +1,7 @@
 """Every limit of the service in one place: defaults, ``elmo serve`` flags, and validation of the values.
 
 The defaults keep a 2-core CPU box responsive and a single response under gRPC's usual message sizes; raise them
-deliberately (see docs/service.md, "Limits").
+deliberately (see docs/reference/commands.md, elmo serve).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ than the whole (``--max-concurrent-rpcs`` / ``--max-calls-per-peer`` for gRPC ca
 
 A peer is a client's network address without its port (``peer_address``): one host opening many connections is one
 peer. Behind a proxy every call comes from the proxy's address, so a proxied deployment raises the per-peer share
-to the whole (docs/service.md, "Limits").
+to the whole (docs/how-to/secure.md).
 """
 
 from __future__ import annotations

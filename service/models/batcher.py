@@ -50,7 +50,7 @@ from elmo.errors import ElmoError
 from elmo.runtime import EmbedStats
 from elmo.runtime.priority import background_executor
 
-log = logging.getLogger("service.batcher")  # the documented logger name (docs/operations.md)
+log = logging.getLogger("service.batcher")  # the documented logger name (docs/reference/metrics.md)
 
 # (sentences of tokens) -> (per sentence float32 (n_layers, n_tokens, dim), what the call cost):
 # Embedder.embed_tokens_with_stats. The cost is the runtime's own, since only it knows how it padded the call.

@@ -23,7 +23,7 @@ from elmo.service.telemetry.hooks import BatcherObserver
 from elmo.errors import ConfigError, ModelFileError
 from elmo.runtime.repository import VERSION_PATTERN
 
-log = logging.getLogger("service.models")  # the documented logger name (docs/operations.md)
+log = logging.getLogger("service.models")  # the documented logger name (docs/reference/metrics.md)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from elmo.service.common.errors import ServiceError, clip, from_library_error, n
 from elmo.errors import ElmoError
 from elmo.runtime.tasks import TASK_FILE, TaskStore, UnknownTaskError
 
-log = logging.getLogger("service.tasks")  # the documented logger name (docs/operations.md)
+log = logging.getLogger("service.tasks")  # the documented logger name (docs/reference/metrics.md)
 
 
 class Task(Protocol):

@@ -1,7 +1,7 @@
 """Prometheus metrics of the service, served on their own HTTP port (``--metrics-port``).
 
 One registry per server instance (tests run several servers in one process). Names follow Prometheus
-conventions; the list with meanings is in docs/service.md.
+conventions; the list with meanings is in docs/reference/metrics.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class ServiceMetrics:
             "elmo_batch_tokens", "real tokens per runtime call", ["model"], buckets=TOKEN_BUCKETS, registry=r
         )
         # The buckets of elmo_batch_tokens, so that the two read side by side; 1 - their _sum ratio is the padding
-        # waste (docs/operations.md).
+        # waste (docs/reference/metrics.md).
         self.batch_padded_tokens = Histogram(
             "elmo_batch_padded_tokens",
             "positions the runtime ran per call: per onnxruntime run rows x (longest + 2), padding and <S>/</S> "

@@ -1,4 +1,4 @@
-"""`elmo embed-file --engine ray` on a real multi-node Ray cluster, under faults (docs/batch.md).
+"""`elmo embed-file --engine ray` on a real multi-node Ray cluster, under faults (docs/how-to/batch.md).
 
 A head and two worker nodes, each `ray start` in its own process group (its own raylet), all on 127.0.0.1, token
 authentication on (tests/batch/ray_cluster.py). The job's driver is SIGKILLed mid-job, the same command resumes, and

@@ -1,4 +1,4 @@
-"""The batch job riding out a server's refusals, and resuming in remote and Ray modes (docs/batch.md).
+"""The batch job riding out a server's refusals, and resuming in remote and Ray modes (docs/how-to/batch.md).
 
 Every server is the real one (service.server.ElmoServer on 127.0.0.1, tests/service_helpers.py) and every refusal
 is its own: UNAVAILABLE 'server is shutting down' from a real drain (kept open, when a test needs it, by another
@@ -47,19 +47,19 @@ FILLER = [["w"] * 20] * 3  # one full request: 60 tokens
 FILLERS = 1 + LIMITS.max_queue_tokens // 60  # one at the held worker, the rest fill the queue
 SHARD_LINES = 10
 N_LINES = 400  # 40 shards
-DOCS = REPO / "docs" / "batch.md"
+DOCS = REPO / "docs" / "how-to" / "batch.md"
 EMBED_REFUSED = {"method": "Embed", "code": "RESOURCE_EXHAUSTED"}
 
 
 def documented_backoff() -> list[float]:
-    """The delays between the attempts of one request, as docs/batch.md states them."""
+    """The delays between the attempts of one request, as docs/how-to/batch.md states them."""
     text = " ".join(DOCS.read_text(encoding="utf-8").split())
     match = re.search(
         r"retries UNAVAILABLE / RESOURCE_EXHAUSTED with backoff "
         r"\(([\d.]+) s doubling to ([\d.]+) s, (\d+) attempts[^)]*\)",
         text,
     )
-    assert match, "docs/batch.md no longer states the remote retry schedule"
+    assert match, "docs/how-to/batch.md no longer states the remote retry schedule"
     first, cap, attempts = float(match[1]), float(match[2]), int(match[3])
     return [min(first * 2**i, cap) for i in range(attempts - 1)]
 

@@ -1,6 +1,6 @@
 """deploy/haproxy.cfg as shipped, run by Debian's haproxy in front of three real `elmo serve` replicas on loopback:
 gRPC (HTTP/2) and HTTP/JSON are balanced over all three, and a replica killed with SIGKILL leaves the rotation while
-requests keep succeeding (the balancer's retries, elmo.client's retry policy, urllib3's Retry as docs/scaling.md
+requests keep succeeding (the balancer's retries, elmo.client's retry policy, urllib3's Retry as docs/how-to/replicas.md
 sets it). `make test` installs haproxy when it is missing (`make haproxy`); without it the test skips on a
 developer's machine and fails in CI."""
 

@@ -21,7 +21,7 @@ MANIFESTS = ("deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml")
 # The oldest Kubernetes the files are for (the preStop `sleep` action is on by default from 1.30) and the newest
 # schema kubernetes-validate bundles.
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-MEASURED_PEAK_MIB = 324  # docs/operations.md §6: models/default, 4,096-token runs and a full token cache
+MEASURED_PEAK_MIB = 324  # docs/how-to/deploy.md, Sizing: models/default, 4,096-token runs and a full token cache
 
 
 def documents(name: str) -> list[dict]:

@@ -166,8 +166,8 @@ def test_the_catalogue_names_the_published_models():
 
 
 def test_docs_pretrained_shows_the_catalogue_table():
-    """docs/pretrained.md carries the table `python -m elmo.export.catalogue` writes, unchanged."""
-    assert markdown_table() in (REPO / "docs" / "pretrained.md").read_text()
+    """docs/how-to/pretrained.md carries the table `python -m elmo.export.catalogue` writes, unchanged."""
+    assert markdown_table() in (REPO / "docs" / "how-to" / "pretrained.md").read_text()
 
 
 def test_an_unknown_name_is_one_line(capsys, tmp_path):

@@ -553,7 +553,7 @@ def test_a_sentence_gets_the_same_vectors_in_any_batch(bilm_tf_fixture, fixture_
         assert np.abs(got - alone).max() <= 1e-6
         by_shape.setdefault(layers.shape, []).append(got)
     # Bit-identical whenever the padded batch shape (B, T) is the same, whatever the neighbours and the position
-    # (docs/pretrained.md); a different shape changes the GEMM blocking, hence float32 rounding (<= 1e-6).
+    # (docs/how-to/pretrained.md); a different shape changes the GEMM blocking, hence float32 rounding (<= 1e-6).
     assert max(len(outputs) for outputs in by_shape.values()) == 3
     for outputs in by_shape.values():
         assert all(np.array_equal(outputs[0], other) for other in outputs[1:])
@@ -659,5 +659,5 @@ def test_runtime_gives_a_sentence_the_same_vectors_in_any_batch(tmp_path, bilm_t
     outputs.append(cpu_embedder(out, max_batch_tokens=64).embed_tokens([*sentences, target])[-1])
     assert max(np.abs(got - alone).max() for got in outputs) <= 1e-6
     # onnxruntime's CPU kernels give each row the same arithmetic whatever the batch shape: bit-identical
-    # (docs/pretrained.md states this guarantee for the CPU provider).
+    # (docs/how-to/pretrained.md states this guarantee for the CPU provider).
     assert all(np.array_equal(got, alone) for got in outputs)

@@ -143,7 +143,7 @@ def outside_warnings(caplog) -> list[str]:
 
 
 def test_a_symlinked_version_folder_counts_and_is_named_once(tmp_path, caplog):
-    """docs/models.md, "Paths that leave their folder": a version published as a symlink to a folder elsewhere is
+    """docs/how-to/models.md, "Paths that leave their folder": a version published as a symlink to a folder elsewhere is
     served, and one WARNING names where it leads, however often the repository is scanned."""
     elsewhere = fake_export(tmp_path / "exports" / "v2")
     root = tmp_path / "models"
@@ -155,7 +155,7 @@ def test_a_symlinked_version_folder_counts_and_is_named_once(tmp_path, caplog):
             assert scan(root) == {"default": [1, 2, 3]}
     assert outside_warnings(caplog) == [
         f"version folder {root / 'default' / '2'} leads outside {root / 'default'}, to {elsewhere}: loaded from "
-        'there (docs/models.md, "Paths that leave their folder")'
+        'there (docs/how-to/models.md, "Paths that leave their folder")'
     ]
 
 
@@ -170,7 +170,7 @@ def test_a_symlinked_model_folder_counts_and_is_named_once(tmp_path, caplog):
         assert scan(root) == {"zh": [1]}
     assert outside_warnings(caplog) == [
         f"model folder {root / 'zh'} leads outside {root}, to {elsewhere}: loaded from there "
-        '(docs/models.md, "Paths that leave their folder")'
+        '(docs/how-to/models.md, "Paths that leave their folder")'
     ]
 
 

@@ -517,8 +517,8 @@ def test_operations_doc_lists_exactly_the_metrics_served(server):
 
     from prometheus_client.metrics import MetricWrapperBase
 
-    # docs/operations.md once listed a metric that did not exist: the table must be what the registry holds.
-    table = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    # docs/reference/metrics.md once listed a metric that did not exist: the table must be what the registry holds.
+    table = (REPO / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(elmo_\w+)` \| (\w+) \| ([\w, ]*?) ?\|", table, flags=re.M)
     documented = {name: (kind, tuple(x.strip() for x in labels.split(",") if x.strip())) for name, kind, labels in rows}
     served = {}
@@ -529,7 +529,7 @@ def test_operations_doc_lists_exactly_the_metrics_served(server):
             served[name] = (family.type, tuple(collector._labelnames))  # no public accessor for label names
     assert documented == served
     for name in re.findall(r"rate\((elmo_\w+?)_(?:sum|count|bucket)\b", table):
-        assert name in served, f"docs/operations.md queries {name}, which is not served"
+        assert name in served, f"docs/reference/metrics.md queries {name}, which is not served"
 
 
 # -- process-level -------------------------------------------------------------------------------------------------
