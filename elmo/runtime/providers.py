@@ -18,6 +18,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from elmo.errors import ModelFileError
+from elmo.runtime.memory import cuda_memory_options, memory_options
 
 log = logging.getLogger("elmo.runtime")
 
@@ -156,20 +157,23 @@ def open_session(
     cuda_options: dict | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession for ``path``; ModelFileError naming the file when onnxruntime cannot load it.
-    ``cuda_options`` go to the CUDA provider (default: DEFAULT_CUDA_OPTIONS)."""
+    ``cuda_options`` go to the CUDA provider (default: DEFAULT_CUDA_OPTIONS); the arena follows
+    :func:`configure_memory` (default: no CPU arena)."""
     if not path.is_file():
         raise ModelFileError(f"{path}: ONNX graph not found (run `elmo export --model {path.parent}`)")
     options = ort.SessionOptions()
+    memory = memory_options()
+    options.enable_cpu_mem_arena = memory.cpu_memory_arena == "on"
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Spinning worker threads keep the cores busy between runs and starve the gRPC threads and the tokenizer that
-    # feed them: measured 35-40 % fewer served tokens/s with it on (docs/explanation/service.md).
+    # feed them: measured 35-40 % fewer served tokens/s with it on (docs/service.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if intra_op_threads:
         options.intra_op_num_threads = int(intra_op_threads)
     if inter_op_threads:
         options.inter_op_num_threads = int(inter_op_threads)
-    cuda = {**DEFAULT_CUDA_OPTIONS, **(cuda_options or {})}
+    cuda = {**DEFAULT_CUDA_OPTIONS, **cuda_memory_options(memory), **(cuda_options or {})}
     with_options = [(name, cuda) if name == CUDA else name for name in providers]
     try:
         return ort.InferenceSession(str(path), options, providers=with_options)

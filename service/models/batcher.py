@@ -73,6 +73,8 @@ class BatchStats:
     inference_s: float
     sentences: int
     tokens: int  # real tokens in the runtime call
+    runtime_s: float = 0.0  # the runtime call alone, the end of ``inference_s`` (the rest: the hand-off to a worker)
+    padded_tokens: int = 0  # positions the runtime ran (EmbedStats.padded_tokens)
 
 
 class _Answers:
@@ -125,6 +127,7 @@ class _Run:
     long: bool
     started: float
     seconds: float = 0.0
+    called: float = 0.0  # time.monotonic() when the worker called the runtime
 
 
 class Batcher:
@@ -401,6 +404,7 @@ class Batcher:
 
     def _work(self, embed_fn: EmbedFn, run: _Run, loop: asyncio.AbstractEventLoop) -> None:
         """On a worker thread: the runtime call, then its outcome back to the event loop."""
+        run.called = time.monotonic()
         try:
             outcome = embed_fn([item.tokens for item in run.batch])
             error = None
@@ -562,7 +566,9 @@ class Batcher:
         stats: dict[int, BatchStats] = {}  # one per request: its sentences were queued together
         for item, output in zip(batch, outputs):
             if item.request not in stats:
-                stats[item.request] = BatchStats(run.started - item.enqueued, run.seconds, len(batch), real)
+                runtime_s = run.started + run.seconds - run.called
+                stats[item.request] = BatchStats(run.started - item.enqueued, run.seconds, len(batch), real, runtime_s,
+                                                 cost.padded_tokens)  # fmt: skip
             item.answers.answer(item.index, (output, stats[item.request]))
 
     def _take_all(self) -> list[_Item]:
