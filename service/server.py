@@ -2,7 +2,7 @@
 
     elmo serve --model DIR [--model NAME=DIR ...] --port 50051 [--http-port 8080] [--metrics-port 9090]
                [--tls-cert FILE --tls-key FILE] [--auth-token TOKEN | env ELMO_AUTH_TOKEN] [limits flags]
-    elmo serve --model-root DIR [--poll-interval-s 5] [--keep-versions 1] [--max-model-memory-bytes 8GiB]
+    elmo serve --model-root DIR [--poll-interval-s 5] [--keep-versions 1] [--max-model-memory 8GiB]
                [--admin-token TOKEN | env ELMO_ADMIN_TOKEN] ...
 
 ``--model-root DIR`` serves a model repository (``DIR/NAME/VERSION/``) whose versions change while serving
@@ -63,24 +63,24 @@ from elmo.service.models.versions import FixedModels, ModelManager, parse_bytes
 from elmo.service.processes import die_with_supervisor, run_processes, wait_for_the_group
 from elmo.service.telemetry.metrics import ServiceMetrics
 from elmo.service.telemetry.observe import RequestObserver
-from grpc_health.v1 import health_pb2
-from grpc_reflection.v1alpha import reflection
-
-from elmo.errors import ConfigError, ElmoError
-
-log = logging.getLogger("service.server")
-
 from elmo.service.telemetry.tracing import (
     add_tracing_arguments,
     configure_tracing,
     grpc_interceptors,
     tracing_from_args,
 )
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection
+
+from elmo.errors import ConfigError, ElmoError
+from elmo.runtime.memory import add_memory_arguments, configure_memory, memory_from_args
+
+log = logging.getLogger("service.server")
+
 AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
 ADMIN_TOKEN_ENV = "ELMO_ADMIN_TOKEN"
 
 
-from elmo.runtime.memory import add_memory_arguments, configure_memory, memory_from_args
 @dataclass(frozen=True)
 class RepositoryOptions:
     """``--model-root`` and its flags (service.models.versions.ModelManager's arguments)."""
@@ -334,20 +334,138 @@ class ElmoServer:
 
 # -- command line ------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every flag of ``elmo serve``, grouped for --help (service.config); each one also ELMO_<NAME> and a --config
-    key (elmo.flags)."""
-    add_serve_arguments(parser)  # the essentials, more models, network, security, runtime tuning, operations
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="[NAME=]DIR",
+        help="model directory to serve (repeat for several; the first is the default); or --model-root",
+    )
+    parser.add_argument(
+        "--model-root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve a model repository, DIR/NAME/VERSION/ exported model directories: the latest complete version "
+        "of every NAME; versions change while serving (--poll-interval-s, the admin API); see docs/how-to/models.md",
+    )
+    parser.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=0.0,
+        help="with --model-root: look for new, removed and repaired versions this often (default 0 = never: only "
+        "the admin API changes what is loaded)",
+    )
+    parser.add_argument(
+        "--keep-versions",
+        type=int,
+        default=1,
+        help="with --model-root: keep the N highest complete versions of every model loaded, each one pinnable as "
+        "NAME@VERSION (default 1: the latest; new requests always go to the highest)",
+    )
+    parser.add_argument(
+        "--max-model-memory",
+        default=None,
+        metavar="SIZE",
+        help="with --model-root: refuse a load that would take the models' memory over SIZE (2GiB, 512MiB, 4GB; "
+        "estimated from the model files, see docs/how-to/models.md; default no limit)",
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=None,
+        help=f"with --model-root: serve the admin API (gRPC elmo.v1.ModelAdmin, HTTP /admin/...) to callers with "
+        f"'authorization: Bearer TOKEN' (default: env {ADMIN_TOKEN_ENV}; none = no admin API)",
+    )
+    parser.add_argument(
+        "--release-timeout-s",
+        type=float,
+        default=60.0,
+        help="with --model-root: a version taken out of service is released once its requests are done, or after "
+        "this long at most (default 60)",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free port)")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="also serve the HTTP/JSON API (OpenAI /v1/embeddings, /v1/embed, ...) and the web page on this port "
+        "(default off; 0 = any free port)",
+    )
+    parser.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL[:TASK]",
+        help="answer requests for model NAME with MODEL (or its TASK mix), e.g. text-embedding-3-small=default for "
+        "clients that cannot change the name they send (repeatable; none by default)",
+    )
+    parser.add_argument(
+        "--normalize",
+        action="store_true",
+        help='POST /v1/embeddings answers unit-length vectors unless a request says "normalize": false (then dot '
+        "product = cosine; the default answers the raw mean, as /v1/embed's layers are)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default off)")
+    parser.add_argument("--metrics-host", default=None, help="address for /metrics (default: --host)")
+    parser.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain (with --tls-key)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
+    parser.add_argument(
+        "--auth-token",
+        default=None,
+        help=f"require 'authorization: Bearer TOKEN' (default: env {AUTH_TOKEN_ENV}; none = open)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: ORT's)")
+    parser.add_argument(
+        "--runtime-batch-tokens",
+        type=int,
+        default=None,
+        help="rows x longest sentence per onnxruntime run inside one call (default: the runtime's)",
+    )
+    parser.add_argument(
+        "--token-cache",
+        type=int,
+        default=None,
+        help="runtime LRU of token-encoder vectors, entries (default: the runtime's; 0 = off)",
+    )
+    parser.add_argument(
+        "--providers",
+        default=None,
+        help="comma-separated onnxruntime providers (default: CUDA then CPU if a GPU is visible, else CPU)",
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once listening (for port 0); "
+        "with --processes, a fourth line lists every process's metrics port",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among them), each "
+        "with its own copy of the models, batcher, limits and --threads (default: the cores / N): for models cheap "
+        "enough (or a backend fast enough) that one process's request handling is the limit (docs/how-to/replicas.md) "
+        "(default 1)",
+    )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="listen with SO_REUSEPORT, so that other servers started with it may share the ports (what each of "
+        "--processes does; for running them yourself, e.g. one systemd unit per process); the ports open only once "
+        "the models are warm, since a connection may reach any of the servers",
+    )
     add_limit_arguments(parser)
     add_health_arguments(parser)
+    add_memory_arguments(parser)
+    add_tracing_arguments(parser)
 
 
 def _model_specs(values: list[str]) -> list[tuple[str, Path]]:
     specs = []
     for value in values:
         name, sep, path = value.partition("=")
-    add_restart_arguments(parser)
-    add_memory_arguments(parser)
-    add_tracing_arguments(parser)
         if sep and not Path(value).exists():
             specs.append((name, Path(path)))
         else:
@@ -391,7 +509,7 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
     if bool(args.model) == (args.model_root is not None):
         raise ConfigError("serve either --model DIR (repeatable) or --model-root DIR (a model repository)")
     if args.model_root is None:
-        for flag, default in (("max_model_memory_bytes", None), ("admin_token", None), ("poll_interval_s", 0.0),
+        for flag, default in (("max_model_memory", None), ("admin_token", None), ("poll_interval_s", 0.0),
                               ("keep_versions", 1)):  # fmt: skip
             if getattr(args, flag) not in (default, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} goes with --model-root DIR")
@@ -401,7 +519,7 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
         runtime_opener(args, limits),
         poll_interval_s=args.poll_interval_s,
         keep_versions=args.keep_versions,
-        max_memory=parse_bytes(args.max_model_memory_bytes) if args.max_model_memory_bytes else None,
+        max_memory=parse_bytes(args.max_model_memory) if args.max_model_memory else None,
         release_timeout_s=args.release_timeout_s,
     )
 
@@ -445,6 +563,8 @@ async def serve(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.http_port, " for HTTP", reuse_port=args.reuse_port)
     check_port_free(args.metrics_host or args.host, args.metrics_port, " for metrics")
     repository = _repository_from_args(args, limits)
+    configure_memory(memory_from_args(args))  # before the sessions open: the arena is chosen per session
+    configure_tracing(tracing_from_args(args))  # before the server: its interceptors follow it
     models = load_models(args, limits, metrics)
     server = ElmoServer(
         models,
@@ -457,8 +577,6 @@ async def serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         aliases=aliases,
         normalize=args.normalize,
-    configure_memory(memory_from_args(args))  # before the sessions open: the arena is chosen per session
-    configure_tracing(tracing_from_args(args))  # before the server: its interceptors follow it
         repository=repository,
         admin_token=admin_token,
         reuse_port=args.reuse_port,
