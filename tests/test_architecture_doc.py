@@ -1,5 +1,5 @@
-"""docs/explanation/architecture.md stays true to the tree: every module under elmo/, service/ and export/ is named there, by
-its path or by its file name in a paragraph (a bullet) that names its folder."""
+"""docs/explanation/architecture.md stays true to the tree: every module under elmo/, service/ and export/ is named
+there, by its path or by its file name in a paragraph (a bullet) that names its folder."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The house's plan holds: imports only go down the stage order (docs/explanation/architecture.md, "The stage order"), no import
-cycle among the project's modules, the serving side (docs/explanation/architecture.md, "The torch
+"""The house's plan holds: imports only go down the stage order (docs/explanation/architecture.md, "The stage
+order"), no import cycle among the project's modules, the serving side (docs/explanation/architecture.md, "The torch
 line") imports without torch, and an install puts one package, `elmo`, into site-packages. The development
 benchmarks (bench/, not installed) are checked too: they may import anything, nothing installed imports them."""
 
@@ -161,7 +161,8 @@ def test_imports_only_go_down_the_pipeline():
     assert imports_up_the_pipeline(import_graph(project_modules())) == []
 
 
-# The service's parts, lowest first (docs/explanation/architecture.md, "Service"): a part may import its own and earlier ones;
+# The service's parts, lowest first (docs/explanation/architecture.md, "Service"): a part may import its own and
+# earlier ones;
 # the two doors stand side by side and never import each other.
 SERVICE_PARTS = [("common",), ("telemetry",), ("models",), ("core",), ("grpc", "http"), ("processes",), ("server",)]
 
@@ -170,7 +171,7 @@ def service_part(module: str) -> tuple[int, str]:
     """(rank in SERVICE_PARTS, part name) of an ``elmo.service.*`` module."""
     part = module.removeprefix("elmo.service.").split(".")[0]
     rank = next((i for i, names in enumerate(SERVICE_PARTS) if part in names), None)
-    assert rank is not None, f"{module}: its part '{part}' is not in SERVICE_PARTS (and docs/explanation/architecture.md)"
+    assert rank is not None, f"{module}: its part '{part}' is not in SERVICE_PARTS (and docs/explanation/...)"
     return rank, part
 
 

@@ -1,5 +1,5 @@
 """Every command in the fenced bash blocks of README.md and of the docs pages that took the README's blocks when it
-became a front page (DOCUMENTS: docs/how-to/clients.md, docs/how-to/pipeline.md, ...) runs as written in this checkout (in CI: a
+became a front page (DOCUMENTS: docs/how-to/clients.md, docs/how-to/pipeline.md, ...) runs as written here (in CI: a
 fresh clone on a fresh machine), or as the substitution listed next to it in README_COMMANDS, the one table of how
 each command is covered. A command of any of those pages that is neither run nor listed fails
 test_every_readme_command_is_run_or_listed, so the README and those pages cannot drift from what is tested. Their
@@ -56,8 +56,8 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 # The README and the pages its blocks moved to: every ```bash command of each is run or listed in README_COMMANDS,
 # every ```python block of each runs against `make serve`. A page that takes a README block joins this list.
-DOCUMENTS = (README, DOCS / "how-to" / "clients.md", DOCS / "how-to" / "pipeline.md", DOCS / "explanation" / "quality.md",
-             DOCS / "speed.md", DOCS / "how-to" / "spacy.md")
+DOCUMENTS = (README, DOCS / "how-to" / "clients.md", DOCS / "how-to" / "pipeline.md",
+             DOCS / "explanation" / "quality.md", DOCS / "speed.md", DOCS / "how-to" / "spacy.md")
 DEFAULT_MODEL = REPO / "models" / "default"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
@@ -686,7 +686,7 @@ def python_block_runner(block: str, page: str = "README.md") -> str:
 
 
 def test_readme_python_blocks_run_against_the_served_model(served) -> None:
-    """Each ```python block of DOCUMENTS (the README's tour blocks now live in docs/how-to/clients.md), as written, from the
+    """Each ```python block of DOCUMENTS (the README's tour blocks live in docs/how-to/clients.md), as written, from the
     repo root, against `make serve`: in the torch-free serve venv, or, for the OpenAI client's block, in .venv (the
     `openai` package is the user's, not the service's: the dev extra)."""
     clients = set(documented_snippets().values()) | set(spacy_blocks())  # run in .venv-clients / .venv, below
@@ -852,7 +852,8 @@ def pooled_answer(documents: list[str]) -> np.ndarray:
 def test_readme_has_one_snippet_per_client_and_docs_show_the_same() -> None:
     snippets = documented_snippets()
     assert tuple(snippets) == CLIENTS
-    assert tuple(client_snippets((DOCS / "how-to" / "clients.md").read_text())) == CLIENTS  # where the README sends readers
+    clients_page = (DOCS / "how-to" / "clients.md").read_text()
+    assert tuple(client_snippets(clients_page)) == CLIENTS  # where the README sends readers
 
 
 @pytest.mark.parametrize("client", CLIENTS)

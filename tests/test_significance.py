@@ -87,4 +87,4 @@ def test_every_verdict_written_in_the_docs_is_what_the_code_says_of_its_interval
             interval = [float(x.replace("−", "-")) for x in (low, high)]
             assert said == verdict({"ci95": interval}), f"{path.name}: [{low}, {high}]: {said}"
             found += 1
-    assert found >= 10  # the README's task and sense tables, docs/how-to/tasks.md, docs/how-to/adapt.md, the model card, report.md
+    assert found >= 10  # the README's task and sense tables, docs/how-to/{tasks,adapt}.md, the model card, report.md

@@ -95,7 +95,7 @@ def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
 
 
 def brown_lines(package: Path = BROWN, files: int = 80, min_words: int = 8, max_words: int = 60) -> list[str]:
-    """The batch job's bench text (docs/explanation/runtime.md, ``brown.txt``): the sentences of the first ``files`` files of
+    """The batch job's bench text (docs/explanation/runtime.md): the sentences of the first ``files`` files of
     the fetched Brown package (``c*``, in name order; one tagged sentence a line) of ``min_words``-``max_words``
     words, tags dropped, one a line."""
     found = sorted(path for path in package.glob("c*") if path.is_file())[:files]

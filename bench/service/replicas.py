@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.service.replicas --model models/default --seconds 20 --mode no-balancer-retries
 
 16 clients (by default 8 gRPC through elmo.client with its retry policy, 8 HTTP `POST /v1/embeddings` through
-urllib3 with `Retry`, docs/how-to/replicas.md's settings) send requests for --seconds. At one third of the run one replica
+urllib3 with `Retry`, as docs/how-to/replicas.md says) send requests for --seconds. At one third of the run one replica
 gets SIGTERM (it drains), at two thirds another gets SIGKILL. Reported per event window (the --window seconds after
 each event, and the time before and after; a call counts where it started): requests, failed requests (after the
 client's retries), client retries (HTTP: urllib3's retry history; gRPC: each call's attempts in HAProxy's log,

@@ -182,7 +182,7 @@ class Embedder:
         runs_in_flight: int | None, signed_int8: bool | None,
     ) -> None:  # fmt: skip
         """The encoder graph, the context graph and, on CPU, the parallel runs' copy of it (:meth:`_parallel_runs`).
-        The encoder's provider decides the context graph's layout (docs/explanation/runtime.md): one Scan per direction on CPU,
+        The encoder's provider decides the context graph's layout (docs/explanation/runtime.md): a Scan each way on CPU,
         both directions per Scan on CUDA; so where CUDA was asked for, the encoder loads first, and where only the
         CPU was, all load side by side (onnxruntime gives the GIL up while it builds a session: ELMo-small's three
         took 0.085-0.096 s against 0.142-0.152 one after another, 2 cores)."""

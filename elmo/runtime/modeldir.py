@@ -31,7 +31,8 @@ CONTEXT_FUSED_FILE = "context_fused.onnx"  # the same, both directions per Scan 
 CONTEXT_IN_STEP_FILE = "context_in_step.onnx"  # context.onnx with the upper layers' input product in each step
 # An int8 export's context.onnx products as u8 x s8: the same integers (its uint8 weights and their zero points less
 # 128), for CPUs whose u8 x s8 kernels accumulate in int32 (AVX-512 VNNI, AVX-VNNI, AMX-INT8), where onnxruntime's
-# u8 x s8 kernels are faster than its u8 x u8 ones; elsewhere u8 x s8 saturates and context.onnx runs (docs/explanation/runtime.md).
+# u8 x s8 kernels are faster than its u8 x u8 ones; elsewhere u8 x s8 saturates and context.onnx runs
+# (docs/explanation/runtime.md).
 CONTEXT_S8_FILE = "context_s8.onnx"
 CONTEXT_S8_KEY = "context_s8"  # its key in onnx.json's "graphs"
 # The context graph's layouts (export/context_graph.py): onnx.json's "graphs" key and the default file of each.

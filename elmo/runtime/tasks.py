@@ -302,7 +302,7 @@ class TaskStore:
         cached = self._cache.get(name)
         if cached and cached[0] == mtime:
             return cached[1]
-        note_if_outside(self.model_dir, Path(TASKS_DIR, name), "task folder")  # followed, said once (docs/how-to/models.md)
+        note_if_outside(self.model_dir, Path(TASKS_DIR, name), "task folder")  # followed, said once (how-to/models.md)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:

@@ -1,6 +1,7 @@
-"""Where a saved pipeline's `elmo` component finds its model (docs/how-to/models.md, "Paths that leave their folder"): the
-model `elmo/cfg.json` names, or the bundled one, is loaded wherever it leads, and one WARNING names the place when
-that is outside the component's folder (saved by reference, a symlink, a `..`); a bundle inside says nothing."""
+"""Where a saved pipeline's `elmo` component finds its model (docs/how-to/models.md, "Paths that leave their
+folder"): the model `elmo/cfg.json` names, or the bundled one, is loaded wherever it leads, and one WARNING names
+the place when that is outside the component's folder (saved by reference, a symlink, a `..`); a bundle inside says
+nothing."""
 
 from __future__ import annotations
 
