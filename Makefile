@@ -23,7 +23,7 @@ METRICS_PORT ?= 9090
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch,spacy,manylangs-parity]'
+	$(VENV)/bin/pip install -q -e '.[serve,train,dev,batch,spacy,manylangs-parity,otel]'
 	touch $@
 
 # The OpenAI-compatible clients of the README's snippets, in a venv of their own (the `clients` extra): chromadb
