@@ -17,9 +17,10 @@ from elmo.service.common.errors import ServiceError, grpc_code
 from elmo.service.common.limits import Limits
 from elmo.service.common.shares import Shares, peer_address
 from elmo.service.common.tokens import BearerToken
-from elmo.service.telemetry.observe import CLIENT_GONE, Observation, RequestObserver
+from elmo.service.telemetry.observe import API, CLIENT_GONE, HEALTH, REFLECTION, Observation, RequestObserver
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+REFLECTION_PREFIX = "/grpc.reflection."  # grpc.reflection.v1alpha and v1: the client listing services and files
 CLIENT_FAULT_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
@@ -115,8 +116,8 @@ class ObserverInterceptor(_WrappingInterceptor):
         self._observer = observer
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        short = method.rsplit("/", 1)[-1]
-        return _observed(handler, lambda: self._observer.start(short), self._finish)
+        short, kind = method.rsplit("/", 1)[-1], call_kind(method)
+        return _observed(handler, lambda: self._observer.start(short, kind), self._finish)
 
     @staticmethod
     def _finish(seen: Observation, context, error: BaseException | None, who: tuple[str, str]) -> None:
@@ -129,6 +130,13 @@ class ObserverInterceptor(_WrappingInterceptor):
             server_fault=code is not grpc.StatusCode.OK and code not in CLIENT_FAULT_CODES,
             describe=lambda: (*who, context.details() or ""),
         )
+
+
+def call_kind(method: str) -> str:
+    """Health checks and reflection are counted apart from the API's calls (service.telemetry.observe)."""
+    if method.startswith(HEALTH_PREFIX):
+        return HEALTH
+    return REFLECTION if method.startswith(REFLECTION_PREFIX) else API
 
 
 def _client_went_away(error: BaseException | None) -> bool:
@@ -152,6 +160,11 @@ def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) 
         return code
     if error is None:
         return grpc.StatusCode.OK
+    if isinstance(error, GeneratorExit) or (not isinstance(error, asyncio.CancelledError) and context.cancelled()):
+        # A streaming handler left at a ``yield`` when its call ended (the client closed the stream while an answer
+        # was being sent: grpcio-reflection's client does so after listing the services), then closed by gRPC or the
+        # collector: the call was cancelled under it, nothing failed on the server.
+        return grpc.StatusCode.CANCELLED
     if isinstance(error, asyncio.CancelledError):
         remaining = context.time_remaining()
         return (
@@ -224,7 +237,7 @@ T = TypeVar("T")
 
 
 async def first_message(requests: AsyncIterator[T], context: grpc.aio.ServicerContext, timeout_s: float) -> T:
-    """A call's one request message, within ``timeout_s`` of its headers (``--grpc-message-timeout``); otherwise the
+    """A call's one request message, within ``timeout_s`` of its headers (``--grpc-message-timeout-s``); otherwise the
     call is aborted, naming why."""
     try:
         async with asyncio.timeout(timeout_s):
@@ -233,7 +246,7 @@ async def first_message(requests: AsyncIterator[T], context: grpc.aio.ServicerCo
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
     except TimeoutError:
         message = (f"the request message did not arrive within {timeout_s:g} s of the call's headers "
-                   "(--grpc-message-timeout); the call is closed")  # fmt: skip
+                   "(--grpc-message-timeout-s); the call is closed")  # fmt: skip
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
     raise AssertionError("unreachable: context.abort raises")
 
@@ -260,7 +273,7 @@ class CallGate(_WrappingInterceptor):
     @classmethod
     def for_limits(cls, limits: Limits) -> CallGate:
         """The gate of ``limits``: its own shares of --max-concurrent-rpcs calls, --max-calls-per-peer a peer, and
-        the request message's clocks (--grpc-message-timeout, --grpc-idle-timeout)."""
+        the request message's clocks (--grpc-message-timeout-s, --grpc-idle-timeout-s)."""
         calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
                        ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
         return cls(calls, limits.grpc_message_timeout, limits.grpc_idle_timeout)
@@ -347,8 +360,8 @@ class _TimedReader:
 
     async def abort_if_idle(self, context) -> None:
         if self.idle:
-            message = f"no request message for {self._timeout:g} s (--grpc-idle-timeout); the stream is closed"
+            message = f"no request message for {self._timeout:g} s (--grpc-idle-timeout-s); the stream is closed"
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
 
 
-__all__ = ["AuthInterceptor", "CallGate", "ObserverInterceptor"]
+__all__ = ["AuthInterceptor", "CallGate", "ObserverInterceptor", "call_kind"]

@@ -48,7 +48,7 @@ from elmo.service.http.encodings import ENCODINGS
 from elmo.service.http.openapi import openapi_document
 from elmo.service.models.registry import ServedModel
 from elmo.service.models.tasks import Task
-from elmo.service.telemetry.observe import CLIENT_GONE, RequestObserver
+from elmo.service.telemetry.observe import API, CLIENT_GONE, HEALTH, UNMATCHED, RequestObserver
 from elmo.service.telemetry.tracing import http_middlewares
 
 from elmo.v1 import embedder_pb2 as pb
@@ -241,8 +241,7 @@ class HttpFrontend:
     @web.middleware
     async def _observe(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Errors as JSON with the right status, a client that went away as such; the shared observation."""
-        route = request.match_info.route.resource
-        seen = self.observer.start(f"{request.method} {route.canonical if route is not None else 'unmatched'}")
+        seen = self.observer.start(*observed_as(request))
         outcome, server_fault = CLIENT_GONE, False
         try:
             response = await self._respond(request, handler)
@@ -328,8 +327,7 @@ class HttpFrontend:
             self._check_token(request)
         except ServiceError as exc:
             status, message = (417 if exc.kind is Kind.INVALID_INPUT else http_status(exc.kind)), exc.message
-            route = request.match_info.route.resource
-            seen = self.observer.start(f"{request.method} {route.canonical if route is not None else 'unmatched'}")
+            seen = self.observer.start(*observed_as(request))
             seen.finish(str(status), server_fault=False, describe=lambda: (str(request.remote), "-", message))
             response = error_response(status, message, exc.kind.value)
             response.headers.update(COMMON_HEADERS)
@@ -478,6 +476,15 @@ class HttpFrontend:
     async def page(self, request: web.Request) -> web.Response:
         html = PAGE.read_text(encoding="utf-8")  # read per request: the page can be edited while serving
         return web.Response(text=html, content_type="text/html", charset="utf-8", headers=page_headers(html))
+
+
+def observed_as(request: web.Request) -> tuple[str, str]:
+    """(method, kind) of a request for the metrics: ``GET /v1/models/{model_id}`` (the route, never the path a client
+    sent); health checks and requests that matched no route (a browser's /favicon.ico) are counted apart."""
+    route = request.match_info.route.resource
+    if route is None:
+        return request.method, UNMATCHED
+    return f"{request.method} {route.canonical}", HEALTH if route.canonical == "/health" else API
 
 
 def answer_headers(prepared: PreparedEmbed) -> dict[str, str]:

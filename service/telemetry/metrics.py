@@ -36,6 +36,13 @@ class ServiceMetrics:
             registry=r,
         )
         self.in_flight = Gauge("elmo_requests_in_flight", "RPCs being handled", registry=r)
+        # kept apart from the API's requests: probes, reflection, and HTTP requests that matched no route
+        self.other_requests = Counter(
+            "elmo_other_requests",
+            "health checks, gRPC reflection and HTTP requests to no route, by kind, method and status code",
+            ["kind", "method", "code"],
+            registry=r,
+        )
         self.queue_sentences = Gauge("elmo_queue_sentences", "sentences waiting to be batched", ["model"], registry=r)
         self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting to be batched", ["model"], registry=r)
         self.batch_tokens = Histogram(

@@ -4,6 +4,10 @@ gRPC (service.grpc.interceptors) and HTTP (service.http.app) each work out their
 code name or an HTTP status), then hand them here: one in-flight gauge, one request counter and one latency histogram
 per method and outcome, and one log line per request (DEBUG; WARNING when the server is at fault, so that the log's
 warnings and the 5xx rate mean the same thing). A client that went away is its own outcome, not a server error.
+
+Calls that are not the API's requests (a :data:`KINDS` kind: health checks, gRPC reflection, HTTP requests that
+matched no route, such as a browser's /favicon.ico) are counted apart, in ``elmo_other_requests_total{kind, method,
+code}``: they neither dilute the API's error rate and latency nor count as requests in flight.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from elmo.service.telemetry.metrics import ServiceMetrics
 log = logging.getLogger("service.requests")
 
 CLIENT_GONE = "client_disconnected"  # the outcome of a request whose client hung up before the answer
+API = ""  # the kind of the API's own requests (embed, tokenize, models, admin, the page and the document)
+HEALTH, REFLECTION, UNMATCHED = "health", "reflection", "unmatched"
+KINDS = (HEALTH, REFLECTION, UNMATCHED)  # the other kinds, counted apart
 
 
 @dataclass
@@ -28,6 +35,7 @@ class Observation:
     observer: RequestObserver
     method: str
     started: float
+    kind: str = API
 
     def finish(self, outcome: str, *, server_fault: bool, describe: Describe) -> None:
         """``describe()`` -> (peer, request id, message), called only when the log line is written."""
@@ -44,15 +52,20 @@ class RequestObserver:
         self._counted: dict[tuple[str, ...], Any] = {}
         self._timed: dict[tuple[str, ...], Any] = {}
 
-    def start(self, method: str) -> Observation:
-        self.metrics.in_flight.inc()
-        return Observation(self, method, time.perf_counter())
+    def start(self, method: str, kind: str = API) -> Observation:
+        """``kind``: API, or one of :data:`KINDS` (counted apart)."""
+        if kind == API:
+            self.metrics.in_flight.inc()
+        return Observation(self, method, time.perf_counter(), kind)
 
     def finished(self, seen: Observation, outcome: str, *, server_fault: bool, describe: Describe) -> None:
         seconds = time.perf_counter() - seen.started
-        self.metrics.in_flight.dec()
-        _child(self._counted, (seen.method, outcome), self.metrics.requests).inc()
-        _child(self._timed, (seen.method,), self.metrics.latency).observe(seconds)
+        if seen.kind == API:
+            self.metrics.in_flight.dec()
+            _child(self._counted, (seen.method, outcome), self.metrics.requests).inc()
+            _child(self._timed, (seen.method,), self.metrics.latency).observe(seconds)
+        else:
+            _child(self._counted, (seen.kind, seen.method, outcome), self.metrics.other_requests).inc()
         level = logging.WARNING if server_fault else logging.DEBUG
         if log.isEnabledFor(level):
             peer, request_id, detail = describe()
@@ -81,4 +94,4 @@ def _child(cache: dict[tuple[str, ...], Any], labels: tuple[str, ...], metric: A
     return child
 
 
-__all__ = ["CLIENT_GONE", "Observation", "RequestObserver"]
+__all__ = ["API", "CLIENT_GONE", "HEALTH", "KINDS", "REFLECTION", "UNMATCHED", "Observation", "RequestObserver"]

@@ -89,14 +89,28 @@ def test_tokenize_models_health_and_openapi(server, grpc_client):
     status, spec = call(server.http_url, "/openapi.json")
     assert status == 200 and spec == json.loads(json.dumps(openapi_document()))
     routes = {r.resource.canonical for r in server.server.http.app.router.routes()}
-    admin = {path for path in spec["paths"] if path.startswith("/admin/")}  # only with --admin-token: test_fuzz.py
-    assert routes == set(spec["paths"]) - admin and admin
+    assert routes == set(spec["paths"])  # no /admin/ routes: this server has no --admin-token (test_openapi.py)
 
 
 def test_http_requests_are_counted_in_the_metrics(server):
     before = server.metric("elmo_requests_total", method="POST /v1/tokenize", code="200")
     call(server.http_url, "/v1/tokenize", {"text": "hello"})
     assert server.metric("elmo_requests_total", method="POST /v1/tokenize", code="200") == before + 1
+
+
+def test_health_checks_and_paths_of_no_route_are_counted_apart_from_the_apis_requests(server):
+    """A browser's /favicon.ico (404) and the probes' /health are not the API's requests: they are counted in
+    elmo_other_requests_total, by kind, and never in elmo_requests_total (nor its error rate)."""
+    other = {"favicon": ("unmatched", "GET", "404"), "health": ("health", "GET /health", "200")}
+    counted = {name: dict(zip(("kind", "method", "code"), labels)) for name, labels in other.items()}
+    before = {name: server.metric("elmo_other_requests_total", **labels) for name, labels in counted.items()}
+    assert call(server.http_url, "/favicon.ico")[0] == 404
+    assert call(server.http_url, "/health")[0] == 200
+    for name, labels in counted.items():
+        assert server.metric("elmo_other_requests_total", **labels) == before[name] + 1
+    assert server.metric("elmo_requests_total", method="GET /health", code="200") == 0
+    assert server.metric("elmo_requests_total", method="GET unmatched", code="404") == 0
+    assert server.metric("elmo_requests_total", method="GET", code="404") == 0
 
 
 def test_every_route_takes_its_texts_as_input_and_the_older_names_as_aliases(server):
