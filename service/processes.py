@@ -22,13 +22,13 @@ process only:
   the admin API's choices changed, and logs once all have ("every server process serves NAME@VERSION");
 - writes ``--port-file`` once all of them listen (a fourth line: every process's own metrics port);
 - restarts a process that ends unasked (a crash, a kill, the memory killer) while the others keep serving: after
-  RESTART_FIRST_S, doubling with each restart in the last RESTART_WINDOW_S up to RESTART_MAX_S; the new process
-  warms up, then listens (GROUP_WARM_SIGNAL). The RESTARTS_ALLOWED-th restart within RESTART_WINDOW_S is not made:
-  the group stops, and this process exits with the code of the one that ended, for a supervisor above it
-  (systemd, Kubernetes) to act on. A process that ends before the group first listened stops the group the same way
-  (a bad command line or model would only fail again);
+  RESTART_FIRST_S, doubling with each restart in the last ``--process-restart-window-s`` up to RESTART_MAX_S; the
+  new process warms up, then listens (GROUP_WARM_SIGNAL). Past ``--process-restarts`` restarts within the window
+  (0: at the first end) the group stops instead, and this process exits with the code of the one that ended, for
+  a supervisor above it (systemd, Kubernetes) to act on. A process that ends before the group first listened
+  stops the group the same way (a bad command line or model would only fail again);
 - hands every SIGTERM / SIGINT on to all of them (each drains as one server does; a second signal cuts
-  ``--shutdown-delay`` short, as there), and exits 0 once all have.
+  ``--shutdown-delay-s`` short, as there), and exits 0 once all have.
 
 Each process dies with this one (:func:`die_with_supervisor`): a killed supervisor leaves no server on the ports.
 Limits hold per process: N processes admit N times ``--max-concurrent-rpcs`` and the rest, and a peer N times its
@@ -50,9 +50,10 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from elmo.service.common.limits import add_fields_as_flags
 from elmo.service.common.ports import bind_port
 from elmo.service.models.group import RECONCILE_SIGNAL, ModelGroup, describe
 from elmo.service.telemetry.group_metrics import GroupCollector, serve_group_metrics
@@ -65,16 +66,47 @@ from elmo.runtime.repository import scan, version_dir
 log = logging.getLogger("service.processes")
 
 POLL_S = 0.1  # how often the supervisor looks at its processes
-STOP_MARGIN_S = 30.0  # beyond --shutdown-delay + --drain-seconds, how long a stopping process gets before a kill
+STOP_MARGIN_S = 30.0  # beyond --shutdown-delay-s + --drain-timeout-s, how long a stopping process gets before a kill
 RESTART_FIRST_S = 1.0  # a process that ended unasked is started again after this long, doubled for each restart
-RESTART_MAX_S = 30.0  # in the last RESTART_WINDOW_S, up to this long
-RESTART_WINDOW_S = 600.0
-RESTARTS_ALLOWED = 5  # restarts within RESTART_WINDOW_S; one more ending stops the group
+RESTART_MAX_S = 30.0  # in the window, up to this long
 PROCESS_METRICS_HOST = "127.0.0.1"  # each process's own /metrics: read by the supervisor only
 _PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "ELMO_SERVE_SUPERVISOR"  # the supervisor's pid, in the environment of the processes it starts
 WARM_FILE_ENV = "ELMO_SERVE_WARM_FILE"  # where a process of the group says it is warm (wait_for_the_group)
 GROUP_WARM_SIGNAL = signal.SIGUSR1  # from the supervisor: every process of the group is warm, listen now
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """What the supervisor does when a process of the group ends unasked (the ``--process-restart*`` flags)."""
+
+    restarts: int = 5  # restarts within the window; the next end stops the group (0: the first end does)
+    window_s: float = 600.0
+
+    def validate(self) -> RestartPolicy:
+        if self.restarts < 0:
+            raise ConfigError(f"--process-restarts {self.restarts}: 0 (stop the group at the first end) or more")
+        if self.window_s <= 0:
+            raise ConfigError(f"--process-restart-window-s {self.window_s}: give a number of seconds over 0")
+        return self
+
+
+_RESTART_FLAGS = {"restarts": "process-restarts", "window_s": "process-restart-window-s"}
+_RESTART_HELP = {
+    "restarts": "with --processes: a process that ends unasked (a crash, a kill) is started again while the others "
+    "serve, up to this many times within --process-restart-window-s; one more end stops the group, which exits with "
+    "that process's code (0: stop the group at the first end, for a supervisor above to restart it whole)",
+    "window_s": "the window --process-restarts counts restarts in",
+}
+
+
+def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
+    add_fields_as_flags(parser, RestartPolicy(), _RESTART_FLAGS.__getitem__, _RESTART_HELP)
+
+
+def restart_policy_from_args(args: argparse.Namespace) -> RestartPolicy:
+    values = {f.name: getattr(args, _RESTART_FLAGS[f.name].replace("-", "_"), f.default) for f in fields(RestartPolicy)}
+    return RestartPolicy(**values).validate()
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -87,8 +119,7 @@ def process_command(args: argparse.Namespace, grpc_port: int, http_port: int | N
     """The command line as given, then what makes it one of the group (argparse keeps a flag's last value)."""
     command = [sys.executable, "-m", "elmo.cli", *args.command_line, "--processes", "1", "--reuse-port"]
     command += ["--port", str(grpc_port), "--port-file", str(port_file)]
-    if http_port is not None:
-        command += ["--http-port", str(http_port)]
+    command += ["--http-port", str(http_port) if http_port is not None else "off"]
     if args.metrics_port is not None:  # its own, for the supervisor to merge
         command += ["--metrics-port", "0", "--metrics-host", PROCESS_METRICS_HOST]
     if args.model_root is not None:  # the supervisor watches the repository for all of them
@@ -159,12 +190,14 @@ class Slot:
 class ProcessGroup:
     """The places of the group, the ``elmo serve`` processes in them, and the signals passed on to them."""
 
-    def __init__(self, slots: list[Slot], stop_timeout: float, models: ModelGroup | None = None) -> None:
+    def __init__(self, slots: list[Slot], stop_timeout: float, models: ModelGroup | None = None,
+                 restart: RestartPolicy = RestartPolicy()) -> None:  # fmt: skip
         self.slots = slots
+        self.restart = restart
         self.stop_timeout = stop_timeout
         self.models = models
         self.asked_to_stop = False
-        self.restarts: deque[float] = deque()  # when each restart within RESTART_WINDOW_S was decided
+        self.restarts: deque[float] = deque()  # when each restart within the window was decided
         self.restart_count = 0
 
     @property
@@ -223,9 +256,9 @@ class ProcessGroup:
             process = slot.process
             if process is not None and process.poll() is not None and not self.asked_to_stop:
                 if not self.may_restart(now):
-                    log.error("server process %d ended with exit code %s, its %d%s restart in %.0f s: stopping the "
-                              "other %d", process.pid, process.returncode, RESTARTS_ALLOWED + 1,
-                              _ordinal(RESTARTS_ALLOWED + 1), RESTART_WINDOW_S, len(self.slots) - 1)  # fmt: skip
+                    log.error("server process %d ended with exit code %s, after %d restarts within %.0f s "
+                              "(--process-restarts): stopping the other %d", process.pid, process.returncode,
+                              len(self.restarts), self.restart.window_s, len(self.slots) - 1)  # fmt: skip
                     return process
                 delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** (len(self.restarts) - 1))
                 log.error("server process %d ended with exit code %s: the other %d keep serving; starting another "
@@ -243,9 +276,9 @@ class ProcessGroup:
         return None
 
     def may_restart(self, now: float) -> bool:
-        while self.restarts and self.restarts[0] < now - RESTART_WINDOW_S:
+        while self.restarts and self.restarts[0] < now - self.restart.window_s:
             self.restarts.popleft()
-        if len(self.restarts) >= RESTARTS_ALLOWED:
+        if len(self.restarts) >= self.restart.restarts:
             return False
         self.restarts.append(now)
         return True
@@ -271,10 +304,6 @@ class ProcessGroup:
 
 def _written(path: Path) -> bool:
     return path.is_file() and bool(path.read_text())
-
-
-def _ordinal(n: int) -> str:
-    return {1: "st", 2: "nd", 3: "rd"}.get(n if n < 20 else n % 10, "th")
 
 
 class VersionKeeper:
@@ -375,6 +404,7 @@ def own_metrics(group: ProcessGroup, keeper: VersionKeeper | None) -> Callable[[
 def run_processes(args: argparse.Namespace) -> int:
     """``elmo serve --processes N``: see the module's docstring. Returns the exit code."""
     check_options(args)
+    restart = restart_policy_from_args(args)
     host = args.host
     # bound, never listening: the processes bind beside it (the kernel hands connections only to listening sockets)
     reserved = [bind_port(host, args.port, reuse_port=True)]
@@ -390,7 +420,7 @@ def run_processes(args: argparse.Namespace) -> int:
             command = process_command(args, grpc_port, http_port, port_file)
             slots.append(Slot(i, command, port_file.with_suffix(".warm"), port_file))
         models = ModelGroup(Path(work), args.processes) if args.model_root is not None else None
-        group = ProcessGroup(slots, stop_timeout, models)
+        group = ProcessGroup(slots, stop_timeout, models, restart)
         keeper = VersionKeeper(group, models, args.model_root, args.poll_interval_s) if models else None
         metrics_server, metrics_port = None, None
         if args.metrics_port is not None:

@@ -162,6 +162,21 @@ def test_a_killed_process_is_started_again_while_the_other_keeps_serving(two_pro
     assert server.wait() == 0
 
 
+def test_with_no_restarts_a_process_that_dies_stops_the_group(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--process-restarts 0: the first process that ends takes the group down with its code, for a supervisor
+    above to restart it whole."""
+    args = ["--model", str(tiny_model_dir), "--processes", "2", "--process-restarts", "0"]
+    with ServeProcess(args, tmp_path) as server:
+        server.wait_serving()
+        first, second = children(server.proc.pid)
+        os.kill(first, signal.SIGKILL)
+        assert server.wait() == 128 + signal.SIGKILL
+    assert not alive(second)
+    assert f"server process {first} ended with exit code -9, after 0 restarts within 600 s" in server.stderr()
+    with pytest.raises(RemoteError, match="UNAVAILABLE"), EmbedderClient(server.target, timeout=5) as client:
+        client.embed_texts(["nobody listens"])
+
+
 def test_a_killed_supervisor_leaves_no_server_behind(two_processes) -> None:
     server, grpc_port, _, _ = two_processes
     processes = children(server.proc.pid)
@@ -191,6 +206,7 @@ def test_a_sigterm_while_the_group_starts_stops_it_cleanly(tiny_model_dir: Path,
     "extra, env, error",
     [
         (["--processes", "0"], {}, "elmo serve: error: --processes 0: give 1 or more"),
+        (["--processes", "2", "--process-restarts", "-1"], {}, "elmo serve: error: --process-restarts -1: 0 (stop"),
         (["--processes", "2", "--admin-token", "s3cret"], {}, "elmo serve: error: --admin-token goes with --model-"),
     ],
 )
