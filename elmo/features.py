@@ -21,126 +21,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from elmo.backends import Backend, LocalBackend, RemoteBackend, connect  # noqa: F401  (re-exported)
 from elmo.errors import InputError
 from elmo.runtime.feature_cache import CachedFeatures, cache_features, sentences_digest  # noqa: F401  (re-exported)
-from elmo.runtime.tasks import POOLINGS, Task, TaskStore, UnknownTaskError, mix_layers, pool
+from elmo.runtime.tasks import POOLINGS, Task, mix_layers, pool
 from elmo.text.tokenize import tokenize
 
 log = logging.getLogger(__name__)
-
-
-class Backend(Protocol):
-    """What feature extraction needs from a model: tokens in, per-sentence layers out."""
-
-    n_layers: int
-    dim: int
-    max_tokens_per_sentence: int
-
-    def embed_tokens(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """Tokenized sentences -> per sentence float32 (n_layers, n_tokens, dim)."""
-
-    def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
-        """The stored task's mix per sentence, float32 (n_tokens, dim)."""
-
-    def layers_and_mix(self, sentences: list[list[str]], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Both in one pass: per sentence (layers (n_layers, n_tokens, dim), the task's mix (n_tokens, dim))."""
-
-    def check_task(self, task: str) -> None:
-        """UnknownTaskError (naming the tasks there are) when the model has no task ``task``."""
-
-
-class LocalBackend:
-    """In-process onnxruntime (:class:`elmo.runtime.Embedder`) and the model directory's tasks."""
-
-    def __init__(self, model: str | Path, **runtime_options: Any) -> None:
-        from elmo.runtime import Embedder
-
-        self.embedder = Embedder(model, **runtime_options)
-        self.n_layers, self.dim = self.embedder.info.n_layers, self.embedder.info.dim
-        self.max_tokens_per_sentence = self.embedder.info.max_tokens_per_sentence
-        self.tasks = TaskStore(self.embedder.model_dir, n_layers=self.n_layers, dim=self.dim)
-
-    def embed_tokens(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        return self.embedder.embed_tokens(sentences)
-
-    def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
-        return [mixed for _, mixed in self.layers_and_mix(sentences, task)]
-
-    def layers_and_mix(self, sentences: list[list[str]], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        stored = self.tasks.get(task)
-        return [(layers, stored.apply(layers)) for layers in self.embed_tokens(sentences)]
-
-    def check_task(self, task: str) -> None:
-        self.tasks.get(task)
-
-
-class RemoteBackend:
-    """The gRPC service through :class:`elmo.client.EmbedderClient`; a stored task's mix is computed by the server
-    (the request's ``task`` field). Requests are cut to the server's advertised limits (GetModelInfo)."""
-
-    def __init__(self, server: str, model_name: str = "", **client_options: Any) -> None:
-        from elmo.client import EmbedderClient
-
-        self.client = EmbedderClient(server, **client_options)
-        self.model_name = model_name
-        info = self.client.model_info(model_name)
-        self.n_layers, self.dim = int(info.n_layers), int(info.dim)
-        self.tasks = list(info.tasks)
-        limits = info.limits if info.HasField("limits") else None
-        self.max_inputs = int(limits.max_inputs) if limits and limits.max_inputs else 64
-        self.max_tokens = int(limits.max_tokens_per_request) if limits and limits.max_tokens_per_request else 8192
-        if limits and limits.max_response_bytes:
-            # All layers (float32) plus a mix per token, with a margin for tokens, offsets and framing.
-            per_token = 4 * self.dim * (self.n_layers + 1)
-            self.max_tokens = max(1, min(self.max_tokens, int(0.7 * limits.max_response_bytes) // per_token))
-        # The longest sentence one request may carry: the server's per-sentence limit and this client's cut.
-        per_sentence = int(limits.max_tokens_per_sentence) if limits and limits.max_tokens_per_sentence else 0
-        per_sentence = per_sentence or int(info.max_tokens_per_sentence) or self.max_tokens
-        self.max_tokens_per_sentence = min(per_sentence, self.max_tokens)
-
-    def _chunks(self, sentences: list[list[str]]):
-        start = 0
-        while start < len(sentences):
-            end, tokens = start, 0
-            while end < len(sentences) and end - start < self.max_inputs:
-                if end > start and tokens + len(sentences[end]) > self.max_tokens:
-                    break
-                tokens += len(sentences[end])
-                end += 1
-            yield sentences[start:end]
-            start = end
-
-    def _embed(self, sentences: list[list[str]], **options: Any) -> list:
-        out = []
-        for chunk in self._chunks(sentences):
-            out.extend(self.client.embed(chunk, model=self.model_name, **options))
-        return out
-
-    def embed_tokens(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        return [e.layers for e in self._embed(sentences)]
-
-    def mix(self, sentences: list[list[str]], task: str) -> list[np.ndarray]:
-        return [e.mix for e in self._embed(sentences, task=task, omit_layers=True)]
-
-    def layers_and_mix(self, sentences: list[list[str]], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(e.layers, e.mix) for e in self._embed(sentences, task=task)]
-
-    def check_task(self, task: str) -> None:
-        if task not in self.tasks:
-            raise UnknownTaskError(
-                f"unknown task {task!r} for the server's model; available tasks: {', '.join(self.tasks) or 'none'}"
-            )
-
-
-def connect(model: str | Path | None = None, server: str | None = None, **options: Any) -> Backend:
-    """A local model directory or a remote server (exactly one of them)."""
-    if (model is None) == (server is None):
-        raise InputError("give exactly one of model=DIR (local runtime) or server=HOST:PORT (gRPC service)")
-    return LocalBackend(model, **options) if model is not None else RemoteBackend(server, **options)
 
 
 def as_tokens(sentences: Sequence[str | Sequence[str]]) -> list[list[str]]:

@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from elmo.sizes import human_bytes
+
 ALLENNLP_BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
 NLPL_BASE = "https://vectors.nlpl.eu/repository/11"  # HTTPS: the NLPL repository serves it (HIT-SCIR README links http)
 ALLENNLP_LICENCE = "Apache-2.0"
@@ -142,13 +144,13 @@ def resolve_url(url: str, base_url: str | None) -> str:
 def _size(entry: Entry) -> str:
     known = entry.known_bytes
     if known is not None:
-        return f"{known:,} bytes"
+        return f"{human_bytes(known)} ({known:,} bytes)"
     return f"{entry.approx} (recorded on first download)" if entry.approx else "recorded on first download"
 
 
 def markdown_table(catalogue: dict[str, Entry] | None = None) -> str:
-    """The catalogue as docs/how-to/pretrained.md and ``elmo pull --list`` show it; "checked by" says, file by file, whether
-    a download is checked against a published SHA-256 or pinned on first use."""
+    """The catalogue as docs/how-to/pretrained.md and ``elmo pull --list`` show it; "checked by" says, file by file,
+    whether a download is checked against a published SHA-256 or pinned on first use."""
     catalogue = CATALOGUE if catalogue is None else catalogue
     lines = [
         "| name | model | files (publisher's address) | size | checked by | licence |",

@@ -51,12 +51,11 @@ if TYPE_CHECKING:
 
 
 def job_embedder(model: Path, args: argparse.Namespace) -> Embedder:
-    """A warmed-up Embedder built by the batch job's own backend (elmo.batch.engines.LocalBackend: on CPU the
+    """A warmed-up Embedder built by the batch job's own backend (elmo.batch.engines.local_backend: on CPU the
     in_step context graph, which the service's default Embedder does not run), with no token vectors cached yet."""
-    from elmo.batch.engines import LocalBackend
-    from elmo.batch.layout import parse_layers
+    from elmo.batch.engines import local_backend
 
-    embedder = LocalBackend(model, parse_layers(args.layers), args.batch_tokens, args.threads).embedder
+    embedder = local_backend(model, args.batch_tokens, args.threads).embedder
     embedder.warmup()
     return embedder
 

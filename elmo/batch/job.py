@@ -16,6 +16,7 @@ from elmo.batch.pipeline import Progress, embed_events, line_limit, prefetched, 
 from elmo.batch.plan import JSONL, InputPlan, check_input_path, detect_input_format, scan_input
 from elmo.batch.writers import Hdf5Assembly, ShardStats, earlier_output, finish_parquet
 from elmo.errors import InputError, ModelFileError
+from elmo.sizes import human_bytes
 from elmo.text.overflow import Overflow
 
 log = logging.getLogger("elmo.batch")
@@ -50,11 +51,7 @@ class JobResult:
 
 def _size(path: Path) -> str:
     total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-    for unit in ("B", "KB", "MB", "GB"):
-        if total < 1024 or unit == "GB":
-            return f"{total:.1f} {unit}" if unit != "B" else f"{total} B"
-        total /= 1024
-    return f"{total} B"
+    return human_bytes(total)
 
 
 def check_options(options: JobOptions) -> None:
@@ -169,5 +166,3 @@ def _steady_rate(timeline: list[tuple[float, int]]) -> float | None:
     if len(timeline) < 3 or timeline[-1][0] <= timeline[0][0]:
         return None
     return sum(tokens for _, tokens in timeline[1:]) / (timeline[-1][0] - timeline[0][0])
-
-

@@ -46,8 +46,9 @@ from spacy.tokens import Doc
 from spacy.util import minibatch
 from thinc.api import Model
 
+from elmo.backends import connect
 from elmo.errors import ElmoError, InputError
-from elmo.features import connect, select_layer
+from elmo.features import select_layer
 from elmo.runtime.modeldir import note_if_outside
 from elmo.text.overflow import Overflow, embed_windowed, over_limit_message
 

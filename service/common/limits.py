@@ -13,6 +13,7 @@ from typing import Any
 
 from elmo.errors import ConfigError, InputError
 from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
+from elmo.sizes import human_bytes  # noqa: F401  (the one byte formatter; importers of this module use it)
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
@@ -237,14 +238,6 @@ def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
             ("grpc.max_connection_age_grace_ms", int(limits.answer_write_timeout_s * 1000)),
         ]
     return {"maximum_concurrent_rpcs": 2 * limits.max_concurrent_rpcs + 256, "options": options}
-
-
-def human_bytes(n: int) -> str:
-    """A byte count as people read it in a message: 1.5 GiB, 64.0 MiB, 12.0 KiB, 300 bytes."""
-    for unit, size in (("GiB", 1024 * MIB), ("MiB", MIB), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
 
 
 __all__ = [

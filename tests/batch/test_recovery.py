@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from elmo.batch.engines import REMOTE_IN_FLIGHT, RemoteBackend
+from elmo.backends import IN_FLIGHT as REMOTE_IN_FLIGHT
+from elmo.backends import RemoteBackend
 from elmo.client import EmbedderClient
 from elmo.runtime import CPU, Embedder
 from tests.batch.test_job import assert_same_output, corpus, embed_file, error_lines, write_lines
