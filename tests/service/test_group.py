@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from elmo.service.models.group import ModelGroup, ProcessStatus, describe
 
 from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime.repository import publish_copy
@@ -29,6 +30,26 @@ def second_model(tmp_path_factory) -> Path:
 
     directory = tmp_path_factory.mktemp("tiny_model_seed1")
     return write_random_model(directory, "tiny", seed=1, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5)
+
+
+def test_the_policy_is_changed_under_one_lock_and_the_group_settles_once_every_process_followed(tmp_path) -> None:
+    supervisor = ModelGroup(tmp_path, 2)
+    first, second = ModelGroup(tmp_path, 2, index=0), ModelGroup(tmp_path, 2, index=1)
+    assert supervisor.policy().round == 0 and supervisor.settled(0) is None  # nobody reported yet
+    first.report(ProcessStatus(0, {"default": 1}))
+    second.report(ProcessStatus(0, {"default": 1}))
+    assert describe(supervisor.settled(0)) == ({"default": 1}, None)
+    changed = first.change(lambda policy: policy.excluded.setdefault("default", set()).add(2))
+    assert changed.round == 1 and second.policy().excluded == {"default": {2}}  # what the other process reads
+    assert second.change(lambda policy: policy.unwanted.add("other")).round == 2  # on top of the first change
+    assert supervisor.policy().excluded == {"default": {2}} and supervisor.policy().unwanted == {"other"}
+    first.report(ProcessStatus(2, {"default": 1}))
+    assert supervisor.settled(2) is None  # the second process has not followed yet
+    second.report(ProcessStatus(2, {"default": 3}))
+    agreed, differing = describe(supervisor.settled(2))
+    assert agreed == {} and differing == "default: process 0 @1, process 1 @3"
+    supervisor.forget(1)  # replaced: its successor reports afresh
+    assert supervisor.settled(0) is None
 
 
 def versions_named(grpc_port: int, calls: int = FRESH_CALLS) -> set[int]:
