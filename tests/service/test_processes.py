@@ -249,6 +249,19 @@ def test_each_process_runs_the_command_as_given_with_its_ports_and_share_of_the_
     assert (one.port_file, one.threads, one.model) == (Path("process-1.port"), expected, ["m"])
 
 
+def test_each_process_serves_its_metrics_to_the_supervisor_and_leaves_the_repository_to_it() -> None:
+    """With --metrics-port, a process's own /metrics is on a free port of 127.0.0.1 (the supervisor serves the
+    group's on the given one); under --model-root it does not poll (the supervisor watches for the group)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    given = ["--model-root", "r", "--processes", "2", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
+             "--poll-interval-s", "5"]  # fmt: skip
+    args = parser.parse_args(given)
+    args.command_line = ["serve", *given]
+    one = parser.parse_args(process_command(args, 50123, None, Path("process-0.port"))[4:])
+    assert (one.metrics_port, one.metrics_host, one.poll_interval_s, one.model_root) == (0, "127.0.0.1", 0.0, Path("r"))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
