@@ -4,7 +4,8 @@
 # 1. a venv (.venv-gpu) with onnxruntime-gpu[cuda,cudnn] (CUDA 13 + cuDNN 9 come as pip wheels) and the project;
 # 2. without MODEL_DIR: torch (CPU is enough) + onnx, then a random-weight ELMo-original model is written and
 #    exported (verified against PyTorch) into runs/gpu-check/original; with MODEL_DIR: that exported directory;
-# 3. scripts/gpu_check.py: a plain start picks CUDA by itself, CUDA vs CPU parity, ELMo-original tokens/s at batch
+# 3. the serve memory defaults reach the CUDA provider (its arena grows by what a run asks);
+# 4. scripts/gpu_check.py: a plain start picks CUDA by itself, CUDA vs CPU parity, ELMo-original tokens/s at batch
 #    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/service/loadgen.py).
 # Environment: PYTHON=/path/to/python uses that interpreter as it is (no venv, no installs: for machines that
 # cannot reach a registry and already hold onnxruntime-gpu); GPU_SITE=DIR (implies PYTHON=python3 unless set):
@@ -49,6 +50,24 @@ if [[ -z "$MODEL_DIR" ]]; then
         "$PYTHON" -m export.random_model --preset original --out "$MODEL_DIR" --export
     fi
 fi
+
+# `elmo serve`'s memory defaults reach the CUDA provider (elmo/runtime/memory.py, --cpu-memory-arena): its device
+# arena grows by what a run asks, not to the next power of two, and the CPU arena is off.
+PYTHONPATH="$CHECK_PYTHONPATH" "$PYTHON" - "$MODEL_DIR" <<'PY'
+import sys
+from pathlib import Path
+
+from elmo.runtime.memory import MemoryOptions, configure_memory
+from elmo.runtime.providers import CPU, CUDA, open_session
+
+configure_memory(MemoryOptions())
+graph = next(p for p in (Path(sys.argv[1]) / n for n in ("encoder.onnx", "model.onnx")) if p.is_file())
+session = open_session(graph, [CUDA, CPU])
+cuda = session.get_provider_options().get(CUDA)
+assert cuda is not None, f"the CUDA provider did not load for {graph}: {session.get_providers()}"
+print("CUDA provider memory:", {k: cuda.get(k) for k in ("arena_extend_strategy", "gpu_mem_limit")})
+assert cuda.get("arena_extend_strategy") == "kSameAsRequested", f"serve's memory defaults did not reach CUDA: {cuda}"
+PY
 
 extra=()
 [[ -n "${GPU_CHECK_JSON:-}" ]] && extra+=(--json "$GPU_CHECK_JSON")

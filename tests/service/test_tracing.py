@@ -112,6 +112,7 @@ def check_tree(spans: dict[str, list], request_span: str, caller_span: str) -> N
     assert answer.start_time_unix_nano >= max(span.end_time_unix_nano for span in spans["elmo.batch"])
 
 
+@pytest.mark.slow  # a served model (its module fixture) and the receiver: `make test`, not `make check`
 def test_a_grpc_call_is_traced_under_the_callers_traceparent(receiver, traced_server):
     servicer, _ = receiver
     _, target, _ = traced_server
@@ -129,6 +130,7 @@ def test_a_grpc_call_is_traced_under_the_callers_traceparent(receiver, traced_se
                if a.key == "elmo.batch.tokens") >= 6  # fmt: skip
 
 
+@pytest.mark.slow  # a served model (its module fixture) and the receiver: `make test`, not `make check`
 def test_an_http_request_is_traced_under_the_callers_traceparent(receiver, traced_server):
     servicer, _ = receiver
     _, _, url = traced_server
@@ -145,6 +147,7 @@ def test_an_http_request_is_traced_under_the_callers_traceparent(receiver, trace
     assert attributes["http.response.status_code"].int_value == 200
 
 
+@pytest.mark.slow  # a served model (its module fixture) and the receiver: `make test`, not `make check`
 def test_a_refused_call_is_traced_with_its_status(receiver, traced_server):
     """A request the checks refuse still leaves its span, marked with its status (no steps past admission)."""
     servicer, _ = receiver
