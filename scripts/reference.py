@@ -84,10 +84,9 @@ def shown(action: argparse.Action, top: bool) -> bool:
 
 
 def command_section(title: str, parser: argparse.ArgumentParser) -> list[str]:
-    """One (sub)command: its heading with its description, then one table per argument group that has flags (a
-    group of its own in `--help` gets its title above its table)."""
-    description = f": {cell(parser.description)}" if parser.description else ""
-    lines = [f"## `{title}`{description}"]
+    """One (sub)command: its heading, then one table of its flags, a group of its own in
+    `--help` opened by a row with the group's title."""
+    lines = [f"## `{title}`"]  # a short heading, so that other pages can link to #elmo-serve
     subcommands = [
         f"`{name}`"
         for action in parser._actions
@@ -96,16 +95,21 @@ def command_section(title: str, parser: argparse.ArgumentParser) -> list[str]:
     ]
     if subcommands:
         lines += ["", f"Subcommands: {', '.join(subcommands)}."]
+    rows = []
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if shown(a, False)]
         if not actions:
             continue
         if group.title not in ("options", "optional arguments", "positional arguments"):
-            lines += ["", f"*{cell(group.title)}*"]
-        if lines[-1].startswith("*") or lines[-1].startswith("Sub"):
-            lines.append("")
-        lines += ["| flag | default | what it does |", "|---|---|---|"]
-        lines += [f"| {flag_name(a)} | {default_of(a)} | {help_of(parser, a)} |" for a in actions]
+            rows.append(f"| *{cell(group.title)}* | | |")
+        rows += [f"| {flag_name(a)} | {default_of(a)} | {help_of(parser, a)} |" for a in actions]
+    if rows:
+        lines += (
+            ["| flag | default | what it does |", "|---|---|---|"]
+            if not subcommands
+            else ["", "| flag | default | what it does |", "|---|---|---|"]
+        )
+        lines += rows
     lines.append("")
     return lines
 
@@ -116,6 +120,9 @@ def render() -> str:
     shared = [a for a in first._actions if set(a.option_strings) & set(SHARED)]
     lines += ["## Every command", "", "| flag | default | what it does |", "|---|---|---|"]
     lines += [f"| {flag_name(a)} | {default_of(a)} | {help_of(first, a)} |" for a in shared]
+    lines.append("")
+    lines += ["| command | what it does |", "|---|---|"]
+    lines += [f"| [`elmo {name}`](#elmo-{name}) | {cell(help_)} |" for name, (_, help_, _) in COMMANDS.items()]
     lines.append("")
     for name in COMMANDS:
         _, parser = command_parser(name)

@@ -59,10 +59,10 @@ def test_the_generator_writes_every_flag_with_its_default_and_help() -> None:
     group.add_argument("--max-tokens", type=int, default=512, help="a | pipe in help")
     group.add_argument("--fast", action="store_true", help="a switch")
     text = "\n".join(reference.command_section("elmo demo", parser))
-    assert "## `elmo demo`: a demo command" in text
+    assert text.startswith("## `elmo demo`\n")
     assert "| `input` | (required) | the file to read |" in text
     assert "| `--max-wait-s` MAX_WAIT_S | `2.5` | give up after this (default 2.5) |" in text
-    assert "*limits*" in text and "| `--max-tokens` MAX_TOKENS | `512` | a \\| pipe in help |" in text
+    assert "| *limits* | | |" in text and "| `--max-tokens` MAX_TOKENS | `512` | a \\| pipe in help |" in text
     assert "| `--fast` | off | a switch |" in text
     assert "--log-level" not in text  # the flags every command shares are listed once, at the top of the page
     renamed = argparse.ArgumentParser(prog="elmo demo")
