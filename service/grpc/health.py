@@ -54,12 +54,15 @@ class HealthLimits:
     stall_s: float = 5.0  # a status not taken by its client this soon: that watcher is dropped
     max_checks: int = 128  # Check calls in progress at once (a served Check lasts until its answer has left)
     max_checks_per_peer: int = 32  # of those, what one client address may hold
+    http_connections: int = 8  # HTTP connections beyond --max-connections for GET /health only, one per address
 
     def validate(self) -> HealthLimits:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ConfigError(f"--{_FLAGS[f.name]} must be positive (got {value!r})")
+            zero_ok = f.name in MAY_BE_ZERO
+            if not (isinstance(value, (int, float)) and (value >= 0 if zero_ok else value > 0)):
+                must = "0 or more" if zero_ok else "positive"
+                raise ConfigError(f"--{_FLAGS[f.name]} must be {must} (got {value!r})")
         for total, per_peer in (("max_watches", "max_watches_per_peer"), ("max_checks", "max_checks_per_peer")):
             if getattr(self, per_peer) > getattr(self, total):
                 raise ConfigError(f"--{_FLAGS[per_peer]} must not exceed --{_FLAGS[total]}")
@@ -78,7 +81,9 @@ _FLAGS = {
     "stall_s": "health-watch-stall-s",
     "max_checks": "health-check-max",
     "max_checks_per_peer": "health-check-max-per-peer",
+    "http_connections": "health-http-connections",
 }
+MAY_BE_ZERO = frozenset({"http_connections"})  # 0 turns it off
 _HELP = {
     "max_watches": "grpc.health.v1 Watch streams open at once, all clients together; beyond, a new Watch gets "
     "RESOURCE_EXHAUSTED. gRPC's own cap on open calls leaves room for all health calls on top of "
@@ -93,6 +98,11 @@ _HELP = {
     "max_checks": "grpc.health.v1 Check calls in progress at once, all clients together (a Check is answered at "
     "once, but holds its place until its client has taken the answer); beyond, RESOURCE_EXHAUSTED",
     "max_checks_per_peer": "Check calls in progress from one client address, its share of --health-check-max",
+    "http_connections": "HTTP connections beyond --max-connections (and beyond a client's "
+    "--max-connections-per-peer) on which only GET /health is answered, at most one per client address: a probe "
+    "is answered while other clients hold every connection. Such a connection must send its request within 2 s "
+    "(or --http-header-timeout-s if shorter), gets the cap's 503 for any other path, and is closed after its "
+    "answer. 0: none",
 }
 
 
@@ -130,7 +140,7 @@ class _Stalled(Exception):
 class HealthServicer:
     """grpc.health.v1.Health, with statuses set by the server (:meth:`set`, :meth:`enter_graceful_shutdown`);
     :func:`health_handler` serves it. ``message_timeout_s``: how soon a call's request message must follow its
-    headers (--grpc-message-timeout)."""
+    headers (--grpc-message-timeout-s)."""
 
     def __init__(self, limits: HealthLimits | None = None, message_timeout_s: float = 30.0) -> None:
         self.limits = limits or HealthLimits()

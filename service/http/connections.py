@@ -23,6 +23,11 @@ handed to aiohttp: it gets a fixed ``503`` JSON answer with
 ``Connection: close`` and is closed (after a short linger, so that the answer is not lost to a reset when the client
 has already sent its request). One sweeper task closes every connection past its deadline; there is no timer per
 connection.
+
+Health has headroom of its own: a few connections beyond the cap (``health_connections``, one per client address)
+are handed to aiohttp for ``GET /health`` only, so that a probe is answered while other clients hold every
+connection. Such a connection must send its request within :data:`HEALTH_ONLY_HEADER_S`; any other path gets the
+same 503 as a refused connection, and it is closed after its one answer.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ log = logging.getLogger("service.http.connections")
 REASONS = ("header_timeout", "idle_timeout", "over_capacity", "over_peer_share")
 COMMON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # on every answer: no browser guesses a JSON body is HTML
 REFUSAL_LINGER_S = 1.0  # how long a refused connection may stay open for its client to read the 503 and close
+HEALTH_PATH = "/health"
+HEALTH_CONNECTIONS = 8  # connections beyond the cap for GET /health only (elmo serve: --health-http-connections)
+HEALTH_ONLY_HEADER_S = 2.0  # a connection beyond the cap must send its health request this soon (a probe does at once)
 LISTEN_BACKLOG = 128  # aiohttp's TCPSite default
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -65,7 +73,7 @@ class State(enum.Enum):
 
 def over_capacity_response(message: str) -> bytes:
     """The whole answer to a connection over the cap, built by hand: aiohttp never sees that connection."""
-    body = json.dumps({"error": {"message": message, "type": "overloaded", "code": 503}}, separators=(",", ":"))
+    body = over_capacity_body(message).decode()
     head = (
         "HTTP/1.1 503 Service Unavailable\r\n"
         "Content-Type: application/json\r\n"
@@ -74,6 +82,11 @@ def over_capacity_response(message: str) -> bytes:
         "\r\n"
     )
     return (head + body).encode()
+
+
+def over_capacity_body(message: str) -> bytes:
+    error = {"error": {"message": message, "type": "overloaded", "code": 503}}
+    return json.dumps(error, separators=(",", ":")).encode()
 
 
 # What a request aiohttp's parser refused is called in the answer: a fixed phrase per error, never the client's
@@ -158,7 +171,7 @@ class _Connection(asyncio.Protocol):
     (aiohttp's RequestHandler, or a :class:`_Refusal`). aiohttp's server never calls transport.get_protocol() or
     set_protocol(); asyncio's sendfile fallback does, and puts back what it found (this wrapper)."""
 
-    __slots__ = ("guard", "inner", "transport", "state", "deadline", "client")
+    __slots__ = ("guard", "inner", "transport", "state", "deadline", "client", "refusal")
 
     def __init__(self, guard: ConnectionGuard):
         self.guard = guard
@@ -167,6 +180,7 @@ class _Connection(asyncio.Protocol):
         self.state = State.HEADERS
         self.deadline: float | None = None
         self.client = ""  # the client's address without its port, set once the connection is made
+        self.refusal: tuple[str, str] | None = None  # beyond the cap, for health only: (reason, message) otherwise
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -214,8 +228,10 @@ class _Connection(asyncio.Protocol):
 class ConnectionGuard:
     """Owns the HTTP listening socket: the connection cap, the header and idle deadlines and their sweeper."""
 
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, health_connections: int = HEALTH_CONNECTIONS):
         self.limits = limits
+        self.health_connections = health_connections  # beyond the cap, for GET /health only; 0: none
+        self._health_only: dict[str, _Connection] = {}  # client address -> its one connection beyond the cap
         self.closed_for: dict[str, int] = dict.fromkeys(REASONS, 0)
         self._served: dict[asyncio.BaseProtocol, _Connection] = {}  # aiohttp's protocol -> its wrapper
         self._shares = Shares(limits.max_connections, limits.max_connections_per_peer, "connections",
@@ -293,55 +309,88 @@ class ConnectionGuard:
             return await handler(request)
         conn.set_state(State.REQUEST, None)
         try:
-            return await handler(request)
+            if conn.refusal is None:
+                return await handler(request)
+            return await self._health_only_answer(conn, request, handler)
         finally:
             conn.set_state(State.IDLE, self.limits.http_idle_timeout)
+
+    async def _health_only_answer(self, conn: _Connection, request: web.Request,
+                                  handler: Handler) -> web.StreamResponse:  # fmt: skip
+        """A connection beyond the cap: GET /health is answered, anything else refused as the cap would; either
+        way the connection closes after this one answer, giving its place back."""
+        assert conn.refusal is not None
+        if self._health_only.get(conn.client) is conn:  # closing after this answer: its client may probe again
+            del self._health_only[conn.client]
+        if request.path == HEALTH_PATH:
+            response = await handler(request)
+        else:
+            reason, why = conn.refusal
+            self._count_refusal(conn, reason)
+            body = over_capacity_body(why)
+            response = web.Response(body=body, status=503, content_type="application/json", headers=COMMON_HEADERS)
+        response.force_close()
+        return response
 
     # -- bookkeeping, called by _Connection ----------------------------------------------------------------------
     def _admit(self, conn: _Connection) -> asyncio.Protocol:
         """The protocol that will serve ``conn``: aiohttp's, or a 503 when the cap is reached. Decided when the
         connection is made (after TLS), so that connections still in their handshake do not take places."""
         why = self._shares.refusal(conn.client)
-        if why is not None:
-            return self._refuse(conn, why)
+        if why is None:
+            self._shares.take(conn.client)
+            return self._serve(conn, self.limits.http_header_timeout)
+        # one client over its share while the server itself has room, or the server full
+        reason = "over_capacity" if self._shares.full else "over_peer_share"
+        if reason == "over_capacity":
+            self._note_capacity()
+        if len(self._health_only) < self.health_connections and conn.client not in self._health_only:
+            conn.refusal = (reason, why)
+            self._health_only[conn.client] = conn
+            return self._serve(conn, min(self.limits.http_header_timeout, HEALTH_ONLY_HEADER_S))
+        return self._refuse(conn, reason, why)
+
+    def _serve(self, conn: _Connection, header_timeout: float) -> asyncio.Protocol:
         assert self._factory is not None
         inner = self._factory()
         if type(inner) is RequestHandler:  # aiohttp's own error answers, in the service's form
             inner.__class__ = _ServiceRequestHandler
-        self._shares.take(conn.client)
         self._served[inner] = conn
-        conn.set_state(State.HEADERS, self.limits.http_header_timeout)
+        conn.set_state(State.HEADERS, header_timeout)
         return inner
 
-    def _refuse(self, conn: _Connection, why: str) -> asyncio.Protocol:
-        if not self._shares.full:  # one client over its share: the server itself has room
-            self.closed_for["over_peer_share"] += 1
-            log.debug("refused HTTP connection from %s: %s", conn.peer(), why)
-        else:
-            self._note_capacity(conn)
+    def _refuse(self, conn: _Connection, reason: str, why: str) -> asyncio.Protocol:
+        self._count_refusal(conn, reason)
         # Lingering is bounded too: past as many lingering refusals as the cap, the next ones go at the next sweep.
         linger = min(REFUSAL_LINGER_S, self.limits.http_header_timeout)
         conn.set_state(State.REFUSED, linger if len(self._refused) < self.limits.max_connections else 0.0)
         self._refused.add(conn)
         return _Refusal(over_capacity_response(why))
 
-    def _note_capacity(self, conn: _Connection) -> None:
-        self.closed_for["over_capacity"] += 1
+    def _note_capacity(self) -> None:
         if not self._at_capacity:
             self._at_capacity = True
             log.warning(
-                "HTTP connection cap reached (%d, --max-connections): new connections get 503 until one closes",
+                "HTTP connection cap reached (%d, --max-connections): new connections get 503 (GET /health is "
+                "still answered on up to %d more, --health-http-connections) until one closes",
                 self.limits.max_connections,
+                self.health_connections,
             )
-        log.debug("refused HTTP connection from %s: over_capacity (%d open)", conn.peer(), len(self._served))
+
+    def _count_refusal(self, conn: _Connection, reason: str) -> None:
+        self.closed_for[reason] += 1
+        log.debug("refused HTTP connection from %s: %s (%d open)", conn.peer(), reason, len(self._served))
 
     def _forget(self, conn: _Connection) -> None:
         if conn.state is State.REFUSED:
             self._refused.discard(conn)
             return
         if self._served.pop(conn.inner, None) is not None:  # type: ignore[arg-type]
-            self._shares.give_back(conn.client)
-        if len(self._served) < self.limits.max_connections:
+            if conn.refusal is None:
+                self._shares.give_back(conn.client)
+            elif self._health_only.get(conn.client) is conn:
+                del self._health_only[conn.client]
+        if not self._shares.full:
             self._at_capacity = False
 
     # -- the sweeper -----------------------------------------------------------------------------------------------
@@ -435,7 +484,7 @@ async def _next_chunk(
 
 
 def _stalled(timeout: float) -> web.HTTPRequestTimeout:
-    return _timed_out(f"request body stalled for {timeout:g} s (--http-body-timeout)")
+    return _timed_out(f"request body stalled for {timeout:g} s (--http-body-timeout-s)")
 
 
 def _late(deadline: float) -> web.HTTPRequestTimeout:

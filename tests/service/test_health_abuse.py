@@ -260,6 +260,44 @@ def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir:
             exits_cleanly_in_time(server, signalled, delay_s + drain_s + slack_s)
 
 
+def held_http_connection(port: int, source: str) -> socket.socket:
+    """A keep-alive connection from ``source`` that has had one answer and stays open, holding its place."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    return sock
+
+
+@pytest.mark.parametrize("reserve", [2, 0])
+def test_http_health_has_headroom_while_other_clients_hold_every_connection(
+    tiny_model_dir: Path, tmp_path: Path, reserve: int
+) -> None:
+    """Four client addresses (127.0.0.2-5) hold every HTTP connection (--max-connections 8, 2 each): a new client's
+    GET /health is still answered 200 within the probe's bound, on a connection beyond the cap
+    (--health-http-connections), where any other request gets 503; with --health-http-connections 0 the probe gets
+    the cap's 503 like everyone else."""
+    if not _loopback_alias_works():
+        pytest.skip("needs 127.0.0.2-5 as client addresses (Linux routes all of 127/8 to lo)")
+    args = ["--model", str(tiny_model_dir), "--http-port", "0", "--max-connections", "8",
+            "--max-connections-per-peer", "2", "--health-http-connections", str(reserve)]  # fmt: skip
+    with ServeProcess(args, tmp_path) as server:
+        server.wait_serving()
+        http_port = int(server.port_file.read_text().split("\n")[2])  # lines: gRPC, metrics, HTTP
+        flood = [held_http_connection(http_port, f"127.0.0.{2 + i // 2}") for i in range(8)]
+        try:
+            url = f"http://127.0.0.1:{http_port}"
+            assert [http_health(f"{url}/health") for _ in range(3)] == [200 if reserve else 503] * 3
+            assert http_health(f"{url}/v1/models") == 503  # beyond the cap: health only
+        finally:
+            for sock in flood:
+                sock.close()
+
+
 def test_watch_ends_at_its_age_and_at_the_drain_and_unknown_services_are_named(runtime: Embedder) -> None:
     from elmo.service.grpc.health import HealthLimits
 

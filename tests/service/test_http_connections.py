@@ -23,7 +23,14 @@ from dataclasses import replace
 import pytest
 from aiohttp import web
 from elmo.service.common.limits import Limits
-from elmo.service.http.connections import REASONS, ClientGone, ConnectionGuard, over_capacity_response, read_body
+from elmo.service.http.connections import (
+    HEALTH_CONNECTIONS,
+    REASONS,
+    ClientGone,
+    ConnectionGuard,
+    over_capacity_response,
+    read_body,
+)
 
 from elmo.errors import ConfigError
 from tests.service_helpers import self_signed_cert
@@ -46,13 +53,14 @@ def limits(header: float = LONG, body: float = LONG, idle: float = LONG, cap: in
 class Served:
     """The test app behind a ConnectionGuard on its own event loop thread; ``seen`` gets what the routes saw."""
 
-    def __init__(self, limits: Limits, ssl_context: ssl.SSLContext | None = None):
+    def __init__(self, limits: Limits, ssl_context: ssl.SSLContext | None = None,
+                 health_connections: int = HEALTH_CONNECTIONS):  # fmt: skip
         self.limits = limits
         self.seen: queue.Queue[object] = queue.Queue()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-http-connections", daemon=True)
         self.thread.start()
-        self.guard = ConnectionGuard(limits)
+        self.guard = ConnectionGuard(limits, health_connections)
         self.runner = self.call(self._runner())
         self.port = self.call(self.guard.listen(self.runner, "127.0.0.1", 0, ssl_context))
 
@@ -61,7 +69,8 @@ class Served:
 
     async def _runner(self) -> web.AppRunner:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self.guard.middleware])
-        app.add_routes([web.get("/ok", self.ok), web.get("/slow", self.slow), web.post("/echo", self.echo)])
+        app.add_routes([web.get("/ok", self.ok), web.get("/slow", self.slow), web.post("/echo", self.echo),
+                        web.get("/health", self.ok)])  # fmt: skip
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         return runner
@@ -112,8 +121,8 @@ class Served:
 def serve() -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
-    def start(limits: Limits, ssl_context: ssl.SSLContext | None = None) -> Served:
-        started.append(Served(limits, ssl_context))
+    def start(limits: Limits, ssl_context: ssl.SSLContext | None = None, **options: int) -> Served:
+        started.append(Served(limits, ssl_context, **options))
         return started[-1]
 
     yield start
@@ -267,7 +276,7 @@ def test_a_stalled_body_gets_408_and_connection_close(serve):
         status, headers, body = read_response(sock)
     assert status == 408
     assert headers["connection"].lower() == "close"
-    assert f"request body stalled for {SHORT:g} s (--http-body-timeout)" in body.decode()
+    assert f"request body stalled for {SHORT:g} s (--http-body-timeout-s)" in body.decode()
     assert served.seen.get(timeout=WAIT) == "reading"
     assert isinstance(served.seen.get(timeout=WAIT), web.HTTPRequestTimeout)
     closed_for(served)  # the body timeout is the handler's answer, not a close by the guard
@@ -406,7 +415,7 @@ def test_what_aiohttps_parser_refuses_is_answered_as_json_without_echo_or_traceb
 
 
 def test_a_refused_client_that_stays_is_cut_after_a_short_linger(serve):
-    served = serve(limits(header=SHORT, cap=1))
+    served = serve(limits(header=SHORT, cap=1), health_connections=0)  # no room beyond the cap, even for health
     with connect(served.port) as first, connect(served.port) as refused:
         first.sendall(get("/ok"))
         assert read_response(first)[0] == 200
@@ -420,6 +429,61 @@ def test_a_refused_client_that_stays_is_cut_after_a_short_linger(serve):
                 break
             time.sleep(0.02)
     closed_for(served, over_capacity=1)
+
+
+def test_health_is_answered_beyond_the_cap_while_other_clients_hold_every_connection(serve, caplog):
+    """Four client addresses (127.0.0.2-5) hold every connection (cap 8, 2 each): a new client's GET /health is
+    answered 200 on a connection beyond the cap, which then closes; any other path there gets the cap's 503; and
+    the room beyond the cap is one connection per address, so a flooder cannot take it all."""
+    served = serve(limits(cap=8, per_peer=2), health_connections=2)
+    caplog.set_level(logging.WARNING, logger="service.http.connections")
+    flood = [connect_from(f"127.0.0.{2 + i // 2}", served.port) for i in range(8)]
+    try:
+        for sock in flood:
+            sock.sendall(get("/ok"))
+            assert read_response(sock)[0] == 200  # kept open: every place is taken
+        assert served.guard.open_connections == 8
+        for _ in range(3):  # a probe every period: each answered, each connection closed after it
+            with connect(served.port) as probe:
+                probe.sendall(get("/health"))
+                status, headers, body = parse_response(wait_closed(probe))
+                assert (status, body, headers["connection"].lower()) == (200, b"ok", "close")
+        with connect(served.port) as other:
+            other.sendall(get("/ok"))
+            status, headers, body = parse_response(wait_closed(other))
+        assert status == 503 and headers["connection"].lower() == "close"
+        message = "server busy: 8 connections open at once (--max-connections); retry later"
+        assert json.loads(body)["error"]["message"] == message
+        closed_for(served, over_capacity=1)
+
+        held = connect_from("127.0.0.2", served.port)  # a flooder takes its one place beyond the cap, silent
+        try:
+            eventually(lambda: served.guard.open_connections == 9, "the flooder's extra connection served")
+            with connect_from("127.0.0.2", served.port) as again:  # its second: refused at once
+                assert parse_response(wait_closed(again))[0] == 503
+            with connect(served.port) as probe:  # another address still has the other place
+                probe.sendall(get("/health"))
+                assert parse_response(wait_closed(probe))[0] == 200
+        finally:
+            held.close()
+        assert any("GET /health is still answered on up to 2 more" in r.getMessage() for r in caplog.records)
+    finally:
+        for sock in flood:
+            sock.close()
+
+
+def test_a_silent_connection_beyond_the_cap_is_closed_after_its_short_header_deadline(serve):
+    served = serve(limits(cap=1))  # the header timeout itself is long: the room beyond the cap has its own
+    with connect(served.port) as first, connect(served.port) as silent:
+        first.sendall(get("/ok"))
+        assert read_response(first)[0] == 200
+        assert wait_closed(silent) == b""
+    closed_for(served, header_timeout=1)
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    """A connection from another loopback address: another client to the server's per-address shares."""
+    return socket.create_connection(("127.0.0.1", port), timeout=WAIT, source_address=(source, 0))
 
 
 def test_the_over_capacity_answer_is_well_formed_http():
