@@ -60,7 +60,7 @@ from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallG
 from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
 from elmo.service.models.registry import ModelRegistry, ServedModel, parse_alias, serve_model
 from elmo.service.models.versions import FixedModels, ModelManager, parse_bytes
-from elmo.service.processes import die_with_supervisor, run_processes, wait_for_the_group
+from elmo.service.processes import add_restart_arguments, die_with_supervisor, run_processes, wait_for_the_group
 from elmo.service.telemetry.metrics import ServiceMetrics
 from elmo.service.telemetry.observe import RequestObserver
 from elmo.service.telemetry.tracing import (
@@ -459,6 +459,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_limit_arguments(parser)
     add_health_arguments(parser)
+    add_restart_arguments(parser)
     add_memory_arguments(parser)
     add_tracing_arguments(parser)
 
