@@ -717,3 +717,19 @@ def test_every_pip_install_resolves_for_the_image(image: Image, pyproject: dict,
 def test_resolution_check_fails_on_conflicting_requirements(tmp_path: Path) -> None:
     code, report, output = resolve(["packaging==24.1", "packaging==23.2"], "3.11", 36, tmp_path)
     assert code != 0 and report == {}, output
+
+
+# ---- the page's fonts
+
+
+CJK_FONTS = ("fonts-wqy-microhei", "fonts-wqy-zenhei", "fonts-noto-cjk")
+
+
+def test_the_image_has_a_cjk_font_for_the_pages_chinese_examples(image: Image) -> None:
+    """A browser in the container draws the page's example sentences (苹果...) with a CJK font, not empty boxes:
+    one of Debian's CJK font packages is installed (without recommends, apt's lists removed in the same layer)."""
+    runs = [argv for ins in image.final if ins.cmd == "RUN" for argv in run_commands(ins)]
+    installs = [argv for argv in runs if argv[:2] == ["apt-get", "install"]]
+    assert any(set(CJK_FONTS) & set(argv) for argv in installs), installs
+    assert all("--no-install-recommends" in argv for argv in installs)
+    assert ["rm", "-rf", "/var/lib/apt/lists/*"] in runs

@@ -40,9 +40,9 @@ def page_server(tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
-def api_cosines(url: str, task: str) -> dict[str, np.ndarray]:
+def api_cosines(url: str, task: str, sentences: list[str] = SENTENCES) -> dict[str, np.ndarray]:
     """Per heatmap name, the token-by-token cosine matrix over all sentences, from /v1/embed (JSON floats)."""
-    body = json.dumps({"inputs": SENTENCES, "task": task}).encode()
+    body = json.dumps({"input": sentences, **({"task": task} if task else {})}).encode()
     request = urllib.request.Request(f"{url}/v1/embed", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         answer = json.loads(response.read())
@@ -50,7 +50,8 @@ def api_cosines(url: str, task: str) -> dict[str, np.ndarray]:
     for embedding in answer["embeddings"]:
         for layer, values in zip(answer["layers"], embedding["layers"]):
             vectors.setdefault(f"layer{layer}", []).extend(values)
-        vectors.setdefault(f"mix:{task}", []).extend(embedding["mix"])
+        if task:
+            vectors.setdefault(f"mix:{task}", []).extend(embedding["mix"])
     cosines = {}
     for name, rows in vectors.items():
         matrix = np.asarray(rows, dtype=np.float64)
@@ -59,26 +60,55 @@ def api_cosines(url: str, task: str) -> dict[str, np.ndarray]:
     return cosines
 
 
-async def drive_page(url: str, workdir: Path, task: str) -> dict:
-    async with Browser(workdir) as page:
-        await page.goto(url + "/")
-        await page.wait_for("document.getElementById('status').dataset.state === 'ready'")
-        await page.evaluate(
-            f"document.getElementById('sentences').value = {json.dumps(chr(10).join(SENTENCES))};"
-            f"document.getElementById('task').value = {json.dumps(task)};"
-            "document.getElementById('run').click()"
-        )
-        await page.wait_for("['done', 'error'].includes(document.getElementById('status').dataset.state)")
-        status = await page.evaluate("document.getElementById('status').textContent")
-        maps = await page.evaluate(
-            """Array.from(document.querySelectorAll('table.heatmap')).map((table) => {
+READ_MAPS = """Array.from(document.querySelectorAll('table.heatmap')).map((table) => {
                  const cells = Array.from(table.querySelectorAll('td'));
                  const n = Math.round(Math.sqrt(cells.length));
                  const values = Array.from({length: n}, () => new Array(n));
                  for (const td of cells) values[Number(td.dataset.i)][Number(td.dataset.j)] = Number(td.dataset.value);
                  return {name: table.dataset.name, values};
                })"""
+SETTLED = "['done', 'error'].includes(document.getElementById('status').dataset.state)"
+
+
+async def first_load(url: str, workdir: Path) -> dict:
+    """The page as it first shows, nothing clicked or typed: its worked example, compared."""
+    async with Browser(workdir) as page:
+        await page.goto(url + "/")
+        await page.wait_for(SETTLED)
+        return {
+            "status": await page.evaluate("document.getElementById('status').textContent"),
+            "sentences": await page.evaluate("document.getElementById('sentences').value"),
+            "maps": await page.evaluate(READ_MAPS),
+            "label": await page.evaluate("document.getElementById('token').parentElement.textContent.trim()"),
+        }
+
+
+def test_the_page_shows_its_worked_example_compared_on_first_load(page_server, tmp_path):
+    """No click: the 苹果 sentences' heatmaps are drawn on first load, one per layer, with the API's cosines."""
+    seen = asyncio.run(first_load(page_server.http_url, tmp_path))
+    sentences = seen["sentences"].split("\n")
+    assert len(sentences) >= 2 and all("苹果" in sentence for sentence in sentences)
+    assert f"{len(sentences)} sentences" in seen["status"], seen["status"]
+    expected = api_cosines(page_server.http_url, "", sentences)
+    assert [m["name"] for m in seen["maps"]] == [f"layer{i}" for i in range(page_server.model().n_layers)]
+    for rendered in seen["maps"]:
+        values = np.asarray(rendered["values"], dtype=np.float64)
+        np.testing.assert_allclose(values, expected[rendered["name"]], atol=1e-6, err_msg=rendered["name"])
+    assert seen["label"] == "API token"
+
+
+async def drive_page(url: str, workdir: Path, task: str) -> dict:
+    async with Browser(workdir) as page:
+        await page.goto(url + "/")
+        await page.wait_for(SETTLED)  # the worked example, compared on load
+        await page.evaluate(
+            f"document.getElementById('sentences').value = {json.dumps(chr(10).join(SENTENCES))};"
+            f"document.getElementById('task').value = {json.dumps(task)};"
+            "document.getElementById('run').click()"
         )
+        await page.wait_for(SETTLED)
+        status = await page.evaluate("document.getElementById('status').textContent")
+        maps = await page.evaluate(READ_MAPS)
         tokens = await page.evaluate("Array.from(document.querySelectorAll('.tok')).map((t) => t.textContent)")
         # click the first 苹 (first sentence): the nearest-token table appears, one column per heatmap
         await page.evaluate("document.querySelector('.tok[data-k=\"5\"]').click()")

@@ -61,7 +61,9 @@ async def drive(url: str, workdir) -> dict:
                 }}
                 field.dispatchEvent(new Event('change'));"""
         )
-        await page.wait_for("document.getElementById('status').dataset.state === 'ready'")
+        # the models listed, then the worked example compared with the token (the state was 'error' until then)
+        await page.wait_for("document.getElementById('status').dataset.state === 'done'")
+        seen["example"] = await page.evaluate("document.getElementById('status').textContent")
         seen["models"] = await page.evaluate("document.getElementById('model').value")
         await page.evaluate(
             "document.getElementById('sentences').value = 'a b\\nc d'; document.getElementById('run').click()"
@@ -83,6 +85,7 @@ def test_the_token_lives_in_the_page_only_and_the_csp_blocks_nothing_the_page_do
     assert seen["first_load"] == "error"
     assert seen["stale_removed"] == [[], [], ""]
     assert seen["models"] == "tiny"
+    assert "3 sentences" in seen["example"], seen["example"]
     assert "2 sentences" in seen["compare"], seen["compare"]
     assert seen["stored_after_use"] == [[], [], ""]
     assert seen["after_reload"] == "error" and seen["field_after_reload"] == ""
