@@ -30,6 +30,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
+# A CJK font (WenQuanYi Micro Hei, ~5 MB), so that a browser run inside the container (a headless screenshot of
+# the layer explorer page, say) draws the page's Chinese example sentences instead of empty boxes.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends fonts-wqy-microhei \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN python -m venv /opt/venv
 
 # The heavy layer first (~1.5 GB of CUDA/cuDNN wheels), so that a code change does not reinstall it.
