@@ -69,9 +69,12 @@ EXPOSE 50051 8080 9090
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "/app/scripts/healthcheck.py", "127.0.0.1:50051"]
 
-# On SIGTERM `elmo serve` turns health NOT_SERVING, refuses new RPCs and gives in-flight ones --drain-seconds
+# Every interface (--host 0.0.0.0): a container's port is reached through its published port, and `elmo serve`'s
+# own default, 127.0.0.1, would answer nobody outside it. Set a token for anything beyond a trusted network:
+# docker run -e ELMO_AUTH_TOKEN=... (every flag is also an ELMO_<NAME> variable).
+# On SIGTERM `elmo serve` turns health NOT_SERVING, refuses new RPCs and gives in-flight ones --drain-timeout-s
 # (default 30) before it exits 0. Docker's default stop grace is 10 s: use `docker stop -t 40` (or a shorter
-# --drain-seconds); in Kubernetes keep terminationGracePeriodSeconds above --drain-seconds.
+# --drain-timeout-s); in Kubernetes keep terminationGracePeriodSeconds above --drain-timeout-s.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["elmo", "serve"]
 CMD ["--model", "/app/models/default", "--host", "0.0.0.0", "--port", "50051", "--http-port", "8080", "--metrics-port", "9090"]

@@ -15,6 +15,9 @@ VENV ?= .venv
 SERVE_VENV ?= .venv-serve
 CLIENTS_VENV ?= .venv-clients
 MODEL ?= models/default
+# `make serve` listens on this machine only; HOST=0.0.0.0 opens gRPC, HTTP, the page and /metrics to the network
+# (then give a token: ELMO_AUTH_TOKEN=... make serve HOST=0.0.0.0). The container image listens on 0.0.0.0.
+HOST ?= 127.0.0.1
 PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
@@ -86,7 +89,7 @@ serve:
 		if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then flavour=gpu; else flavour=cpu; fi; \
 	fi; \
 	$(MAKE) --no-print-directory $(SERVE_VENV)/.installed-$$flavour
-	$(SERVE_VENV)/bin/elmo serve --model $(MODEL) --port $(PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT)
+	$(SERVE_VENV)/bin/elmo serve --model $(MODEL) --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT)
 
 # regenerate elmo/v1/*_pb2*.py from proto/ (committed; tests/test_proto.py checks they match)
 proto: $(VENV)/.installed

@@ -14,6 +14,7 @@ import sys
 from types import ModuleType
 
 from elmo.errors import ElmoError
+from elmo.flags import FlagParser, make_configurable, order_groups, parse_configured
 
 # name -> (module, one-line help, extra). Modules are imported lazily. ``extra``: the pyproject extra whose packages
 # the command needs beyond the core; the serving install (`serve`) has no torch, so it lists only what it can run.
@@ -35,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "spacy": ("elmo.spacy.cli", "spaCy: labelled sets as DocBin files, a listener's mix as a served task", "spacy"),
     "bench": ("elmo.bench.run", "throughput / latency benchmarks", TRAIN),
 }
+# The commands whose every flag is also ELMO_<NAME> and a key of --config FILE (elmo.flags)
+CONFIGURABLE = ("serve", "embed-file")
 # what each extra brings that the core does not (checked without importing it)
 EXTRA_MODULES = {TRAIN: ("torch", "onnx", "safetensors"), "spacy": ("spacy",)}
 
@@ -102,10 +105,13 @@ def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
     """The module of command ``name`` and its full parser (the flags every command shares, then its own)."""
     module_name, help_, _ = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"elmo {name}", description=help_)
+    parser = FlagParser(prog=f"elmo {name}", description=help_)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="json: one object per line")
     module.add_arguments(parser)
+    if name in CONFIGURABLE:
+        make_configurable(parser)
+        order_groups(parser, getattr(module, "HELP_ORDER", ()))  # the essentials first, --help and the logs last
     return module, parser
 
 
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_wait_policy()
     module, parser = command_parser(name)
-    args = parser.parse_args(argv[1:])
+    args = parse_configured(parser, argv[1:]) if name in CONFIGURABLE else parser.parse_args(argv[1:])
     args.command_line = argv  # the command as given (`elmo serve --processes N` starts N of it)
     configure_logging(str(args.log_level), args.log_format)
     try:

@@ -23,6 +23,7 @@ import numpy as np
 
 from elmo.embedding import Embedding
 from elmo.errors import ElmoError, InputError
+from elmo.flags import add_alias
 from elmo.text.overflow import Overflow
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
@@ -309,25 +310,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", action="store_true", help="the texts are whitespace-separated tokens")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--task", default="", help="scalar-mix task name")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES),
+                        help="vector number type (default float32)")
     parser.add_argument("--model", default="", help="served model name (default: the server's default)")
     parser.add_argument(
         "--overflow",
-        default="",
-        choices=["", *OVERFLOW_VALUES],
+        default=None,
+        choices=list(OVERFLOW_VALUES),
         help="sentences over the server's limit: reject, truncate or window (default: the server's --overflow)",
     )
     add_connection_arguments(parser)
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    timeout = parser.add_argument("--timeout-s", type=float, default=60.0,
+                                  help="seconds the call may take (default 60)")  # fmt: skip
+    add_alias(parser, "--timeout", timeout)
     parser.add_argument("--show", type=int, default=4, help="numbers to print per layer (default 4)")
 
 
 def run(args: argparse.Namespace) -> int:
     layers = [int(v) for v in args.layers.split(",") if v.strip()] if args.layers else None
     inputs = [t.split() for t in args.texts] if args.tokens else list(args.texts)
-    with connection_from_args(args).client(args.server, timeout=args.timeout) as client:
+    with connection_from_args(args).client(args.server, timeout=args.timeout_s) as client:
         results = client.embed(
-            inputs, layers=layers, task=args.task, dtype=args.dtype, model=args.model, overflow=args.overflow
+            inputs, layers=layers, task=args.task, dtype=args.dtype, model=args.model, overflow=args.overflow or ""
         )
     np.set_printoptions(precision=4, suppress=True)
     for text, result in zip(args.texts, results):

@@ -20,6 +20,7 @@ from pathlib import Path
 from elmo.export.onnx_export import STAGING, export_model
 
 from elmo.errors import ConfigError
+from elmo.flags import DeprecatedAlias, add_alias
 from elmo.runtime.repository import check_model_name, is_complete, publish_copy
 from elmo.train.adapt import WORK_DIR, AdaptSettings, adapt, settings_from
 from elmo.train.loop import OPTIMIZER_FILE
@@ -112,15 +113,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"ROOT/NAME/{RUN_FOLDER} until then")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
                         help="continue the adaptation recorded in --out (or ROOT/NAME/.adapting)")  # fmt: skip
-    parser.add_argument("--minutes", type=float, default=d.minutes, help=f"time budget, all steps ({d.minutes})")
+    parser.add_argument("--time-budget-s", type=float, default=d.minutes * 60,
+                        help=f"time budget in seconds, all steps (default {d.minutes * 60:g})")  # fmt: skip
+    parser.add_argument("--minutes", action=DeprecatedAlias, dest="time_budget_s", new="--time-budget-s",
+                        type=lambda value: float(value) * 60)  # the older flag, in minutes  # fmt: skip
     parser.add_argument("--epochs", type=float, default=d.epochs, help=f"at most this many passes (default {d.epochs})")
     parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
     parser.add_argument("--heldout-share", type=float, default=d.heldout_share,
                         help=f"share of the text held out to measure (default {d.heldout_share})")  # fmt: skip
     parser.add_argument("--heldout-tokens", type=int, default=d.heldout_tokens,
                         help=f"held-out tokens at most (default {d.heldout_tokens})")  # fmt: skip
-    parser.add_argument("--tokens-per-batch", type=int, default=d.tokens_per_batch,
-                        help=f"padded tokens per training batch (default {d.tokens_per_batch})")  # fmt: skip
+    batch = parser.add_argument("--batch-tokens", dest="tokens_per_batch", type=int, default=d.tokens_per_batch,
+                                help=f"padded tokens per training batch (default {d.tokens_per_batch})")  # fmt: skip
+    add_alias(parser, "--tokens-per-batch", batch)
     parser.add_argument("--calibrate-tokens", type=int, default=d.calibrate_tokens,
                         help=f"softmax bias refit tokens, 0 = none (default {d.calibrate_tokens})")  # fmt: skip
     parser.add_argument("--replay", default=d.replay, metavar="FILE",
@@ -128,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay-share", type=float, default=d.replay_share,
                         help=f"share of training tokens from --replay (default {d.replay_share})")  # fmt: skip
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = torch default)")
-    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     parser.add_argument("--no-export", action="store_true", help="skip the ONNX export (PyTorch weights only)")
     parser.add_argument("--stop-after", type=int, default=None, help="end the training after this step (resumable)")
 

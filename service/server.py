@@ -2,7 +2,7 @@
 
     elmo serve --model DIR [--model NAME=DIR ...] --port 50051 [--http-port 8080] [--metrics-port 9090]
                [--tls-cert FILE --tls-key FILE] [--auth-token TOKEN | env ELMO_AUTH_TOKEN] [limits flags]
-    elmo serve --model-root DIR [--poll-interval-s 5] [--keep-versions 1] [--max-model-memory 8GiB]
+    elmo serve --model-root DIR [--poll-interval-s 5] [--keep-versions 1] [--max-model-memory-bytes 8GiB]
                [--admin-token TOKEN | env ELMO_ADMIN_TOKEN] ...
 
 ``--model-root DIR`` serves a model repository (``DIR/NAME/VERSION/``) whose versions change while serving
@@ -13,9 +13,9 @@ batchers, limits, token, TLS, metrics and drain.
 
 Lifecycle: models load -> the port opens with grpc.health.v1 NOT_SERVING (reflection and GetModelInfo answer,
 Embed answers UNAVAILABLE "warming up") -> each model runs a real warm-up forward pass through its batcher ->
-SERVING. On SIGTERM/SIGINT: health NOT_SERVING; with ``--shutdown-delay S`` requests are still answered for S
+SERVING. On SIGTERM/SIGINT: health NOT_SERVING; with ``--shutdown-delay-s S`` requests are still answered for S
 seconds (a balancer's checks take the replica out meanwhile; a second signal cuts it short); then new RPCs get
-UNAVAILABLE, RPCs in flight (streams included) get ``--drain-seconds`` to finish, the batchers stop and the process
+UNAVAILABLE, RPCs in flight (streams included) get ``--drain-timeout-s`` to finish, the batchers stop and the process
 exits 0.
 """
 
@@ -38,8 +38,16 @@ import grpc.aio
 from elmo.service.common import switching
 from elmo.service.common.collector import freeze_long_lived
 from elmo.service.common.errors import ServiceError
-from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings, limits_from_args
+from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings
 from elmo.service.common.ports import check_port_free
+from elmo.service.config import (
+    ADMIN_TOKEN_ENV,
+    AUTH_TOKEN_ENV,
+    DEFAULT_HOST,
+    HELP_ORDER,  # elmo.cli shows --help's groups in this order
+    add_serve_arguments,
+    serve_config,
+)
 from elmo.service.core.requests import RequestCore
 from elmo.service.grpc.admin import (
     ADMIN_PREFIX,
@@ -54,7 +62,6 @@ from elmo.service.grpc.health import (
     HealthServicer,
     add_health_arguments,
     health_handler,
-    health_limits_from_args,
 )
 from elmo.service.grpc.interceptors import HEALTH_PREFIX, AuthInterceptor, CallGate, ObserverInterceptor
 from elmo.service.grpc.servicer import SERVICE_NAME, EmbedderServicer, embedder_handler
@@ -77,8 +84,6 @@ from elmo.runtime.memory import add_memory_arguments, configure_memory, memory_f
 
 log = logging.getLogger("service.server")
 
-AUTH_TOKEN_ENV = "ELMO_AUTH_TOKEN"
-ADMIN_TOKEN_ENV = "ELMO_ADMIN_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ class ElmoServer:
         models: list[ServedModel],
         limits: Limits,
         metrics: ServiceMetrics,
-        host: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
         port: int = 50051,
         tls: TlsFiles | None = None,
         auth_token: str | None = None,
@@ -188,7 +193,7 @@ class ElmoServer:
         )
         self._stopped = asyncio.Event()
         self._draining_task: asyncio.Task | None = None
-        self._cut_delay = asyncio.Event()  # a second SIGTERM/SIGINT during --shutdown-delay
+        self._cut_delay = asyncio.Event()  # a second SIGTERM/SIGINT during --shutdown-delay-s
 
     def _grpc_settings(self, reuse_port: bool) -> dict:
         """grpc.aio.server's arguments: gRPC's own cap on open calls holds the call gate's calls and refusals
@@ -204,7 +209,7 @@ class ElmoServer:
 
     def _health_follows_models(self) -> None:
         """After warm-up, a version loaded or released under --model-root flips gRPC health to what is loaded now:
-        NOT_SERVING while no model is, SERVING again once one is (the drain and --shutdown-delay keep theirs)."""
+        NOT_SERVING while no model is, SERVING again once one is (the drain and --shutdown-delay-s keep theirs)."""
         if not self._warmed or not self.core.taking_requests:
             return
         answer = health_pb2.HealthCheckResponse
@@ -282,7 +287,7 @@ class ElmoServer:
         log.info("SERVING")
 
     def request_drain(self) -> None:
-        """Signal-handler entry point: leave the rotation (--shutdown-delay), then drain; a second signal during
+        """Signal-handler entry point: leave the rotation (--shutdown-delay-s), then drain; a second signal during
         the delay ends it early."""
         if self._draining_task is None:
             self._draining_task = asyncio.get_running_loop().create_task(self.leave_then_drain())
@@ -290,11 +295,11 @@ class ElmoServer:
             self._cut_delay.set()
 
     async def leave_then_drain(self) -> None:
-        """Health NOT_SERVING while requests are still answered, for ``--shutdown-delay`` seconds, so that a load
+        """Health NOT_SERVING while requests are still answered, for ``--shutdown-delay-s`` seconds, so that a load
         balancer's health checks take this replica out before it refuses anything; then :meth:`drain`."""
         delay = self.limits.shutdown_delay
         if delay > 0:
-            log.info("leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay), then the "
+            log.info("leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay-s), then the "
                      "drain", delay)  # fmt: skip
             self.state.leaving = True
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -315,7 +320,7 @@ class ElmoServer:
             except TimeoutError:
                 log.warning("drain: %d RPCs still in flight after %.0f s; cancelling them", self.state.active, grace)
         # what is still open (a Watch or an answer whose client does not read) gets what is left of the grace, 1 s
-        # at most, then is cancelled; both doors close at once: the process is gone soon after --drain-seconds,
+        # at most, then is cancelled; both doors close at once: the process is gone soon after --drain-timeout-s,
         # whatever clients hold
         left = max(0.0, ends_at - asyncio.get_running_loop().time())
         await asyncio.gather(self.server.stop(min(STOP_GRACE_S, left)), self._stop_http())
@@ -335,128 +340,9 @@ class ElmoServer:
 
 # -- command line ------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        action="append",
-        default=None,
-        metavar="[NAME=]DIR",
-        help="model directory to serve (repeat for several; the first is the default); or --model-root",
-    )
-    parser.add_argument(
-        "--model-root",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="serve a model repository, DIR/NAME/VERSION/ exported model directories: the latest complete version "
-        "of every NAME; versions change while serving (--poll-interval-s, the admin API); see docs/how-to/models.md",
-    )
-    parser.add_argument(
-        "--poll-interval-s",
-        type=float,
-        default=0.0,
-        help="with --model-root: look for new, removed and repaired versions this often (default 0 = never: only "
-        "the admin API changes what is loaded)",
-    )
-    parser.add_argument(
-        "--keep-versions",
-        type=int,
-        default=1,
-        help="with --model-root: keep the N highest complete versions of every model loaded, each one pinnable as "
-        "NAME@VERSION (default 1: the latest; new requests always go to the highest)",
-    )
-    parser.add_argument(
-        "--max-model-memory",
-        default=None,
-        metavar="SIZE",
-        help="with --model-root: refuse a load that would take the models' memory over SIZE (2GiB, 512MiB, 4GB; "
-        "estimated from the model files, see docs/how-to/models.md; default no limit)",
-    )
-    parser.add_argument(
-        "--admin-token",
-        default=None,
-        help=f"with --model-root: serve the admin API (gRPC elmo.v1.ModelAdmin, HTTP /admin/...) to callers with "
-        f"'authorization: Bearer TOKEN' (default: env {ADMIN_TOKEN_ENV}; none = no admin API)",
-    )
-    parser.add_argument(
-        "--release-timeout-s",
-        type=float,
-        default=60.0,
-        help="with --model-root: a version taken out of service is released once its requests are done, or after "
-        "this long at most (default 60)",
-    )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free port)")
-    parser.add_argument(
-        "--http-port",
-        type=int,
-        default=None,
-        help="also serve the HTTP/JSON API (OpenAI /v1/embeddings, /v1/embed, ...) and the web page on this port "
-        "(default off; 0 = any free port)",
-    )
-    parser.add_argument(
-        "--model-alias",
-        action="append",
-        default=[],
-        metavar="NAME=MODEL[:TASK]",
-        help="answer requests for model NAME with MODEL (or its TASK mix), e.g. text-embedding-3-small=default for "
-        "clients that cannot change the name they send (repeatable; none by default)",
-    )
-    parser.add_argument(
-        "--normalize",
-        action="store_true",
-        help='POST /v1/embeddings answers unit-length vectors unless a request says "normalize": false (then dot '
-        "product = cosine; the default answers the raw mean, as /v1/embed's layers are)",
-    )
-    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default off)")
-    parser.add_argument("--metrics-host", default=None, help="address for /metrics (default: --host)")
-    parser.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain (with --tls-key)")
-    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
-    parser.add_argument(
-        "--auth-token",
-        default=None,
-        help=f"require 'authorization: Bearer TOKEN' (default: env {AUTH_TOKEN_ENV}; none = open)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: ORT's)")
-    parser.add_argument(
-        "--runtime-batch-tokens",
-        type=int,
-        default=None,
-        help="rows x longest sentence per onnxruntime run inside one call (default: the runtime's)",
-    )
-    parser.add_argument(
-        "--token-cache",
-        type=int,
-        default=None,
-        help="runtime LRU of token-encoder vectors, entries (default: the runtime's; 0 = off)",
-    )
-    parser.add_argument(
-        "--providers",
-        default=None,
-        help="comma-separated onnxruntime providers (default: CUDA then CPU if a GPU is visible, else CPU)",
-    )
-    parser.add_argument(
-        "--port-file",
-        type=Path,
-        default=None,
-        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once listening (for port 0); "
-        "with --processes, a fourth line lists every process's metrics port",
-    )
-    parser.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among them), each "
-        "with its own copy of the models, batcher, limits and --threads (default: the cores / N): for models cheap "
-        "enough (or a backend fast enough) that one process's request handling is the limit (docs/how-to/replicas.md) "
-        "(default 1)",
-    )
-    parser.add_argument(
-        "--reuse-port",
-        action="store_true",
-        help="listen with SO_REUSEPORT, so that other servers started with it may share the ports (what each of "
-        "--processes does; for running them yourself, e.g. one systemd unit per process); the ports open only once "
-        "the models are warm, since a connection may reach any of the servers",
-    )
+    """Every flag of ``elmo serve``, grouped for --help (service.config); each one also ELMO_<NAME> and a --config
+    key (elmo.flags)."""
+    add_serve_arguments(parser)  # the essentials, more models, network, security, runtime tuning, operations
     add_limit_arguments(parser)
     add_health_arguments(parser)
     add_restart_arguments(parser)
@@ -511,9 +397,9 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
     if bool(args.model) == (args.model_root is not None):
         raise ConfigError("serve either --model DIR (repeatable) or --model-root DIR (a model repository)")
     if args.model_root is None:
-        for flag, default in (("max_model_memory", None), ("admin_token", None), ("poll_interval_s", 0.0),
+        for flag, default in (("max_model_memory_bytes", None), ("admin_token", None), ("poll_interval_s", 0.0),
                               ("keep_versions", 1)):  # fmt: skip
-            if getattr(args, flag) not in (default, None):
+            if getattr(args, flag, None) not in (default, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} goes with --model-root DIR")
         return None
     return RepositoryOptions(
@@ -521,7 +407,7 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
         runtime_opener(args, limits),
         poll_interval_s=args.poll_interval_s,
         keep_versions=args.keep_versions,
-        max_memory=parse_bytes(args.max_model_memory) if args.max_model_memory else None,
+        max_memory=parse_bytes(args.max_model_memory_bytes) if args.max_model_memory_bytes else None,
         release_timeout_s=args.release_timeout_s,
     )
 
@@ -544,6 +430,11 @@ def token_from(flag: str | None, env: str, name: str) -> str | None:
     return value
 
 
+def _source(args: argparse.Namespace, dest: str) -> str:
+    """Where a flag's value came from, as a message names it: ``--auth-token``, or ``$ELMO_AUTH_TOKEN``."""
+    return getattr(args, "flag_sources", {}).get(dest, "--" + dest.replace("_", "-"))
+
+
 def warn_plaintext_admin(host: str, admin_token: str | None, tls: TlsFiles | None) -> None:
     """The admin token loads and unloads models: sent in clear text to a non-loopback address, anyone on the path
     can read it. Said once at start (the operator may have a TLS proxy in front)."""
@@ -553,17 +444,18 @@ def warn_plaintext_admin(host: str, admin_token: str | None, tls: TlsFiles | Non
 
 
 async def serve(args: argparse.Namespace) -> int:
-    limits = limits_from_args(args)
+    config = serve_config(args)  # flags, ELMO_* variables and --config, one typed object (service.config)
+    limits, net = config.limits, config.network
     tls = _tls_from_args(args)
-    aliases = dict(parse_alias(value) for value in args.model_alias)
+    aliases = dict(parse_alias(value) for value in config.models.model_alias)
     metrics = ServiceMetrics()
-    auth_token = token_from(args.auth_token, AUTH_TOKEN_ENV, "--auth-token")
-    admin_token = token_from(args.admin_token, ADMIN_TOKEN_ENV, "--admin-token")
-    warn_plaintext_admin(args.host, admin_token, tls)
+    auth_token = token_from(config.security.auth_token, AUTH_TOKEN_ENV, _source(args, "auth_token"))
+    admin_token = token_from(config.security.admin_token, ADMIN_TOKEN_ENV, _source(args, "admin_token"))
+    warn_plaintext_admin(net.host, admin_token, tls)
     # before the models load: a taken port fails in a second, and with one line (see check_port_free)
-    check_port_free(args.host, args.port, reuse_port=args.reuse_port)
-    check_port_free(args.host, args.http_port, " for HTTP", reuse_port=args.reuse_port)
-    check_port_free(args.metrics_host or args.host, args.metrics_port, " for metrics")
+    check_port_free(net.host, net.port, reuse_port=net.reuse_port)
+    check_port_free(net.host, net.http_port, " for HTTP", reuse_port=net.reuse_port)
+    check_port_free(net.metrics_host or net.host, net.metrics_port, " for metrics")
     repository = _repository_from_args(args, limits)
     configure_memory(memory_from_args(args))  # before the sessions open: the arena is chosen per session
     configure_tracing(tracing_from_args(args))  # before the server: its interceptors follow it
@@ -572,38 +464,38 @@ async def serve(args: argparse.Namespace) -> int:
         models,
         limits,
         metrics,
-        host=args.host,
-        port=args.port,
+        host=net.host,
+        port=net.port,
         tls=tls,
         auth_token=auth_token,
-        http_port=args.http_port,
+        http_port=net.http_port,
         aliases=aliases,
-        normalize=args.normalize,
+        normalize=config.models.normalize,
         repository=repository,
         admin_token=admin_token,
-        reuse_port=args.reuse_port,
-        health_limits=health_limits_from_args(args),
+        reuse_port=net.reuse_port,
+        health_limits=config.health,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_drain)
     # the ports shared with sibling processes (--processes): a connection may reach this one, so it opens them warm,
     # and in a group once all are (service.processes)
-    listen_warm = args.reuse_port
+    listen_warm = net.reuse_port
     if listen_warm and not (await _warm_up_or_fail(server) and await wait_for_the_group(server.wait)):
         await server.wait()  # a signal before listening: it drains without ever listening
         return 0
     port = await server.start()
     metrics_port = None
-    if args.metrics_port is not None:
+    if net.metrics_port is not None:
         try:
-            metrics_port = metrics.serve_http(args.metrics_port, args.metrics_host or args.host)
+            metrics_port = metrics.serve_http(net.metrics_port, net.metrics_host or net.host)
         except OSError as exc:  # taken since the check above
             await server.drain(grace=0)
-            raise ConfigError(f"cannot listen for metrics on port {args.metrics_port}: {exc.strerror}") from None
-        log.info("metrics on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
-    if args.port_file is not None:
-        args.port_file.write_text(f"{port}\n{metrics_port or ''}\n{server.http_port or ''}\n")
+            raise ConfigError(f"cannot listen for metrics on port {net.metrics_port}: {exc.strerror}") from None
+        log.info("metrics on http://%s:%d/metrics", net.metrics_host or net.host, metrics_port)
+    if config.operations.port_file is not None:
+        config.operations.port_file.write_text(f"{port}\n{metrics_port or ''}\n{server.http_port or ''}\n")
     if not listen_warm:
         await _warm_up_or_fail(server)
     freeze_long_lived()  # models, sessions and modules out of the collector's scans (service.common.collector)
@@ -630,4 +522,4 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(serve(args))
 
 
-__all__ = ["ElmoServer", "RepositoryOptions", "TlsFiles", "add_arguments", "run", "serve"]
+__all__ = ["HELP_ORDER", "ElmoServer", "RepositoryOptions", "TlsFiles", "add_arguments", "run", "serve"]

@@ -27,7 +27,7 @@ TINY_TRAIN = {
 
 
 # `elmo adapt` in a few seconds: half an epoch of small batches, one thread, no softmax-bias calibration
-ADAPT_FAST = ["--minutes", "5", "--epochs", "0.5", "--lr", "0.01", "--tokens-per-batch", "400", "--threads", "1",
+ADAPT_FAST = ["--time-budget-s", "300", "--epochs", "0.5", "--lr", "0.01", "--batch-tokens", "400", "--threads", "1",
               "--calibrate-tokens", "0"]  # fmt: skip
 
 

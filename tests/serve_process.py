@@ -73,6 +73,8 @@ class ServeProcess:
             str(self.port_file),
             "--threads",
             "1",
+            "--http-port",  # HTTP only where a test asks for it (its own --http-port comes later and wins)
+            "off",
             *args,
         ]
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:

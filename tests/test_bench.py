@@ -8,7 +8,7 @@ from elmo.cli import main
 
 def test_bench_writes_json_and_a_markdown_table(tiny_model_dir, tmp_path, capsys):
     argv = ["bench", "--model", str(tiny_model_dir), "--shapes", "--batch-sizes", "1", "4", "--threads", "1"]
-    argv += ["--seconds", "0", "--min-batches", "1", "--sentences", "12", "--name", "t", "--out", str(tmp_path)]
+    argv += ["--time-budget-s", "0", "--min-batches", "1", "--sentences", "12", "--name", "t", "--out", str(tmp_path)]
     assert main(argv) == 0
     results = json.loads((tmp_path / "t.json").read_text())
     environment = results["environment"]  # the machine in every figure (elmo.runtime.host)
@@ -47,7 +47,7 @@ def test_bench_writes_where_it_is_run_and_never_overwrites_unasked(tiny_model_di
     before = _snapshot(package_results)
     monkeypatch.chdir(tmp_path)
     argv = ["bench", "--model", str(tiny_model_dir), "--shapes", "--batch-sizes", "1", "--threads", "1"]
-    argv += ["--seconds", "0", "--min-batches", "1", "--sentences", "4", "--check-sentences", "2"]
+    argv += ["--time-budget-s", "0", "--min-batches", "1", "--sentences", "4", "--check-sentences", "2"]
     assert main(argv) == 0
     written = tmp_path / "bench-results" / "cpu.json"
     assert json.loads(written.read_text())["models"][0]["rows"][0]["batch_size"] == 1

@@ -17,8 +17,8 @@ from bench.service import latency, loadgen, memory, noisy
 
 SMALL_LIMITS = [
     "--serve-arg=--max-message-bytes=60000",
-    "--serve-arg=--max-tokens-per-request=600",
-    "--serve-arg=--max-tokens-per-sentence=100",
+    "--serve-arg=--max-request-tokens=600",
+    "--serve-arg=--max-sentence-tokens=100",
     "--serve-arg=--max-response-bytes=2000000",
     "--serve-arg=--max-pooled-inputs=16",
     "--serve-arg=--max-pooled-tokens=1200",

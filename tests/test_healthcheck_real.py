@@ -33,7 +33,7 @@ def probe(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_probe_against_a_real_server_through_serving_draining_and_gone(tiny_model_dir: Path, tmp_path: Path) -> None:
-    args = ["--model", str(tiny_model_dir), "--auth-token", TOKEN, "--drain-seconds", "60"]
+    args = ["--model", str(tiny_model_dir), "--auth-token", TOKEN, "--drain-timeout-s", "60"]
     with ServeProcess(args, tmp_path) as server:
         target = server.wait_serving()
 

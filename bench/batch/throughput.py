@@ -128,7 +128,7 @@ def peak_rss_mb(model: Path, source: Path, output: Path, args: argparse.Namespac
     command += ["--layers", args.layers, "--format", args.format, "--dtype", args.dtype, "--no-progress", "--overwrite"]
     command += ["--shard-lines", str(args.shard_lines)]
     if args.batch_tokens:
-        command += ["--batch-tokens", str(args.batch_tokens)]
+        command += ["--runtime-batch-tokens", str(args.batch_tokens)]
     if args.threads:
         command += ["--threads", str(args.threads)]
     log = output.with_suffix(".log")

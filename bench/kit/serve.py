@@ -156,7 +156,7 @@ class Server:
 
     def stop(self, cut_delay: bool = False) -> int:
         """SIGTERM and its exit code (killed after 60 s). ``cut_delay``: a second SIGTERM after 0.5 s, which cuts a
-        ``--shutdown-delay`` short (nothing is sent to the server any more)."""
+        ``--shutdown-delay-s`` short (nothing is sent to the server any more)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             if cut_delay:
@@ -182,8 +182,8 @@ def serve_command(model: Path | None, model_root: Path | None, port_file: Path, 
         command += ["--model-root", str(Path(model_root).resolve())]
     command += ["--host", LOOPBACK, "--port", "0", "--port-file", str(port_file)]
     given = {a.split("=")[0] for a in serve_args}
-    if http and "--http-port" not in given:
-        command += ["--http-port", "0"]
+    if "--http-port" not in given:
+        command += ["--http-port", "0" if http else "off"]
     if "--processes" in given and "--metrics-port" not in given:
         # every process's own /metrics (the port file's fourth line): Server.wait_ready waits until each is warm
         command += ["--metrics-port", "0"]

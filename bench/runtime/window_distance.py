@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", type=Path, required=True, help="UTF-8 text, one paragraph per line")
     parser.add_argument("--tokens", type=int, default=5000, help="tokens per document (default 5000)")
     parser.add_argument("--documents", type=int, default=4)
-    parser.add_argument("--window", type=int, default=512, help="window size: the service's --max-tokens-per-sentence")
+    parser.add_argument("--window", type=int, default=512, help="window size: the service's --max-sentence-tokens")
     parser.add_argument("--overlaps", type=int, nargs="+", default=[0, 32, 64, 128])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")

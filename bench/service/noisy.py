@@ -13,9 +13,9 @@ request of each kind that the server *accepts* (sized from the server's own limi
 before the run while the server refuses it with 413: bench.service.noisy_load.fit_abuse_sizes):
 
   largest-pooled    POST /v1/embeddings, --max-pooled-inputs texts (2,048) of --max-pooled-tokens (300,000) in all
-  most-tokens       POST /v1/embed, --max-inputs sentences totalling --max-tokens-per-request tokens, base64
-  largest-window    POST /v1/embed, one text of --max-tokens-per-request tokens, "overflow": "window", base64
-  largest-tokenize  POST /v1/tokenize, --max-tokens-per-request tokens of words long enough to fill the body limit
+  most-tokens       POST /v1/embed, --max-inputs sentences totalling --max-request-tokens tokens, base64
+  largest-window    POST /v1/embed, one text of --max-request-tokens tokens, "overflow": "window", base64
+  largest-tokenize  POST /v1/tokenize, --max-request-tokens tokens of words long enough to fill the body limit
   largest-json      POST /v1/embed, float, every layer and a task mix (when the model has tasks), the most tokens
                     whose JSON answer fits --max-response-bytes
 

@@ -11,7 +11,7 @@ client's retries), client retries (HTTP: urllib3's retry history; gRPC: each cal
 found by the x-request-id it sends, since gRPC retries inside its core, out of the application's sight), the
 balancer's own retries, and p50/p99 latency.
 
-The replicas run with `--shutdown-delay 5` (--shutdown-delay), as deploy/ runs them: a SIGTERMed replica says
+The replicas run with `--shutdown-delay-s 5` (--shutdown-delay-s), as deploy/ runs them: a SIGTERMed replica says
 NOT_SERVING at once but keeps answering for 5 s, while HAProxy's checks take it out. Modes: `balancer-retries`
 runs deploy/haproxy.cfg as shipped (retries 3, redispatch, retry-on); `no-balancer-retries` sets
 ELMO_LB_RETRIES=0, a balancer that never retries, as a Kubernetes Service does not.
@@ -248,7 +248,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
     from bench.kit.texts import make_texts
 
     (workdir / mode).mkdir()
-    extra = ["--shutdown-delay", str(args.shutdown_delay)]
+    extra = ["--shutdown-delay-s", str(args.shutdown_delay)]
     replicas = start_replicas(args.model, workdir / mode, threads=args.threads, extra=extra)
     balancer = Balancer(replicas, workdir / mode, retries=mode == "balancer-retries", config=args.config)
     try:
@@ -336,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-clients", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per replica (default 1)")
     parser.add_argument(
-        "--shutdown-delay",
+        "--shutdown-delay-s",
+        dest="shutdown_delay",
         type=float,
         default=5.0,
-        help="the replicas' --shutdown-delay: seconds a SIGTERMed replica keeps answering while its health checks "
+        help="the replicas' --shutdown-delay-s: seconds a SIGTERMed replica keeps answering while its health checks "
         "say NOT_SERVING (default 5, as deploy/ runs them; 0: refuse at once, the server's default)",
     )
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")

@@ -42,8 +42,8 @@ def measure(args: argparse.Namespace, max_batch_tokens: int, work: Path) -> dict
     serve_args = [
         "--log-level", "WARNING",
         "--max-batch-tokens", str(max_batch_tokens), "--runtime-batch-tokens", str(max_batch_tokens),
-        "--max-tokens-per-sentence", str(sentence_tokens),
-        "--max-tokens-per-request", str(max_batch_tokens), "--max-batch-sentences", str(max_batch_tokens),
+        "--max-sentence-tokens", str(sentence_tokens),
+        "--max-request-tokens", str(max_batch_tokens), "--max-batch-sentences", str(max_batch_tokens),
         "--max-inputs", str(max_batch_tokens), "--max-queue-tokens", str(4 * max_batch_tokens),
         "--max-response-bytes", str(1024 * MIB),
     ]  # fmt: skip

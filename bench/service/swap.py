@@ -436,7 +436,7 @@ def markdown(result: dict) -> str:
             f"| {rss['rss_before_mib']} MiB | {rss['rss_loaded_mib']} MiB | {rss['rss_after_unload_mib']} MiB | "
             f"{rss['after_vs_before']:+.1%} ({'within' if rss['within_10_percent'] else 'NOT within'} 10 %) |",
             "",
-            f"RSS added per byte of model files: {rss['rss_per_model_file_byte']} (--max-model-memory's factor).",
+            f"RSS added per byte of model files: {rss['rss_per_model_file_byte']} (--max-model-memory-bytes's factor).",
         ]
     return "\n".join(lines) + "\n"
 

@@ -5,8 +5,8 @@ and of commitment::
 
     scan INPUT once: decode and validate every line, count lines, hash the bytes, note each shard's byte range
     for every shard not committed yet (in order; or spread over Ray actors with --engine ray):
-        read its lines -> tokens -> sort by length -> call groups -> runtime (batches under --batch-tokens) -> layers
-        -> all / top / average / mix:TASK -> dtype -> shard file (written as *.tmp, fsynced, renamed)
+        read its lines -> tokens -> sort by length -> call groups -> runtime (batches under --runtime-batch-tokens)
+        -> layers -> all / top / average / mix:TASK -> dtype -> shard file (written as *.tmp, fsynced, renamed)
         -> one JSON line appended to the committed-shards manifest        <- the commit point
     (reading + embedding run in a background thread, a couple of call groups ahead of the writing)
     finish: hdf5    -> assemble the shards into one file in AllenNLP's layout, rename it into place

@@ -12,6 +12,7 @@ from elmo.batch.job import run_job
 from elmo.batch.layout import DTYPES, HDF5, PARQUET, output_format, parse_layers
 from elmo.batch.options import DEFAULT_SHARD_LINES, JobOptions
 from elmo.batch.plan import JSONL, TEXT
+from elmo.flags import add_alias
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 log = logging.getLogger("elmo.batch")
@@ -28,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--model", type=Path, help="model directory (local onnxruntime)")
     source.add_argument("--server", help="HOST:PORT of a running `elmo serve` (remote mode)")
     source.add_argument("--server-model", default="", help="model name on the server (default: its default model)")
-    source.add_argument(
-        "--server-wait", type=float, default=30.0, help="seconds to wait for the server to report SERVING"
+    wait = source.add_argument(
+        "--server-wait-s", type=float, default=30.0, help="seconds to wait for the server to say SERVING (default 30)"
     )
+    add_alias(source, "--server-wait", wait)
     from elmo.client import add_connection_arguments
 
     add_connection_arguments(source)  # the same --tls-ca / --tls-server-name / --auth-token as `elmo embed`
@@ -42,20 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[HDF5, PARQUET],
         help="default: from OUTPUT's name (.h5/.hdf5: hdf5; .parquet, a trailing / or a directory: parquet)",
     )
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="vector number type (default float32)")
     parser.add_argument("--tokenized", action="store_true", help="lines are whitespace-separated tokens, untouched")
     parser.add_argument("--input-format", choices=["auto", TEXT, JSONL], default="auto", help="auto: .jsonl -> jsonl")
-    parser.add_argument(
-        "--batch-tokens",
+    batch = parser.add_argument(
+        "--runtime-batch-tokens",
         type=int,
         default=None,
-        help="padded tokens per runtime batch (default: the runtime's, 4096 on CPU, 16384 on CUDA)",
+        help="rows x longest sentence per onnxruntime run (default: the runtime's, 4096 on CPU, 16384 on CUDA)",
     )
+    add_alias(parser, "--batch-tokens", batch)
     parser.add_argument(
         "--shard-lines", type=int, default=DEFAULT_SHARD_LINES, help="lines per shard (unit of commit and sorting)"
     )
-    parser.add_argument("--engine", choices=["local", "ray"], default="local")
-    parser.add_argument("--workers", type=int, help="Ray actors (default: one per GPU, else CPUs / --threads)")
+    parser.add_argument("--engine", choices=["local", "ray"], default="local",
+                        help="local: this process; ray: Ray actors on a cluster (the `batch` extra) (default local)")
+    actors = parser.add_argument("--ray-actors", type=int,
+                                 help="with --engine ray: Ray actors (default: one per GPU, else CPUs / --threads)")
+    add_alias(parser, "--workers", actors)
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads per session")
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     parser.add_argument(
@@ -78,12 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens the model runs at once per line (default: the server's limit, or 100,000 locally)",
     )
-    long_lines.add_argument(
-        "--window-overlap",
+    overlap = long_lines.add_argument(
+        "--window-overlap-tokens",
         type=int,
         default=DEFAULT_WINDOW_OVERLAP,
         help=f"tokens shared by neighbouring windows (default {DEFAULT_WINDOW_OVERLAP}, capped at half a window)",
     )
+    add_alias(long_lines, "--window-overlap", overlap)
 
 
 def options_from_args(args: argparse.Namespace) -> JobOptions:
@@ -100,19 +107,19 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         dtype=args.dtype,
         tokenized=args.tokenized,
         input_format=args.input_format,
-        batch_tokens=args.batch_tokens,
+        batch_tokens=args.runtime_batch_tokens,
         shard_lines=args.shard_lines,
         engine=args.engine,
-        workers=args.workers,
+        workers=args.ray_actors,
         threads=args.threads,
         overwrite=args.overwrite,
         progress=not args.no_progress,
         ray_address=args.ray_address,
-        server_wait=args.server_wait,
+        server_wait=args.server_wait_s,
         connection=connection_from_args(args),
         overflow=args.overflow,
         max_sentence_tokens=args.max_sentence_tokens,
-        window_overlap=args.window_overlap,
+        window_overlap=args.window_overlap_tokens,
     )
 
 

@@ -65,13 +65,13 @@ def check_options(options: JobOptions) -> None:
     if options.model is not None and not options.model.is_dir():
         raise ModelFileError(f"{options.model}: model directory not found")
     if options.batch_tokens is not None and options.batch_tokens < 1:
-        raise InputError(f"--batch-tokens must be >= 1, got {options.batch_tokens}")
+        raise InputError(f"--runtime-batch-tokens must be >= 1, got {options.batch_tokens}")
     if options.shard_lines < 1:
         raise InputError(f"--shard-lines must be >= 1, got {options.shard_lines}")
     if options.max_sentence_tokens is not None and options.max_sentence_tokens < 1:
         raise InputError(f"--max-sentence-tokens must be >= 1, got {options.max_sentence_tokens}")
     if options.window_overlap < 0:
-        raise InputError(f"--window-overlap must be >= 0, got {options.window_overlap}")
+        raise InputError(f"--window-overlap-tokens must be >= 0, got {options.window_overlap}")
     check_input_path(options.input)
     if options.output.resolve() == options.input.resolve():
         raise InputError(f"{options.output}: OUTPUT would overwrite INPUT")
@@ -166,3 +166,5 @@ def _steady_rate(timeline: list[tuple[float, int]]) -> float | None:
     if len(timeline) < 3 or timeline[-1][0] <= timeline[0][0]:
         return None
     return sum(tokens for _, tokens in timeline[1:]) / (timeline[-1][0] - timeline[0][0])
+
+

@@ -81,7 +81,7 @@ _FLAG_OF_FIELD = {
     "format": "--format",
     "shard_lines": "--shard-lines",
 }
-_OVERFLOW_FLAGS = ("--overflow", "--max-sentence-tokens", "--window-overlap")
+_OVERFLOW_FLAGS = ("--overflow", "--max-sentence-tokens", "--window-overlap-tokens")
 _MODEL_FIELDS = ("source", "n_layers", "dim")
 _INPUT_CONTENT_FIELDS = ("input_sha256", "input_lines")
 

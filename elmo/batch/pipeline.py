@@ -56,7 +56,7 @@ def line_limit(options: JobOptions, backend: Backend) -> LineLimit:
     tokens = sentence_limit(options, backend)
     if options.max_sentence_tokens is not None and options.max_sentence_tokens <= backend.max_tokens_per_sentence:
         return LineLimit(tokens, "--max-sentence-tokens")
-    where = "the server's limit, its --max-tokens-per-sentence" if options.server else "the local runtime's limit"
+    where = "the server's limit, its --max-sentence-tokens" if options.server else "the local runtime's limit"
     return LineLimit(tokens, f"{where}; --max-sentence-tokens can lower it, not raise it")
 
 

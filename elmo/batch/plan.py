@@ -285,7 +285,7 @@ def plan_call_groups(lengths: Sequence[int], group_tokens: int) -> list[list[int
     """Positions of the non-empty sentences sorted by length, cut into call groups of about ``group_tokens``
     real tokens (a group closes once it reaches the budget; a longer sentence is a group alone).
 
-    A call group is what one runtime call gets: the runtime cuts it into batches under ``--batch-tokens`` by its
+    A call group is what one runtime call gets: the runtime cuts it into batches under ``--runtime-batch-tokens`` by its
     own padding rule, and since the group is sorted those batches waste almost no padding."""
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
     groups: list[list[int]] = []

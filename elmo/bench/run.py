@@ -34,6 +34,7 @@ import numpy as np
 
 from elmo.bench.figures import load_average, percentiles_ms
 from elmo.errors import ElmoError, InputError
+from elmo.flags import add_alias
 from elmo.runtime.host import host_facts, host_summary
 from elmo.text.chars import batch_to_char_ids
 
@@ -279,13 +280,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=["small", "original"],
         help="random-weight published shapes: small medium original",
     )
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64],
+                        help="sentences per batch, one measurement each (default 1 8 64)")
     parser.add_argument("--threads", type=int, default=2, help="torch and onnxruntime intra-op threads")
     parser.add_argument("--provider", default="CPUExecutionProvider", help="onnxruntime provider, or 'auto'")
-    parser.add_argument("--seconds", type=float, default=15.0, help="time budget per model and batch size")
-    parser.add_argument("--min-batches", type=int, default=2)
+    budget = parser.add_argument("--time-budget-s", dest="seconds", type=float, default=15.0,
+                                 help="time budget per model and batch size (default 15)")  # fmt: skip
+    add_alias(parser, "--seconds", budget)
+    parser.add_argument("--min-batches", type=int, default=2, help="batches timed at least, whatever the budget")
     parser.add_argument("--cache-warm-batches", type=int, default=4, help="batches that fill the cache first")
-    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--sentences", type=int, default=2000, help="synthetic sentences to draw batches from")
     parser.add_argument(
         "--check-sentences",
         type=int,

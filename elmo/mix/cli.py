@@ -60,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--labels", help="labels file for --data (one line per sentence)")
     train.add_argument("--kind", choices=KINDS, help="tagging or classification (implied by a built-in --data)")
     train.add_argument("--dev", help="dev file (default: every 10th training sentence)")
-    train.add_argument("--dev-labels")
+    train.add_argument("--dev-labels", help="labels file for --dev")
     train.add_argument("--test", help="test file (optional for your own data)")
-    train.add_argument("--test-labels")
+    train.add_argument("--test-labels", help="labels file for --test")
     train.add_argument("--tokenized", action="store_true", help="classification texts are whitespace-tokenized")
     train.add_argument("--corpus", default="data/corpus", help="where `elmo data` put the corpora")
     train.add_argument("--cache", default="data/features", help="feature cache folder")
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also train the head on each single layer (default for built-in data)",
     )
-    compare.add_argument("--no-compare", dest="compare", action="store_false")
+    compare.add_argument("--no-compare", dest="compare", action="store_false", help="train the mix only")
     train.add_argument("--epochs", type=int, default=60, help="at most (early stop: see --patience)")
     train.add_argument("--patience", type=int, default=8, help="stop after N epochs without a better dev score or loss")
     train.add_argument("--batch-size", type=int, default=64, help="sentences per step")
@@ -97,19 +97,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "score (per variant); default auto for built-in data, off otherwise",
     )
     train.add_argument("--l2", type=float, default=0.001, help="L2 on the raw mix weights (paper: 0.001)")
-    train.add_argument("--pooling", choices=("mean", "max", "mean+max"), default="mean+max")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--pooling", choices=("mean", "max", "mean+max"), default="mean+max",
+                       help="classification: how a sentence's vectors become one (default mean+max)")
+    train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     train.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
     train.add_argument("--dry-run", action="store_true", help="train and print metrics but store nothing")
     train.add_argument("--no-progress", action="store_true", help="no progress bar (features, on stderr)")
 
     listing = sub.add_parser("list", help="list the tasks of a model directory")
-    listing.add_argument("--model", required=True)
+    listing.add_argument("--model", required=True, help="model directory")
 
     report = sub.add_parser("report", help="Markdown table + PNG plots of the model's tasks and the 苹果 experiment")
-    report.add_argument("--model", required=True)
+    report.add_argument("--model", required=True, help="model directory")
     report.add_argument("--out", required=True, help="output folder (e.g. models/default/report)")
-    report.add_argument("--threads", type=int, default=2)
+    report.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads (default 2)")
 
 
 def run(args: argparse.Namespace) -> int:

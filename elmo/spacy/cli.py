@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--out", type=Path, required=True, help="folder for train.spacy, dev.spacy, test.spacy")
     for split in ("train", "dev", "test"):
         data.add_argument(f"--{split}", type=int, help=f"keep this many {split} sentences (a seeded subsample)")
-    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--seed", type=int, default=0, help="seed of the subsample (default 0)")
     data.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="where `elmo data` keeps packages")
     export = sub.add_parser("export-task", help="store a spaCy component's learned ELMo mix as a task of a model")
     export.add_argument("pipeline", type=Path, help="a saved spaCy pipeline (e.g. training/model-best)")

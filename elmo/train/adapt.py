@@ -427,12 +427,12 @@ def _train_elapsed(run: Path) -> float | None:
 
 
 def settings_from(args: argparse.Namespace) -> AdaptSettings:
-    s = AdaptSettings(minutes=args.minutes, epochs=args.epochs, lr=args.lr, heldout_share=args.heldout_share,
+    s = AdaptSettings(minutes=args.time_budget_s / 60, epochs=args.epochs, lr=args.lr, heldout_share=args.heldout_share,
                       heldout_tokens=args.heldout_tokens, tokens_per_batch=args.tokens_per_batch,
                       calibrate_tokens=args.calibrate_tokens, replay=args.replay, replay_share=args.replay_share,
                       threads=args.threads, seed=args.seed)  # fmt: skip
     if not (s.minutes > 0 and s.epochs > 0 and s.lr > 0 and s.tokens_per_batch > 0 and s.calibrate_tokens >= 0):
-        raise ConfigError("--minutes, --epochs, --lr and --tokens-per-batch must be > 0, --calibrate-tokens >= 0")
+        raise ConfigError("--time-budget-s, --epochs, --lr and --batch-tokens must be > 0, --calibrate-tokens >= 0")
     if not 0 < s.replay_share < 1:
         raise ConfigError("--replay-share must be in (0, 1)")
     if not (0 < s.heldout_share < 0.5 and s.heldout_tokens > 0):

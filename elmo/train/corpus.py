@@ -425,10 +425,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "Handbook (apt package debian-handbook), English and Chinese")  # fmt: skip
     handbook.add_argument("--out", default="data/handbook", help="output folder (default data/handbook)")
     vocab = sub.add_parser("vocab", help="rebuild vocab.txt from a train file")
-    vocab.add_argument("--train", default="data/corpus/train.txt")
-    vocab.add_argument("--out", default="data/corpus/vocab.txt")
-    vocab.add_argument("--min-count", type=int, default=3)
-    vocab.add_argument("--max-vocab", type=int, default=30000)
+    vocab.add_argument("--train", default="data/corpus/train.txt", help="tokenized training text (default %(default)s)")
+    vocab.add_argument("--out", default="data/corpus/vocab.txt", help="vocabulary file to write (default %(default)s)")
+    vocab.add_argument("--min-count", type=int, default=3, help="keep tokens seen at least this often (default 3)")
+    vocab.add_argument("--max-vocab", type=int, default=30000, help="at most this many tokens (default 30000)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from elmo.errors import DataError, InputError
+from elmo.flags import add_alias
 from elmo.model.bilm import BiLM, backward_targets
 from elmo.senses.benchmark import run_benchmark, summary
 from elmo.text.chars import BYTES, load_char_scheme
@@ -209,7 +210,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="--report: merge the report into MODEL/metrics.json (other sections are kept)")  # fmt: skip
     parser.add_argument("--train-dir", default=None, help="--report: training run folder with train_state.json")
     parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
-    parser.add_argument("--tokens-per-batch", type=int, default=4000)
+    batch = parser.add_argument("--batch-tokens", dest="tokens_per_batch", type=int, default=4000,
+                                help="padded tokens per batch (default 4000)")  # fmt: skip
+    add_alias(parser, "--tokens-per-batch", batch)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
 
 

@@ -165,7 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", default=None, help="vocabulary, the biLM's (default CORPUS/vocab.txt)")
     parser.add_argument("--text", nargs="+", help="text file(s) to score, one sentence per line (default: test splits)")
     parser.add_argument("--tokenized", action="store_true", help="--text lines are already space-separated tokens")
-    parser.add_argument("--order", type=int, default=3)
+    parser.add_argument("--order", type=int, default=3, help="n-gram order (default 3: trigrams)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ class Kind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"  # missing or wrong bearer token
     UNSUPPORTED_MEDIA = "unsupported media type"  # HTTP: a body that is not JSON
     PERMISSION_DENIED = "permission denied"  # a token, but not the one this API needs (the admin API)
-    REFUSED = "refused"  # admin: a model version that failed to load or its checks, or over --max-model-memory
+    REFUSED = "refused"  # admin: a model version that failed to load or its checks, or over --max-model-memory-bytes
     INTERNAL = "internal"  # a bug or a broken model; logged with a traceback
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from elmo.errors import ConfigError, InputError
+from elmo.flags import add_alias
 from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
 from elmo.sizes import human_bytes  # noqa: F401  (the one byte formatter; importers of this module use it)
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
@@ -91,21 +92,21 @@ class Limits:
                 ok = isinstance(value, int) and value > 0
             if not ok:
                 allowed = _RANGES.get(f.name, "positive")
-                raise ConfigError(f"limit --{f.name.replace('_', '-')} must be {allowed} (got {value!r})")
+                raise ConfigError(f"limit --{flag_name(f.name)} must be {allowed} (got {value!r})")
         try:
             Overflow.parse(self.overflow)
         except InputError as exc:
             raise ConfigError(f"--overflow: {exc}") from None
         if self.max_tokens_per_sentence > self.max_tokens_per_request:
-            raise ConfigError("--max-tokens-per-sentence must not exceed --max-tokens-per-request")
+            raise ConfigError("--max-sentence-tokens must not exceed --max-request-tokens")
         if self.max_tokens_per_sentence > self.max_batch_tokens:
-            raise ConfigError("--max-tokens-per-sentence must not exceed --max-batch-tokens (a sentence must fit)")
+            raise ConfigError("--max-sentence-tokens must not exceed --max-batch-tokens (a sentence must fit)")
         if self.max_pooled_tokens < self.max_tokens_per_sentence:
-            raise ConfigError("--max-pooled-tokens must be at least --max-tokens-per-sentence (a sentence must fit)")
+            raise ConfigError("--max-pooled-tokens must be at least --max-sentence-tokens (a sentence must fit)")
         if self.answer_bytes_in_flight_per_peer > self.answer_bytes_in_flight:
-            raise ConfigError("--answer-bytes-in-flight-per-peer must not exceed --answer-bytes-in-flight")
+            raise ConfigError("--in-flight-answer-bytes-per-peer must not exceed --in-flight-answer-bytes")
         if self.max_tokens_per_request > self.max_queue_tokens:
-            raise ConfigError("--max-tokens-per-request must not exceed --max-queue-tokens (a request must fit)")
+            raise ConfigError("--max-request-tokens must not exceed --max-queue-tokens (a request must fit)")
         return self
 
 
@@ -125,15 +126,15 @@ _HELP = {
     "answer is computed until its client has taken it (a call whose answer would go over is refused before any work: "
     "gRPC RESOURCE_EXHAUSTED, HTTP 503 with Retry-After)",
     "answer_bytes_in_flight_per_peer": "bytes of answers one client address may hold at once, its share of "
-    "--answer-bytes-in-flight: a client that does not read its answers gets its next calls refused (behind a proxy "
-    "raise it to --answer-bytes-in-flight)",
+    "--in-flight-answer-bytes: a client that does not read its answers gets its next calls refused (behind a proxy "
+    "raise it to --in-flight-answer-bytes)",
     "answer_write_timeout_s": "seconds an HTTP client may take to read each 256 KiB piece of its answer, then the "
     "connection is closed and the answer freed; on gRPC, how long a connection's calls may still take once "
-    "--grpc-connection-age closed it (answers a gRPC client does not read hold its share of --answer-bytes-in-flight "
+    "--grpc-connection-age-s closed it (answers a gRPC client does not read hold its share of --in-flight-answer-bytes "
     "until then)",
     "max_pooled_inputs": "inputs per POST /v1/embeddings request (one pooled vector each)",
     "max_pooled_tokens": "tokens per POST /v1/embeddings request, all inputs together (embedded in chunks of "
-    "--max-tokens-per-request, so memory is bounded by the answer, not the request)",
+    "--max-request-tokens, so memory is bounded by the answer, not the request)",
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
     "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",
@@ -159,7 +160,7 @@ _HELP = {
     "shutdown_delay": "on SIGTERM, seconds the server keeps answering while its health checks (gRPC health, GET "
     "/health) say NOT_SERVING, so that a load balancer takes it out of rotation before it refuses anything; set it "
     "above the balancer's check interval x fall count (deploy/haproxy.cfg takes about 2 s: 5 is ample). A second "
-    "signal ends it early. Then the drain (--drain-seconds)",
+    "signal ends it early. Then the drain (--drain-timeout-s)",
     "drain_seconds": "on SIGTERM, seconds in-flight requests get to finish",
     "request_workers": "threads that tokenize requests and build answers, off the event loop",
     "background_nice": "how much lower (nice) the runtime threads computing long requests (over --express-tokens) run "
@@ -175,7 +176,7 @@ _HELP = {
     "max_connections": "open HTTP connections; beyond, new ones get 503 and are closed",
     "max_connections_per_peer": "open HTTP connections from one client address, its share of --max-connections "
     "(beyond: 503; behind a proxy raise it to --max-connections)",
-    "overflow": "sentences over --max-tokens-per-sentence when the request names no policy: reject, truncate, or "
+    "overflow": "sentences over --max-sentence-tokens when the request names no policy: reject, truncate, or "
     "window (overlapping windows stitched back)",
     "window_overlap": "tokens shared by neighbouring windows under --overflow window (capped at half the window)",
 }
@@ -183,25 +184,80 @@ _HELP = {
 
 def add_fields_as_flags(
     group: Any, defaults: object, flag_of: Callable[[str], str], help_of: Mapping[str, str],
-    choices: Mapping[str, list[str]] | None = None,
+    choices: Mapping[str, list[str]] | None = None, group_of: Mapping[str, Any] | None = None,
+    dest_is_field: bool = False, aliases: Mapping[str, str] | None = None,
 ) -> None:
-    """One flag per field of the dataclass instance ``defaults`` in ``group`` (a parser or an argument group):
-    ``--{flag_of(name)}``, typed and defaulted by the field's value, its help from ``help_of``; the parsed value lands
-    under the flag's own name, dashes as underscores."""
+    """One flag per field of the dataclass instance ``defaults`` in ``group`` (a parser or an argument group, or
+    ``group_of[name]`` where given): ``--{flag_of(name)}``, typed and defaulted by the field's value, its help from
+    ``help_of``; the parsed value lands under the flag's own name, dashes as underscores (under the field's name with
+    ``dest_is_field``). ``aliases`` maps a field to an older flag name still accepted (hidden, elmo.flags)."""
     for f in fields(defaults):
         default = getattr(defaults, f.name)
-        group.add_argument(
+        where = (group_of or {}).get(f.name, group)
+        action = where.add_argument(
             f"--{flag_of(f.name)}",
             type=type(default),
             default=default,
             help=f"{help_of[f.name]} (default {default})",
             **({"choices": choices[f.name]} if choices and f.name in choices else {}),
+            **({"dest": f.name, "metavar": flag_of(f.name).upper().replace("-", "_")} if dest_is_field else {}),
         )  # fmt: skip
+        if aliases and f.name in aliases:
+            add_alias(where, aliases[f.name], action)
+
+
+# Flags whose name is not the field's: units said (-s, -tokens, -bytes), threads named as such. Each field's older
+# flag still works, hidden (elmo.flags.DeprecatedAlias).
+_FLAG_NAMES = {
+    "max_tokens_per_sentence": "max-sentence-tokens",
+    "max_tokens_per_request": "max-request-tokens",
+    "answer_bytes_in_flight": "in-flight-answer-bytes",
+    "answer_bytes_in_flight_per_peer": "in-flight-answer-bytes-per-peer",
+    "grpc_idle_timeout": "grpc-idle-timeout-s",
+    "grpc_message_timeout": "grpc-message-timeout-s",
+    "grpc_connection_age": "grpc-connection-age-s",
+    "shutdown_delay": "shutdown-delay-s",
+    "drain_seconds": "drain-timeout-s",
+    "request_workers": "request-threads",
+    "http_header_timeout": "http-header-timeout-s",
+    "http_body_timeout": "http-body-timeout-s",
+    "http_idle_timeout": "http-idle-timeout-s",
+    "window_overlap": "window-overlap-tokens",
+}
+# --help's group of each limit (elmo serve shows them in this order after the essentials); the rest: batching and limits
+_CONNECTIONS = ("max_concurrent_rpcs", "max_calls_per_peer", "max_streams_per_connection", "grpc_idle_timeout",
+                "grpc_message_timeout", "grpc_connection_age", "max_stream_inflight", "http_header_timeout",
+                "http_body_timeout", "http_body_deadline_s", "http_idle_timeout", "max_connections",
+                "max_connections_per_peer", "answer_write_timeout_s")  # fmt: skip
+_RUNTIME = ("request_workers", "background_nice", "switch_interval_ms")
+_OPERATIONS = ("shutdown_delay", "drain_seconds")
+
+
+def flag_name(field_name: str) -> str:
+    """A limit's flag, without the dashes: ``max_tokens_per_sentence`` -> ``max-sentence-tokens``."""
+    return _FLAG_NAMES.get(field_name, field_name.replace("_", "-"))
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    add_fields_as_flags(parser.add_argument_group("limits"), Limits(), lambda name: name.replace("_", "-"), _HELP,
-                        choices={"overflow": [o.value for o in Overflow]})  # fmt: skip
+    """The limits' flags in three groups (batching and limits, connections, runtime tuning); the shutdown's two
+    among the operations flags (the parser's own group)."""
+    runtime = _group(parser, "runtime tuning")
+    group_of = {
+        **{name: _group(parser, "connections") for name in _CONNECTIONS},
+        **{name: runtime for name in _RUNTIME},
+        **{name: parser for name in _OPERATIONS},
+    }
+    add_fields_as_flags(_group(parser, "batching and limits"), Limits(), flag_name, _HELP,
+                        choices={"overflow": [o.value for o in Overflow]}, group_of=group_of, dest_is_field=True,
+                        aliases={name: "--" + name.replace("_", "-") for name in _FLAG_NAMES})  # fmt: skip
+
+
+def _group(parser: argparse.ArgumentParser, title: str) -> Any:
+    """The parser's argument group of this title (made if there is none yet)."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -241,6 +297,6 @@ def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
 
 
 __all__ = [
-    "MIB", "Limits", "add_fields_as_flags", "add_limit_arguments", "grpc_server_settings", "human_bytes",
+    "MIB", "Limits", "add_fields_as_flags", "add_limit_arguments", "flag_name", "grpc_server_settings", "human_bytes",
     "limits_from_args",
 ]  # fmt: skip

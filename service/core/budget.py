@@ -1,4 +1,4 @@
-"""The budget of answer bytes in flight (``--answer-bytes-in-flight``, ``--answer-bytes-in-flight-per-peer``).
+"""The budget of answer bytes in flight (``--in-flight-answer-bytes``, ``--in-flight-answer-bytes-per-peer``).
 
 An answer's size is known before it is computed (service.core.answers.answer_bytes), and an answer that is built
 but not yet taken by its client holds its memory until the client reads it or its connection closes. So every
@@ -52,12 +52,12 @@ class AnswerBudget:
             raise AnswerBudgetFull(
                 f"this client ({peer}) has {human_bytes(mine)} of answers not yet taken and this answer needs "
                 f"{human_bytes(n)} more: over its share of {human_bytes(self.per_peer)} "
-                "(--answer-bytes-in-flight-per-peer); read the answers in flight, then retry"
+                "(--in-flight-answer-bytes-per-peer); read the answers in flight, then retry"
             )
         if self.held and self.held + n > self.total:
             raise AnswerBudgetFull(
                 f"server busy: {human_bytes(self.held)} of answers in flight and this answer needs {human_bytes(n)} "
-                f"more, over {human_bytes(self.total)} (--answer-bytes-in-flight); retry later"
+                f"more, over {human_bytes(self.total)} (--in-flight-answer-bytes); retry later"
             )
         self._by_peer[peer] = mine + n
         self.held += n

@@ -18,7 +18,7 @@ class ServerState:
 
     def __init__(self) -> None:
         self.draining = False
-        self.leaving = False  # SIGTERM's --shutdown-delay: health says NOT_SERVING, requests are still answered
+        self.leaving = False  # SIGTERM's --shutdown-delay-s: health says NOT_SERVING, requests are still answered
         self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()

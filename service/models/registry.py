@@ -40,7 +40,7 @@ class ServedModel:
     version: str
     ready: bool = field(default=False)
     number: int = 0  # the version's folder number under --model-root (0: a model served with --model DIR)
-    memory_bytes: int = 0  # what it counts against --max-model-memory
+    memory_bytes: int = 0  # what it counts against --max-model-memory-bytes
     _in_flight: int = field(default=0, repr=False)
     _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

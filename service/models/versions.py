@@ -26,7 +26,7 @@ A version that fails at step 1 is refused with one log line (``service.models``)
 ``elmo_model_load_failures_total{model}``; whatever served before keeps serving. The poller does not try a failed
 version again until its folder changes (or an admin loads it by hand).
 
-Memory guard (``--max-model-memory``): a version is counted at ``MODEL_MEMORY_FACTOR`` times the size of its graph
+Memory guard (``--max-model-memory-bytes``): a version is counted at ``MODEL_MEMORY_FACTOR`` times the size of its graph
 and weight files (``*.onnx``, ``*.data``) from the moment it starts loading until it is released; a load that would
 take the total over the limit is refused, naming what is loaded and its size. During a swap both versions are
 loaded, so a swap of a model of size S needs 2 x S under the limit (use ``--keep-versions 1`` and unload first when
@@ -357,7 +357,7 @@ class ModelManager:
                     record,
                     directory,
                     f"needs about {human_bytes(estimate)} (x{MODEL_MEMORY_FACTOR:g} its model files), and "
-                    f"{human_bytes(used)} of --max-model-memory {human_bytes(self.max_memory)} is taken by "
+                    f"{human_bytes(used)} of --max-model-memory-bytes {human_bytes(self.max_memory)} is taken by "
                     f"{', '.join(described) or 'nothing'}: unload a version first or raise the limit",
                     memory=True,
                 )

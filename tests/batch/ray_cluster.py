@@ -299,7 +299,7 @@ def fault_scenario(
 
     command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model),
                "--shard-lines", str(shard_lines), "--engine", "ray", "--ray-address", cluster.address,
-               "--workers", str(cluster.workers), "--threads", "1", "--no-progress"]  # fmt: skip
+               "--ray-actors", str(cluster.workers), "--threads", "1", "--no-progress"]  # fmt: skip
     env = cluster.driver_env()
 
     # 1. the driver SIGKILLed once shards are committed

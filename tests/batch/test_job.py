@@ -530,13 +530,13 @@ def test_remote_unknown_task_and_unreachable_server(tmp_path, tiny_model_dir, ca
     server = ServerThread({"tiny": Embedder(tiny_model_dir, providers=[CPU], intra_op_threads=1)}, EDGE_LIMITS)
     try:
         capsys.readouterr()
-        # not warmed up yet: the job waits for SERVING (--server-wait), then fails on the unknown task
+        # not warmed up yet: the job waits for SERVING (--server-wait-s), then fails on the unknown task
         server.loop.call_later(0.5, lambda: server.loop.create_task(server.server.warm_up()))
         assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--layers", "mix:nope") == 2
         assert "unknown task 'nope'" in capsys.readouterr().err
     finally:
         server.stop()
-    assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--server-wait", "0.5") == 2
+    assert embed_file(source, tmp_path / "o.h5", "--server", server.target, "--server-wait-s", "0.5") == 2
     (err,) = error_lines(capsys.readouterr().err)
     assert "is not serving after 0.5 s" in err and "UNAVAILABLE" in err
 
@@ -564,7 +564,7 @@ def test_remote_server_over_tls_with_a_token(tmp_path, tiny_model_dir, embedder,
         monkeypatch.setenv("ELMO_AUTH_TOKEN", "s3cret")
         assert embed_file(source, tmp_path / "named.h5", *secure, "--tls-server-name", "localhost") == 0
         capsys.readouterr()
-        wrong = ["--tls-server-name", "elmo.invalid", "--server-wait", "0.5"]
+        wrong = ["--tls-server-name", "elmo.invalid", "--server-wait-s", "0.5"]
         assert embed_file(source, tmp_path / "wrong.h5", *secure, *wrong) == 2
         (err,) = error_lines(capsys.readouterr().err)
         assert "is not serving after 0.5 s" in err and "UNAVAILABLE" in err

@@ -34,7 +34,7 @@ def test_reject_names_the_line_and_the_way_out(tmp_path, tiny_model_dir, capsys)
 
 def test_window_and_truncate_locally(tmp_path, tiny_model_dir, embedder):
     source = write_lines(tmp_path / "in.txt", LINES)
-    args = ["--model", tiny_model_dir, "--max-sentence-tokens", "32", "--window-overlap", "8"]
+    args = ["--model", tiny_model_dir, "--max-sentence-tokens", "32", "--window-overlap-tokens", "8"]
     assert embed_file(source, tmp_path / "window.h5", *args, "--overflow", "window") == 0
     assert embed_file(source, tmp_path / "cut.h5", *args, "--overflow", "truncate") == 0
     tokens = TOKENS
@@ -54,7 +54,7 @@ def test_window_through_a_server_with_a_small_sentence_limit(tmp_path, tiny_mode
     try:
         server.warm_up()
         source = write_lines(tmp_path / "in.txt", LINES)
-        remote = ["--server", server.target, "--overflow", "window", "--window-overlap", "6"]
+        remote = ["--server", server.target, "--overflow", "window", "--window-overlap-tokens", "6"]
         assert embed_file(source, tmp_path / "remote.h5", *remote) == 0
     finally:
         server.stop()
@@ -76,5 +76,5 @@ def test_reject_through_a_server_names_the_servers_limit(tmp_path, embedder, cap
         server.stop()
     (line,) = error_lines(capsys.readouterr().err)
     assert "line 2 has 80 tokens, over the limit of 20 tokens per line (the server's limit, its " in line
-    assert "--max-tokens-per-sentence; --max-sentence-tokens can lower it, not raise it)" in line
+    assert "--max-sentence-tokens; --max-sentence-tokens can lower it, not raise it)" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]

@@ -101,7 +101,7 @@ def test_the_replicas_bench_runs_and_reports_every_window(haproxy, tiny_model_di
     """bench/service/replicas.py end to end for a few seconds (one mode, 2 + 2 clients): it measures, times nothing."""
     out = tmp_path / "out"
     argv = ["--model", str(tiny_model_dir), "--seconds", "4.5", "--window", "1", "--grpc-clients", "2"]
-    argv += ["--http-clients", "2", "--mode", "no-balancer-retries", "--shutdown-delay", "0.5", "--out", str(out)]
+    argv += ["--http-clients", "2", "--mode", "no-balancer-retries", "--shutdown-delay-s", "0.5", "--out", str(out)]
     assert replicas.main(argv) == 0
     result = json.loads((out / "replicas-no-balancer-retries.json").read_text())
     assert list(result["windows"])[:3] == ["before", "sigterm elmo2", "sigkill elmo3"]

@@ -85,9 +85,9 @@ def test_the_deployment_probes_grpc_health_drains_and_is_sized_from_the_measurem
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": ports["grpc"]}, probe  # grpc.health.v1, Kubernetes' own probe
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    delay = float(args["--shutdown-delay"])
+    delay = float(args["--shutdown-delay-s"])
     assert delay >= 3  # deploy/haproxy.cfg takes a replica out about 2 s after its health says NOT_SERVING
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + delay + float(args["--drain-seconds"])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + delay + float(args["--drain-timeout-s"])
     memory = container["resources"]["requests"]["memory"]
     assert memory.endswith("Mi") and int(memory[:-2]) >= 1.25 * MEASURED_PEAK_MIB
     assert args["--threads"] == container["resources"]["requests"]["cpu"]
@@ -143,7 +143,7 @@ def test_compose_agrees_with_haproxy_cfg_and_the_dockerfile():
         args = flags(service["command"])
         assert {args["--port"], args["--http-port"]} == grpc_port | http_port and args["--host"] == "0.0.0.0"
         assert {args["--port"], args["--http-port"], args["--metrics-port"]} <= exposed
-        delay, drain = float(args["--shutdown-delay"]), float(args["--drain-seconds"])
+        delay, drain = float(args["--shutdown-delay-s"]), float(args["--drain-timeout-s"])
         assert delay >= 3 and int(service["stop_grace_period"].removesuffix("s")) > delay + drain
     haproxy = compose["services"]["haproxy"]
     (volume,) = haproxy["volumes"]

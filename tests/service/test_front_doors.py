@@ -69,12 +69,12 @@ def test_tokenize_has_the_request_token_limit_on_http_and_grpc(server):
     status, _, answer = post(server.http_url, "/v1/tokenize", body)
     assert status == 413, answer
     assert f"more than {EDGE_LIMITS.max_tokens_per_request} tokens" in answer["error"]["message"]
-    assert "--max-tokens-per-request" in answer["error"]["message"]
+    assert "--max-request-tokens" in answer["error"]["message"]
     within = " ".join(["pie"] * EDGE_LIMITS.max_tokens_per_request)
     assert post(server.http_url, "/v1/tokenize", json.dumps({"text": within}).encode())[0] == 200
     with EmbedderClient(server.target) as client, pytest.raises(RemoteError) as info:
         client.tokenize(["apple pie " * 100])
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "--max-tokens-per-request" in info.value.details
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "--max-request-tokens" in info.value.details
 
 
 def test_a_windowed_answer_is_limited_by_its_json_size_and_base64_is_suggested(tiny_model_dir):

@@ -5,7 +5,7 @@ starts a unary handler only once the message is whole), an EmbedStream that neve
 one of --max-concurrent-rpcs. 1,030 of them on one connection used to make every RPC, gRPC health included, answer
 RESOURCE_EXHAUSTED. Now one connection holds at most --max-streams-per-connection of them, a caller without the
 token is refused at its headers, before its message is read, a message that does not arrive within
---grpc-message-timeout ends its call, one client address holds at most --max-calls-per-peer calls, and health
+--grpc-message-timeout-s ends its call, one client address holds at most --max-calls-per-peer calls, and health
 checks are not counted at all.
 """
 
@@ -165,15 +165,15 @@ async def _late_message_and_silent_stream(target: str) -> dict:
 
 
 def test_a_message_that_never_completes_and_a_silent_stream_are_closed(tiny_model_dir: Path, tmp_path: Path) -> None:
-    args = ["--model", str(tiny_model_dir), "--grpc-message-timeout", "1", "--grpc-idle-timeout", "2"]
+    args = ["--model", str(tiny_model_dir), "--grpc-message-timeout-s", "1", "--grpc-idle-timeout-s", "2"]
     with ServeProcess(args, tmp_path) as server:
         seen = asyncio.run(_late_message_and_silent_stream(server.wait_serving()))
         assert not server.exited()
     assert seen["late"].code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "did not arrive within 1 s of the call's headers (--grpc-message-timeout)" in seen["late"].details()
+    assert "did not arrive within 1 s of the call's headers (--grpc-message-timeout-s)" in seen["late"].details()
     assert len(seen["answers"]) == 1 and seen["answers"][0] > 0  # what it sent was answered first
     assert seen["ended"].code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "no request message for 2 s (--grpc-idle-timeout)" in seen["ended"].details()
+    assert "no request message for 2 s (--grpc-idle-timeout-s)" in seen["ended"].details()
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,7 @@ def test_a_watch_that_never_reads_does_not_keep_health_from_serving(runtime: Emb
 
 
 def test_a_signal_during_the_warm_up_keeps_health_not_serving(runtime: Embedder) -> None:
-    """SIGTERM with --shutdown-delay while the model warms up: the warm-up's end must not say SERVING over the
+    """SIGTERM with --shutdown-delay-s while the model warms up: the warm-up's end must not say SERVING over the
     NOT_SERVING the signal set, or a balancer sends traffic to a replica that is leaving."""
     server = ServerThread({"tiny": runtime}, replace(EDGE_LIMITS, shutdown_delay=30.0))
     try:
@@ -137,14 +137,14 @@ def test_sigterm_with_a_stalled_watch_reaches_not_serving_and_exits_in_time(
     tiny_model_dir: Path, tmp_path: Path, delay_s: float
 ) -> None:
     drain_s, slack_s = 2.0, 2.0  # slack: the process's own teardown (the batchers' threads, the interpreter)
-    args = ["--model", str(tiny_model_dir), "--shutdown-delay", f"{delay_s:g}", "--drain-seconds", f"{drain_s:g}"]
+    args = ["--model", str(tiny_model_dir), "--shutdown-delay-s", f"{delay_s:g}", "--drain-timeout-s", f"{drain_s:g}"]
     with ServeProcess(args, tmp_path) as server:
         target = server.wait_serving()
         with stalled_watch(target):
             server.sigterm()
             signalled = time.monotonic()
             if delay_s:  # leaving: NOT_SERVING while requests are still answered
-                wait_until(lambda: check(target) == "NOT_SERVING", delay_s, "NOT_SERVING during --shutdown-delay")
+                wait_until(lambda: check(target) == "NOT_SERVING", delay_s, "NOT_SERVING during --shutdown-delay-s")
                 assert embed_tokens(target) == ["still", "answered"]
             exits_cleanly_in_time(server, signalled, delay_s + drain_s + slack_s)
 
@@ -236,8 +236,8 @@ def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir:
     """GET /health answers from the server's state at once: a client that pipelines probes and reads no answer holds
     only its own connection (aiohttp stops reading it), and SIGTERM still turns it 503 and ends the process."""
     delay_s, drain_s, slack_s = 1.0, 2.0, 3.0  # slack: the process's teardown, and the HTTP door's own close
-    args = ["--model", str(tiny_model_dir), "--http-port", "0", "--shutdown-delay", f"{delay_s:g}",
-            "--drain-seconds", f"{drain_s:g}"]  # fmt: skip
+    args = ["--model", str(tiny_model_dir), "--http-port", "0", "--shutdown-delay-s", f"{delay_s:g}",
+            "--drain-timeout-s", f"{drain_s:g}"]  # fmt: skip
     with ServeProcess(args, tmp_path) as server:
         server.wait_serving()
         http_port = int(server.port_file.read_text().split("\n")[2])  # lines: gRPC, metrics, HTTP
@@ -256,7 +256,7 @@ def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir:
             assert [http_health(url) for _ in range(3)] == [200, 200, 200]
             server.sigterm()
             signalled = time.monotonic()
-            wait_until(lambda: http_health(url) == 503, delay_s, "GET /health 503 during --shutdown-delay")
+            wait_until(lambda: http_health(url) == 503, delay_s, "GET /health 503 during --shutdown-delay-s")
             exits_cleanly_in_time(server, signalled, delay_s + drain_s + slack_s)
 
 

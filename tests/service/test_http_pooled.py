@@ -15,7 +15,7 @@ from tests.serve_process import wait_until
 from tests.service_helpers import ServerThread, call, limits_with, model_with_pos_demo
 
 ALIASES = {"text-embedding-3-small": ("tiny", ""), "ada-pos": ("tiny", "pos_demo")}
-# 24 inputs of 3..14 tokens (~200 tokens): 3 times --max-inputs (8) and --max-tokens-per-request (60) of the limits
+# 24 inputs of 3..14 tokens (~200 tokens): 3 times --max-inputs (8) and --max-request-tokens (60) of the limits
 DOCUMENTS = [" ".join(f"w{(i * 7 + j) % 23}" for j in range(3 + i % 12)) + " ." for i in range(24)]
 LIMITS = dict(max_pooled_inputs=32, max_pooled_tokens=400)
 

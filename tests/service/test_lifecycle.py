@@ -20,7 +20,7 @@ from tests.serve_process import ServeProcess, serve_until_exit
 
 
 def test_drain_grace_expiry_cancels_the_rpc_still_running_and_exits_0(tiny_model_dir: Path, tmp_path: Path) -> None:
-    with ServeProcess(["--model", str(tiny_model_dir), "--drain-seconds", "1"], tmp_path) as server:
+    with ServeProcess(["--model", str(tiny_model_dir), "--drain-timeout-s", "1"], tmp_path) as server:
         target = server.wait_serving()
         with EmbedderClient(target, timeout=30) as client:
             requests: queue.Queue = queue.Queue()

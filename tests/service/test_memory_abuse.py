@@ -118,7 +118,7 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
 
 # -- the HTTP body deadline -----------------------------------------------------------------------------------------
 def test_a_body_trickled_slower_than_its_deadline_gets_408_and_the_connection_closes(tiny_model_dir, tmp_path):
-    """One byte every 0.3 s never pauses for --http-body-timeout (30 s), but the whole body must be in within
+    """One byte every 0.3 s never pauses for --http-body-timeout-s (30 s), but the whole body must be in within
     --http-body-deadline-s: 408 naming that flag, then the connection is closed."""
     with serve(["--model", str(tiny_model_dir), "--http-body-deadline-s", "2"], tmp_path) as server:
         server.wait_serving()
@@ -170,7 +170,7 @@ def test_a_client_that_hangs_up_mid_answer_is_an_info_line_not_an_error(tiny_mod
 
 # -- answers nobody reads: the budget of answer bytes in flight ------------------------------------------------------
 def stall_flags(share_mib: int) -> list[str]:
-    return ["--model", str(DEFAULT_MODEL), "--answer-bytes-in-flight-per-peer", str(share_mib * MIB)]
+    return ["--model", str(DEFAULT_MODEL), "--in-flight-answer-bytes-per-peer", str(share_mib * MIB)]
 
 
 def grpc_embed_request(n_inputs: int = 16, tokens_each: int = 499) -> pb.EmbedRequest:
@@ -206,7 +206,7 @@ def test_unread_http_answers_hold_their_share_until_the_write_timeout_closes_the
         status, headers, answer = read_answer(refused)
         refused.close()
         assert status == 503 and headers.get("retry-after") == "1", (status, headers, answer[:300])
-        assert "--answer-bytes-in-flight-per-peer" in json.loads(answer)["error"]["message"]
+        assert "--in-flight-answer-bytes-per-peer" in json.loads(answer)["error"]["message"]
         assert embedded_tokens(ports.metrics) == base_tokens + 8000  # refused before its vectors were computed
         seconds = another_client_is_served(target)
         held_rss = rss_bytes(pid)
@@ -228,9 +228,9 @@ def test_unread_http_answers_hold_their_share_until_the_write_timeout_closes_the
 def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_closed(tmp_path):
     """A raw HTTP/2 client (127.0.0.2) with a zero receive window asks for two 23.5 MiB answers, which gRPC can
     never send: they fill its 50 MiB share, and its third call ends RESOURCE_EXHAUSTED before any vector is
-    computed, while another client is served. --grpc-connection-age then closes the connection after
+    computed, while another client is served. --grpc-connection-age-s then closes the connection after
     --answer-write-timeout-s of grace, which frees the share: the same client's big calls are computed again."""
-    flags = [*stall_flags(50), "--grpc-connection-age", "20", "--answer-write-timeout-s", "5"]
+    flags = [*stall_flags(50), "--grpc-connection-age-s", "20", "--answer-write-timeout-s", "5"]
     with serve(flags, tmp_path) as server:
         target = server.wait_serving()
         ports, pid = ports_of(server), server.proc.pid
@@ -243,7 +243,7 @@ def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_close
             assert peer.wait_ended([third], 30)
             result = peer.streams[third]
             assert result.grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], (result, peer.streams)
-            assert "--answer-bytes-in-flight-per-peer" in result.grpc_message
+            assert "--in-flight-answer-bytes-per-peer" in result.grpc_message
             assert not any(peer.streams[i].ended for i in held)
             assert embedded_tokens(ports.metrics) == base_tokens + 2 * 7984  # refused before computing
             seconds = another_client_is_served(target)
@@ -290,11 +290,11 @@ def test_an_hpack_bomb_is_refused_and_costs_no_memory(tiny_model_dir, tmp_path):
 
 
 def test_a_per_peer_share_over_the_whole_budget_is_refused_at_start(tmp_path):
-    finished = serve_until_exit(["--model", str(tmp_path / "never-read"), "--answer-bytes-in-flight", str(64 * MIB),
-                                 "--answer-bytes-in-flight-per-peer", str(128 * MIB)], tmp_path)  # fmt: skip
+    finished = serve_until_exit(["--model", str(tmp_path / "never-read"), "--in-flight-answer-bytes", str(64 * MIB),
+                                 "--in-flight-answer-bytes-per-peer", str(128 * MIB)], tmp_path)  # fmt: skip
     assert finished.returncode == 2
     assert finished.error_lines() == [
-        "elmo serve: error: --answer-bytes-in-flight-per-peer must not exceed --answer-bytes-in-flight"
+        "elmo serve: error: --in-flight-answer-bytes-per-peer must not exceed --in-flight-answer-bytes"
     ], finished.stderr
 
 
@@ -302,7 +302,7 @@ def test_a_streams_answers_wait_their_turn_in_its_share_instead_of_failing(tiny_
     """A share that holds one 100-token answer of the tiny model (~21 KB as protobuf) but not two: an EmbedStream of
     five such requests (sent at once, embedded concurrently) gets all five answers in order, each taking its place
     once the one ahead of it has left, and the client's next Embed is answered: nothing is left held."""
-    flags = ["--model", str(tiny_model_dir), "--answer-bytes-in-flight-per-peer", "30000"]
+    flags = ["--model", str(tiny_model_dir), "--in-flight-answer-bytes-per-peer", "30000"]
     with serve(flags, tmp_path) as server:
         target = server.wait_serving()
         requests = [grpc_embed_request(1, 100 - i) for i in range(5)]
@@ -317,7 +317,7 @@ def test_unread_tokenize_answers_hold_their_share_too(tiny_model_dir, tmp_path):
     """Tokenize answers (every token and its offsets: about the text's size again) count in the budget as well, at
     their size once built: a zero-window client's first 8,000-token answer (~100 KB) fills its 150 KB share, its
     second is dropped and the call refused RESOURCE_EXHAUSTED, and another client is served."""
-    flags = ["--model", str(tiny_model_dir), "--answer-bytes-in-flight-per-peer", "150000"]
+    flags = ["--model", str(tiny_model_dir), "--in-flight-answer-bytes-per-peer", "150000"]
     with serve(flags, tmp_path) as server:
         target = server.wait_serving()
         request = pb.TokenizeRequest(texts=[" ".join(["a"] * 8000)]).SerializeToString()
@@ -327,6 +327,6 @@ def test_unread_tokenize_answers_hold_their_share_too(tiny_model_dir, tmp_path):
             refused = peer.send_call(TOKENIZE, request)
             assert peer.wait_ended([refused], 30)
             assert peer.streams[refused].grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-            assert "--answer-bytes-in-flight-per-peer" in peer.streams[refused].grpc_message
+            assert "--in-flight-answer-bytes-per-peer" in peer.streams[refused].grpc_message
             assert not peer.streams[held].ended
             another_client_is_served(target)

@@ -72,7 +72,8 @@ def test_a_model_imported_as_root_is_served_by_nobody(bilm_tf_fixture: Path, sha
 
     port_file = shared_dir / "serve.port"
     command = [sys.executable, "-c", LAUNCH.format(uid=NOBODY), "serve", "--model-root", str(root),
-               "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--threads", "1"]  # fmt: skip
+               "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--threads", "1",
+               "--http-port", "off"]  # fmt: skip
     log = shared_dir / "serve.stderr"
     with open(log, "w") as err:
         server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, env=clean_env())

@@ -548,7 +548,8 @@ def serve_process(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subproc
     gRPC, metrics, HTTP port), once the ports are open."""
     port_file, log_path = tmp_path / "port", tmp_path / "server.log"
     command = [sys.executable, "-m", "elmo.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-               "--port", "0", "--port-file", str(port_file), "--threads", "1", *flags]  # fmt: skip
+               "--port", "0", "--port-file", str(port_file), "--threads", "1", "--http-port", "off",
+               *flags]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
@@ -558,7 +559,7 @@ def serve_process(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subproc
 
 
 def test_sigterm_drains_in_flight_stream_and_refuses_new_calls(tiny_model_dir, tmp_path):
-    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--drain-seconds", "20")
+    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--drain-timeout-s", "20")
     try:
         target = f"127.0.0.1:{ports[0]}"
         with EmbedderClient(target, timeout=10) as c:
@@ -601,10 +602,10 @@ def http_health(port: str) -> int:
 
 
 def test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering(tiny_model_dir, tmp_path):
-    """--shutdown-delay: after SIGTERM both health checks say NOT_SERVING at once, yet new calls are answered (a
+    """--shutdown-delay-s: after SIGTERM both health checks say NOT_SERVING at once, yet new calls are answered (a
     balancer that has not looked yet sends no failure); a second SIGTERM ends the delay and the drain exits 0."""
-    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--http-port", "0", "--shutdown-delay", "120",
-                                          "--drain-seconds", "5")  # fmt: skip
+    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--http-port", "0", "--shutdown-delay-s", "120",
+                                          "--drain-timeout-s", "5")  # fmt: skip
     try:
         target, http_port = f"127.0.0.1:{ports[0]}", ports[2]
         with EmbedderClient(target, timeout=10) as c:

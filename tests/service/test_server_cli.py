@@ -155,7 +155,8 @@ def test_server_takes_the_token_from_the_environment(env_token_server: str, monk
 
 
 def _elmo_embed(target: str, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "elmo.cli", "embed", "--server", target, "--timeout", "30", *flags, "hello world"]
+    command = [sys.executable, "-m", "elmo.cli", "embed", "--server", target, "--timeout-s", "30", *flags,
+               "hello world"]  # fmt: skip
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=clean_env(env))
 
 

@@ -141,7 +141,7 @@ def test_a_bad_request_mid_stream_ends_it_after_the_answers_before_it(edges: Ser
     requests = [
         tokens_request(["first"]),
         tokens_request(["second", "one"]),
-        tokens_request(["w"] * 21),  # over --max-tokens-per-sentence: refused at validation
+        tokens_request(["w"] * 21),  # over --max-sentence-tokens: refused at validation
         tokens_request(["after", "it"]),
     ]
     batcher = edges.model().batcher

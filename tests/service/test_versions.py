@@ -263,7 +263,7 @@ def test_memory_guard_refuses_a_load_over_the_limit(tiny_model_dir, second_model
         publish_copy(second_model, root, "default")
         server.call(server.server.repository.reconcile())
         record = server.server.repository.records[("default", 2)]
-        assert record.state == pb.VERSION_FAILED and "--max-model-memory" in record.reason
+        assert record.state == pb.VERSION_FAILED and "--max-model-memory-bytes" in record.reason
         assert "default@1" in record.reason  # names what is loaded, and its size
         assert embed(server).model_version == 1
     finally:
@@ -300,7 +300,7 @@ def test_serve_flags_take_one_source_of_models(tmp_path):
     with pytest.raises(ConfigError, match="--poll-interval-s goes with --model-root"):
         repository("--model", "a", "--poll-interval-s", "5")
     assert repository("--model", "a") is None
-    options = repository("--model-root", str(tmp_path), "--max-model-memory", "2GiB", "--poll-interval-s", "5")
+    options = repository("--model-root", str(tmp_path), "--max-model-memory-bytes", "2GiB", "--poll-interval-s", "5")
     assert options.max_memory == 2 << 30 and options.poll_interval_s == 5 and options.keep_versions == 1
 
 

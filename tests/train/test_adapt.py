@@ -229,8 +229,8 @@ def _random_lm(directory: Path, text: Path) -> Path:
 def test_a_signal_stops_an_adaptation_that_resumes_on_the_same_clock(domain_text, tmp_path, capsys):
     """issue 30: a kill + --resume of `adapt --minutes 3` took 4.3 minutes and never said that it resumed."""
     model, out = _random_lm(tmp_path / "model", domain_text), tmp_path / "adapted"
-    args = ["--model", str(model), "--text", str(domain_text), "--out", str(out), "--minutes", "30", "--epochs", "50",
-            "--tokens-per-batch", "400", "--threads", "1", "--no-export"]  # fmt: skip
+    args = ["--model", str(model), "--text", str(domain_text), "--out", str(out), "--time-budget-s", "1800",
+            "--epochs", "50", "--batch-tokens", "400", "--threads", "1", "--no-export"]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "elmo.cli", "adapt", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     for line in proc.stderr:  # the training loop logs the model's size as it starts (split and "before" are done)
