@@ -118,12 +118,9 @@ def render() -> str:
     lines = [HEADER]
     _, first = command_parser(next(iter(COMMANDS)))
     shared = [a for a in first._actions if set(a.option_strings) & set(SHARED)]
-    lines += ["## Every command", "", "| flag | default | what it does |", "|---|---|---|"]
-    lines += [f"| {flag_name(a)} | {default_of(a)} | {help_of(first, a)} |" for a in shared]
-    lines.append("")
-    lines += ["| command | what it does |", "|---|---|"]
-    lines += [f"| [`elmo {name}`](#elmo-{name}) | {cell(help_)} |" for name, (_, help_, _) in COMMANDS.items()]
-    lines.append("")
+    every = "; ".join(f"{flag_name(a)} ({help_of(first, a)}; default {default_of(a)})" for a in shared)
+    index = ", ".join(f"[`elmo {name}`](#elmo-{name}) ({cell(help_)})" for name, (_, help_, _) in COMMANDS.items())
+    lines += [f"The commands: {index}.", "", f"Every command also takes {every}.", ""]
     for name in COMMANDS:
         _, parser = command_parser(name)
         for title, sub in parsers(parser, f"elmo {name}"):
