@@ -158,3 +158,32 @@ def test_lenient_parser_names_the_bad_field():
     task_bad = parse(pb.EmbedRequest(task="TT").SerializeToString().replace(b"TT", b"\xff\xff"))
     assert task_bad.message.startswith("task is not valid UTF-8")
     assert "malformed protobuf" in parse(b"\x0a\xff").message
+
+
+# -- one vocabulary: the proto's JSON names are the HTTP API's words ------------------------------------------------
+HTTP_ONLY = {"EmbedRequest": {"encoding_format"}, "TokenizeRequest": set()}  # how JSON writes vectors: no proto field
+
+
+@pytest.mark.parametrize("message", ["EmbedRequest", "TokenizeRequest"])
+def test_the_protos_json_names_are_the_http_requests_fields(message):
+    """Every field of the request has the JSON name the HTTP route takes (the texts are 'input' on both), and every
+    field of the HTTP request that is not an alias is the proto's, but for how JSON writes vectors."""
+    from elmo.service.http.openapi import openapi_document
+
+    properties = openapi_document()["components"]["schemas"][message]["properties"]
+    words = {name for name, schema in properties.items() if not schema.get("deprecated")}
+    json_names = {field.json_name for field in getattr(pb, message).DESCRIPTOR.fields}
+    assert json_names == words - HTTP_ONLY[message]
+
+
+def test_an_http_embed_body_is_the_protos_json_form():
+    """protobuf's own JSON parser reads a /v1/embed body into the message the HTTP door builds from it."""
+    from elmo.service.http.schema import parse_embed
+    from google.protobuf import json_format
+
+    body = {"input": [{"text": "苹果很好吃"}], "layers": [2, 0], "task": "pos", "dtype": "FLOAT16", "model": "m"}
+    body |= {"request_id": "r-1", "omit_layers": False}
+    assert json_format.ParseDict(body, pb.EmbedRequest()) == parse_embed(body).embed
+    assert json_format.MessageToDict(parse_embed(body).embed)["input"] == [{"text": "苹果很好吃"}]
+    tokenize = pb.TokenizeRequest(texts=["a b"], model="m")
+    assert json_format.MessageToDict(tokenize) == {"input": ["a b"], "model": "m"}
