@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from elmo.service.common.errors import Kind, ServiceError
-from elmo.service.models.batcher import Batcher
+from elmo.service.models.batcher import IDLE_QUIET_PASSES, Batcher
 from elmo.service.telemetry.hooks import BatcherObserver
 
 from elmo.runtime import Embedder
@@ -191,15 +191,15 @@ def test_requests_that_arrive_together_at_an_idle_server_share_its_first_batch(r
 
 
 def count_holds(batcher: Batcher) -> list[int]:
-    """A one-item list counting the pumps ``batcher`` holds for the event loop's ready callbacks."""
+    """A one-item list counting the passes of the event loop ``batcher``'s idle pump is held for."""
     holds = [0]
-    hold = batcher._pump_after_the_ready_callbacks
+    hold = batcher._hold_one_pass
 
     def counted() -> None:
         holds[0] += 1
         hold()
 
-    batcher._pump_after_the_ready_callbacks = counted
+    batcher._hold_one_pass = counted
     return holds
 
 
@@ -222,9 +222,8 @@ def a_callback_always_ready():
 
 def test_an_idle_runtime_takes_the_requests_already_in_the_loops_hands_into_its_batch(runtime):
     """As grpc.aio hands a busy loop its calls: one request reaches the batcher per pass of the loop, each started by
-    a callback the pass before. The first finds the runtime idle but more callbacks ready, so the batch waits for
-    them (no clock: max_delay is a minute here) and all four share it. Dispatched at once, the first would go
-    alone."""
+    a callback the pass before. The first finds the runtime idle, and the batch waits while requests keep arriving
+    (no clock: max_delay is a minute here), so all four share it. Dispatched at once, the first would go alone."""
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -248,27 +247,28 @@ def test_an_idle_runtime_takes_the_requests_already_in_the_loops_hands_into_its_
     assert [r[1][0].sentences for r in results] == [4, 4, 4, 4]
 
 
-def test_a_lone_request_at_an_idle_runtime_is_never_held(runtime):
-    """Nothing else ready on the loop: the request goes in the first pump, whatever max_delay (a minute here)."""
+def test_a_lone_request_at_an_idle_runtime_waits_a_few_passes_of_the_loop_only(runtime):
+    """Nothing else arrives: the request goes after IDLE_QUIET_PASSES passes, whatever max_delay (a minute here), and
+    whatever else the loop has ready (a callback that is always ready is not a request on its way)."""
 
     async def scenario():
         recorder = Recorder(runtime)
         batcher = make(recorder, max_delay_s=60.0)
         holds = count_holds(batcher)
-        for n in (3, 4):  # one after the other, as a sequential caller sends them
-            await asyncio.wait_for(batcher.embed([sentence(n, f"l{n}_")]), 30)
+        with a_callback_always_ready():
+            for n in (3, 4):  # one after the other, as a sequential caller sends them
+                await asyncio.wait_for(batcher.embed([sentence(n, f"l{n}_")]), 30)
         await batcher.close()
         return recorder, holds
 
     recorder, holds = asyncio.run(scenario())
     assert recorder.batches == [[3], [4]]
-    assert holds == [0]
+    assert holds == [2 * IDLE_QUIET_PASSES]
 
 
 def test_two_idle_batchers_on_one_loop_do_not_hold_each_others_batches(runtime):
-    """Each batcher's pump is ready when the other's runs; held pumps are not requests on their way, so the two go
-    within a few passes of each other instead of holding each other until max_delay (a minute here: the call would
-    time out first)."""
+    """Each batcher counts only its own requests: the two go within a few passes of each other instead of holding
+    each other until max_delay (a minute here: the call would time out first)."""
 
     async def scenario():
         first, second = Recorder(runtime), Recorder(runtime)
@@ -282,31 +282,41 @@ def test_two_idle_batchers_on_one_loop_do_not_hold_each_others_batches(runtime):
 
     first, second, holds = asyncio.run(scenario())
     assert first.batches == [[3]] and second.batches == [[3]]
-    assert sum(h[0] for h in holds) >= 1  # the first pump to run saw the other one ready and held
+    assert [h[0] for h in holds] == [IDLE_QUIET_PASSES, IDLE_QUIET_PASSES]
 
 
-def test_a_loop_that_is_never_idle_holds_a_batch_until_max_delay_then_lets_it_go(runtime):
-    """A callback that keeps itself ready forever: the batch is held for it pass after pass until the oldest
+def test_requests_arriving_pass_after_pass_hold_a_batch_until_max_delay_then_let_it_go(runtime):
+    """A request every pass of the loop, for good: the batch is held while they keep coming until the oldest
     sentence has waited max_delay, then goes (held for good, it would time out)."""
     max_delay = 0.5
 
     async def scenario():
+        loop = asyncio.get_running_loop()
         recorder = Recorder(runtime)
-        batcher = make(recorder, max_delay_s=max_delay)
-        holds = count_holds(batcher)
+        batcher = make(recorder, max_delay_s=max_delay, max_queue_tokens=10**9, max_batch_tokens=10**6,
+                       max_batch_sentences=10**6)  # fmt: skip
         dispatched: list[float] = []
         dispatch = batcher._dispatch
         batcher._dispatch = lambda batch, express: (dispatched.append(time.monotonic()), dispatch(batch, express))
-        with a_callback_always_ready():
-            queued = time.monotonic()
-            result = await asyncio.wait_for(batcher.embed([sentence(3, "n")]), 30)
-        await batcher.close()
-        return recorder, holds, dispatched[0] - queued, result
+        calls = []
+        delivering = True
 
-    recorder, holds, waited, result = asyncio.run(scenario())
-    assert recorder.batches == [[3]] and result[1][0].sentences == 1
-    assert holds[0] > 1  # held pass after pass while the spinner was ready ...
-    assert waited >= max_delay  # ... until the sentence had waited max_delay, not before
+        def deliver() -> None:
+            if delivering:
+                calls.append(asyncio.ensure_future(batcher.embed([sentence(1, "n")])))
+                loop.call_soon(deliver)
+
+        queued = time.monotonic()
+        deliver()
+        await until(lambda: bool(dispatched))
+        delivering = False
+        await asyncio.wait_for(asyncio.gather(*calls), 60)
+        await batcher.close()
+        return recorder, dispatched[0] - queued
+
+    recorder, waited = asyncio.run(scenario())
+    assert len(recorder.batches[0]) > 1  # the requests that came meanwhile share the first batch ...
+    assert waited >= max_delay  # ... which went once the first sentence had waited max_delay, not before
 
 
 def test_what_queued_while_a_batch_ran_goes_when_it_ends_whatever_the_loop_has_ready(runtime):
@@ -496,7 +506,7 @@ def test_a_partial_batch_waits_for_company_within_max_delay_in_whole_millisecond
             if callback == batcher._timer_fired:
                 now = loop.time()
                 rounded = now + math.ceil(round((when - now) * 1e3, 6)) / 1e3
-                wakeups.append((rounded, batcher._queue[0].enqueued + max_delay))
+                wakeups.append((rounded, batcher.queue.items[0].enqueued + max_delay))
             return call_at(when, callback, *args, **kwargs)
 
         loop.call_at = recorded
