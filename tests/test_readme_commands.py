@@ -98,8 +98,8 @@ README_COMMANDS: dict[str, Coverage] = {
     '"input": ["我买了一台苹果电脑。", "The apple fell."]}\'': Coverage(
         SERVED, expect='"usage":{"prompt_tokens":14,"total_tokens":14}'
     ),
-    "curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{\"inputs\": [\"苹果很好吃\"], "
-    '"layers": [2], "task": "pos_brown", "omit_layers": true}\'': Coverage(
+    "curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{\"input\": [\"苹果很好吃\"], "
+    '"task": "pos_brown", "omit_layers": true}\'': Coverage(
         SERVED, expect='"tokens":["苹","果","很","好","吃"]'
     ),
     # tour: batch job and a new task mix, in a scratch folder with the user's files and a copy of models/default
