@@ -172,9 +172,10 @@ class Server:
 
 
 def serve_command(model: Path | None, model_root: Path | None, port_file: Path, threads: int | None,
-                  serve_args: Sequence[str], http: bool) -> list[str]:  # fmt: skip
-    """``python -m elmo.cli serve`` on loopback port 0 (and ``--http-port 0`` when ``http`` and not already given;
-    ``--metrics-port 0`` with ``--processes`` when not already given)."""
+                  serve_args: Sequence[str], http: bool, older: bool = False) -> list[str]:  # fmt: skip
+    """``python -m elmo.cli serve`` on loopback port 0 (and, when not already given, ``--http-port 0`` when ``http``,
+    else ``--http-port off``: HTTP is on by default, except in an ``older`` revision; ``--metrics-port 0`` with
+    ``--processes``)."""
     command = [sys.executable, "-m", "elmo.cli", "serve"]
     if model is not None:
         command += ["--model", str(Path(model).resolve())]
@@ -182,7 +183,7 @@ def serve_command(model: Path | None, model_root: Path | None, port_file: Path, 
         command += ["--model-root", str(Path(model_root).resolve())]
     command += ["--host", LOOPBACK, "--port", "0", "--port-file", str(port_file)]
     given = {a.split("=")[0] for a in serve_args}
-    if "--http-port" not in given:
+    if "--http-port" not in given and (http or not older):  # an older revision's HTTP is off unless asked for
         command += ["--http-port", "0" if http else "off"]
     if "--processes" in given and "--metrics-port" not in given:
         # every process's own /metrics (the port file's fourth line): Server.wait_ready waits until each is warm
@@ -214,7 +215,7 @@ def launch(
     ``kind``: a subclass of Server with a bench's own calls (bench.service.swap's admin API)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="elmo-serve-"))
     port_file, log_path = workdir / f"{label}.port", workdir / f"{label}.log"
-    command = serve_command(model, model_root, port_file, threads, serve_args, http)
+    command = serve_command(model, model_root, port_file, threads, serve_args, http, older=tree is not None)
     environment = dict(os.environ if env is None else env)
     options: dict = {}
     if tree is not None:
