@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from elmo.service.common.shares import peer_address
 from elmo.service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger("service.requests")
@@ -45,9 +46,41 @@ class Observation:
 Describe = Callable[[], tuple[str, str, str]]
 
 
+# Refusals for want of room (a full answer budget, a client's share, a full queue): a client that keeps calling
+# would write one WARNING per call. One per client address and outcome per interval instead, the next one saying
+# how many were left out.
+REFUSALS = frozenset({"RESOURCE_EXHAUSTED", "503"})
+REFUSAL_LOG_INTERVAL_S = 60.0
+REFUSAL_LOG_PEERS = 4096  # clients remembered at once; past that the oldest are forgotten (logged again)
+
+
+class RefusalLines:
+    """Whether a refusal's WARNING is written: the first per (client address, outcome) per interval is, and carries
+    the count of those left out since the last one written; the rest are counted, not written."""
+
+    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+        self.interval_s, self.clock = interval_s, clock
+        self._seen: dict[tuple[str, str], list[float | int]] = {}  # key -> [when last written, left out since]
+
+    def admit(self, key: tuple[str, str]) -> int | None:
+        """None: leave this one out. Otherwise write it, with the returned count of those left out before it."""
+        now = self.clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval_s:
+            seen[1] += 1
+            return None
+        left_out = int(seen[1]) if seen is not None else 0
+        self._seen.pop(key, None)
+        while len(self._seen) >= REFUSAL_LOG_PEERS:
+            del self._seen[next(iter(self._seen))]
+        self._seen[key] = [now, 0]
+        return left_out
+
+
 class RequestObserver:
     def __init__(self, metrics: ServiceMetrics):
         self.metrics = metrics
+        self.refusal_lines = RefusalLines()
         # label children by method (and outcome), looked up once each: ``labels()`` locks and builds a key per call
         self._counted: dict[tuple[str, ...], Any] = {}
         self._timed: dict[tuple[str, ...], Any] = {}
@@ -69,6 +102,13 @@ class RequestObserver:
         level = logging.WARNING if server_fault else logging.DEBUG
         if log.isEnabledFor(level):
             peer, request_id, detail = describe()
+            if server_fault and outcome in REFUSALS:
+                client = peer_address(peer) if peer.startswith(("ipv4:", "ipv6:")) else peer  # HTTP's: no port
+                left_out = self.refusal_lines.admit((client, outcome))
+                if left_out is None:
+                    return
+                if left_out:
+                    detail = f"{detail} ({left_out} more like it from this client since its last one logged)"
             log.log(
                 level,
                 "%s %s %.1fms peer=%s request_id=%s %s",

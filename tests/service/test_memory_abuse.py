@@ -316,7 +316,8 @@ def test_a_streams_answers_wait_their_turn_in_its_share_instead_of_failing(tiny_
 def test_unread_tokenize_answers_hold_their_share_too(tiny_model_dir, tmp_path):
     """Tokenize answers (every token and its offsets: about the text's size again) count in the budget as well, at
     their size once built: a zero-window client's first 8,000-token answer (~100 KB) fills its 150 KB share, its
-    second is dropped and the call refused RESOURCE_EXHAUSTED, and another client is served."""
+    second is dropped and the call refused RESOURCE_EXHAUSTED, as are ten more, logged in one WARNING line (one per
+    client and interval), and another client is served."""
     flags = ["--model", str(tiny_model_dir), "--in-flight-answer-bytes-per-peer", "150000"]
     with serve(flags, tmp_path) as server:
         target = server.wait_serving()
@@ -329,4 +330,9 @@ def test_unread_tokenize_answers_hold_their_share_too(tiny_model_dir, tmp_path):
             assert peer.streams[refused].grpc_status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
             assert "--in-flight-answer-bytes-per-peer" in peer.streams[refused].grpc_message
             assert not peer.streams[held].ended
+            more = [peer.send_call(TOKENIZE, request) for _ in range(10)]  # refused too: no more WARNING lines
+            assert peer.wait_ended(more, 30)
+            assert {peer.streams[i].grpc_status for i in more} == {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]}
             another_client_is_served(target)
+        warnings = [line for line in server.stderr().splitlines() if " WARNING service.requests: Tokenize " in line]
+        assert len(warnings) == 1, warnings  # one per client and interval, not one per refused call
