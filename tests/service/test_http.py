@@ -141,6 +141,18 @@ def test_an_answer_of_only_the_mix_names_no_layers(server):
     assert "mix" in answer["embeddings"][0]
 
 
+def test_layers_with_omit_layers_is_refused_by_both_doors_alike(server, grpc_client):
+    """A field that cannot take effect is refused, with the same words on gRPC as on HTTP."""
+    body = {"input": ["x"], "layers": [1], "task": "pos_demo", "omit_layers": True}
+    status, answer = call(server.http_url, "/v1/embed", body)
+    assert status == 400
+    with pytest.raises(RemoteError) as refused:
+        grpc_client.embed(["x"], layers=[1], task="pos_demo", omit_layers=True)
+    assert refused.value.code.name == "INVALID_ARGUMENT"
+    assert "layers has no effect with omit_layers" in answer["error"]["message"]
+    assert refused.value.details == answer["error"]["message"]
+
+
 # -- bad input ---------------------------------------------------------------------------------------------------
 BAD = [
     ("/v1/embeddings", b"{not json", 400, "not valid JSON"),
