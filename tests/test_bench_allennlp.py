@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import torch
-
-from bench.runtime.allennlp_side_by_side import agreement, allennlp_datasets, batches_of
-from bench.runtime.allennlp_stand_ins import MODULE, install
 from elmo.export.random_model import random_bilm
+
+from bench.runtime.allennlp_side_by_side import agreement, allennlp_datasets, batches_of, per_round_ratios
+from bench.runtime.allennlp_stand_ins import MODULE, install
 from elmo.importers.allennlp import convert_weights
 
 
@@ -38,6 +38,8 @@ def test_agreement_reports_the_largest_difference_and_the_lowest_cosine():
     assert figures["max_abs_difference"] == 4.0
     assert figures["lowest_token_cosine"] == 0.5
     assert batches_of(10, 5, 2) == [(10, 2), (12, 2), (14, 1)]
+    row = {"this runtime": {"per_round": [100.0, 90.0]}, "AllenNLP": {"per_round": [20.0, 30.0]}}
+    assert per_round_ratios(row) == [5.0, 3.0]  # round by round, not the medians' ratio
 
 
 def test_stand_ins_answer_for_missing_packages_only(tmp_path):

@@ -211,7 +211,14 @@ def measure(sides: dict, sentences: list[list[str]], size: int, rounds: int, per
         }
     ours, theirs = row["this runtime"]["tokens_per_s_median"], row["AllenNLP"]["tokens_per_s_median"]
     row["ours_over_allennlp"] = round(ours / theirs, 2)
+    row["ours_over_allennlp_per_round"] = per_round_ratios(row)
     return row
+
+
+def per_round_ratios(row: dict) -> list[float]:
+    """This runtime ÷ AllenNLP in each round (the two sides of a round ran back to back on the same sentences)."""
+    pairs = zip(row["this runtime"]["per_round"], row["AllenNLP"]["per_round"], strict=True)
+    return [round(ours / theirs, 2) for ours, theirs in pairs]
 
 
 def run_model(name: str, args, sentences: list[list[str]]) -> dict:

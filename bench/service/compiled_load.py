@@ -39,7 +39,7 @@ from typing import TypeVar
 from bench.kit.load import build_http_requests, build_requests, load_embedder, measure_in_process
 from bench.kit.models import DEFAULT_MODEL, MODELS_CACHE
 from bench.kit.results import bench_parser, result_path, write_json
-from bench.kit.revision import code_trees, in_turn, revision_info
+from bench.kit.revision import REPO, code_trees, in_turn, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
 from elmo.bench.figures import machine
@@ -61,8 +61,11 @@ def ensure_generators() -> None:
 
 
 def model_directory(name: str) -> Path:
+    """``default``: models/default; an exported model directory: itself; else random weights of that preset."""
     if name == "default":
         return DEFAULT_MODEL
+    if (Path(name) / "onnx.json").is_file():
+        return Path(name)
     from elmo.export.random_model import cached_random_model
 
     return cached_random_model(MODELS_CACHE / f"elmo-{name}", name)
@@ -113,7 +116,8 @@ def wrk_script(body: bytes, work: Path) -> Path:
 
 
 def run_wrk(address: str, body: bytes, connections: int, duration: int, work: Path) -> dict:
-    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency",
+    # wrk counts a request as failed after its default timeout of seconds: a loaded machine or a large model is slower
+    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency", "--timeout", "120s",
                "-s", str(wrk_script(body, work)), f"http://{address}/v1/embed"]  # fmt: skip
     run = subprocess.run(command, capture_output=True, text=True, check=True)
     output = run.stdout + run.stderr
@@ -225,7 +229,8 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
         embedder.close()
     medians = {key: statistics.median(r[key]["served_over_in_process"] for r in rounds)
                for key in served_runs(rounds[0])}  # fmt: skip
-    return {"model": str(model), "texts": source, "sentences_per_request": args.per_request,
+    shown = model.relative_to(REPO) if model.is_absolute() and REPO in model.parents else model  # no machine paths
+    return {"model": str(shown), "texts": source, "sentences_per_request": args.per_request,
             "tokens_per_request": tokens, "rounds": rounds, "median_served_over_in_process": medians}  # fmt: skip
 
 
@@ -308,7 +313,9 @@ def latency_note(run: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = bench_parser("service.compiled_load", __doc__, model=False)
-    parser.add_argument("--models", nargs="+", default=["tiny", "default"], help="default and/or a random preset")
+    parser.add_argument(
+        "--models", nargs="+", default=["tiny", "default"], help="default, a random preset, or a model directory"
+    )
     parser.add_argument("--before", help="also serve this git revision's code, alternating with this checkout")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=int, default=15, help="seconds per measurement")
