@@ -78,8 +78,8 @@ def help_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 
 def shown(action: argparse.Action, top: bool) -> bool:
-    if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
-        return False
+    if isinstance(action, argparse._HelpAction | argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
+        return False  # --help, sub-commands (their own sections), old flag names kept as hidden aliases
     return top or not set(action.option_strings) & set(SHARED)
 
 
