@@ -39,7 +39,7 @@ def edge(haproxy, tiny_model_dir, tmp_path_factory):
     behind deploy/haproxy.cfg, whose three servers all point at it. Yields (replica, balancer)."""
     workdir = tmp_path_factory.mktemp("edge")
     flags = ["--model", str(tiny_model_dir), "--metrics-port", "0", "--http-port", "0"]
-    flags += ["--max-calls-per-peer", "1024", "--answer-bytes-in-flight-per-peer", str(1 << 30)]
+    flags += ["--max-calls-per-peer", "1024", "--in-flight-answer-bytes-per-peer", str(1 << 30)]
     replica = ServeProcess(flags, workdir / "replica")
     balancer = None
     try:
