@@ -422,7 +422,7 @@ def run_processes(args: argparse.Namespace) -> int:
         models = ModelGroup(Path(work), args.processes) if args.model_root is not None else None
         group = ProcessGroup(slots, stop_timeout, models, restart)
         keeper = VersionKeeper(group, models, args.model_root, args.poll_interval_s) if models else None
-        metrics_server, metrics_port = None, None
+        metrics_server, metrics_port, collector = None, None, None
         if args.metrics_port is not None:
             collector = GroupCollector(lambda: _metrics_of(group), own_metrics(group, keeper))
             metrics_server, metrics_port = _serve_metrics(collector, args)
@@ -433,7 +433,10 @@ def run_processes(args: argparse.Namespace) -> int:
             sock.close()
         if ports is not None:
             announce(args, grpc_port, metrics_port, http_port, [lines[1] for lines in ports])
+            remembering = collector.keep_remembering() if collector is not None else None
             ended = supervise(group, keeper)
+            if remembering is not None:
+                remembering.set()
         else:
             ended = group.first_ended()
             if ended is not None and not group.asked_to_stop and len(group.processes) > 1:

@@ -5,13 +5,15 @@ reads them all at that moment and merges them: counters and histograms summed (e
 gauges kept per process with a ``process`` label (0 .. N-1: a queue length or a version is a per-process fact, and a
 sum of them would hide which process is stuck). A process that was replaced (service.processes restarts a crashed
 one) leaves its last scraped counts behind, added to its successor's, so that the group's counters never go down
-within the supervisor's life; what it counted after its last scrape is lost, as with any crashed process. The
+within the supervisor's life; the supervisor also reads every process every REMEMBER_EVERY_S between scrapes, so
+what a killed process counted and nobody read is at most that much. The
 supervisor's own figures (processes running, restarts, the version the whole group serves) come with them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 log = logging.getLogger("service.metrics")
 
 SCRAPE_TIMEOUT_S = 5.0
+REMEMBER_EVERY_S = 5.0  # how often the supervisor reads its processes' counts between scrapes
 SUMMED_TYPES = ("counter", "histogram", "summary")
 PROCESS_LABEL = "process"
 
@@ -106,30 +109,53 @@ class GroupCollector:
         self.processes = processes
         self.own = own
         self.retired: dict[str, Family] = {}
-        self._last: dict[int, tuple[int, dict[str, Family]]] = {}  # place -> (pid, its last scrape)
+        self._last: dict[int, tuple[int, dict[str, Family]]] = {}  # place -> (pid, its last read)
+        self._lock = threading.Lock()  # scrapes come on the HTTP server's threads, remember() on the supervisor's
+
+    def remember(self) -> None:
+        """Read every process now (between scrapes), so that one killed later leaves recent counts behind."""
+        self._read()
+
+    def keep_remembering(self, every_s: float = REMEMBER_EVERY_S) -> threading.Event:
+        """:meth:`remember` every ``every_s`` on a thread of its own, until the returned event is set."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every_s):
+                self.remember()
+
+        threading.Thread(target=loop, name="group-metrics", daemon=True).start()
+        return stop
 
     def collect(self) -> Iterable[Metric]:
-        per_process: dict[int, dict[str, Family]] = {}
+        read = self._read()
+        with self._lock:
+            per_process = dict(read)
+            for index, (_pid, families) in self._last.items():  # one between two lives: its last counts still count
+                if index not in per_process:
+                    per_process[index] = {n: f for n, f in families.items() if f.type in SUMMED_TYPES}
+            merged = [to_metric(family) for family in merge(per_process, self.retired).values()]
+        yield from merged
+        yield from self.own()
+
+    def _read(self) -> dict[int, dict[str, Family]]:
+        """Every process's families now (those that answer), remembered as their last."""
+        found: dict[int, tuple[int, dict[str, Family]]] = {}
         for index, process in enumerate(self.processes()):
             if process is None:
                 continue
             pid, port = process
             try:
-                families = parse(scrape_text(port))
-            except (OSError, ValueError) as error:  # restarting, or gone since: its counts come from its last scrape
+                found[index] = (pid, parse(scrape_text(port)))
+            except (OSError, ValueError) as error:  # restarting, or gone since: its counts come from its last read
                 log.info("metrics of server process %d not read: %s", pid, error)
-                continue
-            self.replaced(index, pid)
-            self._last[index] = (pid, families)
-            per_process[index] = families
-        for index, (_pid, families) in self._last.items():  # one between two scrapes: its last counts still count
-            if index not in per_process:
-                per_process[index] = {n: f for n, f in families.items() if f.type in SUMMED_TYPES}
-        for family in merge(per_process, self.retired).values():
-            yield to_metric(family)
-        yield from self.own()
+        with self._lock:
+            for index, (pid, families) in found.items():
+                self._replaced(index, pid)
+                self._last[index] = (pid, families)
+        return {index: families for index, (_pid, families) in found.items()}
 
-    def replaced(self, index: int, pid: int) -> None:
+    def _replaced(self, index: int, pid: int) -> None:
         """The process at ``index`` is now ``pid``: a predecessor's last counts join the retired ones."""
         last = self._last.get(index)
         if last is not None and last[0] != pid:

@@ -33,14 +33,14 @@ def group():
 
     collector = GroupCollector(lambda: places, own)
     server, port = serve_group_metrics(collector, 0, "127.0.0.1")
-    yield processes, places, port
+    yield processes, places, port, collector
     server.shutdown()
     for metrics in processes:
         metrics.close()
 
 
 def test_counters_and_histograms_are_summed_gauges_kept_per_process(group) -> None:
-    _, _, port = group
+    _, _, port, _ = group
     text = scrape(port)
     assert metric_value(text, "elmo_requests_total", method="Embed", code="OK") == 7.0
     assert metric_value(text, "elmo_request_latency_seconds_count", method="Embed") == 7.0
@@ -57,7 +57,7 @@ def test_counters_and_histograms_are_summed_gauges_kept_per_process(group) -> No
 
 
 def test_a_replaced_process_leaves_its_counts_and_not_its_gauges(group) -> None:
-    processes, places, port = group
+    processes, places, port, _ = group
     assert metric_value(scrape(port), "elmo_requests_total", method="Embed", code="OK") == 7.0
     processes[0].close()
     places[0] = None  # gone: its last scraped counts still count
@@ -73,3 +73,14 @@ def test_a_replaced_process_leaves_its_counts_and_not_its_gauges(group) -> None:
     assert metric_value(text, "elmo_queue_sentences", model="default", process="0") == 0.0
     successor.requests.labels("Embed", "OK").inc()
     assert metric_value(scrape(port), "elmo_requests_total", method="Embed", code="OK") == 10.0
+
+
+def test_counts_read_between_scrapes_outlive_a_killed_process(group) -> None:
+    """The supervisor reads its processes between scrapes (remember): what a process counted before its last read
+    still counts once it is gone, though no scrape came in between."""
+    processes, places, port, collector = group
+    processes[1].requests.labels("Embed", "OK").inc(5)
+    collector.remember()
+    processes[1].close()
+    places[1] = None
+    assert metric_value(scrape(port), "elmo_requests_total", method="Embed", code="OK") == 3.0 + 4.0 + 5.0
