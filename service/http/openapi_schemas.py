@@ -242,7 +242,7 @@ SCHEMAS: dict[str, dict] = {
                 "string is one text",
                 "oneOf": [STRING, array(_EMBED_INPUT, minItems=1)],
             },
-            "inputs": _alias("input", array(_EMBED_INPUT, minItems=1)),
+            "inputs": _alias("input", {"oneOf": [STRING, array(_EMBED_INPUT, minItems=1)]}),
             "layers": array(
                 {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
                 description="layer indices (0..n_layers-1, GET /v1/models), in the order wanted; default: all. Not "

@@ -286,7 +286,8 @@ def parse_embed(body: dict, request_id: str = "") -> EmbedCall:
         raise invalid("'input' is missing: send a list of texts or of token lists")
     if isinstance(inputs, str):
         inputs = [inputs]
-    _typed(inputs, list, name)  # type: ignore[arg-type]
+    if not isinstance(inputs, list):
+        raise invalid(f"'{name}' must be a string or a list of texts or token lists, not {_json_type(inputs)}")
     layers = _get(body, "layers", list, [])
     encoding_name = _one_of(body, ("encoding_format", *ENCODING_ALIASES), "the encoding") or "encoding_format"
     request = pb.EmbedRequest(
@@ -359,10 +360,12 @@ def parse_tokenize(body: dict) -> pb.TokenizeRequest:
     if name is None or body[name] is None:
         raise invalid("'input' is missing: send a string or a list of strings")
     texts = body[name]
-    if name != "texts" and isinstance(texts, str):  # 'input' and 'text' take one string
+    if name == "text":
+        texts = [_typed(texts, str, name)]
+    elif name == "input" and not isinstance(texts, (str, list)):
+        raise invalid(f"'input' must be a string or a list of strings, not {_json_type(texts)}")
+    elif isinstance(texts, str) and name == "input":
         texts = [texts]
-    elif name == "text":
-        _typed(texts, str, name)
     _typed(texts, list, name)
     return pb.TokenizeRequest(
         texts=[_typed(t, str, f"{name}[{i}]") for i, t in enumerate(texts)], model=_get(body, "model", str, "")
