@@ -17,6 +17,7 @@ from elmo.runtime.embedder import (
     DEFAULT_MAX_TOKENS_PER_SENTENCE,
     Embedder,
     EmbedderInfo,
+    EmbedderOptions,
 )
 from elmo.runtime.providers import CPU, CUDA, gpu_visibility, missing_cuda_libraries, requested_providers
 
@@ -32,6 +33,7 @@ __all__ = [
     "EmbedStats",
     "Embedder",
     "EmbedderInfo",
+    "EmbedderOptions",
     "TokenVectorCache",
     "gpu_visibility",
     "missing_cuda_libraries",

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -94,45 +94,61 @@ def _axis_matches(want: int | str | None, got: int | str | None) -> bool:
 
 
 # -- the embedder --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EmbedderOptions:
+    """How an :class:`Embedder` runs its model; every field has a default.
+
+    ``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list without the
+    CPU provider is a demand (ElmoError if unmet). ``max_batch_tokens``: rows x (longest + 2) per biLSTM run (None:
+    4096 on CPU, 16384 on CUDA); ``max_tokens_per_sentence``: longer -> InputError; ``cache_size``: token vectors
+    kept (0 = off); ``cuda_options``: merged over DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout``
+    ('separate' | 'fused' | 'in_step'): None = by provider; ``wide_batches``: the caller's calls are wide (the batch
+    job): on CPU the in_step context graph, where the export has it (1.1x faster per run at 64 rows and more, slower
+    at a few: modeldir.CONTEXT_LAYOUTS); ``runs_in_flight``: biLSTM batches run at once on CPU (None: the threads, at
+    most 4; 1 = one at a time; CUDA always runs one: one session is one stream); ``background_nice``: how much lower
+    the threads run that compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no
+    lower); ``check_on_load``: run the export's probe now (elmo.runtime.probe: ModelFileError when this host's
+    answers miss the export's bar); False defers it to :meth:`Embedder.check` / :meth:`Embedder.warmup` (the server
+    runs it while its health says NOT_SERVING). The probe's file is read and checked either way. ``signed_int8``: an
+    int8 export's products as u8 x s8 (context_s8.onnx: the same integers, faster where the CPU's int8 kernels
+    accumulate in int32); None = where they do (elmo.runtime.host.int8_accumulates_in_int32), True = demanded
+    (ModelFileError where the export has no such graph), False = never."""
+
+    providers: Sequence[str] | None = None
+    intra_op_threads: int | None = None
+    inter_op_threads: int | None = None
+    max_batch_tokens: int | None = None
+    max_tokens_per_sentence: int = DEFAULT_MAX_TOKENS_PER_SENTENCE
+    cache_size: int = DEFAULT_CACHE_SIZE
+    cuda_options: dict | None = None
+    io_binding: bool | None = None
+    context_layout: str | None = None
+    wide_batches: bool = False
+    runs_in_flight: int | None = None
+    background_nice: int = BACKGROUND_NICE
+    check_on_load: bool = True
+    signed_int8: bool | None = None
+
+    def check(self) -> EmbedderOptions:
+        """The values no model is needed to refuse, each named (InputError)."""
+        if (self.max_batch_tokens is not None and self.max_batch_tokens < 1) or self.max_tokens_per_sentence < 1:
+            raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
+        if self.runs_in_flight is not None and self.runs_in_flight < 1:
+            raise InputError(f"runs_in_flight must be >= 1, not {self.runs_in_flight}")
+        if not 0 <= self.background_nice <= MAX_NICE:
+            raise InputError(f"background_nice must be in 0..{MAX_NICE}, not {self.background_nice}")
+        return self
+
+
 class Embedder:
     """Embed sentences with an exported biLM. Safe to call from several threads (onnxruntime sessions are; the
     cache has a lock), but on CUDA one session is one stream: feed it large batches from one batcher."""
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        providers: Sequence[str] | None = None,
-        intra_op_threads: int | None = None,
-        inter_op_threads: int | None = None,
-        max_batch_tokens: int | None = None,
-        max_tokens_per_sentence: int = DEFAULT_MAX_TOKENS_PER_SENTENCE,
-        cache_size: int = DEFAULT_CACHE_SIZE,
-        cuda_options: dict | None = None,
-        io_binding: bool | None = None,
-        context_layout: str | None = None,
-        wide_batches: bool = False,
-        runs_in_flight: int | None = None,
-        background_nice: int = BACKGROUND_NICE,
-        check_on_load: bool = True,
-        signed_int8: bool | None = None,
-    ) -> None:
-        """``providers``: None = CUDA then CPU where a GPU is visible (``requested_providers``), else CPU; a list
-        without the CPU provider is a demand (ElmoError if unmet).
-        ``max_batch_tokens``: rows x (longest + 2) per biLSTM run (None: 4096 on CPU, 16384 on CUDA);
-        ``max_tokens_per_sentence``: longer ->
-        InputError; ``cache_size``: token vectors kept (0 = off); ``cuda_options``: merged over
-        DEFAULT_CUDA_OPTIONS; ``io_binding`` / ``context_layout`` ('separate' | 'fused' | 'in_step'): None = by
-        provider; ``wide_batches``: the caller's calls are wide (the batch job): on CPU the in_step context graph,
-        where the export has it (1.1x faster per run at 64 rows and more, slower at a few: modeldir.CONTEXT_LAYOUTS);
-        ``runs_in_flight``: biLSTM batches run at once on CPU (None: the threads, at most 4; 1 = one at a time;
-        CUDA always runs one: one session is one stream); ``background_nice``: how much lower the threads run that
-        compute the parallel batches of a ``background=True`` call (elmo.runtime.priority; 0 = no lower);
-        ``check_on_load``: run the export's probe now (elmo.runtime.probe: ModelFileError when this host's answers
-        miss the export's bar); False defers it to :meth:`check` / :meth:`warmup` (the server runs it while its
-        health says NOT_SERVING). The probe's file is read and checked either way.
-        ``signed_int8``: an int8 export's products as u8 x s8 (context_s8.onnx: the same integers, faster where the
-        CPU's int8 kernels accumulate in int32); None = where they do (elmo.runtime.host.int8_accumulates_in_int32),
-        True = demanded (ModelFileError where the export has no such graph), False = never."""
+    def __init__(self, model_dir: str | Path, options: EmbedderOptions | None = None, **fields) -> None:
+        """``options``: how to run the model (:class:`EmbedderOptions`); ``fields`` set some of them by name
+        (``Embedder(path, intra_op_threads=1)``), over ``options``."""
+        options = replace(options or EmbedderOptions(), **fields).check()
+        self.options = options
         self.model_dir = model_directory(model_dir)
         self.meta = read_onnx_metadata(self.model_dir)
         self.scheme = char_scheme_of(self.model_dir, self.meta)  # token -> char ids (elmo.text.chars)
@@ -140,37 +156,32 @@ class Embedder:
         self.checked: ProbeResult | None = None
         # Char rows may be cut after their token (Embedder._encode) when the export says so and the scheme allows it.
         self._trim_window = self.meta.get("encoder_trim_window") if self.scheme.trimmable else None
-        if (max_batch_tokens is not None and max_batch_tokens < 1) or max_tokens_per_sentence < 1:
-            raise InputError("max_batch_tokens and max_tokens_per_sentence must be >= 1")
-        self.cache = TokenVectorCache(cache_size)
-        request = requested_providers(providers)
-        settings = (intra_op_threads, inter_op_threads, cuda_options)
-        if runs_in_flight is not None and runs_in_flight < 1:
-            raise InputError(f"runs_in_flight must be >= 1, not {runs_in_flight}")
-        self._open_sessions(request.providers, settings, context_layout, wide_batches, runs_in_flight, signed_int8)
+        self.cache = TokenVectorCache(options.cache_size)
+        request = requested_providers(options.providers)
+        settings = (options.intra_op_threads, options.inter_op_threads, options.cuda_options)
+        self._open_sessions(request.providers, settings, options.context_layout, options.wide_batches,
+                            options.runs_in_flight, options.signed_int8)  # fmt: skip
         active = self._active_provider(request)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
             n_layers=int(self.meta["n_layers"]),
             dim=int(self.meta["dim"]),
-            max_tokens_per_sentence=int(max_tokens_per_sentence),
+            max_tokens_per_sentence=int(options.max_tokens_per_sentence),
             provider=active,
             model_dir=self.model_dir,
         )
         self._check_graphs()
         self._step_cost = CUDA_STEP_COST if active == CUDA else CPU_STEP_COST
         default_budget = DEFAULT_MAX_BATCH_TOKENS_CUDA if active == CUDA else DEFAULT_MAX_BATCH_TOKENS
-        self.max_batch_tokens = int(max_batch_tokens or default_budget)
+        self.max_batch_tokens = int(options.max_batch_tokens or default_budget)
         # On CUDA the outputs are written straight into host arrays through an IOBinding (None: on CUDA only).
-        self.io_binding = (active == CUDA) if io_binding is None else bool(io_binding)
+        self.io_binding = (active == CUDA) if options.io_binding is None else bool(options.io_binding)
         self._pad_encoder_batches = active == CUDA
         self._projection_dim = int(self.meta["projection_dim"])
-        if not 0 <= background_nice <= MAX_NICE:
-            raise InputError(f"background_nice must be in 0..{MAX_NICE}, not {background_nice}")
-        self.background_nice = int(background_nice)
+        self.background_nice = int(options.background_nice)
         self._open_parallel_runs()
         self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
-        if check_on_load:
+        if options.check_on_load:
             try:
                 self.check()
             except ModelFileError:

@@ -646,3 +646,18 @@ def test_an_export_of_the_previous_format_asks_for_a_new_export(model_copy):
     (model_copy / "onnx.json").write_text(json.dumps(meta))
     with pytest.raises(ModelFileError, match=r"format_version 1, this runtime reads 2: export the model again"):
         Embedder(model_copy, providers=[CPU])
+
+
+def test_options_come_as_one_object_or_by_name(tiny_model_dir):
+    from elmo.runtime import EmbedderOptions
+
+    options = EmbedderOptions(providers=[CPU], intra_op_threads=1, cache_size=0, max_tokens_per_sentence=7)
+    by_object = Embedder(tiny_model_dir, options)
+    by_name = Embedder(tiny_model_dir, options, max_tokens_per_sentence=9)  # a name over the object
+    assert by_object.options == options and by_object.info.max_tokens_per_sentence == 7
+    assert by_name.info.max_tokens_per_sentence == 9 and by_name.options.intra_op_threads == 1
+    np.testing.assert_array_equal(by_object.embed_tokens([["a", "b"]])[0], by_name.embed_tokens([["a", "b"]])[0])
+    with pytest.raises(TypeError, match="no_such_option"):
+        Embedder(tiny_model_dir, no_such_option=1)
+    with pytest.raises(InputError, match="background_nice must be in 0..19"):
+        EmbedderOptions(background_nice=99).check()  # refused before any model is opened
