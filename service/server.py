@@ -435,10 +435,21 @@ def _source(args: argparse.Namespace, dest: str) -> str:
     return getattr(args, "flag_sources", {}).get(dest, "--" + dest.replace("_", "-"))
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def warn_open_to_the_network(host: str, auth_token: str | None) -> None:
+    """Beyond this machine and with no token, anyone who reaches the ports may embed, and read the page and the
+    metrics: said once at start (a container does this on purpose, behind its published ports)."""
+    if auth_token is None and host not in LOOPBACK_HOSTS:
+        log.warning("listening on %s with no --auth-token: every address that reaches the ports may call the API "
+                    "(set ELMO_AUTH_TOKEN, or --host 127.0.0.1 for this machine only)", host)  # fmt: skip
+
+
 def warn_plaintext_admin(host: str, admin_token: str | None, tls: TlsFiles | None) -> None:
     """The admin token loads and unloads models: sent in clear text to a non-loopback address, anyone on the path
     can read it. Said once at start (the operator may have a TLS proxy in front)."""
-    if admin_token and tls is None and host not in ("127.0.0.1", "::1", "localhost"):
+    if admin_token and tls is None and host not in LOOPBACK_HOSTS:
         log.warning("--admin-token on %s over plaintext: the admin token crosses the network in clear text; serve "
                     "with --tls-cert/--tls-key, bind 127.0.0.1, or put a TLS proxy in front", host)  # fmt: skip
 
@@ -452,6 +463,7 @@ async def serve(args: argparse.Namespace) -> int:
     auth_token = token_from(config.security.auth_token, AUTH_TOKEN_ENV, _source(args, "auth_token"))
     admin_token = token_from(config.security.admin_token, ADMIN_TOKEN_ENV, _source(args, "admin_token"))
     warn_plaintext_admin(net.host, admin_token, tls)
+    warn_open_to_the_network(net.host, auth_token)
     # before the models load: a taken port fails in a second, and with one line (see check_port_free)
     check_port_free(net.host, net.port, reuse_port=net.reuse_port)
     check_port_free(net.host, net.http_port, " for HTTP", reuse_port=net.reuse_port)

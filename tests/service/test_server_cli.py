@@ -226,3 +226,23 @@ def test_an_empty_token_in_the_environment_is_refused_and_a_plaintext_admin_toke
         warn_plaintext_admin("0.0.0.0", "admin", None)
     (record,) = caplog.records
     assert "--admin-token on 0.0.0.0 over plaintext" in record.getMessage()
+
+
+def test_a_server_open_to_the_network_without_a_token_says_so(caplog):
+    from elmo.service.server import warn_open_to_the_network
+
+    with caplog.at_level("WARNING", logger="service.server"):
+        warn_open_to_the_network("127.0.0.1", None)  # this machine only: nothing to say
+        warn_open_to_the_network("0.0.0.0", "a-token")  # a token: nothing to say
+        assert caplog.records == []
+        warn_open_to_the_network("0.0.0.0", None)
+    (record,) = caplog.records
+    assert "listening on 0.0.0.0 with no --auth-token" in record.getMessage()
+
+
+def test_an_empty_token_variable_is_named_as_the_variable(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """ELMO_AUTH_TOKEN reaches the flag through the configuration (elmo.flags); an empty one is refused by its name."""
+    finished = serve_until_exit(["--model", str(tiny_model_dir)], tmp_path / "serve", env={AUTH_ENV: ""})
+    assert finished.returncode == 2
+    assert finished.error_lines() == ["elmo serve: error: $ELMO_AUTH_TOKEN is empty (an unset variable?): give a "
+                                      "token, or leave it out to serve open"]  # fmt: skip
