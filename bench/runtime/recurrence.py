@@ -51,8 +51,8 @@ class TorchContext(torch.nn.Module):
         steps = torch.arange(tokens.shape[1]).view(1, -1)
         mask = (steps < full.view(-1, 1)).unsqueeze(-1).to(tokens.dtype)
         tokens = tokens * mask
-        forward = model._run_stack(model.forward_layers, tokens, mask)
-        backward = model._run_stack(model.backward_layers, elmo_model.reverse_padded(tokens, full), mask)
+        forward = model.run_stack(model.forward_layers, tokens, mask)
+        backward = model.run_stack(model.backward_layers, elmo_model.reverse_padded(tokens, full), mask)
         layers = [torch.cat([tokens, tokens], -1)]
         layers += [torch.cat([f, elmo_model.reverse_padded(b, full)], -1) for f, b in zip(forward, backward)]
         valid = (steps[:, 2:] - 2 < lengths.view(-1, 1)).to(tokens.dtype).view(tokens.shape[0], 1, -1, 1)

@@ -227,7 +227,7 @@ class BiLM(nn.Module):
         skip = set() if include_softmax or self.softmax is None else {id(p) for p in self.softmax.parameters()}
         return sum(p.numel() for p in self.parameters() if id(p) not in skip)
 
-    def _run_stack(self, layers: nn.ModuleList, x: Tensor, mask: Tensor) -> list[Tensor]:
+    def run_stack(self, layers: nn.ModuleList, x: Tensor, mask: Tensor) -> list[Tensor]:
         """One direction: (B, S, P) -> list of L outputs (B, S, P), zero at padded positions."""
         outputs = []
         for index, layer in enumerate(layers):
@@ -248,8 +248,8 @@ class BiLM(nn.Module):
         steps = torch.arange(with_boundaries.shape[1], device=char_ids.device).view(1, -1)
         mask = (steps < lengths.view(-1, 1)).unsqueeze(-1).to(torch.float32)  # (B, S, 1)
         tokens = self.encoder(with_boundaries) * mask
-        forward_states = self._run_stack(self.forward_layers, tokens, mask)
-        reversed_states = self._run_stack(self.backward_layers, reverse_padded(tokens, lengths), mask)
+        forward_states = self.run_stack(self.forward_layers, tokens, mask)
+        reversed_states = self.run_stack(self.backward_layers, reverse_padded(tokens, lengths), mask)
         backward_states = [reverse_padded(h, lengths) for h in reversed_states]
         return tokens, forward_states, backward_states, lengths
 
