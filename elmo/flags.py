@@ -109,7 +109,7 @@ def make_configurable(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", type=Path, default=None, metavar="FILE",
                        help="read flags from this TOML file (one key per flag, e.g. max-batch-tokens = 8192; what "
                             "--print-config writes); a flag given on the command line, then its ELMO_ variable, "
-                            "wins over the file")  # fmt: skip
+                            "wins over the file [env ELMO_CONFIG]")  # fmt: skip
     group.add_argument("--print-config", action="store_true",
                        help="print the configuration these flags, variables and file give, as a --config file "
                             "(tokens left out), and exit")  # fmt: skip
