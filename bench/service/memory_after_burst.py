@@ -4,8 +4,9 @@ settings' bursts interleaved so that a loaded machine slows them alike:
 
     python -m bench.service.memory_after_burst --model models/default [--rounds 3] [--idle-s 60] [--json out.json]
 
-Each setting is one server (``--cpu-memory-arena on --malloc-mmap-threshold-bytes 0``: onnxruntime's and glibc's own
-behaviour; ``default``: the serve defaults), started together on free loopback ports, gRPC only, with --threads. A
+Each setting is one server (``arena``: ``--cpu-memory-arena on --malloc-mmap-threshold-bytes 0
+--memory-trim-interval-s 0``, onnxruntime's and glibc's own behaviour; ``default``: the serve defaults), started
+together on free loopback ports, gRPC only, with --threads. A
 burst is --requests of the largest request the default limits allow (16 sentences x 512 tokens: 8192 tokens,
 --max-request-tokens), --clients at a time, real English words (the shipped word-sense sentences, cut
 into 512-token sentences). Rounds alternate which setting goes first. After the last round both servers sit idle
@@ -38,7 +39,7 @@ MIB = 1024 * 1024
 SENTENCE_TOKENS = 512  # --max-sentence-tokens's default
 REQUEST_SENTENCES = 16  # x 512 = --max-request-tokens's default, 8192: the largest legal request
 SETTINGS = {
-    "arena": ["--cpu-memory-arena", "on", "--malloc-mmap-threshold-bytes", "0"],
+    "arena": ["--cpu-memory-arena", "on", "--malloc-mmap-threshold-bytes", "0", "--memory-trim-interval-s", "0"],
     "default": [],
 }
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import threading
+import time
 from dataclasses import dataclass, fields
 
 from elmo.errors import ConfigError
 
 # onnxruntime's CPU arena keeps every chunk it ever grew to: after a burst of the largest requests a server held
-# 2.5x its idle memory for good. Without the arena each tensor is a malloc, and glibc hands a large block back to
-# the system at free only when it was mmapped: its threshold for that starts at 128 KiB but rises to the largest
-# block freed (up to 32 MiB), after which the runtime's big tensors come from the heap and stay. A fixed threshold
-# keeps them mmapped. Measured on models/default (bench/service/memory_after_burst.py): resident memory back within
-# 1.1x of its pre-burst level, the arena's 2.5x gone, tokens/s within the run's spread.
+# 2.9x its idle memory for good (bench/service/memory_after_burst.py). Without the arena each tensor is a malloc,
+# and glibc keeps what is freed in its heaps unless told to hand it back: malloc_trim does, and a fixed mmap
+# threshold (which also stops glibc's own rising one) keeps the largest blocks out of the heaps. Measured on
+# models/default, one 16 x 512-token call (2 busy cores): the arena 102 -> 245-259 MiB, trim or not; arena off with
+# a 32 MiB threshold 104 -> 149-208 MiB, 102-107 MiB once trimmed; CPU per token within the run's spread. Smaller
+# thresholds (256 KiB, 1 MiB) map the runtime's per-step tensors afresh on every run: 15-35 % more CPU per token.
 ARENA_CHOICES = ("off", "on")
 
 
@@ -27,7 +30,8 @@ class MemoryOptions:
     """How the runtime's memory is allocated (``elmo serve --cpu-memory-arena``, ``--malloc-mmap-threshold-bytes``)."""
 
     cpu_memory_arena: str = "off"  # onnxruntime's CPU arena: "on" keeps the largest batch's memory for good
-    malloc_mmap_threshold_bytes: int = 256 * 1024  # glibc: blocks at least this large are mmapped (0: glibc's own)
+    malloc_mmap_threshold_bytes: int = 32 * 1024 * 1024  # glibc: blocks this large are mmapped (0: glibc's own)
+    memory_trim_interval_s: float = 10.0  # glibc's free heap memory handed back this often (0: never)
 
     def validate(self) -> MemoryOptions:
         if self.cpu_memory_arena not in ARENA_CHOICES:
@@ -36,6 +40,8 @@ class MemoryOptions:
         if self.malloc_mmap_threshold_bytes < 0:
             got = self.malloc_mmap_threshold_bytes
             raise ConfigError(f"--malloc-mmap-threshold-bytes must be 0 or more (got {got})")
+        if self.memory_trim_interval_s < 0:
+            raise ConfigError(f"--memory-trim-interval-s must be 0 or more (got {self.memory_trim_interval_s})")
         return self
 
 
@@ -47,10 +53,12 @@ _MEMORY_HELP = {
     "malloc_mmap_threshold_bytes": "glibc's mmap threshold: blocks at least this large are mapped on their own and "
     "returned to the system when freed; 0 leaves glibc's own rising threshold (and MALLOC_MMAP_THRESHOLD_ in the "
     "environment wins over this)",
+    "memory_trim_interval_s": "hand the memory glibc holds free back to the system this often (malloc_trim; a few "
+    "milliseconds each): after a burst the server's memory returns to its idle level within this time; 0 = never",
 }
 # What open_session applies: onnxruntime's and glibc's own behaviour (the batch job, the library) until
 # configure_memory sets it, as `elmo serve` does with its flags' defaults (MemoryOptions()).
-_memory = MemoryOptions(cpu_memory_arena="on", malloc_mmap_threshold_bytes=0)
+_memory = MemoryOptions(cpu_memory_arena="on", malloc_mmap_threshold_bytes=0, memory_trim_interval_s=0)
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +81,35 @@ def configure_memory(options: MemoryOptions) -> None:
     _memory = options.validate()
     if options.malloc_mmap_threshold_bytes and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         _set_mmap_threshold(options.malloc_mmap_threshold_bytes)
+    if options.memory_trim_interval_s:
+        _start_trimming(options.memory_trim_interval_s)
+
+
+def release_free_memory() -> bool:
+    """glibc's ``malloc_trim(0)``: the free memory of its heaps goes back to the system; False elsewhere."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+_trimmer: threading.Thread | None = None
+
+
+def _start_trimming(interval_s: float) -> None:
+    """A daemon thread that releases free memory every ``interval_s`` (once per process). It runs in C with the GIL
+    released, so the event loop never waits for it."""
+    global _trimmer
+    if _trimmer is not None:
+        return
+
+    def trim() -> None:
+        while True:
+            time.sleep(interval_s)
+            release_free_memory()
+
+    _trimmer = threading.Thread(target=trim, name="memory-trim", daemon=True)
+    _trimmer.start()
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -99,4 +136,4 @@ def cuda_memory_options(options: MemoryOptions) -> dict[str, str]:
 
 
 __all__ = ["MemoryOptions", "add_memory_arguments", "configure_memory", "cuda_memory_options", "memory_from_args",
-           "memory_options"]
+           "memory_options", "release_free_memory"]
