@@ -1,13 +1,14 @@
 # syntax=docker/dockerfile:1
 #
 # The ELMo embedding service: onnxruntime-gpu with CUDA 13 + cuDNN 9 from its pip extras (no CUDA base image,
-# no torch), gRPC on 50051, Prometheus metrics on 9090, the shipped default model inside.
+# no torch), gRPC on 50051, the HTTP/JSON API and web page on 8080, Prometheus metrics on 9090, the shipped default
+# model inside.
 #
 #   docker build -t elmo-service .
-#   docker run --gpus all -p 50051:50051 -p 9090:9090 elmo-service            # GPU host (NVIDIA Container Toolkit)
-#   docker run -p 50051:50051 -p 9090:9090 elmo-service                       # no GPU: CPU, one log line says so
-#   docker run --gpus all -p 50051:50051 -p 9090:9090 -v /srv/models/mine:/models/mine:ro elmo-service \
-#       --model /models/mine --host 0.0.0.0 --port 50051 --metrics-port 9090   # another model directory
+#   docker run --gpus all -p 50051:50051 -p 8080:8080 -p 9090:9090 elmo-service    # GPU host (NVIDIA Container Toolkit)
+#   docker run -p 50051:50051 -p 8080:8080 -p 9090:9090 elmo-service               # no GPU: CPU, one log line says so
+#   docker run --gpus all -p 50051:50051 -p 8080:8080 -p 9090:9090 -v /srv/models/mine:/models/mine:ro elmo-service \
+#       --model /models/mine --host 0.0.0.0 --port 50051 --http-port 8080 --metrics-port 9090   # another model
 #
 # docs/how-to/deploy.md explains the flags, logs, metrics, shutdown, TLS/bearer options and sizing.
 # tests/test_dockerfile.py checks this file with Docker's own parser, our rules, and a pip resolution of every

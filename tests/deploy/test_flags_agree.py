@@ -83,6 +83,9 @@ def test_every_way_to_run_it_uses_the_same_ports() -> None:
     for name, flags in {"Dockerfile CMD": docker, "compose": compose, "k8s": k8s, "make serve": make}.items():
         assert {flag: flags.get(flag) for flag in PORTS} == PORTS, name
     assert set(PORTS.values()) <= dockerfile_exposed()
+    dockerfile = (REPO / "Dockerfile").read_text().splitlines()
+    runs = [line for line in dockerfile if re.search(r"docker run .*elmo-service", line)]
+    assert runs and all(set(re.findall(r"-p (\d+):\1", line)) == set(PORTS.values()) for line in runs), runs
     assert set(PORTS.values()) == k8s_ports
     services = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "service.yaml").read_text()) if d]
     target = {p["targetPort"] for p in services[0]["spec"]["ports"]}
