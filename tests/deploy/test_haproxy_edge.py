@@ -115,6 +115,8 @@ def test_a_client_that_never_reads_is_cut_off_and_its_calls_end_on_the_replica(e
         seconds = wait_closed(peer, 30)  # guard: the connection stays open 60 s and more without the edge timeouts
         assert seconds is not None, "the balancer kept the connection of a client that never reads"
         assert not any(peer.streams[i].data for i in streams)  # nothing reached the client: its window stayed shut
+    ended = [line for line in balancer.log_lines() if "/elmo.v1.Embedder/Embed " in line and " cD" in line]
+    assert len(ended) >= calls, ended  # "cD": ended by the client-side timeout, while sending the answer
     wait_until(lambda: undelivered(replica) == base_gone + calls, 30, "the replica's calls ended")
     after_rss = rss_bytes(pid)
     answered = a_new_client_is_served(balancer)
