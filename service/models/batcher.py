@@ -12,9 +12,10 @@ When a worker is free it takes a batch (service.models.queue chooses which sente
   * when a batch ends and no other runs, what arrived while it ran goes at once (a loaded runtime, a GPU's above
     all, runs back to back);
   * when requests arrive at an idle runtime, the queue goes once ``IDLE_QUIET_PASSES`` passes of the event loop
-    have brought no new request: no clock, but requests that reach the batcher in consecutive passes (grpc.aio
+    have brought no new request and the last pass was quick (under ``BUSY_PASS_S``: a busy loop is handling other
+    requests on their way): no clock, but requests that reach the batcher while the loop works on them (grpc.aio
     hands a busy loop its calls one event at a time; a batch of each alone costs the runtime a call each) share a
-    batch, at most ``max_delay`` after the oldest; a lone request waits those few passes only;
+    batch, at most ``max_delay`` after the oldest; a lone request waits a few quick passes only;
   * while a batch runs and a worker is free (``workers`` > 1), a partial batch waits at most ``max_delay`` for
     company;
   * results go back to each caller in its own order;
@@ -31,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from elmo.service.common.errors import Kind, ServiceError, from_library_error
@@ -55,6 +56,10 @@ TIMER_RESOLUTION_S = 0.001
 # An idle runtime's partial batch goes once this many passes of the event loop have brought no new request: a
 # request on its way reaches the batcher a pass or two after the one before it (grpc.aio's calls, one event each).
 IDLE_QUIET_PASSES = 2
+# ... and while the loop is busy: a pass that took this long ran other work (a request's handling takes about half a
+# millisecond of the loop; a pass with nothing else to do, some microseconds), and more requests are likely on their
+# way. Measured from the outside (the loop's own clock around one pass), not from the loop's private ready queue.
+BUSY_PASS_S = 0.0002
 
 
 @dataclass
@@ -82,22 +87,40 @@ class _Run:
     called: float = 0.0  # time.monotonic() when the worker called the runtime
 
 
+@dataclass(frozen=True)
+class BatchingPolicy:
+    """How one model's requests are batched: the budgets of a runtime call (``max_batch_tokens`` real tokens,
+    ``max_batch_sentences``), how long a partial batch may wait for company (``max_delay_s``), what may queue
+    (``max_queue_tokens``), the runtime calls in flight (``workers``), the size of a short request that may take
+    the express worker (``express_tokens``; 0: no express worker) and how much lower long batches' threads run
+    while short requests are about (``background_nice``)."""
+
+    max_batch_tokens: int
+    max_batch_sentences: int
+    max_delay_s: float
+    max_queue_tokens: int
+    workers: int = 1
+    express_tokens: int = 0
+    background_nice: int = 0
+
+
 class Batcher:
     def __init__(
         self,
         embed_fn: EmbedFn,
+        policy: BatchingPolicy | None = None,
         *,
-        max_batch_tokens: int,
-        max_batch_sentences: int,
-        max_delay_s: float,
-        max_queue_tokens: int,
         name: str = "model",
         observer: BatcherObserver | None = None,
-        workers: int = 1,
-        express_tokens: int = 0,
         background_fn: EmbedFn | None = None,
-        background_nice: int = 0,
+        **policy_fields,
     ):
+        """``policy`` (:class:`BatchingPolicy`); ``policy_fields`` give its fields by name, over ``policy``."""
+        policy = replace(policy, **policy_fields) if policy is not None else BatchingPolicy(**policy_fields)
+        self.policy = policy
+        max_batch_tokens, max_batch_sentences = policy.max_batch_tokens, policy.max_batch_sentences
+        max_delay_s, max_queue_tokens, workers = policy.max_delay_s, policy.max_queue_tokens, policy.workers
+        express_tokens, background_nice = policy.express_tokens, policy.background_nice
         self._embed_fn = embed_fn
         self._background_fn = background_fn or embed_fn
         self.max_delay_s = max_delay_s
@@ -135,6 +158,8 @@ class Batcher:
         self._pump_held = False  # an idle runtime's pump waits one pass of the loop (_hold_one_pass)
         self._seen_requests = 0  # the queue's request count when the idle pump last looked
         self._quiet_passes = 0  # passes held since a request last arrived
+        self._held_at = 0.0  # the loop's time when the held pump was scheduled
+        self._busy = False  # the last held pass took at least BUSY_PASS_S
         self._closed = False
         self.batches_started = 0
         self.batches_run = 0
@@ -251,28 +276,31 @@ class Batcher:
             self._dispatch(batch, express)
 
     def _more_requests_may_come(self) -> bool:
-        """An idle runtime holds a partial batch while requests keep arriving: until :data:`IDLE_QUIET_PASSES`
-        passes of the event loop have brought none, and at most until the oldest queued sentence has waited
-        ``max_delay``. Only this batcher's own requests count, so two idle batchers on one loop never hold each
-        other; a lone caller's request waits those few passes."""
+        """An idle runtime holds a partial batch while requests keep arriving (until :data:`IDLE_QUIET_PASSES`
+        passes of the event loop have brought none) or the loop is busy (its last pass took :data:`BUSY_PASS_S` or
+        more), and at most until the oldest queued sentence has waited ``max_delay``. A lone caller's request waits
+        a few passes of an idle loop."""
         if self.queue.full() or self.max_delay_s <= 0:
             return False
         if time.monotonic() >= self.queue.items[0].enqueued + self.max_delay_s:
             return False
         if self.queue.requests != self._seen_requests:  # a request arrived since the last look: hold afresh
-            self._seen_requests, self._quiet_passes = self.queue.requests, 0
-        return self._quiet_passes < IDLE_QUIET_PASSES
+            self._seen_requests, self._quiet_passes, self._busy = self.queue.requests, 0, False
+        return self._quiet_passes < IDLE_QUIET_PASSES or self._busy
 
     def _hold_one_pass(self) -> None:
         """Pump again in the event loop's next pass (one held pump per batcher at a time)."""
         assert self._loop is not None
         if not self._pump_held:
             self._pump_held = True
+            self._held_at = self._loop.time()
             self._loop.call_soon(self._held_pump)
 
     def _held_pump(self) -> None:
+        assert self._loop is not None
         self._pump_held = False
         self._quiet_passes += 1
+        self._busy = self._loop.time() - self._held_at >= BUSY_PASS_S
         self._pump()
 
     def _pump_soon(self) -> None:
@@ -426,4 +454,4 @@ def _as_service_error(exc: Exception) -> ServiceError:
     return ServiceError(Kind.INTERNAL, f"inference failed: {type(exc).__name__}: {exc}")
 
 
-__all__ = ["BatchStats", "Batcher", "EmbedFn"]
+__all__ = ["BatchStats", "Batcher", "BatchingPolicy", "EmbedFn"]
