@@ -7,7 +7,6 @@ developer's machine and fails in CI."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -18,22 +17,10 @@ import pytest
 from bench.service import replicas
 from bench.service.replicas import HAPROXY_CFG, HTTP_RETRY, Balancer, parse_log, start_replicas
 from elmo.client import EmbedderClient
-from tests.conftest import in_ci
 
 pytestmark = pytest.mark.slow  # three replicas and a balancer: ~15 s on 2 busy cores
 
 TEXTS = ["The apple fell .", "我买了一台苹果电脑。", "Shares rose today ."]
-
-
-@pytest.fixture(scope="module")
-def haproxy() -> str:
-    path = shutil.which("haproxy")
-    if path is None:
-        message = "haproxy is not installed (make haproxy installs Debian's package)"
-        if in_ci():
-            pytest.fail(f"{message}; CI is set, so the balancer test must run, not skip", pytrace=False)
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="module")
