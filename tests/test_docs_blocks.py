@@ -93,6 +93,26 @@ def test_every_command_block_is_run_or_says_why_not() -> None:
     assert not problems, "command blocks that no test runs and that do not say why:\n" + "\n".join(problems)
 
 
+INDENTED_COMMAND = re.compile(
+    r"^ {4,}(?:\$ )?(?:\.venv[\w-]*/|elmo |curl |docker |python |make |kubectl |ray ).*$", re.MULTILINE
+)
+FENCED = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def indented_commands(text: str) -> list[str]:
+    """Commands written as indented code (outside fenced blocks), which no marker can precede: the lines."""
+    return [match.group(0).strip() for match in INDENTED_COMMAND.finditer(FENCED.sub("", text))]
+
+
+def test_commands_are_written_in_fenced_blocks() -> None:
+    found = {page.relative_to(REPO).as_posix(): indented_commands(page.read_text(encoding="utf-8"))
+             for page in pages_under_this_rule()}  # fmt: skip
+    assert {page: lines for page, lines in found.items() if lines} == {}, "write these as ```bash blocks with a marker"
+    assert indented_commands("text\n\n    elmo serve --model DIR\n\n```bash\n    elmo embed x\n```\n") == [
+        "elmo serve --model DIR"
+    ]
+
+
 def test_the_rule_finds_an_unmarked_block_and_a_reason_too_short(tmp_path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
