@@ -53,7 +53,7 @@ def test_generator_durations_read_in_milliseconds(duration, ms):
 
 def test_failed_requests_stop_the_bench_with_the_generators_report(server, tmp_path):
     with pytest.raises(SystemExit, match=r"(?s)wrk: \d+ requests failed, 0 answered; its report:\n.*Non-2xx"):
-        run_wrk(server.http_address, b'{"inputs": "not a list"}', connections=1, duration=1, work=tmp_path)
+        run_wrk(server.http_address, b'{"input": 42}', connections=1, duration=1, work=tmp_path)
     # h2load sees HTTP statuses only (gRPC's travels in trailers: compiled_load.check_answers reads it); a port
     # where nothing listens answers nothing.
     body = tmp_path / "grpc.bin"
