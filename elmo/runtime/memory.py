@@ -15,13 +15,13 @@ from dataclasses import dataclass, fields
 
 from elmo.errors import ConfigError
 
-# onnxruntime's CPU arena keeps every chunk it ever grew to: after a burst of the largest requests a server held
-# 2.9x its idle memory for good (bench/service/memory_after_burst.py). Without the arena each tensor is a malloc,
-# and glibc keeps what is freed in its heaps unless told to hand it back: malloc_trim does, and a fixed mmap
-# threshold (which also stops glibc's own rising one) keeps the largest blocks out of the heaps. Measured on
-# models/default, one 16 x 512-token call (2 busy cores): the arena 102 -> 245-259 MiB, trim or not; arena off with
-# a 32 MiB threshold 104 -> 149-208 MiB, 102-107 MiB once trimmed; CPU per token within the run's spread. Smaller
-# thresholds (256 KiB, 1 MiB) map the runtime's per-step tensors afresh on every run: 15-35 % more CPU per token.
+# onnxruntime's CPU arena keeps every chunk it ever grew to: after bursts of the largest requests a server held
+# 2.8-2.9x its idle memory for good (bench/service/memory_after_burst.py, models/default). Without the arena each
+# tensor is a malloc, and glibc keeps what is freed in its heaps unless told to hand it back: malloc_trim does, once
+# the process is idle, and a fixed mmap threshold (which also stops glibc's own rising one) keeps the largest blocks
+# out of the heaps. Measured there: 1.01x after 60 s idle. The price: bursts of the largest requests ran 10-24 %
+# fewer tokens/s than with the arena, round by round (2 loaded cores); smaller thresholds (256 KiB, 1 MiB) map the
+# runtime's per-step tensors afresh on every run and cost more. --cpu-memory-arena on keeps the arena's speed.
 ARENA_CHOICES = ("off", "on")
 
 
@@ -31,7 +31,7 @@ class MemoryOptions:
 
     cpu_memory_arena: str = "off"  # onnxruntime's CPU arena: "on" keeps the largest batch's memory for good
     malloc_mmap_threshold_bytes: int = 32 * 1024 * 1024  # glibc: blocks this large are mmapped (0: glibc's own)
-    memory_trim_interval_s: float = 10.0  # glibc's free heap memory handed back this often (0: never)
+    memory_trim_interval_s: float = 10.0  # glibc's free heap memory handed back after this long idle (0: never)
 
     def validate(self) -> MemoryOptions:
         if self.cpu_memory_arena not in ARENA_CHOICES:
@@ -53,8 +53,9 @@ _MEMORY_HELP = {
     "malloc_mmap_threshold_bytes": "glibc's mmap threshold: blocks at least this large are mapped on their own and "
     "returned to the system when freed; 0 leaves glibc's own rising threshold (and MALLOC_MMAP_THRESHOLD_ in the "
     "environment wins over this)",
-    "memory_trim_interval_s": "hand the memory glibc holds free back to the system this often (malloc_trim; a few "
-    "milliseconds each): after a burst the server's memory returns to its idle level within this time; 0 = never",
+    "memory_trim_interval_s": "look this often whether the process was idle (under a twentieth of a core) since the "
+    "last look, and if so hand the memory glibc holds free back to the system (malloc_trim): after a burst the memory "
+    "returns to its idle level within two of these; never under load, where it would be taken again; 0 = never",
 }
 # What open_session applies: onnxruntime's and glibc's own behaviour (the batch job, the library) until
 # configure_memory sets it, as `elmo serve` does with its flags' defaults (MemoryOptions()).
@@ -96,17 +97,24 @@ def release_free_memory() -> bool:
 _trimmer: threading.Thread | None = None
 
 
+IDLE_CPU_SHARE = 0.05  # a process that used less than this share of one core over an interval is idle
+
+
 def _start_trimming(interval_s: float) -> None:
-    """A daemon thread that releases free memory every ``interval_s`` (once per process). It runs in C with the GIL
-    released, so the event loop never waits for it."""
+    """A daemon thread (one per process) that releases free memory after every ``interval_s`` in which the process
+    was idle: under load the memory would be taken (and its pages faulted in) again at once. ctypes releases the GIL
+    for the call."""
     global _trimmer
     if _trimmer is not None:
         return
 
     def trim() -> None:
+        last = time.process_time()  # every thread's CPU time: the runtime's, the event loop's, the workers'
         while True:
             time.sleep(interval_s)
-            release_free_memory()
+            if time.process_time() - last < IDLE_CPU_SHARE * interval_s:
+                release_free_memory()
+            last = time.process_time()
 
     _trimmer = threading.Thread(target=trim, name="memory-trim", daemon=True)
     _trimmer.start()
