@@ -31,7 +31,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("train", ("elmo.train", "elmo.importers")),
     ("export", ("elmo.export",)),
     ("tasks", ("elmo.mix",)),
-    ("callers", ("elmo.service", "elmo.batch", "elmo.client", "elmo.features", "elmo.spacy")),
+    ("callers", ("elmo.service", "elmo.batch", "elmo.client", "elmo.backends", "elmo.features", "elmo.spacy")),
     ("commands", ("elmo.cli", "elmo.bench")),
     ("lab", ("bench",)),  # last: the benches may import any stage, no installed module may import them
 ]
@@ -45,6 +45,8 @@ TORCH_FREE = [
     "elmo.batch.cli",
     "elmo.batch.ray_engine",
     "elmo.client",
+    "elmo.backends",
+    "elmo.sizes",
     "elmo.wire",
     "elmo.features",
     "elmo.cli",
