@@ -96,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> JobOptions:
     from elmo.client import connection_from_args
 
+    if getattr(args, "flag_sources", {}).get("auth_token", "").startswith("$"):
+        # ELMO_AUTH_TOKEN, as before: elmo.client.Connection reads it itself, for --server only (a local job with the
+        # variable set is no mistake, unlike a job given --auth-token without --server)
+        args.auth_token = None
+
     return JobOptions(
         input=args.input,
         output=Path(args.output),
