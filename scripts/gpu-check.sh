@@ -4,7 +4,8 @@
 # 1. a venv (.venv-gpu) with onnxruntime-gpu[cuda,cudnn] (CUDA 13 + cuDNN 9 come as pip wheels) and the project;
 # 2. without MODEL_DIR: torch (CPU is enough) + onnx, then a random-weight ELMo-original model is written and
 #    exported (verified against PyTorch) into runs/gpu-check/original; with MODEL_DIR: that exported directory;
-# 3. the serve memory defaults reach the CUDA provider (its arena grows by what a run asks);
+# 3. the serve memory defaults reach the CUDA provider (its arena grows by what a run asks) and the idle release
+#    shrinks the device arena (onnxruntime accepts memory.enable_memory_arena_shrinkage for gpu:N);
 # 4. scripts/gpu_check.py: a plain start picks CUDA by itself, CUDA vs CPU parity, ELMo-original tokens/s at batch
 #    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/service/loadgen.py).
 # Environment: PYTHON=/path/to/python uses that interpreter as it is (no venv, no installs: for machines that
@@ -52,7 +53,8 @@ if [[ -z "$MODEL_DIR" ]]; then
 fi
 
 # `elmo serve`'s memory defaults reach the CUDA provider (elmo/runtime/memory.py, --cpu-memory-arena): its device
-# arena grows by what a run asks, not to the next power of two, and the CPU arena is off.
+# arena grows by what a run asks, not to the next power of two; and the release the server runs once idle shrinks
+# the arenas of a runtime on CUDA (onnxruntime raises if it refuses a device named in the shrinkage option).
 PYTHONPATH="$CHECK_PYTHONPATH" "$PYTHON" - "$MODEL_DIR" <<'PY'
 import sys
 from pathlib import Path
@@ -67,6 +69,16 @@ cuda = session.get_provider_options().get(CUDA)
 assert cuda is not None, f"the CUDA provider did not load for {graph}: {session.get_providers()}"
 print("CUDA provider memory:", {k: cuda.get(k) for k in ("arena_extend_strategy", "gpu_mem_limit")})
 assert cuda.get("arena_extend_strategy") == "kSameAsRequested", f"serve's memory defaults did not reach CUDA: {cuda}"
+
+from elmo.runtime import Embedder
+from elmo.runtime.providers import SHRINK_ARENAS, shrink_run_options
+
+runtime = Embedder(sys.argv[1], providers=[CUDA, CPU], check_on_load=False)
+runtime.embed_tokens([["a", "burst", "of", "words"] * 64] * 64)
+devices = shrink_run_options(runtime.context).get_run_config_entry(SHRINK_ARENAS)
+assert "gpu:" in devices, devices
+runtime.release_memory()
+print("idle release on CUDA: arenas shrunk for", devices)
 PY
 
 extra=()

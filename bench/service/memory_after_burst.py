@@ -5,13 +5,14 @@ settings' bursts interleaved so that a loaded machine slows them alike:
     python -m bench.service.memory_after_burst --model models/default [--rounds 3] [--idle-s 60] [--json out.json]
 
 Each setting is one server (``arena``: ``--cpu-memory-arena on --malloc-mmap-threshold-bytes 0
---memory-trim-interval-s 0``, onnxruntime's and glibc's own behaviour; ``default``: the serve defaults), started
-together on free loopback ports, gRPC only, with --threads. A
+--memory-trim-interval-s 0``, onnxruntime's and glibc's own behaviour: the arena keeps its peak; ``no_arena``:
+``--cpu-memory-arena off``, each tensor allocated on its own, glibc's heaps trimmed once idle; ``default``: the serve
+defaults, the arena on and shrunk once idle), started together on free loopback ports, gRPC only, with --threads. A
 burst is --requests of the largest request the default limits allow (16 sentences x 512 tokens: 8192 tokens,
 --max-request-tokens), --clients at a time, real English words (the shipped word-sense sentences, cut
 into 512-token sentences). Rounds alternate which setting goes first. After the last round both servers sit idle
 for --idle-s, then VmRSS is read again. Prints one JSON object (per setting: RSS before / after each burst / after
-idle in MiB, tokens/s of each burst).
+idle in MiB, tokens/s of each burst, the 1-minute load average when each burst ended).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SENTENCE_TOKENS = 512  # --max-sentence-tokens's default
 REQUEST_SENTENCES = 16  # x 512 = --max-request-tokens's default, 8192: the largest legal request
 SETTINGS = {
     "arena": ["--cpu-memory-arena", "on", "--malloc-mmap-threshold-bytes", "0", "--memory-trim-interval-s", "0"],
+    "no_arena": ["--cpu-memory-arena", "off"],
     "default": [],
 }
 
@@ -93,11 +95,13 @@ def run(args: argparse.Namespace) -> dict:
     }
     try:
         report = {name: {"flags": " ".join(SETTINGS[name]) or "(defaults)", "rss_before_mib": settle_rss(s.pid),
-                         "rss_after_burst_mib": [], "tokens_per_s": []} for name, s in servers.items()}  # fmt: skip
+                         "rss_after_burst_mib": [], "tokens_per_s": [], "load_1min": []}
+                  for name, s in servers.items()}  # fmt: skip
         order = list(servers)
         for round_ in range(args.rounds):
             for name in order if round_ % 2 == 0 else reversed(order):
                 report[name]["tokens_per_s"].append(round(burst(servers[name], requests, args.clients)))
+                report[name]["load_1min"].append(round(os.getloadavg()[0], 1))
                 report[name]["rss_after_burst_mib"].append(settle_rss(servers[name].pid))
         time.sleep(args.idle_s)
         for name, server in servers.items():

@@ -36,6 +36,7 @@ from elmo.runtime.batching import (
     plan_batches,
 )
 from elmo.runtime.host import int8_accumulates_in_int32, usable_cores
+from elmo.runtime.memory import register_release
 from elmo.runtime.modeldir import (
     CONTEXT_IN_STEP_FILE,
     CONTEXT_LAYOUTS,
@@ -57,6 +58,7 @@ from elmo.runtime.providers import (
     open_session,
     provider_reason,
     requested_providers,
+    shrink_run_options,
 )
 from elmo.text.chars import char_lengths
 from elmo.text.plain import prepare_fast_path
@@ -181,6 +183,7 @@ class Embedder:
         self.background_nice = int(options.background_nice)
         self._open_parallel_runs()
         self._boundaries = self._encode(np.stack([self.scheme.bos_ids, self.scheme.eos_ids]))  # (2, P)
+        register_release(self.release_memory)  # the server's idle release shrinks this runtime's arenas
         if options.check_on_load:
             try:
                 self.check()
@@ -414,6 +417,22 @@ class Embedder:
             self.check()
         else:
             self.embed_tokens([["Warm", "up", "."], ["a"]])
+
+    def release_memory(self) -> None:
+        """Hand the free regions of this runtime's onnxruntime memory arenas back to the system: one tiny run (one
+        token) per session with onnxruntime's arena shrinkage (:func:`shrink_run_options`). Regions a concurrent run
+        uses stay. What the server does once idle (:func:`elmo.runtime.memory.release_memory`); no-op after close."""
+        encoder, context, parallel = self.encoder, self.context, self._parallel
+        if encoder is None or context is None:
+            return
+        chars = np.array([self.scheme.token_ids("a")], dtype=np.int64)
+        table = np.concatenate([np.zeros_like(self._boundaries[:1]), self._boundaries, self._boundaries[:1]])
+        feeds = self._feeds(table, [[_FIRST_TOKEN_ROW]])
+        for session, output, inputs in ((encoder, "token_vectors", {"char_ids": chars}), (context, "layers", feeds),
+                                        (parallel, "layers", feeds)):  # fmt: skip
+            options = None if session is None else shrink_run_options(session)
+            if options is not None:
+                session.run([output], inputs, options)
 
     # -- internals -------------------------------------------------------------------------------------------------
     def _validated(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:

@@ -1,27 +1,34 @@
-"""How the runtime's memory is allocated: onnxruntime's CPU arena and glibc's mmap threshold, chosen once per process
-(``elmo serve --cpu-memory-arena``, ``--malloc-mmap-threshold-bytes``) and applied by
-:func:`elmo.runtime.providers.open_session` to every session opened after. No onnxruntime import here: the flags are
-built for ``elmo serve --help`` without loading it.
+"""How the runtime's memory is allocated and given back: onnxruntime's CPU arena and glibc's mmap threshold, chosen
+once per process (``elmo serve --cpu-memory-arena``, ``--malloc-mmap-threshold-bytes``) and applied by
+:func:`elmo.runtime.providers.open_session` to every session opened after; and the release once the process is idle
+(``--memory-trim-interval-s``): each runtime's arenas shrunk (:func:`register_release`), then glibc's heaps trimmed.
+No onnxruntime import here: the flags are built for ``elmo serve --help`` without loading it.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import os
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from elmo.errors import ConfigError
 
+log = logging.getLogger("elmo.runtime")
+
 # onnxruntime's CPU arena keeps every chunk it ever grew to: after bursts of the largest requests a server held
-# 2.8-2.9x its idle memory for good (bench/service/memory_after_burst.py, models/default). Without the arena each
-# tensor is a malloc, and glibc keeps what is freed in its heaps unless told to hand it back: malloc_trim does, once
-# the process is idle, and a fixed mmap threshold (which also stops glibc's own rising one) keeps the largest blocks
-# out of the heaps. Measured there: 1.01x after 60 s idle. The price: bursts of the largest requests ran 10-24 %
-# fewer tokens/s than with the arena, round by round (2 loaded cores); smaller thresholds (256 KiB, 1 MiB) map the
-# runtime's per-step tensors afresh on every run and cost more. --cpu-memory-arena on keeps the arena's speed.
+# 2.8-2.9x its idle memory for good (bench/service/memory_after_burst.py, models/default). Without the arena the
+# memory comes back (each tensor a malloc, trimmed once idle), but bursts of the largest requests ran 10-24 % fewer
+# tokens/s: every run maps and faults its large buffers afresh. So the arena stays on, and once the process is idle
+# each session's arena hands its free regions back (onnxruntime's run option memory.enable_memory_arena_shrinkage, on
+# one tiny run), then glibc's free heap memory goes back too (malloc_trim); a fixed mmap threshold (which also stops
+# glibc's own rising one) maps the largest freed regions on their own. Measured there (2 loaded cores): 0.99x after
+# 60 s idle, bursts as fast as with the arena kept (the shrinking run: one token per session, ~10-30 ms, once idle).
 ARENA_CHOICES = ("off", "on")
 
 
@@ -29,9 +36,10 @@ ARENA_CHOICES = ("off", "on")
 class MemoryOptions:
     """How the runtime's memory is allocated (``elmo serve --cpu-memory-arena``, ``--malloc-mmap-threshold-bytes``)."""
 
-    cpu_memory_arena: str = "off"  # onnxruntime's CPU arena: "on" keeps the largest batch's memory for good
+    cpu_memory_arena: str = "on"  # onnxruntime's CPU arena: reused batch to batch, shrunk once the process is idle
     malloc_mmap_threshold_bytes: int = 32 * 1024 * 1024  # glibc: blocks this large are mmapped (0: glibc's own)
-    memory_trim_interval_s: float = 10.0  # glibc's free heap memory handed back after this long idle (0: never)
+    memory_trim_interval_s: float = 10.0  # arenas' free regions and glibc's free heap memory handed back after
+    # an interval this long in which the process was idle (0: never, and the arena keeps its peak)
 
     def validate(self) -> MemoryOptions:
         if self.cpu_memory_arena not in ARENA_CHOICES:
@@ -46,16 +54,16 @@ class MemoryOptions:
 
 
 _MEMORY_HELP = {
-    "cpu_memory_arena": "onnxruntime's CPU memory arena: 'off' allocates each tensor on its own, so that the memory of "
-    "a burst of large requests goes back to the system once they are answered; 'on' keeps the largest batch's memory "
-    "for later batches (the CPU-side buffers of the CUDA provider follow the same setting; on the GPU, 'off' also "
-    "grows the device arena by what is asked, not by powers of two)",
+    "cpu_memory_arena": "onnxruntime's CPU memory arena: 'on' reuses a batch's memory for the next batches (the "
+    "largest requests run faster) and gives its free part back once the server is idle (--memory-trim-interval-s); "
+    "'off' allocates each tensor on its own (the CPU-side buffers of the CUDA provider follow the same setting)",
     "malloc_mmap_threshold_bytes": "glibc's mmap threshold: blocks at least this large are mapped on their own and "
     "returned to the system when freed; 0 leaves glibc's own rising threshold (and MALLOC_MMAP_THRESHOLD_ in the "
     "environment wins over this)",
     "memory_trim_interval_s": "look this often whether the process was idle (under a twentieth of a core) since the "
-    "last look, and if so hand the memory glibc holds free back to the system (malloc_trim): after a burst the memory "
-    "returns to its idle level within two of these; never under load, where it would be taken again; 0 = never",
+    "last look, and if so give the free memory back to the system: the memory arenas' free regions (CPU, and the GPU's "
+    "on CUDA) and what glibc holds free (malloc_trim). After a burst the memory returns to about its idle level within "
+    "two of these; never under load, where it would be taken again; 0 = never (the arena then keeps its peak)",
 }
 # What open_session applies: onnxruntime's and glibc's own behaviour (the batch job, the library) until
 # configure_memory sets it, as `elmo serve` does with its flags' defaults (MemoryOptions()).
@@ -86,6 +94,32 @@ def configure_memory(options: MemoryOptions) -> None:
         _start_trimming(options.memory_trim_interval_s)
 
 
+_releases: list[weakref.WeakMethod] = []  # the runtimes' arena shrinkers (Embedder.release_memory), while they live
+_releases_lock = threading.Lock()
+
+
+def register_release(method: Callable[[], object]) -> None:
+    """Have :func:`release_memory` call the bound ``method`` (an Embedder's ``release_memory``) while its object
+    lives; held weakly, so that an unloaded model version goes away as before."""
+    with _releases_lock:
+        _releases[:] = [ref for ref in _releases if ref() is not None]
+        _releases.append(weakref.WeakMethod(method))
+
+
+def release_memory() -> bool:
+    """Give the free memory back to the system, as the server does once idle: every live runtime's arenas shrink
+    to what is in use (a runtime's failure is logged, not raised: the next runtime and glibc still go), then glibc's
+    heaps are trimmed. True when glibc's trim ran."""
+    with _releases_lock:
+        live = [method for method in (ref() for ref in _releases) if method is not None]
+    for method in live:
+        try:
+            method()
+        except Exception as exc:  # a session closing under us, or a provider that refuses shrinkage: keep going
+            log.warning("could not shrink a runtime's memory arenas: %s: %s", type(exc).__name__, exc)
+    return release_free_memory()
+
+
 def release_free_memory() -> bool:
     """glibc's ``malloc_trim(0)``: the free memory of its heaps goes back to the system; False elsewhere."""
     try:
@@ -101,9 +135,10 @@ IDLE_CPU_SHARE = 0.05  # a process that used less than this share of one core ov
 
 
 def _start_trimming(interval_s: float) -> None:
-    """A daemon thread (one per process) that releases free memory after every ``interval_s`` in which the process
-    was idle: under load the memory would be taken (and its pages faulted in) again at once. ctypes releases the GIL
-    for the call."""
+    """A daemon thread (one per process) that releases free memory (:func:`release_memory`) after every
+    ``interval_s`` in which the process was idle: under load the memory would be taken (and its pages faulted in)
+    again at once. The shrinking runs are tiny (one token) and onnxruntime frees only regions no run is using, so a
+    request arriving meanwhile runs beside them unharmed; ctypes and onnxruntime release the GIL."""
     global _trimmer
     if _trimmer is not None:
         return
@@ -113,7 +148,7 @@ def _start_trimming(interval_s: float) -> None:
         while True:
             time.sleep(interval_s)
             if time.process_time() - last < IDLE_CPU_SHARE * interval_s:
-                release_free_memory()
+                release_memory()
             last = time.process_time()
 
     _trimmer = threading.Thread(target=trim, name="memory-trim", daemon=True)
@@ -138,10 +173,12 @@ def memory_options() -> MemoryOptions:
 
 
 def cuda_memory_options(options: MemoryOptions) -> dict[str, str]:
-    """The CUDA provider's share of ``options``: without the arena's keeping, its device arena grows by what a run
-    asks, not to the next power of two."""
-    return {"arena_extend_strategy": "kSameAsRequested"} if options.cpu_memory_arena == "off" else {}
+    """The CUDA provider's share of ``options``: unless the arena is to keep its peak (on, never released), the device
+    arena grows by what a run asks, not to the next power of two (less held between releases; a release frees
+    whole regions)."""
+    keeps_peak = options.cpu_memory_arena == "on" and not options.memory_trim_interval_s
+    return {} if keeps_peak else {"arena_extend_strategy": "kSameAsRequested"}
 
 
 __all__ = ["MemoryOptions", "add_memory_arguments", "configure_memory", "cuda_memory_options", "memory_from_args",
-           "memory_options", "release_free_memory"]
+           "memory_options", "register_release", "release_free_memory", "release_memory"]

@@ -149,6 +149,23 @@ def provider_reason(request: ProviderRequest, active: str) -> str:
     return f"providers={request.providers} were requested"
 
 
+# onnxruntime's run option: when the run ends, the listed devices' arenas free every region no run is using.
+SHRINK_ARENAS = "memory.enable_memory_arena_shrinkage"
+
+
+def shrink_run_options(session: ort.InferenceSession) -> ort.RunOptions | None:
+    """RunOptions whose run ends by handing ``session``'s unused arena regions back: its CPU arena where it has one,
+    the CUDA device arena where CUDA runs it; None where it has no arena (onnxruntime refuses shrinkage there)."""
+    devices = ["cpu:0"] if session.get_session_options().enable_cpu_mem_arena else []
+    if session.get_providers()[0] == CUDA:
+        devices.append(f"gpu:{session.get_provider_options().get(CUDA, {}).get('device_id', '0')}")
+    if not devices:
+        return None
+    options = ort.RunOptions()
+    options.add_run_config_entry(SHRINK_ARENAS, ";".join(devices))
+    return options
+
+
 def open_session(
     path: Path,
     providers: list[str],
