@@ -195,9 +195,10 @@ class RequestCutter:
         return sum(len(t.encode("utf-8")) for t in tokens) + 6 * len(tokens) + 16
 
     def max_tokens_per_sentence(self, vectors_per_token: int) -> int:
-        """The longest sentence one request can carry: the server's own limits, and an answer within budget."""
+        """The longest sentence one request can carry: the server's own limits, and an answer within the server's
+        answer limit (the share kept for packing several sentences does not bound one sentence alone)."""
         per_token = vectors_per_token * self.dim * 4 + 16 + 4 * 16  # vectors, offsets, a long token's string
-        fits = max(1, int(self.response_budget - 128) // per_token)
+        fits = max(1, (self.limits.max_response_bytes - FRAMING_BYTES - 128) // per_token)
         return min(self.limits.max_tokens_per_sentence, self.limits.max_tokens_per_request, fits)
 
     def cut(self, sentences: list[list[str]], vectors_per_token: int) -> list[list[int]]:

@@ -201,8 +201,8 @@ def measure(model_dir: Path, sentences: list[list[str]], batch_size: int, args: 
     engines = {
         "torch eager": TorchEngine(model_dir),
         "torch sorted": TorchEngine(model_dir, sort=True),
-        "ort": Embedder(model_dir, providers, intra_op_threads=args.threads, cache_size=0).embed_tokens,
-        "ort+cache": Embedder(model_dir, providers, intra_op_threads=args.threads).embed_tokens,
+        "ort": Embedder(model_dir, providers=providers, intra_op_threads=args.threads, cache_size=0).embed_tokens,
+        "ort+cache": Embedder(model_dir, providers=providers, intra_op_threads=args.threads).embed_tokens,
     }
     embedder = engines["ort"].__self__
     provider = embedder.info.provider if providers != [CPU] else CPU
