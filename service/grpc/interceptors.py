@@ -14,6 +14,7 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code
+from elmo.service.common.handlers import WrappingInterceptor, wrap_handler
 from elmo.service.common.limits import Limits
 from elmo.service.common.shares import Shares, peer_address
 from elmo.service.common.tokens import BearerToken
@@ -87,28 +88,7 @@ def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
     return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
 
 
-class _WrappingInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps each method's handler once (a method's handler never changes), not once per call: ``wrap(method,
-    handler)`` builds the wrapped handler the first time a method is called."""
-
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        raise NotImplementedError
-
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        cached = self._wrapped.get(details.method)
-        if cached is None or cached[0] is not handler:
-            cached = (handler, self.wrap(details.method, handler))
-            self._wrapped[details.method] = cached
-        return cached[1]
-
-
-class ObserverInterceptor(_WrappingInterceptor):
+class ObserverInterceptor(WrappingInterceptor):
     """Times every RPC, works out its final status code and reports it to the shared observer."""
 
     def __init__(self, observer: RequestObserver):
@@ -117,7 +97,11 @@ class ObserverInterceptor(_WrappingInterceptor):
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         short, kind = method.rsplit("/", 1)[-1], call_kind(method)
-        return _observed(handler, lambda: self._observer.start(short, kind), self._finish)
+        return wrap_handler(
+            handler,
+            lambda context: (self._observer.start(short, kind), _who(context)),
+            lambda state, context, error: self._finish(state[0], context, error, state[1]),
+        )
 
     @staticmethod
     def _finish(seen: Observation, context, error: BaseException | None, who: tuple[str, str]) -> None:
@@ -176,63 +160,6 @@ def _final_code(context: grpc.aio.ServicerContext, error: BaseException | None) 
 _CODES_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def _observed(handler, start, finish) -> grpc.RpcMethodHandler:
-    kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-
-    async def unary_response(behavior, request, context):
-        seen, error, who = start(), None, _who(context)
-        try:
-            result = behavior(request, context)
-            return (await result) if inspect.isawaitable(result) else result
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            finish(seen, context, error, who)
-
-    async def stream_response(behavior, request, context):
-        seen, error, who = start(), None, _who(context)
-        try:
-            async for response in behavior(request, context):
-                yield response
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            finish(seen, context, error, who)
-
-    # grpc.aio decides how to run a behavior by inspecting it: these must be real `async def` functions.
-    if handler.unary_unary:
-
-        async def uu(request, context):
-            return await unary_response(handler.unary_unary, request, context)
-
-        return grpc.unary_unary_rpc_method_handler(uu, **kwargs)
-    if handler.stream_unary:
-
-        async def su(request_iterator, context):
-            return await unary_response(handler.stream_unary, request_iterator, context)
-
-        return grpc.stream_unary_rpc_method_handler(su, **kwargs)
-    # Streaming responses: keep the behavior's style (async generator, or a coroutine calling context.write).
-    if handler.unary_stream:
-        behavior, make = handler.unary_stream, grpc.unary_stream_rpc_method_handler
-    else:
-        behavior, make = handler.stream_stream, grpc.stream_stream_rpc_method_handler
-    if inspect.isasyncgenfunction(behavior):
-
-        async def streaming(request, context):
-            async for response in stream_response(behavior, request, context):
-                yield response
-
-        return make(streaming, **kwargs)
-
-    async def writing(request, context):
-        return await unary_response(behavior, request, context)
-
-    return make(writing, **kwargs)
-
-
 T = TypeVar("T")
 
 
@@ -251,7 +178,7 @@ async def first_message(requests: AsyncIterator[T], context: grpc.aio.ServicerCo
     raise AssertionError("unreachable: context.abort raises")
 
 
-class CallGate(_WrappingInterceptor):
+class CallGate(WrappingInterceptor):
     """Every call's request read against a clock, and every call but health checks counted in bounded shares.
 
     gRPC starts a unary-request handler only once its message is whole, so a call whose message never completes

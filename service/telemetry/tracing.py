@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from elmo.service.common.handlers import WrappingInterceptor, wrap_handler
 
 from elmo.errors import ConfigError
 
@@ -231,79 +231,24 @@ def _grpc_status(span: Any, context: Any, error: BaseException | None) -> None:
             span.set_status(StatusCode.ERROR, code.name)
 
 
-class _GrpcTracing(grpc.aio.ServerInterceptor):
-    """Wraps each method's handler once (a method's handler never changes) in a SERVER span."""
+class _GrpcTracing(WrappingInterceptor):
+    """Each call in a SERVER span named by its method, parented to the caller's traceparent."""
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
+    def wrap(self, method: str, handler: Any) -> Any:
+        service, _, name = method.lstrip("/").rpartition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+        span_name = method.lstrip("/")
 
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        cached = self._wrapped.get(details.method)
-        if cached is None or cached[0] is not handler:
-            cached = (handler, _traced_handler(details.method, handler))
-            self._wrapped[details.method] = cached
-        return cached[1]
+        def enter(context: Any) -> tuple[Any, Any]:
+            opened = _server_span(span_name, _grpc_metadata(context), attributes)
+            return opened, opened.__enter__()
 
+        def leave(state: tuple[Any, Any], context: Any, error: BaseException | None) -> None:
+            opened, span = state
+            _grpc_status(span, context, error)
+            opened.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
 
-def _traced_handler(method: str, handler: Any) -> Any:
-    service, _, name = method.lstrip("/").rpartition("/")
-    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
-    span_name = method.lstrip("/")
-    kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-
-    async def unary_response(behavior: Any, request: Any, context: Any) -> Any:
-        with _server_span(span_name, _grpc_metadata(context), attributes) as span:
-            error = None
-            try:
-                result = behavior(request, context)
-                return (await result) if inspect.isawaitable(result) else result
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                _grpc_status(span, context, error)
-
-    async def stream_response(behavior: Any, request: Any, context: Any) -> Any:
-        with _server_span(span_name, _grpc_metadata(context), attributes) as span:
-            error = None
-            try:
-                async for response in behavior(request, context):
-                    yield response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                _grpc_status(span, context, error)
-
-    # grpc.aio decides how to run a behavior by inspecting it: these must be real `async def` functions.
-    if handler.unary_unary:
-
-        async def uu(request: Any, context: Any) -> Any:
-            return await unary_response(handler.unary_unary, request, context)
-
-        return grpc.unary_unary_rpc_method_handler(uu, **kwargs)
-    if handler.stream_unary:
-
-        async def su(requests: Any, context: Any) -> Any:
-            return await unary_response(handler.stream_unary, requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(su, **kwargs)
-    if handler.unary_stream:
-
-        async def us(request: Any, context: Any) -> Any:
-            async for response in stream_response(handler.unary_stream, request, context):
-                yield response
-
-        return grpc.unary_stream_rpc_method_handler(us, **kwargs)
-
-    async def ss(requests: Any, context: Any) -> Any:
-        async for response in stream_response(handler.stream_stream, requests, context):
-            yield response
-
-    return grpc.stream_stream_rpc_method_handler(ss, **kwargs)
+        return wrap_handler(handler, enter, leave)
 
 
 __all__ = [
