@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elmo.service.common.errors import invalid, too_large
-from elmo.service.common.limits import Limits, human_bytes
+from elmo.service.common.limits import Limits, flag_name, human_bytes
 from elmo.service.core.encodings import AnswerEncoding
 
 from elmo.text.overflow import Overflow
@@ -34,7 +34,8 @@ class Bounds:
     def of(limits: Limits, pooled: bool = False) -> Bounds:
         if pooled:
             return Bounds(limits.max_pooled_inputs, limits.max_pooled_tokens, "max-pooled-inputs", "max-pooled-tokens")
-        return Bounds(limits.max_inputs, limits.max_tokens_per_request, "max-inputs", "max-tokens-per-request")
+        tokens_flag = flag_name("max_tokens_per_request")
+        return Bounds(limits.max_inputs, limits.max_tokens_per_request, "max-inputs", tokens_flag)
 
 
 def overflow_policy(value: int, limits: Limits) -> Overflow:

@@ -43,11 +43,16 @@ def result_of(
     return EmbedResult(prepared, vectors, stats, started=0.0)
 
 
+def answered_layers(prepared: PreparedEmbed) -> list[int]:
+    """The layers an answer names: none when it carries only the mix, else the requested ones or all three."""
+    return [] if prepared.omit_layers else list(prepared.layers or [0, 1, 2])
+
+
 def built_message(result: EmbedResult, request_id: str) -> pb.EmbedResponse:
     """The answer built with protobuf's own API, one field at a time."""
     prepared = result.prepared
     response = pb.EmbedResponse(model="default", model_version=3, task_stale=prepared.task_stale,
-                                request_id=request_id, layers=prepared.layers or [0, 1, 2])  # fmt: skip
+                                request_id=request_id, layers=answered_layers(prepared))  # fmt: skip
     for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
         embedding = response.embeddings.add(tokens=tokens, truncated_tokens=cut)
         for start, end in spans or ():

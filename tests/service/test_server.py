@@ -527,9 +527,26 @@ def test_operations_doc_lists_exactly_the_metrics_served(server):
             family = collector.describe()[0]
             name = f"{family.name}_total" if family.type == "counter" else family.name
             served[name] = (family.type, tuple(collector._labelnames))  # no public accessor for label names
+    served.update(group_metric_families())
     assert documented == served
     for name in re.findall(r"rate\((elmo_\w+?)_(?:sum|count|bucket)\b", table):
         assert name in served, f"docs/reference/metrics.md queries {name}, which is not served"
+
+
+def group_metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """What a ``--processes`` supervisor adds to the group's scrape (service.processes.own_metrics), by name."""
+    from types import SimpleNamespace
+
+    from elmo.service.processes import own_metrics
+
+    group = SimpleNamespace(serving=lambda: 2, restart_count=0)
+    keeper = SimpleNamespace(agreed={"default": 1})
+    families = {}
+    for family in own_metrics(group, keeper)():
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        labels = tuple(family.samples[0].labels) if family.samples else ()
+        families[name] = (family.type, labels)
+    return families
 
 
 # -- process-level -------------------------------------------------------------------------------------------------
