@@ -27,8 +27,9 @@ log = logging.getLogger("elmo.runtime")
 # tokens/s: every run maps and faults its large buffers afresh. So the arena stays on, and once the process is idle
 # each session's arena hands its free regions back (onnxruntime's run option memory.enable_memory_arena_shrinkage, on
 # one tiny run), then glibc's free heap memory goes back too (malloc_trim); a fixed mmap threshold (which also stops
-# glibc's own rising one) maps the largest freed regions on their own. Measured there (2 loaded cores): 0.99x after
-# 60 s idle, bursts as fast as with the arena kept (the shrinking run: one token per session, ~10-30 ms, once idle).
+# glibc's own rising one) maps the largest freed regions on their own. Measured there (2 loaded cores): 0.99-1.02x
+# after 60 s idle, bursts' tokens/s within the kept arena's spread. The shrinking runs (one token per session) take
+# 10-150 ms, once per idle interval.
 ARENA_CHOICES = ("off", "on")
 
 
