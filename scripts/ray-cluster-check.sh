@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Ray node-kill check in full (issue 32; docs/how-to/batch.md#multi-node-ray): a head and two worker nodes started with
+# The Ray node-kill check in full (docs/how-to/batch.md#multi-node-ray): a head and two worker nodes started with
 # `ray start` on 127.0.0.1 (each its own raylet, token authentication on), `elmo embed-file --engine ray` submitted to
 # it with --ray-address; its driver SIGKILLed mid-job and the same command run again (it resumes); a worker node's
 # raylet SIGKILLed while that run has shards in flight. Checks: the job finishes (Ray restarts the lost actor on
