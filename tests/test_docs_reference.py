@@ -130,11 +130,12 @@ def test_the_grpc_check_finds_a_missing_and_a_stale_field() -> None:
 # -- HTTP: the running server's /openapi.json ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def openapi(tiny_model_dir, tmp_path_factory) -> dict:
-    """A real server's /openapi.json: a model repository with the admin API, so every route is there."""
+    """A real server's /openapi.json: a model repository with the admin API, so every route is there, and a clients'
+    token, so the bearer scheme and the 401 answers are there too."""
     root = tmp_path_factory.mktemp("reference-repository")
     shutil.copytree(tiny_model_dir, root / "tiny" / "1")
     repository = RepositoryOptions(root, lambda folder: Embedder(folder, intra_op_threads=1))
-    server = ServerThread({}, EDGE_LIMITS, http=True, repository=repository, admin_token="admin")
+    server = ServerThread({}, EDGE_LIMITS, http=True, repository=repository, admin_token="admin", auth_token="t")
     try:
         with urllib.request.urlopen(f"{server.http_url}/openapi.json", timeout=60) as response:
             return json.loads(response.read())

@@ -471,7 +471,8 @@ class HttpFrontend:
         return web.json_response({"status": "SERVING" if serving else "NOT_SERVING"}, status=200 if serving else 503)
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi_document(admin=self._admin is not None))  # the routes this server serves
+        # the routes this server serves, and the bearer scheme only where it asks for a token
+        return web.json_response(openapi_document(admin=self._admin is not None, bearer=self._token is not None))
 
     async def page(self, request: web.Request) -> web.Response:
         html = PAGE.read_text(encoding="utf-8")  # read per request: the page can be edited while serving

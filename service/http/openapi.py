@@ -1,6 +1,7 @@
 """The OpenAPI 3.1 description of the HTTP API as a server runs it, served at ``GET /openapi.json``: its routes
-(the admin routes only where the server serves them), the statuses each can answer and the security of each,
-assembled from the schema pieces of service.http.openapi_schemas.
+(the admin routes only where the server serves them), the statuses each can answer and the security of each (the
+bearer scheme and its 401 answers only where the server has a token), assembled from the schema pieces of
+service.http.openapi_schemas.
 
 It describes what each route really serves: every status it can answer, the error shape of every error, and schemas
 that the real answers conform to. tests/service/test_openapi.py validates it with openapi-spec-validator, and
@@ -23,9 +24,11 @@ from elmo.service.http.openapi_schemas import (
 )
 
 # What each kind of route can answer besides 200 (every route: 500 on a bug, 503 past the connection cap).
-_POST_EMBED_ERRORS = ("400", "401", "404", "408", "413", "415", "429", "500", "503", "504")
-_POST_TOKENIZE_ERRORS = ("400", "401", "404", "408", "413", "415", "500", "503")
-_GET_API_ERRORS = ("401", "500", "503")
+# The clients' routes answer 401 only where the server has a token (--auth-token): _api_paths adds it then.
+_POST_EMBED_ERRORS = ("400", "404", "408", "413", "415", "429", "500", "503", "504")
+_POST_TOKENIZE_ERRORS = ("400", "404", "408", "413", "415", "500", "503")
+_GET_API_ERRORS = ("500", "503")
+_GET_MODEL_ERRORS = ("404", "500", "503")
 _ADMIN_ERRORS = ("400", "401", "403", "404", "408", "409", "413", "415", "500", "503")
 _OPEN_ERRORS = ("500", "503")
 
@@ -48,7 +51,7 @@ def _post(operation_id: str, summary: str, request: str, response: str, statuses
         "operationId": operation_id,
         "summary": summary,
         "requestBody": {"required": True, "content": _content(ref(request))},
-        "responses": {"200": {"description": summary, "content": _content(ref(response))}, **errors(*statuses)},
+        "responses": {"200": {"description": summary, "content": _content(ref(response))}, **errors(*sorted(statuses))},
     }
     if request != "TokenizeRequest":
         operation["parameters"] = [_REQUEST_ID]
@@ -96,23 +99,28 @@ def _ok(description: str, schema: dict, media_type: str = JSON) -> dict:
 
 
 @cache
-def openapi_document(admin: bool = False) -> dict:
-    """The document of a server with the admin API (``admin``: --admin-token with --model-root) or without it: the
-    admin routes, their schemas and their security scheme are listed only where they are served."""
-    paths = {**_api_paths(), **(_admin_paths() if admin else {})}
+def openapi_document(admin: bool = False, bearer: bool = False) -> dict:
+    """The document of the server as it runs: with the admin API (``admin``: --admin-token with --model-root) or
+    without it, with a clients' token (``bearer``: --auth-token) or without one. The admin routes, their schemas and
+    their security scheme are listed only where they are served; the bearer scheme, the requirement of it and the
+    401 answers of the clients' routes only where a token is asked for."""
+    paths = {**_api_paths(bearer), **(_admin_paths() if admin else {})}
     statuses = sorted(_referenced_errors(paths), key=int)
-    security_schemes = {"bearer": _BEARER, **({"admin": _ADMIN_TOKEN} if admin else {})}
-    return {
+    security_schemes = {**({"bearer": _BEARER} if bearer else {}), **({"admin": _ADMIN_TOKEN} if admin else {})}
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": _INFO,
         "components": {
             "schemas": {**SCHEMAS, **(ADMIN_SCHEMAS if admin else {})},
             "responses": {f"Error{status}": error_response(status) for status in statuses},
-            "securitySchemes": security_schemes,
         },
-        "security": [{"bearer": []}],
         "paths": paths,
     }
+    if security_schemes:
+        document["components"]["securitySchemes"] = security_schemes
+    if bearer:
+        document["security"] = [{"bearer": []}]
+    return document
 
 
 def _referenced_errors(node: Any) -> set[str]:
@@ -151,7 +159,10 @@ _ADMIN_TOKEN = {
 }
 
 
-def _api_paths() -> dict:
+def _api_paths(bearer: bool) -> dict:
+    """The clients' routes; with a token (``bearer``) the ones that ask for it answer 401 too, and the open paths
+    say that they need none."""
+    token = ("401",) if bearer else ()
     health_503 = {
         "description": "NOT_SERVING: warming up or draining (or, as an error, too many connections are open)",
         "content": _content({"oneOf": [_health("NOT_SERVING"), ref("Error")]}),
@@ -162,26 +173,26 @@ def _api_paths() -> dict:
             "OpenAI-compatible pooled embeddings: one vector per input",
             "EmbeddingsRequest",
             "EmbeddingsResponse",
-            _POST_EMBED_ERRORS,
+            _POST_EMBED_ERRORS + token,
         ),
         "/v1/embed": _post(
             "embed",
             "Per-token, per-layer vectors and task mixes (the gRPC EmbedRequest as JSON)",
             "EmbedRequest",
             "EmbedResponse",
-            _POST_EMBED_ERRORS,
+            _POST_EMBED_ERRORS + token,
         ),
         "/v1/tokenize": _post(
             "tokenize",
             "The service's tokens and code-point offsets (runs no model)",
             "TokenizeRequest",
             "TokenizeResponse",
-            _POST_TOKENIZE_ERRORS,
+            _POST_TOKENIZE_ERRORS + token,
         ),
         "/v1/models": _get(
             "listModels",
             "Served models and one MODEL:TASK entry per task mix (OpenAI's list)",
-            {**_ok("the models", ref("ModelList")), **errors(*_GET_API_ERRORS)},
+            {**_ok("the models", ref("ModelList")), **errors(*sorted(_GET_API_ERRORS + token))},
         ),
         "/v1/models/{model_id}": {
             **_get(
@@ -189,7 +200,7 @@ def _api_paths() -> dict:
                 "One model or MODEL:TASK entry",
                 {
                     **_ok("the entry", {"oneOf": [ref("Model"), ref("TaskModel")]}),
-                    **errors("401", "404", "500", "503"),
+                    **errors(*sorted(_GET_MODEL_ERRORS + token)),
                 },
             ),
             "parameters": [
@@ -210,7 +221,7 @@ def _api_paths() -> dict:
                 "500": {"$ref": "#/components/responses/Error500"},
                 "503": health_503,
             },
-            open_path=True,
+            open_path=bearer,
         ),
         "/openapi.json": _get(
             "openapi",
@@ -219,13 +230,13 @@ def _api_paths() -> dict:
                 **_ok("this document", {"type": "object", "required": ["openapi", "info", "paths"]}),
                 **errors(*_OPEN_ERRORS),
             },
-            open_path=True,
+            open_path=bearer,
         ),
         "/": _get(
             "page",
             "The layer explorer page: one self-contained HTML file (it calls the API with the token typed in it)",
             {**_ok("the page", {"type": "string"}, "text/html"), **errors(*_OPEN_ERRORS)},
-            open_path=True,
+            open_path=bearer,
         ),
     }
 

@@ -118,18 +118,31 @@ def call_and_validate(case, fuzz_server, admin_server):
 
 
 # -- HTTP: Schemathesis from the served document -----------------------------------------------------------------
-# The document is built here, not fetched at import (there is no server yet); test_the_fuzzed_document_is_the_served_one
-# checks that it is exactly what GET /openapi.json serves. (schemathesis.pytest.from_fixture, which would fetch it,
-# reads a pytest-internal attribute that pytest 9 no longer has.)
-DOCUMENT = json.loads(json.dumps(openapi_document(admin=True)))  # the admin routes too: admin_server serves them
+# The documents are built here, not fetched at import (there is no server yet); test_each_fuzzed_document_is_the_one
+# its_server_serves checks that each is exactly what its server's GET /openapi.json serves.
+# (schemathesis.pytest.from_fixture, which would fetch it, reads a pytest-internal attribute that pytest 9 no longer
+# has.) Neither fuzzed server has a clients' token, so their documents list no 401 on the clients' routes (the admin
+# routes answer 401 without the admin token); the token server's document, with them, checks the 401 answers.
+DOCUMENT = json.loads(json.dumps(openapi_document(admin=True)))  # admin_server's: fuzz_server's and the admin routes
+PLAIN_DOCUMENT = json.loads(json.dumps(openapi_document()))  # fuzz_server's
+TOKEN_DOCUMENT = json.loads(json.dumps(openapi_document(bearer=True)))  # runtime_with_token's
 schema = schemathesis.openapi.from_dict(DOCUMENT)
+token_schema = schemathesis.openapi.from_dict(TOKEN_DOCUMENT)
 
 
-def test_the_fuzzed_document_is_the_served_one(fuzz_server, admin_server):
-    with urllib.request.urlopen(f"{admin_server.http_url}/openapi.json", timeout=30) as response:
-        assert json.loads(response.read()) == DOCUMENT
+def served_document(server) -> dict:
+    with urllib.request.urlopen(f"{server.http_url}/openapi.json", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_each_fuzzed_document_is_the_one_its_server_serves(fuzz_server, admin_server, runtime_with_token):
+    assert served_document(admin_server) == DOCUMENT
+    assert served_document(fuzz_server) == PLAIN_DOCUMENT
+    assert served_document(runtime_with_token) == TOKEN_DOCUMENT
     routes = {route.resource.canonical for route in admin_server.server.http.app.router.routes()}
     assert routes == set(DOCUMENT["paths"])  # the admin routes included: every one of them is fuzzed
+    # the operations call_and_validate sends to fuzz_server are, in DOCUMENT, exactly those fuzz_server documents
+    assert {p: item for p, item in DOCUMENT["paths"].items() if not p.startswith("/admin/")} == PLAIN_DOCUMENT["paths"]
 
 
 @schema.parametrize()
@@ -191,9 +204,10 @@ def test_the_error_answers_conform_to_the_document(fuzz_server, runtime_with_tok
     """Errors random requests cannot reach: a wrong and a missing token (401 with WWW-Authenticate), a body that is
     not JSON by its Content-Type (415), over the message limit (413)."""
     embed = schema["/v1/embed"]["POST"]
+    models, model = token_schema["/v1/models"]["GET"], token_schema["/v1/models/{model_id}"]["GET"]  # its 401s
     cases = [
-        (runtime_with_token, schema["/v1/models"]["GET"].Case(headers={"Authorization": "Bearer nope"}), 401),
-        (runtime_with_token, schema["/v1/models/{model_id}"]["GET"].Case(path_parameters={"model_id": "tiny"}), 401),
+        (runtime_with_token, models.Case(headers={"Authorization": "Bearer nope"}), 401),
+        (runtime_with_token, model.Case(path_parameters={"model_id": "tiny"}), 401),
         (fuzz_server, embed.Case(body="inputs=x", media_type="text/plain"), 415),
         (fuzz_server, embed.Case(body={"inputs": ["x" * 20_000]}, media_type="application/json"), 413),
         (fuzz_server, embed.Case(body={"inputs": ["x"], "model": "m" * 10_000}, media_type="application/json"), 404),

@@ -24,7 +24,8 @@ from elmo.runtime import Embedder
 from elmo.v1 import embedder_pb2 as pb
 from tests.service_helpers import EDGE_LIMITS, ServerThread
 
-DOCUMENT = json.loads(json.dumps(openapi_document(admin=True)))  # as served (JSON, not Python tuples), admin API on
+# as served (JSON, not Python tuples) by a server with every part on: the admin API and a clients' token
+DOCUMENT = json.loads(json.dumps(openapi_document(admin=True, bearer=True)))
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
@@ -244,6 +245,42 @@ def test_a_server_without_the_admin_api_documents_only_the_routes_it_serves(plai
     routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
     assert {(method.upper(), path) for path, method, _ in operations(served)} == routes
     assert not any(path.startswith(ADMIN_PATH) for path in served["paths"])
-    assert set(served["components"]["securitySchemes"]) == {"bearer"}
     assert spec_errors(served) == []
     assert served == json.loads(json.dumps(openapi_document(admin=False)))
+
+
+@pytest.fixture(scope="module")
+def token_server(tiny_model_dir):
+    """A server with a clients' token (--auth-token), without the admin API."""
+    model = {"tiny": Embedder(tiny_model_dir, intra_op_threads=1)}
+    server = ServerThread(model, EDGE_LIMITS, auth_token="t", http=True)
+    yield server
+    server.stop()
+
+
+def served_document(server) -> dict:
+    with urllib.request.urlopen(f"{server.http_url}/openapi.json", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def statuses_and_security(document: dict) -> tuple[set[str], set[str], list]:
+    """Every status any operation answers, the security schemes, and the document's security requirement."""
+    statuses = {status for _, _, operation in operations(document) for status in operation["responses"]}
+    return statuses, set(document.get("components", {}).get("securitySchemes", {})), document.get("security", [])
+
+
+def test_the_bearer_scheme_and_401_are_listed_only_where_the_server_has_a_token(plain_server, token_server):
+    """A server started without --auth-token answers no 401 and asks for no token: its document says neither; with
+    a token, every route but the open paths asks for it and can answer 401."""
+    plain, with_token = served_document(plain_server), served_document(token_server)
+    statuses, schemes, security = statuses_and_security(plain)
+    assert "401" not in statuses and "Error401" not in plain["components"]["responses"]
+    assert schemes == set() and security == []
+    assert all("security" not in operation for _, _, operation in operations(plain))  # no token anywhere
+    statuses, schemes, security = statuses_and_security(with_token)
+    assert "401" in statuses and "Error401" in with_token["components"]["responses"]
+    assert schemes == {"bearer"} and security == [{"bearer": []}]
+    for path, method, operation in operations(with_token):
+        assert ("401" in operation["responses"]) == (path not in OPEN_PATHS), (method, path)
+    assert spec_errors(plain) == [] and spec_errors(with_token) == []
+    assert with_token == json.loads(json.dumps(openapi_document(bearer=True)))
