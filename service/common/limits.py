@@ -138,8 +138,8 @@ _HELP = {
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
     "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",
-    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher only "
-    "while the event loop has other callbacks ready, at most this long)",
+    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher waits "
+    "while requests keep arriving or the event loop is busy, at most this long)",
     "express_tokens": "requests of at most this many tokens may run on one extra runtime worker while all others "
     "are busy, so that they never wait behind long ones (0 = no express worker)",
     "max_concurrent_rpcs": "gRPC calls open at once before new ones get RESOURCE_EXHAUSTED (health checks are not "
