@@ -8,7 +8,7 @@
 #   make dev     only create .venv (what `make test` installs first): the serving install plus torch, for the
 #                training commands (train, adapt, mix train, export, imports) of the README, and the spaCy extra
 # and, for the inner loop:
-#   make check   ruff and the fast tier, `pytest -m "not slow"` (under 3 minutes on 2 cores; .venv only: no
+#   make check   ruff (lint and format) and the fast tier, `pytest -m "not slow"` (under 3 minutes on 2 cores; .venv only: no
 #                .venv-clients, no chromium). tests/conftest.py says which tests are slow and how that was chosen.
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +22,7 @@ PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
-.PHONY: test check dev serve lint clean proto browser haproxy generators
+.PHONY: test check dev serve lint format clean proto browser haproxy generators
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,7 @@ generators:
 
 test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser haproxy generators
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q --durations=25
 
 dev: $(VENV)/.installed
@@ -80,6 +81,7 @@ dev: $(VENV)/.installed
 
 check: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
 # The flavour is decided when `make serve` runs (SERVE_FLAVOUR=cpu|gpu overrides): nvidia-smi ships with the driver.
@@ -97,6 +99,11 @@ proto: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# rewrite the tree in the house's format (what `ruff format --check` in `make check` and `make test` asks for)
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format .
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) $(CLIENTS_VENV) .pytest_cache

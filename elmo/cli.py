@@ -48,8 +48,10 @@ def missing_for(extra: str | None) -> list[str]:
 
 
 def install_hint(extra: str) -> str:
-    return (f"install the `{extra}` extra (pip install -e '.[{extra}]' in the repository), or use .venv/bin/elmo, "
-            "which `make dev` creates")  # fmt: skip
+    return (
+        f"install the `{extra}` extra (pip install -e '.[{extra}]' in the repository), or use .venv/bin/elmo, "
+        "which `make dev` creates"
+    )
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -126,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     extra = COMMANDS[name][2]
     if missing := missing_for(extra):
-        print(f"elmo {name}: needs {', '.join(missing)} (the `{extra}` extra), not in this environment: "
-              f"{install_hint(extra)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"elmo {name}: needs {', '.join(missing)} (the `{extra}` extra), not in this environment: "
+            f"{install_hint(extra)}",
+            file=sys.stderr,
+        )
         return 2
     from elmo.train.threads import apply_wait_policy  # torch-free: libgomp reads it once, as the module loads torch
 

@@ -310,8 +310,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", action="store_true", help="the texts are whitespace-separated tokens")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--task", default="", help="scalar-mix task name")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES),
-                        help="vector number type (default float32)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPE_NAMES), help="vector number type (default float32)"
+    )
     parser.add_argument("--model", default="", help="served model name (default: the server's default)")
     parser.add_argument(
         "--overflow",
@@ -320,8 +321,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sentences over the server's limit: reject, truncate or window (default: the server's --overflow)",
     )
     add_connection_arguments(parser)
-    timeout = parser.add_argument("--timeout-s", type=float, default=60.0,
-                                  help="seconds the call may take (default 60)")  # fmt: skip
+    timeout = parser.add_argument(
+        "--timeout-s", type=float, default=60.0, help="seconds the call may take (default 60)"
+    )
     add_alias(parser, "--timeout", timeout)
     parser.add_argument("--show", type=int, default=4, help="numbers to print per layer (default 4)")
 

@@ -43,7 +43,7 @@ class FlagParser(argparse.ArgumentParser):
         prefix = "unrecognized arguments: "
         if not message.startswith(prefix):
             return f"{message} ({self.prog} --help lists the options)"
-        unknown = message[len(prefix):].split()
+        unknown = message[len(prefix) :].split()
         flags = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
         if not flags:
             return f"unexpected argument {unknown[0]!r} ({self.prog} --help lists the options)"
@@ -68,8 +68,13 @@ class DeprecatedAlias(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
         self.new = new
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         print(f"{parser.prog}: {option_string} is now {self.new}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
@@ -106,19 +111,28 @@ def make_configurable(parser: argparse.ArgumentParser) -> None:
     """Adds ``--config FILE`` and ``--print-config`` to ``parser`` (in its last group) and names each flag's
     variable in its help. Call once every flag is added."""
     group = parser._optionals  # --help's own group, which comes last
-    group.add_argument("--config", type=Path, default=None, metavar="FILE",
-                       help="read flags from this TOML file (one key per flag, e.g. max-batch-tokens = 8192; what "
-                            "--print-config writes); a flag given on the command line, then its ELMO_ variable, "
-                            "wins over the file [env ELMO_CONFIG]")  # fmt: skip
-    group.add_argument("--print-config", action="store_true",
-                       help="print the configuration these flags, variables and file give, as a --config file "
-                            "(tokens left out), and exit")  # fmt: skip
+    group.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read flags from this TOML file (one key per flag, e.g. max-batch-tokens = 8192; what "
+        "--print-config writes); a flag given on the command line, then its ELMO_ variable, "
+        "wins over the file [env ELMO_CONFIG]",
+    )
+    group.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the configuration these flags, variables and file give, as a --config file "
+        "(tokens left out), and exit",
+    )
     for action in configurable(parser):
         action.help = f"{action.help} [env {env_name(action)}]"
 
 
-def parse_configured(parser: argparse.ArgumentParser, argv: Sequence[str],
-                     environ: Mapping[str, str] | None = None) -> argparse.Namespace:  # fmt: skip
+def parse_configured(
+    parser: argparse.ArgumentParser, argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> argparse.Namespace:
     """``parser.parse_args(argv)`` with each flag's default taken from its variable, else from ``--config FILE``,
     else the parser's own; ``--print-config`` prints the result and exits 0."""
     environ = os.environ if environ is None else environ
@@ -230,8 +244,10 @@ def order_groups(parser: argparse.ArgumentParser, first: Sequence[str]) -> None:
 
 def config_toml(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """The effective values as a ``--config`` file: one table per help group, unset flags and secrets commented."""
-    lines = ["# elmo configuration: read it back with --config FILE. Precedence: flag > ELMO_ variable > this file"
-             " > default."]  # fmt: skip
+    lines = [
+        "# elmo configuration: read it back with --config FILE. Precedence: flag > ELMO_ variable > this file"
+        " > default."
+    ]
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if a in set(configurable(parser))]
         if not actions:
@@ -275,6 +291,15 @@ def toml_value(value: Any) -> str:
 
 
 __all__ = [
-    "DeprecatedAlias", "ENV_PREFIX", "FlagParser", "add_alias", "config_toml", "configurable", "env_name",
-    "make_configurable", "order_groups", "parse_configured", "visible_flags",
-]  # fmt: skip
+    "DeprecatedAlias",
+    "ENV_PREFIX",
+    "FlagParser",
+    "add_alias",
+    "config_toml",
+    "configurable",
+    "env_name",
+    "make_configurable",
+    "order_groups",
+    "parse_configured",
+    "visible_flags",
+]

@@ -62,8 +62,10 @@ def span_fields(offsets: list[list[tuple[int, int]]], field: int) -> list[bytes]
     tables of every value (two 16,384-entry lists) ~0.3, most of it their entries' cache misses."""
     tag = (field << 3) | 2
     if tag >= 0x80:  # a field number past 15: not this contract's, so no fast path
-        return [b"".join(field_head(field, len(body)) + body for body in (_span_body(*span) for span in spans))
-                for spans in offsets]  # fmt: skip
+        return [
+            b"".join(field_head(field, len(body)) + body for body in (_span_body(*span) for span in spans))
+            for spans in offsets
+        ]
     out = []
     for spans in offsets:
         ints: list[int] = []

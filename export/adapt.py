@@ -37,8 +37,10 @@ def export_adapted(model_dir: Path, threads: int | None) -> dict:
 def publish_target(value: Path) -> tuple[Path, str]:
     """``--publish ROOT/NAME`` -> (ROOT, NAME), checked before any training."""
     if len(value.parts) < 2:
-        raise ConfigError(f"--publish {value}: give the model repository's folder and the model's name, ROOT/NAME "
-                          f"(e.g. models/repo/{value.name or 'NAME'})")  # fmt: skip
+        raise ConfigError(
+            f"--publish {value}: give the model repository's folder and the model's name, ROOT/NAME "
+            f"(e.g. models/repo/{value.name or 'NAME'})"
+        )
     return value.parent, check_model_name(value.name)
 
 
@@ -56,9 +58,11 @@ def run_folder(args: argparse.Namespace) -> Path:
         return root / name / RUN_FOLDER
     inside = _relative_to(args.out, root)
     if inside is not None and not any(part.startswith(".") for part in inside.parts):
-        raise ConfigError(f"--out {args.out} is inside the model repository {root}, where a polling server would "
-                          f"take it for a model or a version; choose a folder outside it, or leave --out out (the "
-                          f"run then lives in {root / name / RUN_FOLDER})")  # fmt: skip
+        raise ConfigError(
+            f"--out {args.out} is inside the model repository {root}, where a polling server would "
+            f"take it for a model or a version; choose a folder outside it, or leave --out out (the "
+            f"run then lives in {root / name / RUN_FOLDER})"
+        )
     return args.out
 
 
@@ -107,31 +111,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the adapted model directory and its run (new, or --resume); optional with --publish",
     )
-    parser.add_argument("--publish", type=Path, default=None, metavar="ROOT/NAME",
-                        help="also publish the exported model as the next version of NAME in the model repository "
-                        "ROOT (atomic: a server polling ROOT picks it up); without --out the run lives in "
-                        f"ROOT/NAME/{RUN_FOLDER} until then")  # fmt: skip
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the adaptation recorded in --out (or ROOT/NAME/.adapting)")  # fmt: skip
-    parser.add_argument("--time-budget-s", type=float, default=d.minutes * 60,
-                        help=f"time budget in seconds, all steps (default {d.minutes * 60:g})")  # fmt: skip
-    parser.add_argument("--minutes", action=DeprecatedAlias, dest="time_budget_s", new="--time-budget-s",
-                        type=lambda value: float(value) * 60)  # the older flag, in minutes  # fmt: skip
+    parser.add_argument(
+        "--publish",
+        type=Path,
+        default=None,
+        metavar="ROOT/NAME",
+        help="also publish the exported model as the next version of NAME in the model repository "
+        "ROOT (atomic: a server polling ROOT picks it up); without --out the run lives in "
+        f"ROOT/NAME/{RUN_FOLDER} until then",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the adaptation recorded in --out (or ROOT/NAME/.adapting)"
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=d.minutes * 60,
+        help=f"time budget in seconds, all steps (default {d.minutes * 60:g})",
+    )
+    parser.add_argument(
+        "--minutes",
+        action=DeprecatedAlias,
+        dest="time_budget_s",
+        new="--time-budget-s",
+        type=lambda value: float(value) * 60,
+    )  # the older flag, in minutes
     parser.add_argument("--epochs", type=float, default=d.epochs, help=f"at most this many passes (default {d.epochs})")
     parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    parser.add_argument("--heldout-share", type=float, default=d.heldout_share,
-                        help=f"share of the text held out to measure (default {d.heldout_share})")  # fmt: skip
-    parser.add_argument("--heldout-tokens", type=int, default=d.heldout_tokens,
-                        help=f"held-out tokens at most (default {d.heldout_tokens})")  # fmt: skip
-    batch = parser.add_argument("--batch-tokens", dest="tokens_per_batch", type=int, default=d.tokens_per_batch,
-                                help=f"padded tokens per training batch (default {d.tokens_per_batch})")  # fmt: skip
+    parser.add_argument(
+        "--heldout-share",
+        type=float,
+        default=d.heldout_share,
+        help=f"share of the text held out to measure (default {d.heldout_share})",
+    )
+    parser.add_argument(
+        "--heldout-tokens",
+        type=int,
+        default=d.heldout_tokens,
+        help=f"held-out tokens at most (default {d.heldout_tokens})",
+    )
+    batch = parser.add_argument(
+        "--batch-tokens",
+        dest="tokens_per_batch",
+        type=int,
+        default=d.tokens_per_batch,
+        help=f"padded tokens per training batch (default {d.tokens_per_batch})",
+    )
     add_alias(parser, "--tokens-per-batch", batch)
-    parser.add_argument("--calibrate-tokens", type=int, default=d.calibrate_tokens,
-                        help=f"softmax bias refit tokens, 0 = none (default {d.calibrate_tokens})")  # fmt: skip
-    parser.add_argument("--replay", default=d.replay, metavar="FILE",
-                        help="general text (tokenized lines, e.g. data/corpus/train.txt) to mix in")  # fmt: skip
-    parser.add_argument("--replay-share", type=float, default=d.replay_share,
-                        help=f"share of training tokens from --replay (default {d.replay_share})")  # fmt: skip
+    parser.add_argument(
+        "--calibrate-tokens",
+        type=int,
+        default=d.calibrate_tokens,
+        help=f"softmax bias refit tokens, 0 = none (default {d.calibrate_tokens})",
+    )
+    parser.add_argument(
+        "--replay",
+        default=d.replay,
+        metavar="FILE",
+        help="general text (tokenized lines, e.g. data/corpus/train.txt) to mix in",
+    )
+    parser.add_argument(
+        "--replay-share",
+        type=float,
+        default=d.replay_share,
+        help=f"share of training tokens from --replay (default {d.replay_share})",
+    )
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = torch default)")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     parser.add_argument("--no-export", action="store_true", help="skip the ONNX export (PyTorch weights only)")
@@ -142,22 +186,37 @@ def run(args: argparse.Namespace) -> int:
     out = run_folder(args)
     exporter = None if args.no_export else export_adapted
     publish = None if args.publish is None else publisher(args.publish)
-    result = adapt(args.model, args.text, out, args.tokenized, settings_from(args), args.resume,
-                   export=exporter, stop_after=args.stop_after, publish=publish)  # fmt: skip
+    result = adapt(
+        args.model,
+        args.text,
+        out,
+        args.tokenized,
+        settings_from(args),
+        args.resume,
+        export=exporter,
+        stop_after=args.stop_after,
+        publish=publish,
+    )
     if "resume" in result:
         result["resume"] = resume_command(args)
     published = result.get("published")
     if published is not None:
         name, version = published["name"], published["version"]
-        print(f"elmo adapt: published {published['path']}: version {version} of {name} (a request names it "
-              f"{name}@{version}, or {name} for the latest)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"elmo adapt: published {published['path']}: version {version} of {name} (a request names it "
+            f"{name}@{version}, or {name} for the latest)",
+            file=sys.stderr,
+            flush=True,
+        )
         if args.out is None:  # the run folder was ours: the version holds the model, adapt.json and the curve
             shutil.rmtree(out)
             result["out"] = published["path"]
     print(json.dumps(result, ensure_ascii=False))
     if "stopped_by" not in result:
         return 0
-    print(f"elmo adapt: stopped by {result['stopped_by']}; the adaptation so far is saved in {out} "
-          f"({result['spent_s']:.0f} s of the budget used); continue with: {result['resume']}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"elmo adapt: stopped by {result['stopped_by']}; the adaptation so far is saved in {out} "
+        f"({result['spent_s']:.0f} s of the budget used); continue with: {result['resume']}",
+        file=sys.stderr,
+    )
     return 128 + int(getattr(signal, result["stopped_by"]))

@@ -86,8 +86,9 @@ def _allennlp(
 ) -> Entry:
     files = (  # the folder is named by the full stem, 5.5B included
         Source(f"elmo_{stem}_options.json", f"{ALLENNLP_BASE}/{stem}/elmo_{stem}_options.json", options),
-        Source(f"elmo_{stem}_weights.hdf5", f"{ALLENNLP_BASE}/{stem}/elmo_{stem}_weights.hdf5", weights,
-               weights_sha256),
+        Source(
+            f"elmo_{stem}_weights.hdf5", f"{ALLENNLP_BASE}/{stem}/elmo_{stem}_weights.hdf5", weights, weights_sha256
+        ),
     )
     return Entry(name, ALLENNLP, title, files, ALLENNLP_LICENCE, approx)
 
@@ -95,41 +96,103 @@ def _allennlp(
 # (code, language, NLPL entry id): the order of HIT-SCIR's README table. Codes are ISO 639-1, else 639-3
 # (cu Old Church Slavonic, grc Ancient Greek); zh is their Chinese model (traditional script, Wikipedia text).
 MANYLANGS_MODELS: tuple[tuple[str, str, int], ...] = (
-    ("ar", "Arabic", 136), ("bg", "Bulgarian", 137), ("ca", "Catalan", 138), ("cs", "Czech", 139),
-    ("cu", "Old Church Slavonic", 140), ("da", "Danish", 141), ("de", "German", 142), ("el", "Greek", 143),
-    ("en", "English", 144), ("es", "Spanish", 145), ("et", "Estonian", 146), ("eu", "Basque", 147),
-    ("fa", "Persian", 148), ("fi", "Finnish", 149), ("fr", "French", 150), ("ga", "Irish", 151),
-    ("gl", "Galician", 152), ("grc", "Ancient Greek", 153), ("he", "Hebrew", 154), ("hi", "Hindi", 155),
-    ("hr", "Croatian", 156), ("hu", "Hungarian", 157), ("id", "Indonesian", 158), ("it", "Italian", 159),
-    ("ja", "Japanese", 160), ("ko", "Korean", 161), ("la", "Latin", 162), ("lv", "Latvian", 163),
-    ("nl", "Dutch", 164), ("nb", "Norwegian Bokmål", 165), ("nn", "Norwegian Nynorsk", 166), ("pl", "Polish", 167),
-    ("pt", "Portuguese", 168), ("ro", "Romanian", 169), ("ru", "Russian", 170), ("sk", "Slovak", 171),
-    ("sl", "Slovene", 172), ("sv", "Swedish", 173), ("tr", "Turkish", 174), ("ug", "Uyghur", 175),
-    ("uk", "Ukrainian", 176), ("ur", "Urdu", 177), ("vi", "Vietnamese", 178), ("zh", "Chinese (traditional)", 179),
-)  # fmt: skip
+    ("ar", "Arabic", 136),
+    ("bg", "Bulgarian", 137),
+    ("ca", "Catalan", 138),
+    ("cs", "Czech", 139),
+    ("cu", "Old Church Slavonic", 140),
+    ("da", "Danish", 141),
+    ("de", "German", 142),
+    ("el", "Greek", 143),
+    ("en", "English", 144),
+    ("es", "Spanish", 145),
+    ("et", "Estonian", 146),
+    ("eu", "Basque", 147),
+    ("fa", "Persian", 148),
+    ("fi", "Finnish", 149),
+    ("fr", "French", 150),
+    ("ga", "Irish", 151),
+    ("gl", "Galician", 152),
+    ("grc", "Ancient Greek", 153),
+    ("he", "Hebrew", 154),
+    ("hi", "Hindi", 155),
+    ("hr", "Croatian", 156),
+    ("hu", "Hungarian", 157),
+    ("id", "Indonesian", 158),
+    ("it", "Italian", 159),
+    ("ja", "Japanese", 160),
+    ("ko", "Korean", 161),
+    ("la", "Latin", 162),
+    ("lv", "Latvian", 163),
+    ("nl", "Dutch", 164),
+    ("nb", "Norwegian Bokmål", 165),
+    ("nn", "Norwegian Nynorsk", 166),
+    ("pl", "Polish", 167),
+    ("pt", "Portuguese", 168),
+    ("ro", "Romanian", 169),
+    ("ru", "Russian", 170),
+    ("sk", "Slovak", 171),
+    ("sl", "Slovene", 172),
+    ("sv", "Swedish", 173),
+    ("tr", "Turkish", 174),
+    ("ug", "Uyghur", 175),
+    ("uk", "Ukrainian", 176),
+    ("ur", "Urdu", 177),
+    ("vi", "Vietnamese", 178),
+    ("zh", "Chinese (traditional)", 179),
+)
 
 CATALOGUE: dict[str, Entry] = {
     e.name: e
     for e in (
-        _allennlp("small", "2x1024_128_2048cnn_1xhighway", "AllenNLP ELMo small (English, 1B Word Benchmark)",
-                  None, None, "≈ 54 MB (13.6 M float32)"),
-        _allennlp("medium", "2x2048_256_2048cnn_1xhighway", "AllenNLP ELMo medium (English, 1B Word Benchmark)",
-                  None, None, "≈ 112 MB (28.0 M float32)"),
+        _allennlp(
+            "small",
+            "2x1024_128_2048cnn_1xhighway",
+            "AllenNLP ELMo small (English, 1B Word Benchmark)",
+            None,
+            None,
+            "≈ 54 MB (13.6 M float32)",
+        ),
+        _allennlp(
+            "medium",
+            "2x2048_256_2048cnn_1xhighway",
+            "AllenNLP ELMo medium (English, 1B Word Benchmark)",
+            None,
+            None,
+            "≈ 112 MB (28.0 M float32)",
+        ),
         # weights: the Git LFS pointer of elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5 in the Hugging Face mirror
         # lysandre/elmo (https://huggingface.co/lysandre/elmo/commit/e96602c873f90782c21402b8d8d1ff1327318678, the
         # mirror's "Contribute ELMO" commit): oid sha256:a6b92b9c... size 374434792, the size AllenNLP's download
         # logs give for this file. No published checksum was found for the other AllenNLP files or NLPL's zips.
-        _allennlp("original", "2x4096_512_2048cnn_2xhighway", "AllenNLP ELMo original (English, 1B Word Benchmark)",
-                  336, 374_434_792, "", "a6b92b9ccbb13fe489faacd2221c795d4bebe84b75f8aded9d85ea464fa5c994"),
-        _allennlp("5.5B", "2x4096_512_2048cnn_2xhighway_5.5B",
-                  "AllenNLP ELMo original (5.5B) (English, Wikipedia + monolingual news crawl)", None, None,
-                  "≈ 374 MB (93.6 M float32)"),
+        _allennlp(
+            "original",
+            "2x4096_512_2048cnn_2xhighway",
+            "AllenNLP ELMo original (English, 1B Word Benchmark)",
+            336,
+            374_434_792,
+            "",
+            "a6b92b9ccbb13fe489faacd2221c795d4bebe84b75f8aded9d85ea464fa5c994",
+        ),
+        _allennlp(
+            "5.5B",
+            "2x4096_512_2048cnn_2xhighway_5.5B",
+            "AllenNLP ELMo original (5.5B) (English, Wikipedia + monolingual news crawl)",
+            None,
+            None,
+            "≈ 374 MB (93.6 M float32)",
+        ),
         *(
-            Entry(code, MANYLANGS, f"ELMoForManyLangs {language}",
-                  (Source(f"{number}.zip", f"{NLPL_BASE}/{number}.zip"),), MANYLANGS_LICENCE)
+            Entry(
+                code,
+                MANYLANGS,
+                f"ELMoForManyLangs {language}",
+                (Source(f"{number}.zip", f"{NLPL_BASE}/{number}.zip"),),
+                MANYLANGS_LICENCE,
+            )
             for code, language, number in MANYLANGS_MODELS
         ),
-    )  # fmt: skip
+    )
 }
 
 

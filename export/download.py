@@ -73,8 +73,12 @@ class Pins:
         self._update(key, None)
 
     def record(self, key: str, sha256: str, size: int, url: str) -> None:
-        pin = {"sha256": sha256, "bytes": size, "url": url,
-               "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        pin = {
+            "sha256": sha256,
+            "bytes": size,
+            "url": url,
+            "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         self._update(key, pin)
 
     def _update(self, key: str, pin: dict | None) -> None:
@@ -150,13 +154,25 @@ def _locked(dest: Path):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DataError(f"{dest}: another elmo pull is fetching this file now ({lock_path}); let it finish, "
-                            "then run this command again (it reuses the file)") from None  # fmt: skip
+            raise DataError(
+                f"{dest}: another elmo pull is fetching this file now ({lock_path}); let it finish, "
+                "then run this command again (it reuses the file)"
+            ) from None
         yield
 
 
-def _fetch(url: str, dest: Path, key: str, pins: Pins, size: int | None, retries: int, progress: bool,
-           retry_wait_s: float, max_bytes: int, published: str | None) -> Fetched:  # fmt: skip
+def _fetch(
+    url: str,
+    dest: Path,
+    key: str,
+    pins: Pins,
+    size: int | None,
+    retries: int,
+    progress: bool,
+    retry_wait_s: float,
+    max_bytes: int,
+    published: str | None,
+) -> Fetched:
     pin = None if published is not None else pins.get(key)  # a published checksum outranks a pin of one's own
     expected, why = _expected(size, pin)
     cap = Cap(expected, why) if expected is not None else Cap(max_bytes, "the download cap (--max-download-bytes) is")
@@ -209,8 +225,10 @@ def _check_published(path: Path, digest: str, published: str, url: str, key: str
     if digest == published:
         return
     path.unlink()
-    raise DataError(f"{url}: sha256 {digest} differs from the published {published} the catalogue pins for {key}: "
-                    "refused and removed, nothing kept or imported (a tampered or corrupted download)")  # fmt: skip
+    raise DataError(
+        f"{url}: sha256 {digest} differs from the published {published} the catalogue pins for {key}: "
+        "refused and removed, nothing kept or imported (a tampered or corrupted download)"
+    )
 
 
 def _check_size(path: Path, expected: int | None, why: str, url: str, cached: bool = False) -> None:
@@ -232,8 +250,10 @@ class Cap:
 
     def refuse(self, url: str, part: Path) -> DataError:
         part.unlink(missing_ok=True)
-        return DataError(f"{url}: the server sent more than {self.bytes:,} bytes, {self.why} {self.bytes:,}: "
-                         "refused and cut off, the partial download removed, nothing imported")  # fmt: skip
+        return DataError(
+            f"{url}: the server sent more than {self.bytes:,} bytes, {self.why} {self.bytes:,}: "
+            "refused and cut off, the partial download removed, nothing imported"
+        )
 
 
 class _SameOrigin(urllib.request.HTTPRedirectHandler):
@@ -243,8 +263,10 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         asked, told = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
         upgrade = (asked.scheme, told.scheme) in (("http", "https"), ("http", "http"), ("https", "https"))
         if not upgrade or (asked.hostname, _port(asked)) != (told.hostname, _port(told, asked)):
-            raise DataError(f"{req.full_url}: HTTP {code} redirect to another origin ({newurl}): refused (pull from "
-                            "the publisher's address or --base-url directly)")  # fmt: skip
+            raise DataError(
+                f"{req.full_url}: HTTP {code} redirect to another origin ({newurl}): refused (pull from "
+                "the publisher's address or --base-url directly)"
+            )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -277,8 +299,10 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
             if expected is None:
                 return  # nothing after the offset: the part is the whole file (the pin decides)
             part.unlink()
-            raise DataError(f"{url}: the server's file is shorter than the {offset:,} bytes already downloaded, "
-                            f"{why} {expected:,} (HTTP 416): refused; the partial download was removed") from None
+            raise DataError(
+                f"{url}: the server's file is shorter than the {offset:,} bytes already downloaded, "
+                f"{why} {expected:,} (HTTP 416): refused; the partial download was removed"
+            ) from None
         raise DataError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Interrupted(f"{getattr(exc, 'reason', exc)}") from None
@@ -292,12 +316,22 @@ def _transfer(url: str, part: Path, expected: int | None, why: str, progress: bo
                 "file), nothing imported"
             )
         if total is not None and total > cap.bytes:
-            raise DataError(f"{url}: the server offers {total:,} bytes, {cap.why} {cap.bytes:,}: refused before "
-                            "downloading")  # fmt: skip
-        with open(part, "ab" if offset else "wb") as out, tqdm(
-            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=part.name[:-5],
-            disable=None if progress else True, leave=False,
-        ) as bar:  # fmt: skip
+            raise DataError(
+                f"{url}: the server offers {total:,} bytes, {cap.why} {cap.bytes:,}: refused before downloading"
+            )
+        with (
+            open(part, "ab" if offset else "wb") as out,
+            tqdm(
+                total=total,
+                initial=offset,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=part.name[:-5],
+                disable=None if progress else True,
+                leave=False,
+            ) as bar,
+        ):
             have = offset
             while True:
                 try:
@@ -322,8 +356,10 @@ def _announced_total(response, offset: int, url: str) -> int | None:
     if response.status == 206:
         match = CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
         if not match or int(match.group(1)) != offset:
-            raise DataError(f"{url}: the server answered the range request from byte {offset:,} with Content-Range "
-                            f"{response.headers.get('Content-Range')!r}")  # fmt: skip
+            raise DataError(
+                f"{url}: the server answered the range request from byte {offset:,} with Content-Range "
+                f"{response.headers.get('Content-Range')!r}"
+            )
         return None if match.group(3) == "*" else int(match.group(3))
     length = response.headers.get("Content-Length")
     return int(length) if length and length.isascii() and length.isdigit() else None  # "²".isdigit() is True

@@ -30,13 +30,34 @@ PROBE_SENTENCES = [
     ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "."],
     list("我今天吃了一个苹果，苹果公司发布了新手机。"),  # one token per character, as the tokenizer splits Chinese
     ["naïve", "😀", "x" * 60, "Ünïcödé", "2026"],
-    ["Apple", "released", "a", "new", "phone", ";", "the", "apple", "I", "ate", "was", "sweet", ",", "and",
-     "ELMo", "vectors", "tell", "them", "apart", "."],
-]  # fmt: skip
+    [
+        "Apple",
+        "released",
+        "a",
+        "new",
+        "phone",
+        ";",
+        "the",
+        "apple",
+        "I",
+        "ate",
+        "was",
+        "sweet",
+        ",",
+        "and",
+        "ELMo",
+        "vectors",
+        "tell",
+        "them",
+        "apart",
+        ".",
+    ],
+]
 
 
-def _write(directory: Path, sentences: list[list[str]], vectors: list[np.ndarray], kind: str, bar: dict,
-           describes: str) -> dict:  # fmt: skip
+def _write(
+    directory: Path, sentences: list[list[str]], vectors: list[np.ndarray], kind: str, bar: dict, describes: str
+) -> dict:
     """probe.bin from per-sentence (L+1, n, D) vectors; returns the onnx.json -> probe entry."""
     reference = np.concatenate([v.astype("<f4") for v in vectors], axis=1)
     raw = np.ascontiguousarray(reference).tobytes()

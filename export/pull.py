@@ -74,9 +74,17 @@ def download(
     """Every file of ``entry`` in ``cache/NAME/``, checked against its size and its published SHA-256, else its pin
     (recorded on first download), none longer than its known size or ``max_bytes``."""
     return [
-        fetch(resolve_url(source.url, base_url), cache / entry.name / source.file, f"{entry.name}/{source.file}",
-              pins, source.size, retries=retries, progress=progress, max_bytes=max_bytes,
-              sha256=source.sha256)  # fmt: skip
+        fetch(
+            resolve_url(source.url, base_url),
+            cache / entry.name / source.file,
+            f"{entry.name}/{source.file}",
+            pins,
+            source.size,
+            retries=retries,
+            progress=progress,
+            max_bytes=max_bytes,
+            sha256=source.sha256,
+        )
         for source in entry.files
     ]
 
@@ -105,8 +113,10 @@ def extract_zip(archive: Path, into: Path) -> Path:
                 _check_member_size(archive, info)
             total = sum(info.file_size for info in handle.infolist())
             if total > MAX_EXTRACT_BYTES:
-                raise DataError(f"{archive}: its members expand to {total:,} bytes, over the {MAX_EXTRACT_BYTES:,} "
-                                "a model archive may: refused, nothing extracted")  # fmt: skip
+                raise DataError(
+                    f"{archive}: its members expand to {total:,} bytes, over the {MAX_EXTRACT_BYTES:,} "
+                    "a model archive may: refused, nothing extracted"
+                )
             handle.extractall(root)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as exc:
         raise DataError(f"{archive}: not a readable zip ({exc}); remove it to download it again") from None
@@ -118,13 +128,17 @@ def extract_zip(archive: Path, into: Path) -> Path:
 
 def _check_member_size(archive: Path, info: zipfile.ZipInfo) -> None:
     if info.file_size > MAX_MEMBER_BYTES:
-        raise DataError(f"{archive}: member {info.filename!r} expands to {info.file_size:,} bytes, over the "
-                        f"{MAX_MEMBER_BYTES:,} one member may: refused, nothing extracted")  # fmt: skip
+        raise DataError(
+            f"{archive}: member {info.filename!r} expands to {info.file_size:,} bytes, over the "
+            f"{MAX_MEMBER_BYTES:,} one member may: refused, nothing extracted"
+        )
     if info.file_size > RATIO_FROM and info.file_size > MAX_RATIO * max(info.compress_size, 1):
         ratio = info.file_size / max(info.compress_size, 1)
-        raise DataError(f"{archive}: member {info.filename!r} expands {ratio:,.0f}-fold ({info.compress_size:,} -> "
-                        f"{info.file_size:,} bytes), over {MAX_RATIO}x: a decompression bomb, refused, nothing "
-                        "extracted")  # fmt: skip
+        raise DataError(
+            f"{archive}: member {info.filename!r} expands {ratio:,.0f}-fold ({info.compress_size:,} -> "
+            f"{info.file_size:,} bytes), over {MAX_RATIO}x: a decompression bomb, refused, nothing "
+            "extracted"
+        )
 
 
 def build(
@@ -297,11 +311,19 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         summary = pull(
-            args.name, out=args.out, model_root=args.model_root, repo_name=args.repo_name, cache=args.cache,
-            pins_path=args.pins, base_url=args.base_url or os.environ.get(BASE_URL_ENV) or None,
-            retries=args.retries, progress=not args.no_progress, threads=args.threads,
-            max_download_bytes=args.max_download_bytes, max_weight_bytes=checked_budget(args),
-        )  # fmt: skip
+            args.name,
+            out=args.out,
+            model_root=args.model_root,
+            repo_name=args.repo_name,
+            cache=args.cache,
+            pins_path=args.pins,
+            base_url=args.base_url or os.environ.get(BASE_URL_ENV) or None,
+            retries=args.retries,
+            progress=not args.no_progress,
+            threads=args.threads,
+            max_download_bytes=args.max_download_bytes,
+            max_weight_bytes=checked_budget(args),
+        )
     except ModelFileError as exc:  # an import or export refusal: name the model it was pulling
         raise ModelFileError(f"{args.name}: {exc}") from None
     print(json.dumps(summary, ensure_ascii=False))

@@ -236,10 +236,14 @@ def verify_int8(model, directory: Path, threads: int = 1, heldout: Sentences = (
         runs["runtime (separate, u8 x s8)"] = ("separate", True)
     for layout, signed in runs.values():
         runtime = Embedder(
-            directory, providers=[CPU], intra_op_threads=threads, cache_size=0, context_layout=layout,
+            directory,
+            providers=[CPU],
+            intra_op_threads=threads,
+            cache_size=0,
+            context_layout=layout,
             signed_int8=signed,
             check_on_load=False,  # judged here on all the sentences; the probe runs once the export has passed
-        )  # fmt: skip
+        )
         reports.append(compare_cosine(sentences, runtime.embed_tokens, lambda _: expected))
     labels = (ONNX_FILE, *runs)
     return CosineReport(

@@ -240,8 +240,10 @@ def unjudgeable(ref: Reference) -> str | None:
     if ref.output_scale > MAX_OUTPUT_SCALE:
         return f"max |output| {ref.output_scale:.2e} is over {MAX_OUTPUT_SCALE:.0e}: the weights are not a model's"
     if ref.float32_error > MAX_FLOAT32_DRIFT * max(1.0, ref.output_scale):
-        return (f"PyTorch float32 itself is {ref.float32_error:.2e} from float64 (max |output| "
-                f"{ref.output_scale:.2e}): the weights amplify rounding, no float export can be exact")  # fmt: skip
+        return (
+            f"PyTorch float32 itself is {ref.float32_error:.2e} from float64 (max |output| "
+            f"{ref.output_scale:.2e}): the weights amplify rounding, no float export can be exact"
+        )
     return None
 
 
@@ -317,9 +319,13 @@ def verify_export(model: torch.nn.Module, directory: Path, bound: ErrorBound, dt
     report.pytorch_float32_error = max(ref.float32_error for ref in refs)
     for layout in exported_layouts(directory):
         runtime = Embedder(
-            directory, providers=[CPU], intra_op_threads=threads, cache_size=64, context_layout=layout,
+            directory,
+            providers=[CPU],
+            intra_op_threads=threads,
+            cache_size=64,
+            context_layout=layout,
             check_on_load=False,  # judged here on all the cases; the probe runs once the export has passed
-        )  # fmt: skip
+        )
         part = compare(refs, runtime.embed_tokens, bound, dtype, f"runtime ({layout})", scheme.width)
         report.cases += part.cases
         report.failures += part.failures

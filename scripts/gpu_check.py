@@ -175,9 +175,7 @@ def served_throughput(model: Path, seconds: float, clients: int, expect: str) ->
             provider = client.model_info().execution_provider
         if provider != expect:
             raise CheckFailed(f"`elmo serve` runs on {provider}, not {expect} (log: {log_path})")
-        result = asyncio.run(
-            drive(target, requests, clients, seconds, MAX_REQUESTS, None, server.pid, SERVED_WARMUP_S)
-        )
+        result = asyncio.run(drive(target, requests, clients, seconds, MAX_REQUESTS, None, server.pid, SERVED_WARMUP_S))
     finally:
         exit_code = server.stop()
     found = {"provider": provider, "server_exit_code": exit_code, **result.to_dict()}

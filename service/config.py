@@ -30,8 +30,7 @@ DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8080
 OFF = "off"
 
-USAGE = ("elmo serve --model DIR [--host ADDRESS] [--port PORT] [--http-port PORT|off] [--auth-token TOKEN] "
-         "[options]")  # fmt: skip
+USAGE = "elmo serve --model DIR [--host ADDRESS] [--port PORT] [--http-port PORT|off] [--auth-token TOKEN] [options]"
 DESCRIPTION = (
     f"Serve a model over gRPC (port {DEFAULT_PORT}) and HTTP/JSON with the web page (port {DEFAULT_HTTP_PORT}), on "
     f"{DEFAULT_HOST} unless --host says otherwise. Every flag can also be set as ELMO_<NAME> or in --config FILE; "
@@ -41,8 +40,7 @@ DESCRIPTION = (
 # --help's groups in this order; a group another module adds goes before "operations"
 ESSENTIALS, MODELS, NETWORK, SECURITY = "model, network and security", "more models", "network", "security"
 RUNTIME, OPERATIONS = "runtime tuning", "operations"
-HELP_ORDER = (ESSENTIALS, MODELS, NETWORK, SECURITY, "batching and limits", "connections", RUNTIME,
-              "runtime memory")  # fmt: skip
+HELP_ORDER = (ESSENTIALS, MODELS, NETWORK, SECURITY, "batching and limits", "connections", RUNTIME, "runtime memory")
 
 
 def port_or_off(value: str) -> int | None:
@@ -92,8 +90,9 @@ class SecurityOptions:
 
     def __repr__(self) -> str:  # tokens never reach a log line through a repr
         auth, admin = ("<set>" if token else None for token in (self.auth_token, self.admin_token))
-        return (f"SecurityOptions(auth_token={auth}, admin_token={admin}, tls_cert={self.tls_cert}, "
-                f"tls_key={self.tls_key})")
+        return (
+            f"SecurityOptions(auth_token={auth}, admin_token={admin}, tls_cert={self.tls_cert}, tls_key={self.tls_key})"
+        )
 
 
 @dataclass(frozen=True)
@@ -165,96 +164,186 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_essentials(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--model", action="append", default=None, metavar="[NAME=]DIR",
-                       help="model directory to serve (repeat for several; the first is the default)")  # fmt: skip
-    group.add_argument("--host", default=DEFAULT_HOST, metavar="ADDRESS",
-                       help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 = every "
-                            "interface, which the container uses)")  # fmt: skip
+    group.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="[NAME=]DIR",
+        help="model directory to serve (repeat for several; the first is the default)",
+    )
+    group.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        metavar="ADDRESS",
+        help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 = every "
+        "interface, which the container uses)",
+    )
     group.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port (default {DEFAULT_PORT}; 0 = any)")
-    group.add_argument("--http-port", type=port_or_off, default=DEFAULT_HTTP_PORT, metavar="PORT|off",
-                       help=f"HTTP/JSON API and web page (default {DEFAULT_HTTP_PORT}; 0 = any; off = no "
-                            "HTTP)")  # fmt: skip
-    group.add_argument("--auth-token", default=None, metavar="TOKEN",
-                       help="require 'authorization: Bearer TOKEN' on gRPC and HTTP (default: none, open)")  # fmt: skip
+    group.add_argument(
+        "--http-port",
+        type=port_or_off,
+        default=DEFAULT_HTTP_PORT,
+        metavar="PORT|off",
+        help=f"HTTP/JSON API and web page (default {DEFAULT_HTTP_PORT}; 0 = any; off = no HTTP)",
+    )
+    group.add_argument(
+        "--auth-token",
+        default=None,
+        metavar="TOKEN",
+        help="require 'authorization: Bearer TOKEN' on gRPC and HTTP (default: none, open)",
+    )
 
 
 def _add_models(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--model-root", type=Path, default=None, metavar="DIR",
-                       help="instead of --model: serve a model repository, DIR/NAME/VERSION/ exported model "
-                            "directories: the latest complete version of every NAME; versions change while serving "
-                            "(--poll-interval-s, the admin API); see docs/how-to/models.md")  # fmt: skip
-    group.add_argument("--poll-interval-s", type=float, default=0.0,
-                       help="with --model-root: look for new, removed and repaired versions this often (default 0 = "
-                            "never: only the admin API changes what is loaded)")  # fmt: skip
-    group.add_argument("--keep-versions", type=int, default=1,
-                       help="with --model-root: keep the N highest complete versions of every model loaded, each one "
-                            "pinnable as NAME@VERSION (default 1: the latest; new requests always go to the "
-                            "highest)")  # fmt: skip
-    memory = group.add_argument("--max-model-memory-bytes", default=None, metavar="SIZE",
-                                help="with --model-root: refuse a load that would take the models' memory over SIZE "
-                                     "(2GiB, 512MiB, 4GB or bytes; estimated from the model files, see "
-                                     "docs/how-to/models.md; default no limit)")  # fmt: skip
+    group.add_argument(
+        "--model-root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="instead of --model: serve a model repository, DIR/NAME/VERSION/ exported model "
+        "directories: the latest complete version of every NAME; versions change while serving "
+        "(--poll-interval-s, the admin API); see docs/how-to/models.md",
+    )
+    group.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=0.0,
+        help="with --model-root: look for new, removed and repaired versions this often (default 0 = "
+        "never: only the admin API changes what is loaded)",
+    )
+    group.add_argument(
+        "--keep-versions",
+        type=int,
+        default=1,
+        help="with --model-root: keep the N highest complete versions of every model loaded, each one "
+        "pinnable as NAME@VERSION (default 1: the latest; new requests always go to the "
+        "highest)",
+    )
+    memory = group.add_argument(
+        "--max-model-memory-bytes",
+        default=None,
+        metavar="SIZE",
+        help="with --model-root: refuse a load that would take the models' memory over SIZE "
+        "(2GiB, 512MiB, 4GB or bytes; estimated from the model files, see "
+        "docs/how-to/models.md; default no limit)",
+    )
     add_alias(group, "--max-model-memory", memory)
-    group.add_argument("--release-timeout-s", type=float, default=60.0,
-                       help="with --model-root: a version taken out of service is released once its requests are "
-                            "done, or after this long at most (default 60)")  # fmt: skip
-    group.add_argument("--model-alias", action="append", default=[], metavar="NAME=MODEL[:TASK]",
-                       help="answer requests for model NAME with MODEL (or its TASK mix), e.g. "
-                            "text-embedding-3-small=default for clients that cannot change the name they send "
-                            "(repeatable; none by default)")  # fmt: skip
-    group.add_argument("--normalize", action="store_true",
-                       help='POST /v1/embeddings answers unit-length vectors unless a request says "normalize": '
-                            "false (then dot product = cosine; the default answers the raw mean, as /v1/embed's "
-                            "layers are)")  # fmt: skip
+    group.add_argument(
+        "--release-timeout-s",
+        type=float,
+        default=60.0,
+        help="with --model-root: a version taken out of service is released once its requests are "
+        "done, or after this long at most (default 60)",
+    )
+    group.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL[:TASK]",
+        help="answer requests for model NAME with MODEL (or its TASK mix), e.g. "
+        "text-embedding-3-small=default for clients that cannot change the name they send "
+        "(repeatable; none by default)",
+    )
+    group.add_argument(
+        "--normalize",
+        action="store_true",
+        help='POST /v1/embeddings answers unit-length vectors unless a request says "normalize": '
+        "false (then dot product = cosine; the default answers the raw mean, as /v1/embed's "
+        "layers are)",
+    )
 
 
 def _add_network(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--metrics-port", type=int, default=None,
-                       help="Prometheus /metrics HTTP port (default none)")  # fmt: skip
+    group.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics HTTP port (default none)")
     group.add_argument("--metrics-host", default=None, metavar="ADDRESS", help="address for /metrics (default: --host)")
-    group.add_argument("--reuse-port", action="store_true",
-                       help="listen with SO_REUSEPORT, so that other servers started with it may share the ports "
-                            "(what each of --processes does; for running them yourself, e.g. one systemd unit per "
-                            "process); the ports open only once the models are warm, since a connection may reach "
-                            "any of the servers")  # fmt: skip
+    group.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="listen with SO_REUSEPORT, so that other servers started with it may share the ports "
+        "(what each of --processes does; for running them yourself, e.g. one systemd unit per "
+        "process); the ports open only once the models are warm, since a connection may reach "
+        "any of the servers",
+    )
 
 
 def _add_security(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--tls-cert", type=Path, default=None, metavar="FILE",
-                       help="PEM certificate chain (with --tls-key): gRPC and HTTP over TLS")  # fmt: skip
+    group.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="PEM certificate chain (with --tls-key): gRPC and HTTP over TLS",
+    )
     group.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="PEM private key (with --tls-cert)")
-    group.add_argument("--admin-token", default=None, metavar="TOKEN",
-                       help="with --model-root: serve the admin API (gRPC elmo.v1.ModelAdmin, HTTP /admin/...) to "
-                            "callers with 'authorization: Bearer TOKEN' (default: none = no admin API)")  # fmt: skip
+    group.add_argument(
+        "--admin-token",
+        default=None,
+        metavar="TOKEN",
+        help="with --model-root: serve the admin API (gRPC elmo.v1.ModelAdmin, HTTP /admin/...) to "
+        "callers with 'authorization: Bearer TOKEN' (default: none = no admin API)",
+    )
 
 
 def _add_runtime(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--threads", type=int, default=None,
-                       help="onnxruntime intra-op threads per model (default: onnxruntime's, every core)")  # fmt: skip
-    group.add_argument("--runtime-batch-tokens", type=int, default=None,
-                       help="rows x longest sentence per onnxruntime run inside one batch (default: the runtime's, "
-                            "4096 on CPU, 16384 on CUDA)")  # fmt: skip
-    group.add_argument("--token-cache", type=int, default=None, metavar="ENTRIES",
-                       help="entries in the runtime's LRU of token-encoder vectors (default: the runtime's; 0 = "
-                            "off)")  # fmt: skip
-    group.add_argument("--providers", default=None,
-                       help="comma-separated onnxruntime providers (default: CUDA then CPU if a GPU is visible, else "
-                            "CPU)")  # fmt: skip
+    group.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="onnxruntime intra-op threads per model (default: onnxruntime's, every core)",
+    )
+    group.add_argument(
+        "--runtime-batch-tokens",
+        type=int,
+        default=None,
+        help="rows x longest sentence per onnxruntime run inside one batch (default: the runtime's, "
+        "4096 on CPU, 16384 on CUDA)",
+    )
+    group.add_argument(
+        "--token-cache",
+        type=int,
+        default=None,
+        metavar="ENTRIES",
+        help="entries in the runtime's LRU of token-encoder vectors (default: the runtime's; 0 = off)",
+    )
+    group.add_argument(
+        "--providers",
+        default=None,
+        help="comma-separated onnxruntime providers (default: CUDA then CPU if a GPU is visible, else CPU)",
+    )
 
 
 def _add_operations(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--processes", type=int, default=1,
-                        help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among "
-                             "them), each with its own copy of the models, batcher, limits and --threads (default: "
-                             "the cores / N): for models cheap enough (or a backend fast enough) that one process's "
-                             "request handling is the limit (docs/how-to/replicas.md) (default 1)")  # fmt: skip
-    parser.add_argument("--port-file", type=Path, default=None, metavar="FILE",
-                        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once "
-                             "listening (for port 0); with --processes, a fourth line lists every process's metrics "
-                             "port")  # fmt: skip
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes sharing the ports (SO_REUSEPORT; the kernel spreads connections among "
+        "them), each with its own copy of the models, batcher, limits and --threads (default: "
+        "the cores / N): for models cheap enough (or a backend fast enough) that one process's "
+        "request handling is the limit (docs/how-to/replicas.md) (default 1)",
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the bound gRPC port, metrics port and HTTP port here, one per line, once "
+        "listening (for port 0); with --processes, a fourth line lists every process's metrics "
+        "port",
+    )
 
 
 __all__ = [
-    "ADMIN_TOKEN_ENV", "AUTH_TOKEN_ENV", "HELP_ORDER", "ModelOptions", "NetworkOptions", "OperationsOptions",
-    "RuntimeOptions", "SecurityOptions", "ServeConfig", "add_serve_arguments", "port_or_off", "serve_config",
-]  # fmt: skip
+    "ADMIN_TOKEN_ENV",
+    "AUTH_TOKEN_ENV",
+    "HELP_ORDER",
+    "ModelOptions",
+    "NetworkOptions",
+    "OperationsOptions",
+    "RuntimeOptions",
+    "SecurityOptions",
+    "ServeConfig",
+    "add_serve_arguments",
+    "port_or_off",
+    "serve_config",
+]

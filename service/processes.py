@@ -190,8 +190,13 @@ class Slot:
 class ProcessGroup:
     """The places of the group, the ``elmo serve`` processes in them, and the signals passed on to them."""
 
-    def __init__(self, slots: list[Slot], stop_timeout: float, models: ModelGroup | None = None,
-                 restart: RestartPolicy = RestartPolicy()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        slots: list[Slot],
+        stop_timeout: float,
+        models: ModelGroup | None = None,
+        restart: RestartPolicy = RestartPolicy(),
+    ) -> None:
         self.slots = slots
         self.restart = restart
         self.stop_timeout = stop_timeout
@@ -256,13 +261,24 @@ class ProcessGroup:
             process = slot.process
             if process is not None and process.poll() is not None and not self.asked_to_stop:
                 if not self.may_restart(now):
-                    log.error("server process %d ended with exit code %s, after %d restarts within %.0f s "
-                              "(--process-restarts): stopping the other %d", process.pid, process.returncode,
-                              len(self.restarts), self.restart.window_s, len(self.slots) - 1)  # fmt: skip
+                    log.error(
+                        "server process %d ended with exit code %s, after %d restarts within %.0f s "
+                        "(--process-restarts): stopping the other %d",
+                        process.pid,
+                        process.returncode,
+                        len(self.restarts),
+                        self.restart.window_s,
+                        len(self.slots) - 1,
+                    )
                     return process
                 delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** (len(self.restarts) - 1))
-                log.error("server process %d ended with exit code %s: the other %d keep serving; starting another "
-                          "in %.0f s", process.pid, process.returncode, len(self.slots) - 1, delay)  # fmt: skip
+                log.error(
+                    "server process %d ended with exit code %s: the other %d keep serving; starting another in %.0f s",
+                    process.pid,
+                    process.returncode,
+                    len(self.slots) - 1,
+                    delay,
+                )
                 slot.process, slot.restart_at = None, now + delay
                 if self.models is not None:
                     self.models.forget(slot.index)
@@ -271,8 +287,9 @@ class ProcessGroup:
                 self.restart_count += 1
             elif slot.process is not None and not slot.told_warm and _written(slot.warm_file):
                 self.tell_warm(slot)
-                log.info("server process %d (replacing one that ended) is warm: it takes connections now",
-                         slot.process.pid)  # fmt: skip
+                log.info(
+                    "server process %d (replacing one that ended) is warm: it takes connections now", slot.process.pid
+                )
         return None
 
     def may_restart(self, now: float) -> bool:
@@ -345,8 +362,10 @@ class VersionKeeper:
         """The repository's complete versions (and their folders' times): a change starts a round."""
         try:
             found = scan(self.root)
-            seen = {name: [(v, version_dir(self.root, name, v).stat().st_mtime_ns) for v in versions]
-                    for name, versions in found.items()}  # fmt: skip
+            seen = {
+                name: [(v, version_dir(self.root, name, v).stat().st_mtime_ns) for v in versions]
+                for name, versions in found.items()
+            }
         except Exception as error:  # noqa: BLE001 - a bad moment on disk: look again next time
             log.warning("looking at %s failed: %s; trying again in %.1f s", self.root, error, self.poll_interval_s)
             return
@@ -387,13 +406,20 @@ def supervise(group: ProcessGroup, keeper: VersionKeeper | None) -> subprocess.P
 
 def own_metrics(group: ProcessGroup, keeper: VersionKeeper | None) -> Callable[[], Iterable]:
     def collect() -> Iterable:
-        yield GaugeMetricFamily("elmo_group_processes", "server processes warm and taking connections",
-                                value=group.serving())  # fmt: skip
-        yield CounterMetricFamily("elmo_group_process_restarts", "server processes started again after one ended "
-                                  "unasked", value=group.restart_count)  # fmt: skip
+        yield GaugeMetricFamily(
+            "elmo_group_processes", "server processes warm and taking connections", value=group.serving()
+        )
+        yield CounterMetricFamily(
+            "elmo_group_process_restarts",
+            "server processes started again after one ended unasked",
+            value=group.restart_count,
+        )
         if keeper is not None:
-            version = GaugeMetricFamily("elmo_group_model_version", "the model version every server process serves "
-                                        "(reported once all followed the last change)", labels=["model"])  # fmt: skip
+            version = GaugeMetricFamily(
+                "elmo_group_model_version",
+                "the model version every server process serves (reported once all followed the last change)",
+                labels=["model"],
+            )
             for name, number in sorted(keeper.agreed.items()):
                 version.add_metric([name], number)
             yield version
@@ -440,8 +466,12 @@ def run_processes(args: argparse.Namespace) -> int:
         else:
             ended = group.first_ended()
             if ended is not None and not group.asked_to_stop and len(group.processes) > 1:
-                log.error("server process %d ended with exit code %s before the group listened: stopping the other "
-                          "%d", ended.pid, ended.returncode, len(group.processes) - 1)  # fmt: skip
+                log.error(
+                    "server process %d ended with exit code %s before the group listened: stopping the other %d",
+                    ended.pid,
+                    ended.returncode,
+                    len(group.processes) - 1,
+                )
         unasked = not group.asked_to_stop and ended is not None
         codes = group.stop_all()
         if metrics_server is not None:
@@ -465,6 +495,7 @@ def _serve_metrics(collector: GroupCollector, args: argparse.Namespace) -> tuple
     except OSError as exc:
         raise ConfigError(f"cannot listen for metrics on port {args.metrics_port}: {exc.strerror}") from None
 
+
 def stopped_before_serving(returncode: int) -> bool:
     """Ended by the SIGTERM / SIGINT passed on to it before it could take one (still starting up): it held no
     request, so that is a clean stop, like a drain."""
@@ -476,12 +507,18 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def announce(args: argparse.Namespace, grpc_port: int, metrics_port: int | None, http_port: int | None,
-             metrics: list[str]) -> None:  # fmt: skip
+def announce(
+    args: argparse.Namespace, grpc_port: int, metrics_port: int | None, http_port: int | None, metrics: list[str]
+) -> None:
     """The log lines and ``--port-file``: the shared gRPC port, the group's metrics port, the shared HTTP port, then
     every process's own metrics port."""
-    log.info("%d server processes listening on %s:%d%s", args.processes, args.host, grpc_port,
-             f" (HTTP {http_port})" if http_port is not None else "")  # fmt: skip
+    log.info(
+        "%d server processes listening on %s:%d%s",
+        args.processes,
+        args.host,
+        grpc_port,
+        f" (HTTP {http_port})" if http_port is not None else "",
+    )
     if metrics_port is not None:
         log.info("metrics of the group on http://%s:%d/metrics", args.metrics_host or args.host, metrics_port)
     if args.port_file is not None:

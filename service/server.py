@@ -85,7 +85,6 @@ from elmo.runtime.memory import add_memory_arguments, configure_memory, memory_f
 log = logging.getLogger("service.server")
 
 
-
 @dataclass(frozen=True)
 class RepositoryOptions:
     """``--model-root`` and its flags (service.models.versions.ModelManager's arguments)."""
@@ -150,11 +149,17 @@ class ElmoServer:
         self.repository: ModelManager | FixedModels = FixedModels(self.registry)
         if repository is not None:
             self.repository = ModelManager(
-                repository.root, self.registry, limits, metrics, repository.open_runtime,
-                poll_interval_s=repository.poll_interval_s, keep_versions=repository.keep_versions,
-                max_memory=repository.max_memory, release_timeout_s=repository.release_timeout_s,
+                repository.root,
+                self.registry,
+                limits,
+                metrics,
+                repository.open_runtime,
+                poll_interval_s=repository.poll_interval_s,
+                keep_versions=repository.keep_versions,
+                max_memory=repository.max_memory,
+                release_timeout_s=repository.release_timeout_s,
                 on_change=self._health_follows_models,
-            )  # fmt: skip
+            )
         swappable = isinstance(self.repository, ModelManager)
         if admin_token and not swappable:
             raise ConfigError("--admin-token controls a model repository: serve one with --model-root DIR")
@@ -182,9 +187,13 @@ class ElmoServer:
             from elmo.service.http.app import HttpFrontend  # aiohttp is only needed with --http-port
 
             self.http = HttpFrontend(
-                self.core, observer, auth_token, self._serving, normalize=normalize,
+                self.core,
+                observer,
+                auth_token,
+                self._serving,
+                normalize=normalize,
                 admin_token=admin_token if swappable else None,
-            )  # fmt: skip
+            )
             self.http.guard.health_connections = self.health.limits.http_connections  # GET /health beyond the cap
         self.server.add_generic_rpc_handlers((health_handler(self.health),))
         reflection.enable_server_reflection(
@@ -278,8 +287,11 @@ class ElmoServer:
             self.metrics.ready.labels(model.name).set(1)
         self._warmed = True
         if not self.registry.models:  # a repository with nothing loadable: up (admin API, polling), not healthy
-            log.warning("no model version under %s could be loaded: health NOT_SERVING until one is published or "
-                        "loaded through the admin API", self.repository.root)  # fmt: skip
+            log.warning(
+                "no model version under %s could be loaded: health NOT_SERVING until one is published or "
+                "loaded through the admin API",
+                self.repository.root,
+            )
             return
         if not self.core.taking_requests:  # a signal came during the warm-up: health keeps the NOT_SERVING it set
             return
@@ -299,8 +311,10 @@ class ElmoServer:
         balancer's health checks take this replica out before it refuses anything; then :meth:`drain`."""
         delay = self.limits.shutdown_delay
         if delay > 0:
-            log.info("leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay-s), then the "
-                     "drain", delay)  # fmt: skip
+            log.info(
+                "leaving: health NOT_SERVING, requests still answered for %.1f s (--shutdown-delay-s), then the drain",
+                delay,
+            )
             self.state.leaving = True
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             with contextlib.suppress(TimeoutError):
@@ -397,8 +411,12 @@ def _repository_from_args(args: argparse.Namespace, limits: Limits) -> Repositor
     if bool(args.model) == (args.model_root is not None):
         raise ConfigError("serve either --model DIR (repeatable) or --model-root DIR (a model repository)")
     if args.model_root is None:
-        for flag, default in (("max_model_memory_bytes", None), ("admin_token", None), ("poll_interval_s", 0.0),
-                              ("keep_versions", 1)):  # fmt: skip
+        for flag, default in (
+            ("max_model_memory_bytes", None),
+            ("admin_token", None),
+            ("poll_interval_s", 0.0),
+            ("keep_versions", 1),
+        ):
             if getattr(args, flag, None) not in (default, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} goes with --model-root DIR")
         return None
@@ -425,8 +443,10 @@ def token_from(flag: str | None, env: str, name: str) -> str | None:
     if value is None:
         return None
     if not value.strip():
-        raise ConfigError(f"{source} is empty (an unset variable?): give a token, or leave it out to serve "
-                          f"{'without the admin API' if 'admin' in name else 'open'}")  # fmt: skip
+        raise ConfigError(
+            f"{source} is empty (an unset variable?): give a token, or leave it out to serve "
+            f"{'without the admin API' if 'admin' in name else 'open'}"
+        )
     return value
 
 
@@ -442,16 +462,22 @@ def warn_open_to_the_network(host: str, auth_token: str | None) -> None:
     """Beyond this machine and with no token, anyone who reaches the ports may embed, and read the page and the
     metrics: said once at start (a container does this on purpose, behind its published ports)."""
     if auth_token is None and host not in LOOPBACK_HOSTS:
-        log.warning("listening on %s with no --auth-token: every address that reaches the ports may call the API "
-                    "(set ELMO_AUTH_TOKEN, or --host 127.0.0.1 for this machine only)", host)  # fmt: skip
+        log.warning(
+            "listening on %s with no --auth-token: every address that reaches the ports may call the API "
+            "(set ELMO_AUTH_TOKEN, or --host 127.0.0.1 for this machine only)",
+            host,
+        )
 
 
 def warn_plaintext_admin(host: str, admin_token: str | None, tls: TlsFiles | None) -> None:
     """The admin token loads and unloads models: sent in clear text to a non-loopback address, anyone on the path
     can read it. Said once at start (the operator may have a TLS proxy in front)."""
     if admin_token and tls is None and host not in LOOPBACK_HOSTS:
-        log.warning("--admin-token on %s over plaintext: the admin token crosses the network in clear text; serve "
-                    "with --tls-cert/--tls-key, bind 127.0.0.1, or put a TLS proxy in front", host)  # fmt: skip
+        log.warning(
+            "--admin-token on %s over plaintext: the admin token crosses the network in clear text; serve "
+            "with --tls-cert/--tls-key, bind 127.0.0.1, or put a TLS proxy in front",
+            host,
+        )
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -17,18 +17,47 @@ LOCAL_RAW = REPO / "data" / "corpus" / "raw"
 
 # A few thousand parameters, a slice of the train split: a few hundred steps in well under a minute.
 TINY_TRAIN = {
-    "model": {"char_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1, "projection_dim": 16,
-              "cell_dim": 32, "n_layers": 2, "dropout": 0.1},
+    "model": {
+        "char_dim": 4,
+        "filters": [[1, 8], [2, 8], [3, 16]],
+        "n_highway": 1,
+        "projection_dim": 16,
+        "cell_dim": 32,
+        "n_layers": 2,
+        "dropout": 0.1,
+    },
     "data": {"max_sentence_tokens": 25, "train_sentences": 4000, "valid_tokens": 3000},
-    "train": {"optimizer": "adam", "lr": 0.01, "warmup_steps": 10, "tokens_per_batch": 400, "n_negatives": 200,
-              "max_steps": 200, "log_every": 10, "valid_every": 50, "checkpoint_every": 100, "threads": 1,
-              "seed": 7},
-}  # fmt: skip
+    "train": {
+        "optimizer": "adam",
+        "lr": 0.01,
+        "warmup_steps": 10,
+        "tokens_per_batch": 400,
+        "n_negatives": 200,
+        "max_steps": 200,
+        "log_every": 10,
+        "valid_every": 50,
+        "checkpoint_every": 100,
+        "threads": 1,
+        "seed": 7,
+    },
+}
 
 
 # `elmo adapt` in a few seconds: half an epoch of small batches, one thread, no softmax-bias calibration
-ADAPT_FAST = ["--time-budget-s", "300", "--epochs", "0.5", "--lr", "0.01", "--batch-tokens", "400", "--threads", "1",
-              "--calibrate-tokens", "0"]  # fmt: skip
+ADAPT_FAST = [
+    "--time-budget-s",
+    "300",
+    "--epochs",
+    "0.5",
+    "--lr",
+    "0.01",
+    "--batch-tokens",
+    "400",
+    "--threads",
+    "1",
+    "--calibrate-tokens",
+    "0",
+]
 
 
 # The domain text's size: about what the docs held when the adapt runs were timed (300 KB, issue 40), so that the

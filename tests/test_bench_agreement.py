@@ -20,8 +20,28 @@ from elmo.runtime import TokenVectorCache
 
 
 def _bench(model: Path, out: Path, *extra: str) -> int:
-    argv = ["bench", "--model", str(model), "--shapes", "--batch-sizes", "1", "4", "--threads", "1", "--time-budget-s",
-            "0", "--min-batches", "1", "--sentences", "24", "--name", "t", "--out", str(out), *extra]  # fmt: skip
+    argv = [
+        "bench",
+        "--model",
+        str(model),
+        "--shapes",
+        "--batch-sizes",
+        "1",
+        "4",
+        "--threads",
+        "1",
+        "--time-budget-s",
+        "0",
+        "--min-batches",
+        "1",
+        "--sentences",
+        "24",
+        "--name",
+        "t",
+        "--out",
+        str(out),
+        *extra,
+    ]
     return main(argv)
 
 

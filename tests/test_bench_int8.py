@@ -9,8 +9,16 @@ from bench.export.int8 import speed
 
 
 def test_speed_times_each_model_in_turn_and_sets_it_against_float32(tiny_model_dir, capsys):
-    args = argparse.Namespace(speed_lines=20, repeat=2, threads=1, batch_tokens=None, shard_lines=1000,
-                              layers="all", format="hdf5", dtype="float32")  # fmt: skip
+    args = argparse.Namespace(
+        speed_lines=20,
+        repeat=2,
+        threads=1,
+        batch_tokens=None,
+        shard_lines=1000,
+        layers="all",
+        format="hdf5",
+        dtype="float32",
+    )
     result = speed({"float32": tiny_model_dir, "u8u8": tiny_model_dir}, args)
     assert [len(runs) for runs in result["runs"].values()] == [2, 2] and result["tokens"] > 0
     assert set(result["ratio"]) == {"u8u8"}

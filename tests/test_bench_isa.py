@@ -44,8 +44,13 @@ def masked_env() -> dict[str, str]:
 
 
 def test_a_masked_process_sees_an_avx2_cpu_and_gets_onnxruntime_s_avx2_int8_kernels():
-    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", PRODUCTS], env=masked_env(),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", PRODUCTS],
+        env=masked_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
     assert seen["numpy"] == {"AVX2": True, "FMA3": True, "AVX512F": False, "AVX512VNNI": False}
@@ -57,8 +62,13 @@ def test_a_masked_process_sees_an_avx2_cpu_and_gets_onnxruntime_s_avx2_int8_kern
 def test_a_real_fault_still_reaches_the_program_s_own_handler():
     # faulthandler installs its SIGSEGV handler after the mask's: a genuine fault must still be reported by it
     crash = "import ctypes; ctypes.string_at(0)"
-    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", crash], env=masked_env(),
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", crash],
+        env=masked_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == -11 and "Fatal Python error: Segmentation fault" in run.stderr
     sent = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV); print('survived')"  # no handler of its own
     run = subprocess.run([sys.executable, "-c", sent], env=masked_env(), capture_output=True, text=True, timeout=60)

@@ -255,16 +255,25 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
             calls.append(("http", address))
             return {"requests": 30, "failed": 0, "seconds": 2.0}
 
-    servers = {label: SimpleNamespace(grpc_target=f"{label}:g", http_address=f"{label}:h")
-               for label in ("before", "after")}  # fmt: skip
+    servers = {
+        label: SimpleNamespace(grpc_target=f"{label}:g", http_address=f"{label}:h") for label in ("before", "after")
+    }
     embedder = load_embedder(tiny_model_dir, 1, texts, 8)
     try:
         rounds = [compiled_load.measure_round(Loads(), embedder, texts, 150, servers, i) for i in range(2)]
     finally:
         embedder.close()
     assert [r["order"] for r in rounds] == [["before", "after"], ["after", "before"]]
-    assert calls == [("grpc", "before:g"), ("http", "before:h"), ("grpc", "after:g"), ("http", "after:h"),
-                     ("grpc", "after:g"), ("http", "after:h"), ("grpc", "before:g"), ("http", "before:h")]  # fmt: skip
+    assert calls == [
+        ("grpc", "before:g"),
+        ("http", "before:h"),
+        ("grpc", "after:g"),
+        ("http", "after:h"),
+        ("grpc", "after:g"),
+        ("http", "after:h"),
+        ("grpc", "before:g"),
+        ("http", "before:h"),
+    ]
     for entry in rounds:
         assert entry["after_grpc"]["requests_per_s"] == 5.0 and entry["before_http"]["requests_per_s"] == 15.0
         rates = entry["in_process_runs_requests_per_s"]  # one before the first load run, one after each

@@ -9,8 +9,15 @@ import pytest
 
 from bench.runtime import sgemm_bound
 
-CONFIG = {"filters": [[1, 2], [2, 3]], "char_dim": 4, "n_highway": 1, "projection_dim": 8, "cell_dim": 16,
-          "n_layers": 2, "max_chars": 50}  # fmt: skip
+CONFIG = {
+    "filters": [[1, 2], [2, 3]],
+    "char_dim": 4,
+    "n_highway": 1,
+    "projection_dim": 8,
+    "cell_dim": 16,
+    "n_layers": 2,
+    "max_chars": 50,
+}
 
 
 def test_work_counts_every_position_once_and_every_distinct_token_once():
@@ -36,8 +43,22 @@ def test_sgemm_bound_reports_the_rate_and_the_fraction_reached(tiny_model_dir, t
     text = tmp_path / "text.txt"
     text.write_text("The cat sat on the mat .\n苹果 公司 发布 了 新 手机 。\n")
     out = tmp_path / "sgemm.json"
-    argv = ["--model", str(tiny_model_dir), "--text", str(text), "--lines", "2", "--threads", "1", "--repeat", "1",
-            "--tokens-per-s", "1000", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--text",
+        str(text),
+        "--lines",
+        "2",
+        "--threads",
+        "1",
+        "--repeat",
+        "1",
+        "--tokens-per-s",
+        "1000",
+        "--out",
+        str(out),
+    ]
     assert sgemm_bound.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["matmul_gflop_per_s"]["square"] > 0 and result["tokens"] > 0

@@ -30,8 +30,9 @@ def test_text_log_lines_cannot_be_forged_by_input():
     record = logging.LogRecord("service.core", logging.WARNING, __file__, 1, "unknown model %r, %s", (1, name), None)
     line = TextLogFormatter().format(record)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
-    assert line.endswith("unknown model 1, default\\n2026-12-03 12:00:00,000 ERROR service.grpc.admin: admin token "
-                         "accepted\\r\\x1b[2J")  # fmt: skip
+    assert line.endswith(
+        "unknown model 1, default\\n2026-12-03 12:00:00,000 ERROR service.grpc.admin: admin token accepted\\r\\x1b[2J"
+    )
     try:
         raise ValueError("boom")
     except ValueError:

@@ -21,7 +21,7 @@ def embed_file_parser():
 
 def test_embed_file_reads_variables_and_the_file_with_the_same_precedence(tmp_path: Path) -> None:
     config = tmp_path / "job.toml"
-    config.write_text("runtime-batch-tokens = 2048\nray-actors = 3\noverflow = \"window\"\nno-progress = true\n")
+    config.write_text('runtime-batch-tokens = 2048\nray-actors = 3\noverflow = "window"\nno-progress = true\n')
     argv = ["in.txt", "out.h5", "--config", str(config)]
     args = parse_configured(embed_file_parser(), argv, {"ELMO_RAY_ACTORS": "5", "ELMO_THREADS": "2"})
     assert (args.runtime_batch_tokens, args.ray_actors, args.threads) == (2048, 5, 2)  # file, variable, variable
@@ -45,13 +45,19 @@ def test_embed_file_print_config_reads_back(tmp_path: Path, capsys: pytest.Captu
     }
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["embed", "--servr", "x:1", "hi"], "elmo embed: error: unknown flag --servr: did you mean --server?"),
-    (["embed-file", "a", "b", "--overflw", "window"],
-     "elmo embed-file: error: unknown flag --overflw: did you mean --overflow?"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["embed", "--servr", "x:1", "hi"], "elmo embed: error: unknown flag --servr: did you mean --server?"),
+        (
+            ["embed-file", "a", "b", "--overflw", "window"],
+            "elmo embed-file: error: unknown flag --overflw: did you mean --overflow?",
+        ),
+    ],
+)
 def test_a_mistyped_flag_is_one_line_in_every_command(argv: list[str], expected: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "elmo.cli", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "elmo.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [expected]

@@ -37,9 +37,22 @@ SAME_KNOB = {
     "the progress bar off": ("--no-progress", ("embed-file", "pull")),
 }
 # the names each knob had before: no command shows them any more
-RETIRED = ("--batch-tokens@embed-file", "--max-tokens-per-sentence", "--max-tokens-per-request", "--workers",
-           "--request-workers", "--shutdown-delay", "--drain-seconds", "--grpc-idle-timeout", "--window-overlap",
-           "--tokens-per-batch", "--server-wait", "--minutes", "--seconds", "--timeout")  # fmt: skip
+RETIRED = (
+    "--batch-tokens@embed-file",
+    "--max-tokens-per-sentence",
+    "--max-tokens-per-request",
+    "--workers",
+    "--request-workers",
+    "--shutdown-delay",
+    "--drain-seconds",
+    "--grpc-idle-timeout",
+    "--window-overlap",
+    "--tokens-per-batch",
+    "--server-wait",
+    "--minutes",
+    "--seconds",
+    "--timeout",
+)
 
 
 def parsers(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -80,9 +93,11 @@ def test_the_commands_are_checked() -> None:
 
 
 def test_durations_end_in_s_or_ms() -> None:
-    wrong = [f"{command} {flag}" for command, flag, action in FLAGS
-             if takes_a_number(action) and words(flag) & set(DURATION_WORDS)
-             and not re.search(r"-(s|ms)$", flag)]  # fmt: skip
+    wrong = [
+        f"{command} {flag}"
+        for command, flag, action in FLAGS
+        if takes_a_number(action) and words(flag) & set(DURATION_WORDS) and not re.search(r"-(s|ms)$", flag)
+    ]
     assert not wrong
 
 
@@ -92,9 +107,14 @@ def test_sizes_end_in_bytes_or_tokens() -> None:
             flag = flag.removesuffix(qualifier)
         return flag.endswith(("-bytes", "-tokens"))
 
-    wrong = [f"{command} {flag}" for command, flag, action in FLAGS
-             if takes_a_number(action) and words(flag) & set(SIZE_WORDS) and not unit_last(flag)
-             and not re.search(r"-(s|ms)$", flag)]  # a duration about memory: --memory-trim-interval-s  # fmt: skip
+    wrong = [
+        f"{command} {flag}"
+        for command, flag, action in FLAGS
+        if takes_a_number(action)
+        and words(flag) & set(SIZE_WORDS)
+        and not unit_last(flag)
+        and not re.search(r"-(s|ms)$", flag)
+    ]  # a duration about memory: --memory-trim-interval-s
     assert not wrong
 
 

@@ -42,17 +42,67 @@ ROOT_USERS = {"root", "0"}
 # Debian release named in the base tag -> the glibc minor version of its C library (newest manylinux tag allowed).
 DEBIAN_GLIBC_MINOR = {"bullseye": 31, "bookworm": 36, "trixie": 41}
 KNOWN_INSTRUCTIONS = {
-    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER", "WORKDIR",
-    "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "MAINTAINER",
-}  # fmt: skip
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+    "MAINTAINER",
+}
 # pip options that take a value as the next word (everything else starting with '-' is a switch).
 PIP_OPTIONS_WITH_VALUE = {
-    "-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url", "--extra-index-url",
-    "-f", "--find-links", "-t", "--target", "--prefix", "--root", "--python-version", "--platform", "--abi",
-    "--implementation", "--src", "--upgrade-strategy", "--progress-bar", "--report", "--cache-dir", "--log",
-    "--timeout", "--retries", "--trusted-host", "--no-binary", "--only-binary", "-C", "--config-settings",
-    "--global-option", "--use-feature", "--proxy", "--cert", "--client-cert", "--exists-action", "--python",
-}  # fmt: skip
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "-e",
+    "--editable",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "-t",
+    "--target",
+    "--prefix",
+    "--root",
+    "--python-version",
+    "--platform",
+    "--abi",
+    "--implementation",
+    "--src",
+    "--upgrade-strategy",
+    "--progress-bar",
+    "--report",
+    "--cache-dir",
+    "--log",
+    "--timeout",
+    "--retries",
+    "--trusted-host",
+    "--no-binary",
+    "--only-binary",
+    "-C",
+    "--config-settings",
+    "--global-option",
+    "--use-feature",
+    "--proxy",
+    "--cert",
+    "--client-cert",
+    "--exists-action",
+    "--python",
+}
 SHELL_SEPARATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")"}
 # pip options that install somewhere else than the environment's site-packages (where onnxruntime.preload_dlls
 # looks for the nvidia-* wheels' libraries, beside onnxruntime itself).
@@ -340,8 +390,11 @@ def rule_onnxruntime_gpu(image: Image, pyproject: dict) -> list[str]:
     problems = []
     if "onnxruntime" in names:
         problems.append("`onnxruntime` (CPU) is installed: it overwrites onnxruntime-gpu's module")
-    serve_pins = {str(r.specifier) for r in map(Requirement, pyproject["project"]["optional-dependencies"]["serve"])
-                  if canonicalize_name(r.name) == "onnxruntime-gpu"}  # fmt: skip
+    serve_pins = {
+        str(r.specifier)
+        for r in map(Requirement, pyproject["project"]["optional-dependencies"]["serve"])
+        if canonicalize_name(r.name) == "onnxruntime-gpu"
+    }
     gpu = names.get("onnxruntime-gpu", [])
     # The first install of it is the heavy layer (~1.5 GB), before any code: it must bring the CUDA/cuDNN wheels.
     if not gpu or not {"cuda", "cudnn"} <= gpu[0].extras:
@@ -508,11 +561,28 @@ def resolve(requirements: list[str], python: str, glibc_minor: int, work: Path) 
     platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
     report = work / "report.json"
     command = [
-        sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir", "--quiet",
-        "--report", str(report), "--target", str(work / "target"), "--only-binary=:all:",
-        "--python-version", python, "--implementation", "cp", "--abi", "cp" + python.replace(".", ""),
-        *(f"--platform={p}" for p in platforms), *requirements,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--no-cache-dir",
+        "--quiet",
+        "--report",
+        str(report),
+        "--target",
+        str(work / "target"),
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + python.replace(".", ""),
+        *(f"--platform={p}" for p in platforms),
+        *requirements,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     data = json.loads(report.read_text()) if done.returncode == 0 and report.is_file() else {}
     return done.returncode, data, done.stdout + done.stderr
@@ -616,8 +686,11 @@ def test_every_rule_has_a_breakage() -> None:
 def test_run_commands_are_split_like_a_shell(image: Image) -> None:
     run = dockerfile.parse_string('FROM a\nRUN A=1 pip3 install -q "x[y]>=1" && python -m pip install --user z; ls\n')
     commands = run_commands(run[1])
-    assert commands == [["A=1", "pip3", "install", "-q", "x[y]>=1"], ["python", "-m", "pip", "install", "--user", "z"],
-                        ["ls"]]  # fmt: skip
+    assert commands == [
+        ["A=1", "pip3", "install", "-q", "x[y]>=1"],
+        ["python", "-m", "pip", "install", "--user", "z"],
+        ["ls"],
+    ]
     assert [_pip_install_arguments(c) for c in commands] == [["-q", "x[y]>=1"], ["--user", "z"], None]
 
 
@@ -663,12 +736,26 @@ def test_dockerignore_lets_in_every_copy_source(image: Image) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [".git/HEAD", ".venv/bin/python", ".venv-serve/bin/elmo", "data/corpus/train.txt", "runs/default/ckpt",
-     "tests/test_dockerfile.py", ".pytest_cache/v/x", ".ruff_cache/x", ".hypothesis/examples/x",
-     "node_modules/@grpc/grpc-js/index.js", "clients/node/node_modules/x/index.js",
-     "elmo/__pycache__/cli.cpython-311.pyc", "models/default/__pycache__/x.pyc", "models/other/model.onnx",
-     "elmo_service.egg-info/PKG-INFO", "Makefile", ".ci/run"],
-)  # fmt: skip
+    [
+        ".git/HEAD",
+        ".venv/bin/python",
+        ".venv-serve/bin/elmo",
+        "data/corpus/train.txt",
+        "runs/default/ckpt",
+        "tests/test_dockerfile.py",
+        ".pytest_cache/v/x",
+        ".ruff_cache/x",
+        ".hypothesis/examples/x",
+        "node_modules/@grpc/grpc-js/index.js",
+        "clients/node/node_modules/x/index.js",
+        "elmo/__pycache__/cli.cpython-311.pyc",
+        "models/default/__pycache__/x.pyc",
+        "models/other/model.onnx",
+        "elmo_service.egg-info/PKG-INFO",
+        "Makefile",
+        ".ci/run",
+    ],
+)
 def test_dockerignore_keeps_junk_out_of_the_build_context(path: str) -> None:
     assert ignored(path, dockerignore_patterns(DOCKERIGNORE.read_text())), f"{path} would be sent to the daemon"
 

@@ -105,8 +105,10 @@ def indented_commands(text: str) -> list[str]:
 
 
 def test_commands_are_written_in_fenced_blocks() -> None:
-    found = {page.relative_to(REPO).as_posix(): indented_commands(page.read_text(encoding="utf-8"))
-             for page in pages_under_this_rule()}  # fmt: skip
+    found = {
+        page.relative_to(REPO).as_posix(): indented_commands(page.read_text(encoding="utf-8"))
+        for page in pages_under_this_rule()
+    }
     assert {page: lines for page, lines in found.items() if lines} == {}, "write these as ```bash blocks with a marker"
     assert indented_commands("text\n\n    elmo serve --model DIR\n\n```bash\n    elmo embed x\n```\n") == [
         "elmo serve --model DIR"

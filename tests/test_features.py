@@ -88,8 +88,12 @@ def test_sklearn_pipeline_just_works(model_with_task):
     positive = ["good happy great", "happy good day", "great good fun", "a happy great time"]
     negative = ["bad sad awful", "sad bad day", "awful bad mess", "a sad awful time"]
     texts, labels = positive + negative, [1] * 4 + [0] * 4
-    pipeline = Pipeline([("elmo", ElmoVectorizer(model=str(model_with_task), layer="all", pooling="mean")),
-                         ("clf", LogisticRegression(C=100.0, max_iter=2000))])  # fmt: skip
+    pipeline = Pipeline(
+        [
+            ("elmo", ElmoVectorizer(model=str(model_with_task), layer="all", pooling="mean")),
+            ("clf", LogisticRegression(C=100.0, max_iter=2000)),
+        ]
+    )
     pipeline.fit(texts, labels)
     assert pipeline.named_steps["elmo"].n_features_out_ == 48
     assert pipeline.predict(texts).shape == (8,)
@@ -143,11 +147,31 @@ def test_cache_embeds_once_and_recomputes_for_another_model(local, tmp_path):
 # -- labelled data ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("tag", "universal"),
-    [("nn", "NOUN"), ("nns-tl", "NOUN"), ("np$", "NOUN"), ("vbd", "VERB"), ("bez*", "VERB"), ("hvz", "VERB"),
-     ("pps+bez", "PRON"), ("pp$", "PRON"), ("at", "DET"), ("in", "ADP"), ("cc", "CONJ"), ("cd", "NUM"),
-     ("jjr", "ADJ"), ("rb", "ADV"), ("ql", "ADV"), ("to", "PRT"), ("fw-nn", "X"), (",", "."), ("--", "."),
-     ("``", "."), ("md*", "VERB"), ("nn-hl", "NOUN")],
-)  # fmt: skip
+    [
+        ("nn", "NOUN"),
+        ("nns-tl", "NOUN"),
+        ("np$", "NOUN"),
+        ("vbd", "VERB"),
+        ("bez*", "VERB"),
+        ("hvz", "VERB"),
+        ("pps+bez", "PRON"),
+        ("pp$", "PRON"),
+        ("at", "DET"),
+        ("in", "ADP"),
+        ("cc", "CONJ"),
+        ("cd", "NUM"),
+        ("jjr", "ADJ"),
+        ("rb", "ADV"),
+        ("ql", "ADV"),
+        ("to", "PRT"),
+        ("fw-nn", "X"),
+        (",", "."),
+        ("--", "."),
+        ("``", "."),
+        ("md*", "VERB"),
+        ("nn-hl", "NOUN"),
+    ],
+)
 def test_brown_tags_map_to_the_universal_set(tag, universal):
     assert brown_to_universal(tag) == universal
 

@@ -143,8 +143,13 @@ def test_receive_writes_a_model_directory_with_the_runs_float16_weights(rehearsa
     done = run_script("receive", str(rehearsal.out), str(model), env={"PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout + done.stderr
     assert {p.name for p in model.iterdir()} == {
-        "config.json", "vocab.txt", "model.safetensors", "train_state.json", "gpu-train.json", "curve.png"
-    }  # fmt: skip
+        "config.json",
+        "vocab.txt",
+        "model.safetensors",
+        "train_state.json",
+        "gpu-train.json",
+        "curve.png",
+    }
     received, trained = load_state(model / "model.safetensors"), load_state(rehearsal.run / "model.safetensors")
     assert set(received) == set(trained)
     for name, tensor in trained.items():
@@ -201,8 +206,13 @@ def test_prepare_refuses_a_bundle_that_does_not_fit_in_a_call(brown_corpus, tmp_
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "big-1.0-py3-none-any.whl").write_bytes(os.urandom(50 * MIB))
-    env = {"GPU_TRAIN_TINY": "1", "GPU_TRAIN_DIR": str(tmp_path / "carry"), "GPU_TRAIN_CORPUS": str(brown_corpus),
-           "GPU_TRAIN_WHEELS": str(wheels), "PYTHON": sys.executable}  # fmt: skip
+    env = {
+        "GPU_TRAIN_TINY": "1",
+        "GPU_TRAIN_DIR": str(tmp_path / "carry"),
+        "GPU_TRAIN_CORPUS": str(brown_corpus),
+        "GPU_TRAIN_WHEELS": str(wheels),
+        "PYTHON": sys.executable,
+    }
     done = run_script("prepare", env=env)
     assert done.returncode == 1
     assert "over the 60 MiB a device call may carry" in done.stderr

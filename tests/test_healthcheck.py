@@ -127,10 +127,28 @@ def self_signed(tmp_path_factory) -> tuple[bytes, bytes, Path]:
     directory = tmp_path_factory.mktemp("tls")
     key, cert = directory / "key.pem", directory / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=elmo.test",
-         "-addext", "subjectAltName=DNS:elmo.test", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=elmo.test",
+            "-addext",
+            "subjectAltName=DNS:elmo.test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return key.read_bytes(), cert.read_bytes(), cert
 
 

@@ -24,8 +24,19 @@ LAB = {"bench": "bench"}
 # The stages, lowest first: a module may import its own stage and the ones before it, never a later one. The runtime
 # sits low because both sides stand on it: export verifies through it and training reads model directories with it.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("elmo", "elmo.errors", "elmo.text", "elmo.embedding", "elmo.wire", "elmo.significance",
-              "elmo.model.config", "elmo.senses")),  # fmt: skip
+    (
+        "core",
+        (
+            "elmo",
+            "elmo.errors",
+            "elmo.text",
+            "elmo.embedding",
+            "elmo.wire",
+            "elmo.significance",
+            "elmo.model.config",
+            "elmo.senses",
+        ),
+    ),
     ("runtime", ("elmo.runtime",)),
     ("model", ("elmo.model",)),
     ("train", ("elmo.train", "elmo.importers")),
@@ -122,10 +133,14 @@ def test_the_cycle_finder_finds_a_cycle():
 def stage_of(module: str) -> int:
     """The index in STAGES of the longest prefix that names ``module``'s stage."""
     best = max(
-        ((len(prefix), index) for index, (_, prefixes) in enumerate(STAGES) for prefix in prefixes
-         if module == prefix or module.startswith(prefix + ".")),
+        (
+            (len(prefix), index)
+            for index, (_, prefixes) in enumerate(STAGES)
+            for prefix in prefixes
+            if module == prefix or module.startswith(prefix + ".")
+        ),
         default=None,
-    )  # fmt: skip
+    )
     assert best is not None, f"{module} belongs to no stage: add it to STAGES (and docs/explanation/architecture.md)"
     return best[1]
 
@@ -135,8 +150,10 @@ def imports_up_the_pipeline(graph: dict[str, set[str]]) -> list[str]:
     name = [stage for stage, _ in STAGES]
     return sorted(
         f"{module} ({name[stage_of(module)]}) -> {target} ({name[stage_of(target)]})"
-        for module, targets in graph.items() for target in targets if stage_of(target) > stage_of(module)
-    )  # fmt: skip
+        for module, targets in graph.items()
+        for target in targets
+        if stage_of(target) > stage_of(module)
+    )
 
 
 def test_the_stage_checker_catches_an_import_up_the_pipeline():
@@ -166,8 +183,16 @@ def test_imports_only_go_down_the_pipeline():
 # The service's parts, lowest first (docs/explanation/architecture.md, "Service"): a part may import its own and
 # earlier ones;
 # the two doors stand side by side and never import each other.
-SERVICE_PARTS = [("common",), ("telemetry",), ("models",), ("core",), ("grpc", "http"), ("config",), ("processes",),
-                 ("server",)]
+SERVICE_PARTS = [
+    ("common",),
+    ("telemetry",),
+    ("models",),
+    ("core",),
+    ("grpc", "http"),
+    ("config",),
+    ("processes",),
+    ("server",),
+]
 
 
 def service_part(module: str) -> tuple[int, str]:
@@ -218,9 +243,11 @@ def test_the_serving_path_reads_tasks_beside_the_runtime_not_from_a_training_pac
 
 def test_the_service_parts_import_only_down():
     assert service_imports_against_the_parts(import_graph(project_modules())) == []
-    checked = {"elmo.service.core.requests": {"elmo.service.http.encodings"},
-               "elmo.service.grpc.admin": {"elmo.service.http.app"},
-               "elmo.service.http.app": {"elmo.service.core.requests", "elmo.service.common.errors"}}  # fmt: skip
+    checked = {
+        "elmo.service.core.requests": {"elmo.service.http.encodings"},
+        "elmo.service.grpc.admin": {"elmo.service.http.app"},
+        "elmo.service.http.app": {"elmo.service.core.requests", "elmo.service.common.errors"},
+    }
     assert service_imports_against_the_parts(checked) == [
         "elmo.service.core.requests -> elmo.service.http.encodings",
         "elmo.service.grpc.admin -> elmo.service.http.app",
@@ -236,14 +263,14 @@ def test_an_install_holds_one_package_and_every_folder_of_it():
     assert config["package-dir"] == {dotted: folder for folder, dotted in PACKAGES.items() if folder != dotted}
     on_disk = {
         ".".join((*dotted.split("."), *init.parent.relative_to(REPO / folder).parts))
-        for folder, dotted in PACKAGES.items() for init in (REPO / folder).rglob("*.py")
-    }  # fmt: skip
+        for folder, dotted in PACKAGES.items()
+        for init in (REPO / folder).rglob("*.py")
+    }
     assert listed == on_disk
 
 
 def test_no_import_cycle_among_the_projects_modules():
     assert cycles(import_graph(project_modules())) == []
-
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)
@@ -264,13 +291,22 @@ def test_the_wheel_puts_only_elmo_into_site_packages(tmp_path):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "results"))
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
-        cwd=source, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"elmo"}
     assert not any(name.startswith("elmo/bench/") and name.split("/")[2] in ("service", "kit") for name in names)
-    for inside in ("elmo/service/server.py", "elmo/service/http/page/index.html", "elmo/export/onnx_export.py",
-                   "elmo/bench/run.py", "elmo/senses/en.tsv", "elmo/v1/embedder_pb2.py"):  # fmt: skip
+    for inside in (
+        "elmo/service/server.py",
+        "elmo/service/http/page/index.html",
+        "elmo/export/onnx_export.py",
+        "elmo/bench/run.py",
+        "elmo/senses/en.tsv",
+        "elmo/v1/embedder_pb2.py",
+    ):
         assert inside in names

@@ -69,10 +69,23 @@ def test_make_serve_listens_on_loopback_only(tmp_path: Path, tiny_model_dir: Pat
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         make = subprocess.Popen(
-            ["make", "--no-print-directory", "serve", f"SERVE_VENV={venv}", "SERVE_FLAVOUR=cpu",
-             f"MODEL={tiny_model_dir}", "PORT=0", "HTTP_PORT=0", "METRICS_PORT=0"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                "make",
+                "--no-print-directory",
+                "serve",
+                f"SERVE_VENV={venv}",
+                "SERVE_FLAVOUR=cpu",
+                f"MODEL={tiny_model_dir}",
+                "PORT=0",
+                "HTTP_PORT=0",
+                "METRICS_PORT=0",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120  # a guard against a hang, not a measurement
         sockets: list[tuple[str, int]] = []
@@ -89,7 +102,12 @@ def test_make_serve_listens_on_loopback_only(tmp_path: Path, tiny_model_dir: Pat
 
 
 def test_host_is_a_make_variable(tmp_path: Path) -> None:
-    done = subprocess.run(["make", "--no-print-directory", "-n", "serve", f"SERVE_VENV={tmp_path}", "SERVE_FLAVOUR=cpu",
-                           "HOST=0.0.0.0"], cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "serve", f"SERVE_VENV={tmp_path}", "SERVE_FLAVOUR=cpu", "HOST=0.0.0.0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "elmo serve --model models/default --host 0.0.0.0 --port 50051 --http-port 8080" in done.stdout

@@ -76,11 +76,21 @@ def test_command_help_has_no_development_history(name: str):
 @pytest.mark.parametrize(
     "text",
     [
-        "as issue 42 asks", "(issue 31)", "issues 28, 29", "the eighteenth round", "the 7th round", "round 3 showed",
-        "in an earlier round", "against the revision issue 42 started from", "before/after revision",
-        "a flag (added)", "bar 0.6 (open)", "measured at 5b3928c", "git checkout 292b92a7",
+        "as issue 42 asks",
+        "(issue 31)",
+        "issues 28, 29",
+        "the eighteenth round",
+        "the 7th round",
+        "round 3 showed",
+        "in an earlier round",
+        "against the revision issue 42 started from",
+        "before/after revision",
+        "a flag (added)",
+        "bar 0.6 (open)",
+        "measured at 5b3928c",
+        "git checkout 292b92a7",
     ],
-)  # fmt: skip
+)
 def test_each_kind_of_history_is_found(text: str):
     assert history_in(text)
 
@@ -88,11 +98,17 @@ def test_each_kind_of_history_is_found(text: str):
 @pytest.mark.parametrize(
     "text",
     [
-        "--rounds 3 alternates the two sides", "rounding to float16", "a round trip", "round-robin DNS",
-        "sha256 9f2c4a1e0b7d6c5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a", "models/default/model.onnx",
-        "3 rounds of 8 s each", "SHA-256 pinned (a6b92b9ccbb1…)", "HTTP 404 for an unknown route",
+        "--rounds 3 alternates the two sides",
+        "rounding to float16",
+        "a round trip",
+        "round-robin DNS",
+        "sha256 9f2c4a1e0b7d6c5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a",
+        "models/default/model.onnx",
+        "3 rounds of 8 s each",
+        "SHA-256 pinned (a6b92b9ccbb1…)",
+        "HTTP 404 for an unknown route",
         "the vectors of layer 2",
     ],
-)  # fmt: skip
+)
 def test_todays_words_are_not_taken_for_history(text: str):
     assert history_in(text) == []

@@ -56,8 +56,14 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 # The README and the pages its blocks moved to: every ```bash command of each is run or listed in README_COMMANDS,
 # every ```python block of each runs against `make serve`. A page that takes a README block joins this list.
-DOCUMENTS = (README, DOCS / "how-to" / "clients.md", DOCS / "how-to" / "pipeline.md",
-             DOCS / "explanation" / "quality.md", DOCS / "speed.md", DOCS / "how-to" / "spacy.md")
+DOCUMENTS = (
+    README,
+    DOCS / "how-to" / "clients.md",
+    DOCS / "how-to" / "pipeline.md",
+    DOCS / "explanation" / "quality.md",
+    DOCS / "speed.md",
+    DOCS / "how-to" / "spacy.md",
+)
 DEFAULT_MODEL = REPO / "models" / "default"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
@@ -94,14 +100,12 @@ README_COMMANDS: dict[str, Coverage] = {
     ),
     ".venv-serve/bin/python scripts/healthcheck.py 127.0.0.1:50051": Coverage(SERVED, expect="SERVING"),
     "curl -s localhost:9090/metrics | grep elmo_": Coverage(SERVED, expect="elmo_requests_total{"),
-    "curl -s localhost:8080/v1/embeddings -H 'Content-Type: application/json' -d '{\"model\": \"default\", "
+    'curl -s localhost:8080/v1/embeddings -H \'Content-Type: application/json\' -d \'{"model": "default", '
     '"input": ["我买了一台苹果电脑。", "The apple fell."]}\'': Coverage(
         SERVED, expect='"usage":{"prompt_tokens":14,"total_tokens":14}'
     ),
-    "curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{\"input\": [\"苹果很好吃\"], "
-    '"task": "pos_brown", "omit_layers": true}\'': Coverage(
-        SERVED, expect='"tokens":["苹","果","很","好","吃"]'
-    ),
+    'curl -s localhost:8080/v1/embed -H \'Content-Type: application/json\' -d \'{"input": ["苹果很好吃"], '
+    '"task": "pos_brown", "omit_layers": true}\'': Coverage(SERVED, expect='"tokens":["苹","果","很","好","吃"]'),
     # tour: batch job and a new task mix, in a scratch folder with the user's files and a copy of models/default
     ".venv-serve/bin/elmo embed-file corpus.txt out.hdf5 --model models/default --layers all": Coverage(USER_FILES),
     ".venv-serve/bin/elmo embed-file corpus.jsonl out/ --model models/default --layers mix:pos_brown "
@@ -168,8 +172,9 @@ README_COMMANDS: dict[str, Coverage] = {
         "--sentences 20 --out served.json",
         why="20 sentences take the same path as 500; --out keeps the checkout's bench/results/ as it is",
     ),
-    ".venv/bin/python -m bench.spacy.compare --set brown-pos --epochs 8 --out bench/results/spacy_brown_pos.json":
-    Coverage(NOT_RUN, why="trains three systems for 8 epochs (about 10 minutes); tests/spacy train its configs"),
+    (
+        ".venv/bin/python -m bench.spacy.compare --set brown-pos --epochs 8 --out bench/results/spacy_brown_pos.json"
+    ): Coverage(NOT_RUN, why="trains three systems for 8 epochs (about 10 minutes); tests/spacy train its configs"),
     ".venv/bin/python -m bench.spacy.compare --set msra-ner --train 6000 --epochs 8 --out "
     "bench/results/spacy_msra_ner.json": Coverage(
         NOT_RUN, why="trains three NER systems for 8 epochs (about 40 minutes); tests/spacy train its configs"
@@ -391,8 +396,9 @@ def test_readme_batch_and_mix_commands_run_on_a_users_files(tmp_path) -> None:
     write_user_files(tmp_path)
     commands = commands_covered_by(USER_FILES)
     assert len(commands) == 5, commands
-    outputs = {command: run_command(README_COMMANDS[command].run_as or command, tmp_path, timeout=600)
-               for command in commands}  # fmt: skip
+    outputs = {
+        command: run_command(README_COMMANDS[command].run_as or command, tmp_path, timeout=600) for command in commands
+    }
 
     with h5py.File(tmp_path / "out.hdf5", "r") as hdf5:  # AllenNLP's layout: one [3, n_tokens, dim] per line
         index = json.loads(hdf5["sentence_to_index"][0])
@@ -690,8 +696,12 @@ def test_readme_python_blocks_run_against_the_served_model(served) -> None:
     repo root, against `make serve`: in the torch-free serve venv, or, for the OpenAI client's block, in .venv (the
     `openai` package is the user's, not the service's: the dev extra)."""
     clients = set(documented_snippets().values()) | set(spacy_blocks())  # run in .venv-clients / .venv, below
-    blocks = [(page, block) for page, text in documents_text().items() for block in fenced_blocks(text, "python")
-              if block not in clients]  # fmt: skip
+    blocks = [
+        (page, block)
+        for page, text in documents_text().items()
+        for block in fenced_blocks(text, "python")
+        if block not in clients
+    ]
     assert blocks, f"{[page_name(path) for path in DOCUMENTS]} have no Python block"
     found: dict = {}
     for page, block in blocks:
@@ -730,11 +740,13 @@ def test_readme_spacy_blocks_run_as_written() -> None:
     company is further from 苹果 the fruit than another fruit is, and the layers are (3, 8, dim) float32; the docs':
     whitespace tokens are tokens with zero vectors."""
     blocks = spacy_blocks()
-    assert len(blocks) == 2 and all("nlp.add_pipe(\"elmo\"" in block for block in blocks), blocks
+    assert len(blocks) == 2 and all('nlp.add_pipe("elmo"' in block for block in blocks), blocks
     dim = json.loads((DEFAULT_MODEL / "onnx.json").read_text())["dim"]
     python = shlex.quote(str(REPO / ".venv" / "bin" / "python"))
-    readme, docs = (run_command(f"{python} -c {shlex.quote(python_block_runner(block))}", REPO).strip().splitlines()
-                    for block in blocks)  # fmt: skip
+    readme, docs = (
+        run_command(f"{python} -c {shlex.quote(python_block_runner(block))}", REPO).strip().splitlines()
+        for block in blocks
+    )
     company, fruit = (float(v) for v in readme[-2].split())
     assert company < fruit < 1.0, readme[-2]
     assert json.loads(readme[-1])["layers"] == {"shape": [3, 8, dim], "dtype": "float32"}
@@ -794,9 +806,11 @@ def documented_snippets() -> dict[str, str]:
 def paragraphs(n: int = N_DOCUMENTS) -> list[str]:
     """``n`` paragraph-length documents (40-60 words) of real prose: this repository's docs, cut into pieces."""
     words = " ".join(
-        line for path in sorted((REPO / "docs").rglob("*.md")) for line in path.read_text().splitlines()
+        line
+        for path in sorted((REPO / "docs").rglob("*.md"))
+        for line in path.read_text().splitlines()
         if len(line.split()) > 8 and not line.startswith(("|", "```", "#", "    "))
-    ).split()  # fmt: skip
+    ).split()
     out, start = [], 0
     for i in range(n):
         size = 40 + (i * 7) % 21

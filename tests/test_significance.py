@@ -19,8 +19,9 @@ def _ids(tags):
 def test_entity_counts_rebuild_the_corpus_f1():
     gold = [["B-PER", "E-PER", "O", "S-LOC"], ["O", "S-LOC"], ["B-PER", "E-PER"]]
     predicted = [["B-PER", "E-PER", "O", "O"], ["S-LOC", "S-LOC"], ["O", "O"]]
-    counts = sentence_counts("entity_f1", LabelledSet("tagging", [["x"] * len(g) for g in gold], gold),
-                             [_ids(p) for p in predicted], LABELS)  # fmt: skip
+    counts = sentence_counts(
+        "entity_f1", LabelledSet("tagging", [["x"] * len(g) for g in gold], gold), [_ids(p) for p in predicted], LABELS
+    )
     assert counts.tolist() == [[1, 1, 2], [1, 2, 1], [0, 0, 1]]
     assert float(score_counts("entity_f1", counts.sum(0))) == pytest.approx(entity_f1(gold, predicted)["f1"])
 

@@ -9,9 +9,15 @@ from elmo.sizes import human_bytes
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0 bytes"), (1023, "1023 bytes"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (64 << 20, "64.0 MiB"),
-     (3 << 29, "1.5 GiB")],
-)  # fmt: skip
+    [
+        (0, "0 bytes"),
+        (1023, "1023 bytes"),
+        (1024, "1.0 KiB"),
+        (1536, "1.5 KiB"),
+        (64 << 20, "64.0 MiB"),
+        (3 << 29, "1.5 GiB"),
+    ],
+)
 def test_human_bytes(n, text):
     assert human_bytes(n) == text
 

@@ -144,8 +144,11 @@ def test_durations_lines_add_up_per_test_and_per_file() -> None:
     )
     seconds = seconds_per_test(log)
     assert seconds == pytest.approx(
-        {"tests/train/test_loop.py::test_trains": 64.0, "tests/test_y.py::test_case[a b]": 1.0,
-         "tests/train/test_loop.py::test_resumes": 0.01}  # fmt: skip
+        {
+            "tests/train/test_loop.py::test_trains": 64.0,
+            "tests/test_y.py::test_case[a b]": 1.0,
+            "tests/train/test_loop.py::test_resumes": 0.01,
+        }
     )
     assert file_seconds(seconds) == pytest.approx({"tests/train/test_loop.py": 64.01, "tests/test_y.py": 1.0})
 

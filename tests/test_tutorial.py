@@ -96,6 +96,7 @@ def parse_tutorial(text: str) -> list[Step]:
 
 def missing_lines(expected: str, output: str) -> list[str]:
     """The lines of ``expected`` that are no line of ``output`` (blanks collapsed; ``…`` matches any text)."""
+
     def squeeze(line: str) -> str:
         return " ".join(line.split())
 
@@ -233,9 +234,14 @@ def start_server(body: str, folder: Path, env: dict[str, str]) -> Server:
     log = folder.parent / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            ["bash", "-c", body], cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,  # a group of its own, as a terminal's job
-        )  # fmt: skip
+            ["bash", "-c", body],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a group of its own, as a terminal's job
+        )
     server = Server(process, log)
     deadline = time.monotonic() + SERVING_DEADLINE_S
     while health_status(f"127.0.0.1:{GRPC_PORT}") != health_pb2.HealthCheckResponse.SERVING:
@@ -304,7 +310,7 @@ CLIENT_ONE = (
     'with EmbedderClient("127.0.0.1:50051") as client: print(client.embed_texts(["苹果"])[0].shape)\''
 )
 POST_ONE = "curl -s -o /dev/null -w '%{http_code}' localhost:8080/v1/embed -H 'Content-Type: application/json' " + (
-    "-d '{\"inputs\": [\"苹果\"]}'"
+    '-d \'{"inputs": ["苹果"]}\''
 )
 
 
@@ -328,8 +334,9 @@ def token_advice(text: str) -> TokenAdvice:
 
 def shell(body: str, folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """``body`` in a shell in ``folder``, whatever its exit status (the token test expects refusals)."""
-    return subprocess.run(["bash", "-c", body], cwd=folder, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        ["bash", "-c", body], cwd=folder, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_token_advice_is_read_from_the_page() -> None:

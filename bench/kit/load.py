@@ -176,8 +176,10 @@ class ClosedLoop:
         self.records: list[Record] = []
         self.lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True, name=f"client-{i}")
-                         for i in range(len(self.steps))]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._client, args=(i,), daemon=True, name=f"client-{i}")
+            for i in range(len(self.steps))
+        ]
 
     def running(self) -> bool:
         return not self._stop.is_set() and (self.deadline is None or time.monotonic() < self.deadline)
@@ -260,8 +262,12 @@ class Window:
             tokens=counts["tokens"],
             errors=errors,
             latency_ms=percentiles_ms(latencies),
-            rss_mib={"start": marks.get("rss_start"), "end": marks.get("rss_end"), "max": max(rss, default=None),
-                     "every_10s": [round(v, 1) for v in rss[::10]]},  # fmt: skip
+            rss_mib={
+                "start": marks.get("rss_start"),
+                "end": marks.get("rss_end"),
+                "max": max(rss, default=None),
+                "every_10s": [round(v, 1) for v in rss[::10]],
+            },
             cpu_s=cpu,
             client_cpu_s=round(marks["client_cpu_end"] - marks["client_cpu_start"], 2),
             protocol=protocol,
@@ -462,5 +468,13 @@ def measure_in_process(embedder, texts: list[str], duration: float, batch: int) 
         calls += 1
     seconds = time.monotonic() - started
     cpu = time.process_time() - cpu_start
-    return LoadResult("in-process", 1, round(seconds, 3), calls, n_texts, n_tokens,
-                      latency_ms=percentiles_ms(latencies), cpu_s=round(cpu, 2))  # fmt: skip
+    return LoadResult(
+        "in-process",
+        1,
+        round(seconds, 3),
+        calls,
+        n_texts,
+        n_tokens,
+        latency_ms=percentiles_ms(latencies),
+        cpu_s=round(cpu, 2),
+    )

@@ -133,8 +133,11 @@ class Server:
         # With --processes N the shared port's health is one process's: the others may still be warming up, and a
         # connection the kernel hands one of them is refused (503, UNAVAILABLE). Each process's own /metrics says.
         for port in self.process_metrics_ports:
-            wait_until(lambda port=port: models_ready(port), max(1.0, deadline - time.monotonic()),
-                       f"{self.label}: the process of metrics port {port} warmed up")  # fmt: skip
+            wait_until(
+                lambda port=port: models_ready(port),
+                max(1.0, deadline - time.monotonic()),
+                f"{self.label}: the process of metrics port {port} warmed up",
+            )
         return self
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -171,8 +174,15 @@ class Server:
             return self.proc.wait(10)
 
 
-def serve_command(model: Path | None, model_root: Path | None, port_file: Path, threads: int | None,
-                  serve_args: Sequence[str], http: bool, older: bool = False) -> list[str]:  # fmt: skip
+def serve_command(
+    model: Path | None,
+    model_root: Path | None,
+    port_file: Path,
+    threads: int | None,
+    serve_args: Sequence[str],
+    http: bool,
+    older: bool = False,
+) -> list[str]:
     """``python -m elmo.cli serve`` on loopback port 0 (and, when not already given, ``--http-port 0`` when ``http``,
     else ``--http-port off``: HTTP is on by default, except in an ``older`` revision; ``--metrics-port 0`` with
     ``--processes``)."""
@@ -222,8 +232,9 @@ def launch(
         options = {"cwd": tree}
         environment = tree_env(tree, environment)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session,
-                                env=environment, **options)  # fmt: skip
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session, env=environment, **options
+        )
     return kind(label, proc, port_file, log_path)
 
 
@@ -248,8 +259,10 @@ def start_replicas(model: Path, workdir: Path, n: int = 3, threads: int = 1, ext
     """``n`` replicas ``elmo1``..``elmoN`` (deploy/haproxy.cfg's names) started at once, without the caller's
     ELMO_AUTH_TOKEN; returned once every one is SERVING (all killed if one is not)."""
     env = {k: v for k, v in os.environ.items() if k != "ELMO_AUTH_TOKEN"}
-    replicas = [launch(model, threads=threads, serve_args=extra, env=env, workdir=workdir, label=f"elmo{i}")
-                for i in range(1, n + 1)]  # fmt: skip
+    replicas = [
+        launch(model, threads=threads, serve_args=extra, env=env, workdir=workdir, label=f"elmo{i}")
+        for i in range(1, n + 1)
+    ]
     try:
         for replica in replicas:
             replica.wait_ready(http=True)

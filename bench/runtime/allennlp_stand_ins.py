@@ -16,9 +16,19 @@ from pathlib import Path
 
 # What allennlp/__init__.py and the __init__ files on the way to allennlp.modules.elmo import at load time.
 STAND_INS = (
-    "transformers", "spacy", "tqdm", "cached_path", "huggingface_hub", "more_itertools", "base58", "dill", "lmdb",
-    "fairscale", "torchvision", "_jsonnet",
-)  # fmt: skip
+    "transformers",
+    "spacy",
+    "tqdm",
+    "cached_path",
+    "huggingface_hub",
+    "more_itertools",
+    "base58",
+    "dill",
+    "lmdb",
+    "fairscale",
+    "torchvision",
+    "_jsonnet",
+)
 
 MODULE = '''"""Stand-in modules for AllenNLP's unused imports (written by bench/runtime/allennlp_stand_ins.py)."""
 import importlib.abc

@@ -51,8 +51,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{label}; {args.threads} threads; {host_summary()}; probe of {tokens} sentences")
-    print(f"load {medians['load_ms']:.0f} ms, load-time check {medians['check_ms']:.0f} ms "
-          f"(medians of {args.repeat})")  # fmt: skip
+    print(f"load {medians['load_ms']:.0f} ms, load-time check {medians['check_ms']:.0f} ms (medians of {args.repeat})")
 
 
 if __name__ == "__main__":

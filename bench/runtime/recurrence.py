@@ -61,9 +61,13 @@ class TorchContext(torch.nn.Module):
 
 @torch.jit.script_if_tracing
 def _loop_recurrence(
-    gates_x: torch.Tensor, w_rec: torch.Tensor, b_rec: torch.Tensor, w_proj: torch.Tensor, cell_clip: float,
+    gates_x: torch.Tensor,
+    w_rec: torch.Tensor,
+    b_rec: torch.Tensor,
+    w_proj: torch.Tensor,
+    cell_clip: float,
     proj_clip: float,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     cell = torch.zeros([gates_x.shape[0], w_proj.shape[1]], dtype=gates_x.dtype)
     hidden = torch.zeros([gates_x.shape[0], w_proj.shape[0]], dtype=gates_x.dtype)
     outputs: list[torch.Tensor] = []
@@ -90,9 +94,15 @@ def export(module: torch.nn.Module, args: tuple, path: Path, dynamic_steps: bool
     axes = {"tokens": {0: "batch", 1: "steps"} if dynamic_steps else {0: "batch"}, "lengths": {0: "batch"}}
     with torch.no_grad():
         torch.onnx.export(
-            module, args, str(path), dynamo=False, opset_version=17, input_names=["tokens", "lengths"],
-            output_names=["layers"], dynamic_axes=axes,
-        )  # fmt: skip
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["tokens", "lengths"],
+            output_names=["layers"],
+            dynamic_axes=axes,
+        )
 
 
 VARIANTS = ("loop", "unrolled", "scan separate", "scan separate inputs in step", "scan fused")

@@ -46,10 +46,12 @@ def matmul_rate(m: int, k: int, n: int, threads: int, repeat: int) -> float:
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "sgemm",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "sgemm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight],
-    )  # fmt: skip
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [weight],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -92,8 +94,13 @@ def text_work(config: dict, lines: list[str], scheme=BYTES) -> dict:
         for width, channels in width_of.items():
             encoder += 2 * char_dim * width * channels * max(1, length - width + 1)
     encoder += len(distinct) * (config["n_highway"] * 2 * s * 2 * s + 2 * s * p)
-    return {"sentences": len(sentences), "tokens": tokens, "distinct_tokens": len(distinct),
-            "lstm_gflop": lstm / 1e9, "encoder_gflop": encoder / 1e9}  # fmt: skip
+    return {
+        "sentences": len(sentences),
+        "tokens": tokens,
+        "distinct_tokens": len(distinct),
+        "lstm_gflop": lstm / 1e9,
+        "encoder_gflop": encoder / 1e9,
+    }
 
 
 def measured_rate(args) -> float | None:
@@ -122,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     directory, named = prepare_model(args)
     config = json.loads((directory / "config.json").read_text())
     p, c, s = config["projection_dim"], config["cell_dim"], sum(int(n) for _, n in config["filters"])
-    shapes = {"square": (SQUARE, SQUARE, SQUARE), "lstm gates, batch 64": (64, p, 4 * c),
-              "lstm gates, batch 256": (256, p, 4 * c), "highway, 512 tokens": (512, s, 2 * s)}  # fmt: skip
+    shapes = {
+        "square": (SQUARE, SQUARE, SQUARE),
+        "lstm gates, batch 64": (64, p, 4 * c),
+        "lstm gates, batch 256": (256, p, 4 * c),
+        "highway, 512 tokens": (512, s, 2 * s),
+    }
     rates = {name: matmul_rate(*shape, args.threads, args.repeat) for name, shape in shapes.items()}
     for name, rate in rates.items():
         print(f"MatMul {name} {shapes[name]}: {rate:.1f} GFLOP/s ({args.threads} threads)", flush=True)
@@ -131,12 +142,22 @@ def main(argv: list[str] | None = None) -> int:
     work = text_work(config, lines, load_char_scheme(directory))
     gflop = work["lstm_gflop"] + work["encoder_gflop"]
     bound = max(rates.values())
-    result = {"model": named, "text": source, "threads": args.threads, "matmul_gflop_per_s": rates,
-              "shapes": shapes, **work, "gflop_per_1000_tokens": 1000 * gflop / work["tokens"],
-              "bound_gflop_per_s": bound, "tokens_per_s_at_bound": work["tokens"] * bound / gflop}  # fmt: skip
-    print(f"{source}: {work['tokens']} tokens ({work['distinct_tokens']} distinct), {gflop:.1f} GFLOP "
-          f"(LSTM {work['lstm_gflop']:.1f}, char-CNN + highway + projection {work['encoder_gflop']:.1f}); "
-          f"at {bound:.0f} GFLOP/s: {result['tokens_per_s_at_bound']:.0f} tokens/s")  # fmt: skip
+    result = {
+        "model": named,
+        "text": source,
+        "threads": args.threads,
+        "matmul_gflop_per_s": rates,
+        "shapes": shapes,
+        **work,
+        "gflop_per_1000_tokens": 1000 * gflop / work["tokens"],
+        "bound_gflop_per_s": bound,
+        "tokens_per_s_at_bound": work["tokens"] * bound / gflop,
+    }
+    print(
+        f"{source}: {work['tokens']} tokens ({work['distinct_tokens']} distinct), {gflop:.1f} GFLOP "
+        f"(LSTM {work['lstm_gflop']:.1f}, char-CNN + highway + projection {work['encoder_gflop']:.1f}); "
+        f"at {bound:.0f} GFLOP/s: {result['tokens_per_s_at_bound']:.0f} tokens/s"
+    )
     rate = measured_rate(args)
     if rate is not None:
         result["measured_tokens_per_s"] = rate

@@ -95,8 +95,9 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.runtime.window_distance",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.runtime.window_distance", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model", type=Path, default=Path("models/default"))
     parser.add_argument("--text", type=Path, required=True, help="UTF-8 text, one paragraph per line")
     parser.add_argument("--tokens", type=int, default=5000, help="tokens per document (default 5000)")

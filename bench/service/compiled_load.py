@@ -56,8 +56,12 @@ def ensure_generators() -> None:
     sudo = [] if os.geteuid() == 0 else ["sudo"]
     print(f"installing {' '.join(missing)} (Debian) for the compiled load generators", flush=True)
     subprocess.run([*sudo, "apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+    subprocess.run(
+        [*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
 
 
 def model_directory(name: str) -> Path:
@@ -79,15 +83,27 @@ def grpc_frame(message: bytes) -> bytes:
 def h2load(target: str, body: Path, options: list[str]) -> str:
     """h2load's output for gRPC ``Embed`` calls to ``target`` carrying ``body`` (a framed request), one call in
     flight a connection, with ``options`` (connections, and a duration or a count)."""
-    command = ["h2load", *options, "-m", "1", "-d", str(body), "-H", "content-type: application/grpc",
-               "-H", "te: trailers", f"http://{target}/elmo.v1.Embedder/Embed"]  # fmt: skip
+    command = [
+        "h2load",
+        *options,
+        "-m",
+        "1",
+        "-d",
+        str(body),
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        f"http://{target}/elmo.v1.Embedder/Embed",
+    ]
     return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
 def run_h2load(target: str, body: Path, connections: int, duration: int) -> dict:
     output = h2load(target, body, ["-t", "1", "-c", str(connections), "-D", str(duration)])
-    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored",
-                     output)  # fmt: skip
+    done = re.search(
+        r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", output
+    )
     seconds = float(re.search(r"finished in ([\d.]+)s", output).group(1))
     result = {"requests": int(done.group(2)), "failed": int(done.group(3)) + int(done.group(4)), "seconds": seconds}
     times = re.search(r"time for request:\s+([\d.]+\w+)\s+([\d.]+\w+)\s+([\d.]+\w+)", output)  # min max mean
@@ -109,16 +125,31 @@ def wrk_script(body: bytes, work: Path) -> Path:
     body_file = work / "body.json"
     body_file.write_bytes(body)
     script = work / "post.lua"
-    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                      f"local file = assert(io.open([==[{body_file}]==], 'rb'))\n"
-                      "wrk.body = file:read('*a')\nfile:close()\n")  # fmt: skip
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"local file = assert(io.open([==[{body_file}]==], 'rb'))\n"
+        "wrk.body = file:read('*a')\nfile:close()\n"
+    )
     return script
 
 
 def run_wrk(address: str, body: bytes, connections: int, duration: int, work: Path) -> dict:
     # wrk counts a request as failed after its default timeout of seconds: a loaded machine or a large model is slower
-    command = ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration}s", "--latency", "--timeout", "120s",
-               "-s", str(wrk_script(body, work)), f"http://{address}/v1/embed"]  # fmt: skip
+    command = [
+        "wrk",
+        "-t",
+        "1",
+        "-c",
+        str(connections),
+        "-d",
+        f"{duration}s",
+        "--latency",
+        "--timeout",
+        "120s",
+        "-s",
+        str(wrk_script(body, work)),
+        f"http://{address}/v1/embed",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, check=True)
     output = run.stdout + run.stderr
     total = re.search(r"(\d+) requests in ([\d.]+)(m?s)", output)
@@ -138,8 +169,10 @@ def all_answered(result: dict, generator: str, output: str) -> dict:
     """``result`` when every request was answered; else SystemExit with the generator's own report: a rate of
     failures is not a rate of answers (a load run whose requests fail measures nothing)."""
     if result["failed"] or not result["requests"]:
-        raise SystemExit(f"{generator}: {result['failed']} requests failed, {result['requests']} answered; its "
-                         f"report:\n{output.strip()}")  # fmt: skip
+        raise SystemExit(
+            f"{generator}: {result['failed']} requests failed, {result['requests']} answered; its "
+            f"report:\n{output.strip()}"
+        )
     return result
 
 
@@ -151,9 +184,12 @@ def check_answers(grpc_target: str, http_address: str, texts: list[str], tokens:
 
     with EmbedderClient(grpc_target) as client:
         answered = sum(len(e.tokens) for e in client.embed(texts))
-    request = urllib.request.Request(f"http://{http_address}/v1/embed", method="POST",
-                                     data=json.dumps({"inputs": texts, "encoding": "base64"}).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        f"http://{http_address}/v1/embed",
+        method="POST",
+        data=json.dumps({"inputs": texts, "encoding": "base64"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as reply:
         http_tokens = sum(len(r["tokens"]) for r in json.loads(reply.read())["embeddings"])
     if answered != tokens or http_tokens != tokens:
@@ -227,11 +263,18 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
         for server in servers.values():
             server.stop()
         embedder.close()
-    medians = {key: statistics.median(r[key]["served_over_in_process"] for r in rounds)
-               for key in served_runs(rounds[0])}  # fmt: skip
+    medians = {
+        key: statistics.median(r[key]["served_over_in_process"] for r in rounds) for key in served_runs(rounds[0])
+    }
     shown = model.relative_to(REPO) if model.is_absolute() and REPO in model.parents else model  # no machine paths
-    return {"model": str(shown), "texts": source, "sentences_per_request": args.per_request,
-            "tokens_per_request": tokens, "rounds": rounds, "median_served_over_in_process": medians}  # fmt: skip
+    return {
+        "model": str(shown),
+        "texts": source,
+        "sentences_per_request": args.per_request,
+        "tokens_per_request": tokens,
+        "rounds": rounds,
+        "median_served_over_in_process": medians,
+    }
 
 
 class Loads:
@@ -261,8 +304,10 @@ class InProcess:
 
     def measure(self) -> dict:
         local = measure_in_process(self.embedder, self.texts, self.duration, self.batch)
-        run = {"requests_per_s": local.tokens / local.seconds / self.tokens,
-               "cpu_us_per_request": 1e6 * local.cpu_s * self.tokens / local.tokens}  # fmt: skip
+        run = {
+            "requests_per_s": local.tokens / local.seconds / self.tokens,
+            "cpu_us_per_request": 1e6 * local.cpu_s * self.tokens / local.tokens,
+        }
         self.runs.append(run)
         return run
 
@@ -276,9 +321,12 @@ class InProcess:
         """The round's in-process figures: the mean of its runs, and each run's rate in order."""
         rates = [run["requests_per_s"] for run in self.runs]
         mean = statistics.fmean(rates)
-        return {"in_process_requests_per_s": mean, "in_process_tokens_per_s": mean * self.tokens,
-                "in_process_cpu_us_per_request": statistics.fmean(run["cpu_us_per_request"] for run in self.runs),
-                "in_process_runs_requests_per_s": rates}  # fmt: skip
+        return {
+            "in_process_requests_per_s": mean,
+            "in_process_tokens_per_s": mean * self.tokens,
+            "in_process_cpu_us_per_request": statistics.fmean(run["cpu_us_per_request"] for run in self.runs),
+            "in_process_runs_requests_per_s": rates,
+        }
 
 
 def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers: dict, index: int = 0) -> dict:
@@ -299,8 +347,10 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
 
 
 def round_line(entry: dict) -> str:
-    served = [f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f}){latency_note(v)}"
-              for k, v in served_runs(entry).items()]  # fmt: skip
+    served = [
+        f"{k} {v['requests_per_s']:.1f} req/s ({v['served_over_in_process']:.2f}){latency_note(v)}"
+        for k, v in served_runs(entry).items()
+    ]
     return ", ".join(served)
 
 
@@ -330,13 +380,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=["grpc", "http"],
         help="the service's protocols to load (default both)",
     )
-    parser.add_argument("--processes", type=int, nargs="+", default=[1],
-                        help="serve this checkout with each of these process counts in turn (elmo serve --processes N, "
-                        "--threads split among them; default 1)")  # fmt: skip
-    parser.add_argument("--before-processes", type=int, nargs="+", default=[1],
-                        help="the same for --before REV (a revision with elmo serve --processes)")  # fmt: skip
-    parser.add_argument("--serve-args", default="", help="more `elmo serve` flags for this checkout's servers, one "
-                        "string (--serve-args='--max-delay-ms 10')")  # fmt: skip
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="serve this checkout with each of these process counts in turn (elmo serve --processes N, "
+        "--threads split among them; default 1)",
+    )
+    parser.add_argument(
+        "--before-processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="the same for --before REV (a revision with elmo serve --processes)",
+    )
+    parser.add_argument(
+        "--serve-args",
+        default="",
+        help="more `elmo serve` flags for this checkout's servers, one string (--serve-args='--max-delay-ms 10')",
+    )
     parser.add_argument("--out", type=Path, default=result_path("compiled_load.json"))
     return parser
 
@@ -344,8 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     ensure_generators()
-    result = {"machine": machine(), "connections": args.connections, "duration_s": args.duration,
-              "code": revision_info(args.before), "models": {}}  # fmt: skip
+    result = {
+        "machine": machine(),
+        "connections": args.connections,
+        "duration_s": args.duration,
+        "code": revision_info(args.before),
+        "models": {},
+    }
     with code_trees(args.before) as trees:
         work = Path(tempfile.mkdtemp(prefix="compiled-load-"))
         try:

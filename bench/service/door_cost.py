@@ -56,8 +56,10 @@ def measured(server: Server, run) -> dict:
 def batch_shape(result: dict) -> dict:
     """Runtime calls per answered request and sentences per call, from a :func:`measured` run."""
     batches = max(1, result["batches"])
-    return {"batches_per_request": result["batches"] / max(1, result["requests"]),
-            "sentences_per_batch": result["batched_sentences"] / batches}  # fmt: skip
+    return {
+        "batches_per_request": result["batches"] / max(1, result["requests"]),
+        "sentences_per_batch": result["batched_sentences"] / batches,
+    }
 
 
 def fit(points: list[tuple[int, float]]) -> dict:
@@ -82,8 +84,9 @@ def cost_line(line: dict) -> str:
 def measure_server(args, texts: list[str], work: Path, tree: Path | None, label: str) -> dict:
     """One ``elmo serve`` (this checkout's code, or ``tree``'s) under each request size and protocol in turn: per
     protocol its runs and the least-squares line over them."""
-    server = start_server(model_directory(args.model), threads=args.threads, tree=tree, label=label,
-                          serve_args=["--metrics-port", "0"])  # fmt: skip
+    server = start_server(
+        model_directory(args.model), threads=args.threads, tree=tree, label=label, serve_args=["--metrics-port", "0"]
+    )
     runs = {"grpc": [], "http": []}
     try:
         for size in args.sizes:
@@ -101,10 +104,13 @@ def measure_server(args, texts: list[str], work: Path, tree: Path | None, label:
                 for key in ("event_loop", "process"):
                     result[f"{key}_us_per_request"] = 1e6 * result[f"{key}_cpu_s"] / max(1, result["requests"])
                 runs[protocol].append(result)
-                print(f"{label} {protocol} {size} sentences ({tokens} tokens): {result['requests_per_s']:.0f} req/s, "
-                      f"event loop {result['event_loop_us_per_request']:.0f} us/request, process "
-                      f"{result['process_us_per_request']:.0f} us/request; {result['batches_per_request']:.2f} runtime "
-                      f"calls a request, {result['sentences_per_batch']:.1f} sentences a call", flush=True)  # fmt: skip
+                print(
+                    f"{label} {protocol} {size} sentences ({tokens} tokens): {result['requests_per_s']:.0f} req/s, "
+                    f"event loop {result['event_loop_us_per_request']:.0f} us/request, process "
+                    f"{result['process_us_per_request']:.0f} us/request; {result['batches_per_request']:.2f} runtime "
+                    f"calls a request, {result['sentences_per_batch']:.1f} sentences a call",
+                    flush=True,
+                )
     finally:
         server.stop()
     summary = {}
@@ -149,8 +155,10 @@ def main(argv: list[str] | None = None) -> None:
         for label, measured_tree in entry.items():
             for protocol, line in measured_tree["event_loop_cost"].items():
                 feeds = ", ".join(f"{int(v):,} at {k}" for k, v in line["feeds_tokens_per_s"].items())
-                print(f"round {index} {label} {protocol}: {cost_line(line)} on the event loop; one process feeds "
-                      f"at most {feeds} tokens/request tokens/s")  # fmt: skip
+                print(
+                    f"round {index} {label} {protocol}: {cost_line(line)} on the event loop; one process feeds "
+                    f"at most {feeds} tokens/request tokens/s"
+                )
     print(f"wrote {args.out}")
 
 

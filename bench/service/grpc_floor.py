@@ -127,8 +127,11 @@ def measure(args: argparse.Namespace, port: int) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.service.grpc_floor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.service.grpc_floor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--work-ms", type=float, default=4.5, help="the handler's work per call (default 4.5)")
     parser.add_argument("--tokens", type=int, default=22)
     parser.add_argument("--layers", type=int, default=3)

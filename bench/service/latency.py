@@ -186,10 +186,12 @@ def print_run(run: dict, threads: int) -> None:
             f"{fmt(row['mean'], 2)} | {ratio:.2f}x |"
         )
     over = run["p50_over_in_process_ms"]
-    print(f"\np50 over in-process: gRPC {over['grpc']:.2f} ms, HTTP {over['http']:.2f} ms, a bare grpc.aio server in "
-          f"front of the same runtime (the floor) {over['floor']:.2f} ms; bar (floor + {BAR_OVER_FLOOR_MS} ms) "
-          f"{run['bar_ms']:.2f} ms: gRPC {'within' if run['within_bar']['grpc'] else 'over'}, HTTP "
-          f"{'within' if run['within_bar']['http'] else 'over'}")  # fmt: skip
+    print(
+        f"\np50 over in-process: gRPC {over['grpc']:.2f} ms, HTTP {over['http']:.2f} ms, a bare grpc.aio server in "
+        f"front of the same runtime (the floor) {over['floor']:.2f} ms; bar (floor + {BAR_OVER_FLOOR_MS} ms) "
+        f"{run['bar_ms']:.2f} ms: gRPC {'within' if run['within_bar']['grpc'] else 'over'}, HTTP "
+        f"{'within' if run['within_bar']['http'] else 'over'}"
+    )
     print("\nwhere the served time goes (median of per-request values; mean in brackets), ms:")
     print("| part | gRPC | HTTP /v1/embed |\n|---|---:|---:|")
     for part in run["breakdown_ms"]["grpc"]:

@@ -66,6 +66,7 @@ MAX_DURATION_S = 600.0
 MAX_CONCURRENCY = 256
 PROTOCOLS = ("grpc", "http")
 
+
 @dataclass
 class Endpoint:
     """One server to drive: its gRPC target, its HTTP HOST:PORT (when driven), its PID, and, when this run started
@@ -81,8 +82,15 @@ class Endpoint:
 def start_endpoint(args: argparse.Namespace, label: str, tree: Path | None, with_http: bool) -> Endpoint:
     """``elmo serve`` of ``tree``'s code (this checkout's when None) with this checkout's model directory, with
     ``--http-port 0`` when HTTP is driven."""
-    server = start_server(args.model, threads=args.threads, serve_args=args.serve_arg, http=with_http, tree=tree,
-                          own_session=args.server_session == "own", label=label)  # fmt: skip
+    server = start_server(
+        args.model,
+        threads=args.threads,
+        serve_args=args.serve_arg,
+        http=with_http,
+        tree=tree,
+        own_session=args.server_session == "own",
+        label=label,
+    )
     http = server.http_address or "-"
     print(f"{label}: elmo serve pid {server.pid}, gRPC {server.grpc_target}, HTTP {http}", file=sys.stderr)
     return Endpoint(label, server.grpc_target, server.http_address if with_http else None, server.pid, server)
@@ -90,8 +98,11 @@ def start_endpoint(args: argparse.Namespace, label: str, tree: Path | None, with
 
 # -- command line ----------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.service.loadgen", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.service.loadgen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--model", type=Path, help="start `elmo serve --model DIR` on a free loopback port and drive it")
     where.add_argument("--server", help="HOST:PORT of a running server's gRPC (loopback only)")
@@ -134,8 +145,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rounds of (in-process, then each served phase: before and after per protocol); medians over rounds",
     )
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `elmo serve` argument (repeatable)")
-    parser.add_argument("--server-session", choices=("shared", "own"), default="shared",
-                        help="with --model: the server in this run's session, or in its own (as under systemd)")
+    parser.add_argument(
+        "--server-session",
+        choices=("shared", "own"),
+        default="shared",
+        help="with --model: the server in this run's session, or in its own (as under systemd)",
+    )
     parser.add_argument("--auth-token", default=os.environ.get("ELMO_AUTH_TOKEN"))
     parser.add_argument("--json", type=Path, default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
@@ -431,6 +446,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def _median(values) -> float:
     return round(float(np.median(list(values))), 2)
+
 
 if __name__ == "__main__":
     sys.exit(main())

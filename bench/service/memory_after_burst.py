@@ -89,14 +89,28 @@ def run(args: argparse.Namespace) -> dict:
     requests = largest_requests(args.requests)
     work = Path(tempfile.mkdtemp(prefix="elmo-memory-burst-"))
     servers = {
-        name: start_server(args.model, threads=args.threads, serve_args=["--log-level", "WARNING", *flags],
-                           http=False, workdir=work, label=name, timeout=600)  # fmt: skip
+        name: start_server(
+            args.model,
+            threads=args.threads,
+            serve_args=["--log-level", "WARNING", *flags],
+            http=False,
+            workdir=work,
+            label=name,
+            timeout=600,
+        )
         for name, flags in SETTINGS.items()
     }
     try:
-        report = {name: {"flags": " ".join(SETTINGS[name]) or "(defaults)", "rss_before_mib": settle_rss(s.pid),
-                         "rss_after_burst_mib": [], "tokens_per_s": [], "load_1min": []}
-                  for name, s in servers.items()}  # fmt: skip
+        report = {
+            name: {
+                "flags": " ".join(SETTINGS[name]) or "(defaults)",
+                "rss_before_mib": settle_rss(s.pid),
+                "rss_after_burst_mib": [],
+                "tokens_per_s": [],
+                "load_1min": [],
+            }
+            for name, s in servers.items()
+        }
         order = list(servers)
         for round_ in range(args.rounds):
             for name in order if round_ % 2 == 0 else reversed(order):

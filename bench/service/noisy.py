@@ -419,8 +419,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured well-behaved load first")
     parser.add_argument("--grpc-clients", type=int, default=4)
     parser.add_argument("--http-clients", type=int, default=4)
-    parser.add_argument("--abusers", type=int, default=2,
-                        help="abusers, each rotating through the kinds from its own first one")  # fmt: skip
+    parser.add_argument(
+        "--abusers", type=int, default=2, help="abusers, each rotating through the kinds from its own first one"
+    )
     parser.add_argument("--threads", type=int, default=2, help="server onnxruntime intra-op threads")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `elmo serve` argument (repeatable)")
     parser.add_argument("--single", action="store_true", help="the worst single requests one at a time instead")

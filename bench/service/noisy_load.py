@@ -134,15 +134,20 @@ def _upper_bounds(limits: dict) -> dict[str, int]:
             per_request,
             limits["max_inputs"] * limits["max_tokens_per_sentence"],
             _tokens_fitting(limits, limits["n_layers"]),
-        ),  # fmt: skip
+        ),
         "largest-window": per_request,
         "largest-tokenize": per_request,
         "largest-json": min(per_request, _tokens_fitting(limits, task_vectors)),
     }
 
 
-BUILDERS = {"largest-pooled": _pooled, "most-tokens": _most_tokens, "largest-window": _window,
-            "largest-tokenize": _tokenize, "largest-json": _largest_json}  # fmt: skip
+BUILDERS = {
+    "largest-pooled": _pooled,
+    "most-tokens": _most_tokens,
+    "largest-window": _window,
+    "largest-tokenize": _tokenize,
+    "largest-json": _largest_json,
+}
 ABUSE_KINDS = tuple(BUILDERS)
 
 

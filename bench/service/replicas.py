@@ -190,8 +190,14 @@ class Load:
                 ok = reply.status == 200 and len(json.loads(reply.data)["data"]) == 4
                 reasons = tuple(f"HTTP {h.status}" if h.status else type(h.error).__name__ for h in history)
                 error = "" if ok else f"HTTP {reply.status}"
-                return {"protocol": "http", "ok": ok, "retries": len(history), "error": error, "request_id": rid,
-                        "retry_reasons": reasons}  # fmt: skip
+                return {
+                    "protocol": "http",
+                    "ok": ok,
+                    "retries": len(history),
+                    "error": error,
+                    "request_id": rid,
+                    "retry_reasons": reasons,
+                }
             except Exception as error:  # noqa: BLE001 - a failed request is what is counted
                 return {"protocol": "http", "ok": False, "error": str(error)[:200], "request_id": rid}
 
@@ -285,14 +291,21 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
             "events": {name: round(t - t0, 1) for name, t in marks[1:]},
             # every call that failed or was retried by the client, by when it started: what each event cost
             "incidents": [
-                {"t": round(c.start - t0, 2), "protocol": c.protocol, "ok": c.ok, "error": c.error,
-                 "http_retry_reasons": list(c.retry_reasons)}  # fmt: skip
+                {
+                    "t": round(c.start - t0, 2),
+                    "protocol": c.protocol,
+                    "ok": c.ok,
+                    "error": c.error,
+                    "http_retry_reasons": list(c.retry_reasons),
+                }
                 for c in sorted(calls, key=lambda c: c.start)
                 if not c.ok or c.retry_reasons
             ],
             "total": window_report(calls, log, t0, t_end),
-            "windows": {name: window_report(calls, log, a, b, tuple(t for _, t in marks[1:]))
-                        for name, (a, b) in windows.items()},  # fmt: skip
+            "windows": {
+                name: window_report(calls, log, a, b, tuple(t for _, t in marks[1:]))
+                for name, (a, b) in windows.items()
+            },
             "exit_codes": {r.name: r.proc.poll() for r in replicas},
             "shutdown_delay_s": args.shutdown_delay,
             "grpc_retry_policy": RETRY_POLICY,

@@ -40,17 +40,36 @@ def distinct_token_request(index: int, n_sentences: int, sentence_tokens: int) -
 def measure(args: argparse.Namespace, max_batch_tokens: int, work: Path) -> dict:
     sentence_tokens = min(args.sentence_tokens, max_batch_tokens)
     serve_args = [
-        "--log-level", "WARNING",
-        "--max-batch-tokens", str(max_batch_tokens), "--runtime-batch-tokens", str(max_batch_tokens),
-        "--max-sentence-tokens", str(sentence_tokens),
-        "--max-request-tokens", str(max_batch_tokens), "--max-batch-sentences", str(max_batch_tokens),
-        "--max-inputs", str(max_batch_tokens), "--max-queue-tokens", str(4 * max_batch_tokens),
-        "--max-response-bytes", str(1024 * MIB),
-    ]  # fmt: skip
+        "--log-level",
+        "WARNING",
+        "--max-batch-tokens",
+        str(max_batch_tokens),
+        "--runtime-batch-tokens",
+        str(max_batch_tokens),
+        "--max-sentence-tokens",
+        str(sentence_tokens),
+        "--max-request-tokens",
+        str(max_batch_tokens),
+        "--max-batch-sentences",
+        str(max_batch_tokens),
+        "--max-inputs",
+        str(max_batch_tokens),
+        "--max-queue-tokens",
+        str(4 * max_batch_tokens),
+        "--max-response-bytes",
+        str(1024 * MIB),
+    ]
     if args.providers:
         serve_args += ["--providers", args.providers]
-    server = start_server(args.model, threads=args.threads, serve_args=serve_args, http=False, workdir=work,
-                          label=f"serve-{max_batch_tokens}", timeout=600)  # fmt: skip
+    server = start_server(
+        args.model,
+        threads=args.threads,
+        serve_args=serve_args,
+        http=False,
+        workdir=work,
+        label=f"serve-{max_batch_tokens}",
+        timeout=600,
+    )
     try:
         address = server.grpc_target
         idle_mib = rss_mib(server.pid)

@@ -125,8 +125,9 @@ class Server(serve.Server):
         return {m["name"]: {v["version"]: v for v in m["versions"]} for m in json.loads(body)["models"]}
 
     def admin(self, action: str, name: str, version: int) -> dict:
-        status, _, body = http_call(self.http_port, "POST", f"/admin/models/{name}/{action}", {"version": version},
-                                    ADMIN_TOKEN)  # fmt: skip
+        status, _, body = http_call(
+            self.http_port, "POST", f"/admin/models/{name}/{action}", {"version": version}, ADMIN_TOKEN
+        )
         if status != 200:
             raise SystemExit(f"admin {action} {name}@{version}: {status} {body[:500]!r}")
         return json.loads(body)
@@ -144,8 +145,9 @@ class Server(serve.Server):
 def start_server(root: Path, poll: float, threads: int | None, timeout: float = 300.0) -> Server:
     """``elmo serve --model-root ROOT --poll-interval-s POLL`` with the admin API, gRPC and HTTP, SERVING."""
     serve_args = ["--poll-interval-s", str(poll), "--admin-token", ADMIN_TOKEN]
-    return serve.start_server(model_root=root, threads=threads, serve_args=serve_args, timeout=timeout, label="swap",
-                              kind=Server)  # fmt: skip
+    return serve.start_server(
+        model_root=root, threads=threads, serve_args=serve_args, timeout=timeout, label="swap", kind=Server
+    )
 
 
 def http_call(port: int, method: str, path: str, body, token: str | None = None, conn=None):
@@ -307,8 +309,9 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
     begun = time.monotonic()
     broken = publish_broken(versions[1], root)
     server.wait_state("default", broken, ("failed",))
-    events.append({"event": f"broken v2b offered (version {broken}), refused", "start": begun - t0,
-                   "end": time.monotonic() - t0})  # fmt: skip
+    events.append(
+        {"event": f"broken v2b offered (version {broken}), refused", "start": begun - t0, "end": time.monotonic() - t0}
+    )
     at(2 / 3)
     begun = time.monotonic()
     number3 = publish(versions[2], root)
@@ -348,7 +351,7 @@ def run_swaps(args: argparse.Namespace, versions: list[Path]) -> dict:
             **percentiles(quiet),
             "seconds": round(quiet_end - quiet_start, 2),
             "window": [round(quiet_start, 2), round(quiet_end, 2)],
-        },  # fmt: skip
+        },
         "final_versions": {str(v): entry["state"] for v, entry in index.items()},
         "server_exit_code": code,
         "server_model_log": model_log[-20:],
@@ -373,8 +376,12 @@ def run_rss(args: argparse.Namespace, small: Path) -> dict:
         server.admin("load", "big", big)
         load_s = time.monotonic() - started
         for _ in range(args.rss_requests):
-            status, _, body = http_call(server.http_port, "POST", "/v1/embed",
-                                        {"inputs": SENTENCES, "model": f"big@{big}", "encoding": "base64"})  # fmt: skip
+            status, _, body = http_call(
+                server.http_port,
+                "POST",
+                "/v1/embed",
+                {"inputs": SENTENCES, "model": f"big@{big}", "encoding": "base64"},
+            )
             assert status == 200, body[:300]
         time.sleep(1.0)
         loaded = rss_mib(pid)
@@ -446,8 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
     parser.add_argument("--clients", type=int, default=16, help="clients, half gRPC, half HTTP (default 16)")
     parser.add_argument("--preset", default="small", help="random model preset of the versions (default small)")
-    parser.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "elmo-swap-models",
-                        help="where the versions' models are exported once and reused")  # fmt: skip
+    parser.add_argument(
+        "--models",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "elmo-swap-models",
+        help="where the versions' models are exported once and reused",
+    )
     parser.add_argument("--poll-interval-s", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=None, help="the server's --threads")
     parser.add_argument("--tolerance", type=float, default=1e-6)
@@ -469,8 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_swaps:
         result["swaps"] = run_swaps(args, versions)
         swaps = result["swaps"]
-        print(f"requests {swaps['requests']}, failed {swaps['failed']}; during swaps {swaps['during_swaps']}; "
-              f"without {swaps['without_swaps']}", flush=True)  # fmt: skip
+        print(
+            f"requests {swaps['requests']}, failed {swaps['failed']}; during swaps {swaps['during_swaps']}; "
+            f"without {swaps['without_swaps']}",
+            flush=True,
+        )
     if args.rss_model is not None:
         result["rss"] = run_rss(args, versions[0])
         print(f"RSS: {result['rss']}", flush=True)

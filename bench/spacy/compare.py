@@ -37,10 +37,22 @@ SETS = {"brown-pos": ("tagger", "accuracy", "tagger"), "msra-ner": ("ner", "enti
 def train(config: Path, data: Path, out: Path, epochs: int, seed: int) -> float:
     """``spacy train`` as a user runs it; returns its wall time in seconds."""
     command = [
-        sys.executable, "-m", "spacy", "train", str(config), "--output", str(out),
-        "--paths.train", str(data / "train.spacy"), "--paths.dev", str(data / "dev.spacy"),
-        "--training.max_epochs", str(epochs), "--system.seed", str(seed),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "spacy",
+        "train",
+        str(config),
+        "--output",
+        str(out),
+        "--paths.train",
+        str(data / "train.spacy"),
+        "--paths.dev",
+        str(data / "dev.spacy"),
+        "--training.max_epochs",
+        str(epochs),
+        "--system.seed",
+        str(seed),
+    ]
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=REPO, check=True)
@@ -79,8 +91,12 @@ def compare(args) -> dict:
         out = work / system
         seconds = train(REPO / "configs" / "spacy" / f"{prefix}_{system}.cfg", data, out, args.epochs, args.seed)
         counts = sentence_counts(out / "model-last", data / "test.spacy", metric)
-        systems[system] = {"score": float(score_counts(metric, counts.sum(0))), "train_seconds": seconds,
-                           "seconds_per_epoch": seconds / args.epochs, "counts": counts}  # fmt: skip
+        systems[system] = {
+            "score": float(score_counts(metric, counts.sum(0))),
+            "train_seconds": seconds,
+            "seconds_per_epoch": seconds / args.epochs,
+            "counts": counts,
+        }
         print(f"{system}: {metric} {systems[system]['score']:.4f}, {seconds / args.epochs:.1f} s/epoch", flush=True)
     baseline = systems["tok2vec"]["counts"]
     for entry in systems.values():
@@ -89,10 +105,15 @@ def compare(args) -> dict:
             entry["minus_tok2vec"] = paired_bootstrap(metric, counts, baseline, seed=args.seed)
             entry["minus_tok2vec"]["verdict"] = verdict(entry["minus_tok2vec"])
     return {
-        "set": args.set, "metric": metric, "epochs": args.epochs, "seed": args.seed, "data": described,
-        "systems": systems, "machine": machine(),
+        "set": args.set,
+        "metric": metric,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "data": described,
+        "systems": systems,
+        "machine": machine(),
         "command": "python -m bench.spacy.compare " + " ".join(sys.argv[1:]),
-    }  # fmt: skip
+    }
 
 
 def table(result: dict) -> str:
@@ -118,12 +139,19 @@ def plot(result: dict, png: Path) -> None:
         diff = result["systems"][name].get("minus_tok2vec")
         if diff:  # the interval of the difference, drawn around the system's score
             low, high = base + diff["ci95"][0], base + diff["ci95"][1]
-            ax.errorbar([index], [scores[index]], yerr=[[scores[index] - low], [high - scores[index]]], fmt="none",
-                        ecolor="black", capsize=6)  # fmt: skip
+            ax.errorbar(
+                [index],
+                [scores[index]],
+                yerr=[[scores[index] - low], [high - scores[index]]],
+                fmt="none",
+                ecolor="black",
+                capsize=6,
+            )
     ax.set_ylim(min(scores) - 0.05, min(1.0, max(scores) + 0.03))
     ax.set_ylabel(f"{result['metric']} (test)")
-    ax.set_title(f"{result['set']}: {result['epochs']} epochs each, bars: 95 % CI of the difference to tok2vec",
-                 fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"{result['set']}: {result['epochs']} epochs each, bars: 95 % CI of the difference to tok2vec", fontsize=9
+    )
     save_figure(fig, png)
 
 

@@ -55,11 +55,17 @@ def run(args) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     differences = [float(np.abs(a - b).max()) for a, b in zip(own, served)]
     return {
-        "pipeline": str(args.pipeline), "component": args.component, "model": str(source),
-        "sentences": len(sentences), "tokens": sum(len(s) for s in sentences),
-        "weights": [float(w) for w in mix.get_param("W")], "gamma": float(mix.get_param("g")[0]),
-        "max_abs_difference": max(differences), "bar": 1e-5, "machine": machine(),
-    }  # fmt: skip
+        "pipeline": str(args.pipeline),
+        "component": args.component,
+        "model": str(source),
+        "sentences": len(sentences),
+        "tokens": sum(len(s) for s in sentences),
+        "weights": [float(w) for w in mix.get_param("W")],
+        "gamma": float(mix.get_param("g")[0]),
+        "max_abs_difference": max(differences),
+        "bar": 1e-5,
+        "machine": machine(),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = run(args)
     write_json(args.out, result)
-    print(f"{result['sentences']} sentences, {result['tokens']} tokens: served vs listener max |diff| "
-          f"{result['max_abs_difference']:.2e} (bar 1e-5); wrote {args.out}")  # fmt: skip
+    print(
+        f"{result['sentences']} sentences, {result['tokens']} tokens: served vs listener max |diff| "
+        f"{result['max_abs_difference']:.2e} (bar 1e-5); wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

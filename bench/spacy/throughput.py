@@ -65,10 +65,17 @@ def run(args) -> dict:
     pipe_s = statistics.median(r["nlp_pipe_s"] for r in rounds)
     runtime_s = statistics.median(r["in_process_s"] for r in rounds)
     return {
-        "sentences": len(texts), "tokens": n_tokens, "source": source, "batch_size": args.batch_size,
-        "nlp_pipe_tokens_per_s": n_tokens / pipe_s, "in_process_tokens_per_s": n_tokens / runtime_s,
-        "ratio": runtime_s / pipe_s, "rounds": rounds, "machine": machine(), "model": str(args.model),
-    }  # fmt: skip
+        "sentences": len(texts),
+        "tokens": n_tokens,
+        "source": source,
+        "batch_size": args.batch_size,
+        "nlp_pipe_tokens_per_s": n_tokens / pipe_s,
+        "in_process_tokens_per_s": n_tokens / runtime_s,
+        "ratio": runtime_s / pipe_s,
+        "rounds": rounds,
+        "machine": machine(),
+        "model": str(args.model),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

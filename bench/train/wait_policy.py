@@ -105,8 +105,9 @@ def _worker_config(spec: dict):
     if spec["workload"] == "adapt":
         from elmo.train.adapt import Adaptation, AdaptSettings
 
-        job = Adaptation(Path(spec["model"]), Path(spec["text"]), Path(spec["adaptation"]), spec["tokenized"],
-                         AdaptSettings())  # fmt: skip
+        job = Adaptation(
+            Path(spec["model"]), Path(spec["text"]), Path(spec["adaptation"]), spec["tokenized"], AdaptSettings()
+        )
         job.open(resume=True)
         return job.adapt_config()
     from elmo.train.config import load_train_config
@@ -124,8 +125,11 @@ def step_rate(history: list[dict], skip: int) -> dict:
         n = entry["tokens"] - before["tokens"]
         tokens += n
         seconds += n / max(entry["tokens_per_s"], 1e-9)
-    return {"steps": len(steps) - max(skip, 1), "tokens": int(tokens),
-            "tokens_per_s": round(tokens / seconds, 1) if seconds else 0.0}  # fmt: skip
+    return {
+        "steps": len(steps) - max(skip, 1),
+        "tokens": int(tokens),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else 0.0,
+    }
 
 
 def run_worker(spec: dict, env: dict[str, str]) -> dict:
@@ -158,15 +162,33 @@ def prepare_train(args: argparse.Namespace, work: Path) -> dict:
 def prepare_adapt(args: argparse.Namespace, work: Path) -> dict:
     """`elmo adapt --stop-after 0`: the split, the vocabulary and the "before" scores, once for every run."""
     adaptation = work / "adaptation"
-    cmd = [sys.executable, "-m", "elmo.cli", "adapt", "--model", str(args.model), "--text", str(args.text),
-           "--out", str(adaptation), "--stop-after", "0", "--no-export"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "elmo.cli",
+        "adapt",
+        "--model",
+        str(args.model),
+        "--text",
+        str(args.text),
+        "--out",
+        str(adaptation),
+        "--stop-after",
+        "0",
+        "--no-export",
+    ]
     cmd += ["--tokenized"] if args.tokenized else []
     print(f"preparing the adaptation in {adaptation} (split, vocabulary, the 'before' scores)", flush=True)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"wait_policy: elmo adapt --stop-after 0 failed:\n{proc.stderr[-3000:]}")
-    return {"workload": "adapt", "model": str(args.model), "text": str(args.text), "tokenized": args.tokenized,
-            "adaptation": str(adaptation)}  # fmt: skip
+    return {
+        "workload": "adapt",
+        "model": str(args.model),
+        "text": str(args.text),
+        "tokenized": args.tokenized,
+        "adaptation": str(adaptation),
+    }
 
 
 # -- the benchmark ---------------------------------------------------------------------------------------------
@@ -184,11 +206,18 @@ def bench(args: argparse.Namespace, work: Path) -> dict:
                     spec["threads"] = int(variant_settings(variant).get(THREADS, spec["threads"]))
                     result = run_worker(spec, variant_env(variant, dict(os.environ)))
                     runs.append({"variant": variant, "busy": busy, "repeat": repeat, **result})
-                    print(f"  round {repeat + 1} {'busy' if busy else 'idle'} {variant:<28} "
-                          f"{result['tokens_per_s']:>9.1f} tokens/s  ({result['policy']})", flush=True)  # fmt: skip
-    return {"workload": args.workload, "settings": {k: str(v) for k, v in vars(args).items()},
-            "machine": {"cpus": cores, **machine()},
-            "runs": runs, "medians": medians(runs, args.variants)}  # fmt: skip
+                    print(
+                        f"  round {repeat + 1} {'busy' if busy else 'idle'} {variant:<28} "
+                        f"{result['tokens_per_s']:>9.1f} tokens/s  ({result['policy']})",
+                        flush=True,
+                    )
+    return {
+        "workload": args.workload,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "machine": {"cpus": cores, **machine()},
+        "runs": runs,
+        "medians": medians(runs, args.variants),
+    }
 
 
 def medians(runs: list[dict], variants: list[str]) -> dict:

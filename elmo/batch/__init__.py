@@ -27,4 +27,3 @@ pipeline (the shared loop) -> writers (shard files, finished output) ; options (
 jobdir (the job directory, resume) ; atomic (crash-safe files) ; layout (what to write) ; job (start to finish) ;
 cli (``elmo embed-file``).
 """
-

@@ -1,5 +1,4 @@
-"""``elmo embed-file``: the command line of the batch job.
-"""
+"""``elmo embed-file``: the command line of the batch job."""
 
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ log = logging.getLogger("elmo.batch")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, help="text file (one sentence per line) or JSONL with 'id' and 'text'")
     # a str, not a Path: Path("out/") drops the trailing slash that says "a directory" (Parquet)
-    parser.add_argument(
-        "output", help="output .h5/.hdf5 file, or Parquet directory (.parquet, or a name ending in /)"
-    )
+    parser.add_argument("output", help="output .h5/.hdf5 file, or Parquet directory (.parquet, or a name ending in /)")
     source = parser.add_argument_group("where vectors come from (one of)")
     source.add_argument("--model", type=Path, help="model directory (local onnxruntime)")
     source.add_argument("--server", help="HOST:PORT of a running `elmo serve` (remote mode)")
@@ -57,10 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shard-lines", type=int, default=DEFAULT_SHARD_LINES, help="lines per shard (unit of commit and sorting)"
     )
-    parser.add_argument("--engine", choices=["local", "ray"], default="local",
-                        help="local: this process; ray: Ray actors on a cluster (the `batch` extra) (default local)")
-    actors = parser.add_argument("--ray-actors", type=int,
-                                 help="with --engine ray: Ray actors (default: one per GPU, else CPUs / --threads)")
+    parser.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this process; ray: Ray actors on a cluster (the `batch` extra) (default local)",
+    )
+    actors = parser.add_argument(
+        "--ray-actors", type=int, help="with --engine ray: Ray actors (default: one per GPU, else CPUs / --threads)"
+    )
     add_alias(parser, "--workers", actors)
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads per session")
     parser.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")

@@ -166,5 +166,3 @@ def _steady_rate(timeline: list[tuple[float, int]]) -> float | None:
     if len(timeline) < 3 or timeline[-1][0] <= timeline[0][0]:
         return None
     return sum(tokens for _, tokens in timeline[1:]) / (timeline[-1][0] - timeline[0][0])
-
-

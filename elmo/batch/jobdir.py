@@ -108,8 +108,11 @@ class JobDirectory:
         committed = self._read_log()
         differences = describe_differences(old, fingerprint)
         if not committed:
-            log.info("%s: an unfinished job with other options (%s) committed nothing; starting again", self.path,
-                     differences)  # fmt: skip
+            log.info(
+                "%s: an unfinished job with other options (%s) committed nothing; starting again",
+                self.path,
+                differences,
+            )
             self.remove()
             return
         raise InputError(

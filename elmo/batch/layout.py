@@ -1,5 +1,4 @@
-"""What the job writes: which layers (all / top / average / mix:TASK), in which dtype and format.
-"""
+"""What the job writes: which layers (all / top / average / mix:TASK), in which dtype and format."""
 
 from __future__ import annotations
 
@@ -129,5 +128,3 @@ def reduce_layers(layers: np.ndarray, spec: LayerSpec, mix: TaskMix | None = Non
     if mix is None:
         raise InputError(f"--layers {spec.text}: no task mix loaded")
     return mix(layers)
-
-

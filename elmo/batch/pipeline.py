@@ -29,6 +29,8 @@ log = logging.getLogger("elmo.batch")
 
 
 PREFETCH = 2  # call groups embedded ahead of the writer, in a background thread
+
+
 @dataclass
 class ShardStart:
     shard: ShardSpec
@@ -76,8 +78,13 @@ def _checked_records(plan: InputPlan, shard: ShardSpec, options: JobOptions, lim
         record.tokens = record.tokens[: limit.tokens]
         truncated += 1
     if truncated:
-        log.warning("%s: %d lines of shard %d truncated to %d tokens (--overflow truncate)", plan.path, truncated,
-                    shard.number, limit.tokens)  # fmt: skip
+        log.warning(
+            "%s: %d lines of shard %d truncated to %d tokens (--overflow truncate)",
+            plan.path,
+            truncated,
+            shard.number,
+            limit.tokens,
+        )
     return records
 
 
@@ -249,5 +256,3 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-

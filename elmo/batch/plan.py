@@ -33,6 +33,7 @@ EXACT_COUNT_CHARS = 1 << 20
 @dataclass
 class Record:
     """One input line. ``sentence`` is the ``sentence_to_index`` key (the stripped line, or the JSONL text)."""
+
     index: int  # 0-based line index in INPUT: the hdf5 key
     id: str  # JSONL id, or the line index as a string
     sentence: str
@@ -227,15 +228,18 @@ def scan_input(
 
     check_input_path(path)
     with tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc="checking input", disable=not progress,
-        dynamic_ncols=True, leave=False,
-    ) as bar:  # fmt: skip
+        total=path.stat().st_size,
+        unit="B",
+        unit_scale=True,
+        desc="checking input",
+        disable=not progress,
+        dynamic_ncols=True,
+        leave=False,
+    ) as bar:
         return _scan(path, input_format, shard_lines, bar, limit, tokenized)
 
 
-def _scan(
-    path: Path, input_format: str, shard_lines: int, bar, limit: LineLimit | None, tokenized: bool
-) -> InputPlan:
+def _scan(path: Path, input_format: str, shard_lines: int, bar, limit: LineLimit | None, tokenized: bool) -> InputPlan:
     digest = hashlib.sha256()
     shards: list[ShardSpec] = []
     line_index = 0
@@ -300,5 +304,3 @@ def plan_call_groups(lengths: Sequence[int], group_tokens: int) -> list[list[int
     if current:
         groups.append(current)
     return groups
-
-

@@ -135,8 +135,14 @@ def embed_shards_on_ray(
         workers = min(workers, len(pending))
         nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
         policy = restart_policy(nodes)
-        log.info("ray: %d shards on %d actors, %s each; %d nodes: %s", len(pending), workers, resources, nodes,
-                 ", ".join(f"{key}={value}" for key, value in policy.items()))  # fmt: skip
+        log.info(
+            "ray: %d shards on %d actors, %s each; %d nodes: %s",
+            len(pending),
+            workers,
+            resources,
+            nodes,
+            ", ".join(f"{key}={value}" for key, value in policy.items()),
+        )
         options = _absolute(options)
         light_plan = dataclasses.replace(plan, path=plan.path.resolve(), shards=[])
         rows = [dataclasses.asdict(shard) for shard in pending]
@@ -214,8 +220,12 @@ def _commit_rows(results, job: JobDirectory, progress: Progress) -> None:
     memory, a lost node), ends the job with one line."""
     import ray.exceptions
 
-    died = (ray.exceptions.ActorDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-            ray.exceptions.OutOfMemoryError)  # fmt: skip
+    died = (
+        ray.exceptions.ActorDiedError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.OutOfMemoryError,
+    )
     try:
         for row in results.iter_rows():
             if row["error"]:

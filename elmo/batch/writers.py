@@ -404,5 +404,3 @@ def _row_array(vectors, row: int) -> np.ndarray:
         return value.flatten().to_numpy(zero_copy_only=False).reshape(len(value), value.type.list_size)
     tokens = value.flatten()  # n_layers * n token vectors, layer by layer
     return tokens.flatten().to_numpy(zero_copy_only=False).reshape(len(value), -1, tokens.type.list_size)
-
-

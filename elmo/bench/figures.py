@@ -41,8 +41,10 @@ def load_average() -> list[float]:
 def machine(load_at_start: Sequence[float] | None = None) -> dict:
     """The machine, and its load average now and, when given, at the bench's start: read the figures with the load
     beside them. ``host``: elmo.runtime.host.host_facts (CPU model, kernel-relevant flags, cores, library versions)."""
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-           "host": host_facts()}  # fmt: skip
+    out = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "host": host_facts(),
+    }
     if load_at_start is not None:
         out["load_average_at_start"] = [round(v, 2) for v in load_at_start]
     out["load_average_at_end"] = load_average()

@@ -280,12 +280,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=["small", "original"],
         help="random-weight published shapes: small medium original",
     )
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64],
-                        help="sentences per batch, one measurement each (default 1 8 64)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1, 8, 64],
+        help="sentences per batch, one measurement each (default 1 8 64)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch and onnxruntime intra-op threads")
     parser.add_argument("--provider", default="CPUExecutionProvider", help="onnxruntime provider, or 'auto'")
-    budget = parser.add_argument("--time-budget-s", dest="seconds", type=float, default=15.0,
-                                 help="time budget per model and batch size (default 15)")  # fmt: skip
+    budget = parser.add_argument(
+        "--time-budget-s",
+        dest="seconds",
+        type=float,
+        default=15.0,
+        help="time budget per model and batch size (default 15)",
+    )
     add_alias(parser, "--seconds", budget)
     parser.add_argument("--min-batches", type=int, default=2, help="batches timed at least, whatever the budget")
     parser.add_argument("--cache-warm-batches", type=int, default=4, help="batches that fill the cache first")

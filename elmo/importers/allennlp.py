@@ -244,12 +244,14 @@ def read_hdf5(path: str | Path, cfg: ModelConfig, max_bytes: int = DEFAULT_MAX_W
             names = _hard_linked_names(path, handle, h5py)
             expected = expected_datasets(cfg, names)
             check_budget(str(path), (shape for shape, _ in expected.values()), max_bytes, "options.json")
-            datasets = [_declared_dataset(path, handle, name, shape, why, h5py) for name, (shape, why) in
-                        expected.items()]  # fmt: skip
+            datasets = [
+                _declared_dataset(path, handle, name, shape, why, h5py) for name, (shape, why) in expected.items()
+            ]
             ignored = sorted(n for n in names - set(expected) if handle.get(n, getclass=True) is h5py.Dataset)
             if ignored:
-                log.info("%s: ignored %d dataset(s) not used for embedding (not read): %s", path, len(ignored),
-                         ignored[:6])  # fmt: skip
+                log.info(
+                    "%s: ignored %d dataset(s) not used for embedding (not read): %s", path, len(ignored), ignored[:6]
+                )
             return {name: _read_float32(dataset) for name, dataset in zip(expected, datasets)}
     except (OSError, RuntimeError, SystemError, ValueError, KeyError, TypeError) as exc:  # a corrupt file, as h5py
         why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__  # says it
@@ -275,8 +277,10 @@ def _declared_dataset(path: Path, handle, name: str, shape: tuple[int, ...], why
     _refuse_data_elsewhere(path, name, dataset)
     is_float32 = dataset.dtype.kind == "f" and dataset.dtype.itemsize == FLOAT32_BYTES
     if not is_float32 or tuple(dataset.shape) != shape:  # float32 of any byte order; nothing is converted
-        raise ModelFileError(f"{path}: dataset '{name}' is declared {describe(dataset.shape, dataset.dtype)}, "
-                             f"options.json implies {shape} float32 ({why}): refused before reading")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: dataset '{name}' is declared {describe(dataset.shape, dataset.dtype)}, "
+            f"options.json implies {shape} float32 ({why}): refused before reading"
+        )
     return dataset
 
 
@@ -289,21 +293,28 @@ def _read_float32(dataset) -> np.ndarray:
 
 def _refuse_indirect_link(path: Path, name: str, link, h5py) -> None:
     if isinstance(link, h5py.ExternalLink):
-        raise ModelFileError(f"{path}: '{name}' is an HDF5 external link to {link.filename}:{link.path}: refused "
-                             "(a weights file must hold its own data)")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: '{name}' is an HDF5 external link to {link.filename}:{link.path}: refused "
+            "(a weights file must hold its own data)"
+        )
     if isinstance(link, h5py.SoftLink):
-        raise ModelFileError(f"{path}: '{name}' is an HDF5 soft link to {link.path}: refused (a weights file must "
-                             "hold its own data)")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: '{name}' is an HDF5 soft link to {link.path}: refused (a weights file must hold its own data)"
+        )
 
 
 def _refuse_data_elsewhere(path: Path, name: str, dataset) -> None:
     if dataset.external:
         files = sorted({str(entry[0]) for entry in dataset.external})
-        raise ModelFileError(f"{path}: dataset '{name}' keeps its data in external file(s) {files}: refused (a "
-                             "weights file must hold its own data)")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: dataset '{name}' keeps its data in external file(s) {files}: refused (a "
+            "weights file must hold its own data)"
+        )
     if dataset.is_virtual:
-        raise ModelFileError(f"{path}: dataset '{name}' is a virtual dataset (its data maps to other files): refused "
-                             "(a weights file must hold its own data)")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: dataset '{name}' is a virtual dataset (its data maps to other files): refused "
+            "(a weights file must hold its own data)"
+        )
 
 
 def lstm_prefix(names: Collection[str], direction: int, layer: int, n_layers: int) -> str:

@@ -28,8 +28,10 @@ def check_budget(source: str, shapes: Iterable[tuple[int, ...]], max_bytes: int,
     """Raise ModelFileError when the tensors ``implied_by`` the config exceed ``max_bytes``; returns their bytes."""
     total = float32_bytes(shapes)
     if total > max_bytes:
-        raise ModelFileError(f"{source}: {implied_by} implies {total:,} bytes of float32 weights, over the "
-                             f"{max_bytes:,}-byte budget (--max-weight-bytes): refused before reading")  # fmt: skip
+        raise ModelFileError(
+            f"{source}: {implied_by} implies {total:,} bytes of float32 weights, over the "
+            f"{max_bytes:,}-byte budget (--max-weight-bytes): refused before reading"
+        )
     return total
 
 

@@ -127,8 +127,9 @@ def read_dic(path: Path, max_bytes: int | None = None) -> dict[str, int]:
 def _check_file_size(path: Path, max_bytes: int, limit: str) -> None:
     size = path.stat().st_size
     if size > max_bytes:
-        raise ModelFileError(f"{path}: {size:,} bytes, over the {max_bytes:,} this file may have ({limit}): refused "
-                             "unread")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: {size:,} bytes, over the {max_bytes:,} this file may have ({limit}): refused unread"
+        )
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -315,13 +316,17 @@ def check_declarations(cfg: ModelConfig, files: tuple[StateFile, StateFile], max
                 want = (want[0] - 1, *want[1:])  # their table has no row for our "no token here" id 0
             if decl.shape != want or decl.dtype != "float32":
                 declared, implied = describe(decl.shape, decl.dtype), describe(want, "float32")
-                raise ModelFileError(f"{state_file.path}: tensor '{theirs}' is declared {declared}, the config and "
-                                     f"vocabularies imply {implied}: refused before reading")  # fmt: skip
+                raise ModelFileError(
+                    f"{state_file.path}: tensor '{theirs}' is declared {declared}, the config and "
+                    f"vocabularies imply {implied}: refused before reading"
+                )
             seen.add(ours)
         stored = sum(storage.nbytes for storage in state_file.storages(state_file.tensors).values())
         if stored > max_bytes:
-            raise ModelFileError(f"{state_file.path}: its tensors' storages declare {stored:,} bytes, over the "
-                                 f"{max_bytes:,}-byte budget (--max-weight-bytes): refused before reading")  # fmt: skip
+            raise ModelFileError(
+                f"{state_file.path}: its tensors' storages declare {stored:,} bytes, over the "
+                f"{max_bytes:,}-byte budget (--max-weight-bytes): refused before reading"
+            )
     missing = sorted(set(expected) - seen)
     if missing:
         path = files[1].path if missing[0].startswith(("forward", "backward")) else files[0].path

@@ -34,10 +34,17 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001
 # storage class -> (numpy dtype name, bytes per element); numpy has no bfloat16: declared, never read
 STORAGE_DTYPES = {
-    "FloatStorage": ("float32", 4), "DoubleStorage": ("float64", 8), "HalfStorage": ("float16", 2),
-    "BFloat16Storage": ("bfloat16", 2), "LongStorage": ("int64", 8), "IntStorage": ("int32", 4),
-    "ShortStorage": ("int16", 2), "CharStorage": ("int8", 1), "ByteStorage": ("uint8", 1), "BoolStorage": ("bool", 1),
-}  # fmt: skip
+    "FloatStorage": ("float32", 4),
+    "DoubleStorage": ("float64", 8),
+    "HalfStorage": ("float16", 2),
+    "BFloat16Storage": ("bfloat16", 2),
+    "LongStorage": ("int64", 8),
+    "IntStorage": ("int32", 4),
+    "ShortStorage": ("int16", 2),
+    "CharStorage": ("int8", 1),
+    "ByteStorage": ("uint8", 1),
+    "BoolStorage": ("bool", 1),
+}
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,9 @@ class StateFile:
                 handle.seek(self.legacy_offsets[storage.key])
                 data = handle.read(storage.nbytes)
         if len(data) != storage.nbytes:
-            raise ModelFileError(f"{self.path}: storage {storage.key!r} is cut short ({len(data):,} of "
-                                 f"{storage.nbytes:,} bytes)")  # fmt: skip
+            raise ModelFileError(
+                f"{self.path}: storage {storage.key!r} is cut short ({len(data):,} of {storage.nbytes:,} bytes)"
+            )
         return np.frombuffer(data, dtype="<f4")
 
 
@@ -126,8 +134,17 @@ def read_declarations(path: str | Path) -> StateFile:
         if zipfile.is_zipfile(path):
             return _read_zip(path)
         return _read_legacy(path)
-    except (ValueError, TypeError, KeyError, IndexError, EOFError, RecursionError, struct.error, zipfile.BadZipFile,
-            OSError) as exc:  # fmt: skip
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        EOFError,
+        RecursionError,
+        struct.error,
+        zipfile.BadZipFile,
+        OSError,
+    ) as exc:
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(f"{path}: not a torch state dict of tensors ({why})") from None
 
@@ -150,9 +167,11 @@ def _read_zip(path: Path) -> StateFile:
             if info is None:
                 raise ModelFileError(f"{path}: storage {storage.key!r} has no record {name}")
             if info.compress_type != zipfile.ZIP_STORED or info.file_size != storage.nbytes:
-                raise ModelFileError(f"{path}: record {name} holds {info.file_size:,} bytes (compression "
-                                     f"{info.compress_type}), its storage declares {storage.numel:,} {storage.dtype} "
-                                     f"= {storage.nbytes:,} stored bytes")  # fmt: skip
+                raise ModelFileError(
+                    f"{path}: record {name} holds {info.file_size:,} bytes (compression "
+                    f"{info.compress_type}), its storage declares {storage.numel:,} {storage.dtype} "
+                    f"= {storage.nbytes:,} stored bytes"
+                )
             records[storage.key] = name
     return StateFile(path, tensors, zip_records=records)
 
@@ -178,12 +197,16 @@ def _read_legacy(path: Path) -> StateFile:
             handle.seek(position)
             count = handle.read(8)
             if len(count) != 8 or struct.unpack("<q", count)[0] != storage.numel:
-                raise ModelFileError(f"{path}: storage {key!r} declares {storage.numel:,} elements in the pickle "
-                                     "and another count (or none) before its bytes")  # fmt: skip
+                raise ModelFileError(
+                    f"{path}: storage {key!r} declares {storage.numel:,} elements in the pickle "
+                    "and another count (or none) before its bytes"
+                )
             offsets[key], position = position + 8, position + 8 + storage.nbytes
             if position > size:
-                raise ModelFileError(f"{path}: storage {key!r} declares {storage.numel:,} {storage.dtype} = "
-                                     f"{storage.nbytes:,} bytes, past the end of the file ({size:,})")  # fmt: skip
+                raise ModelFileError(
+                    f"{path}: storage {key!r} declares {storage.numel:,} {storage.dtype} = "
+                    f"{storage.nbytes:,} bytes, past the end of the file ({size:,})"
+                )
     return StateFile(path, tensors, legacy_offsets=offsets)
 
 
@@ -198,8 +221,10 @@ def _state_dict(value: object, path: Path) -> dict[str, TensorDecl]:
         raise ModelFileError(f"{path}: a tensor name of {len(long[0]):,} characters ({long[0][:MAX_NAME]}...)")
     for name, decl in value.items():
         if decl.end() > decl.storage.numel:
-            raise ModelFileError(f"{path}: tensor '{name}' {decl.shape} reaches element {decl.end():,} of a storage "
-                                 f"of {decl.storage.numel:,}")  # fmt: skip
+            raise ModelFileError(
+                f"{path}: tensor '{name}' {decl.shape} reaches element {decl.end():,} of a storage "
+                f"of {decl.storage.numel:,}"
+            )
     return dict(value)
 
 
@@ -230,9 +255,21 @@ ORDERED_DICT = ("collections", "OrderedDict")
 REBUILD_TENSOR = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor")}
 REBUILD_PARAMETER = ("torch._utils", "_rebuild_parameter")
 PUSH_ARGUMENT = {
-    "BININT", "BININT1", "BININT2", "LONG1", "LONG4", "BINFLOAT", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8",
-    "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
-}  # fmt: skip
+    "BININT",
+    "BININT1",
+    "BININT2",
+    "LONG1",
+    "LONG4",
+    "BINFLOAT",
+    "BINUNICODE",
+    "SHORT_BINUNICODE",
+    "BINUNICODE8",
+    "BINSTRING",
+    "SHORT_BINSTRING",
+    "BINBYTES",
+    "SHORT_BINBYTES",
+    "BINBYTES8",
+}
 CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 
 

@@ -97,8 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "score (per variant); default auto for built-in data, off otherwise",
     )
     train.add_argument("--l2", type=float, default=0.001, help="L2 on the raw mix weights (paper: 0.001)")
-    train.add_argument("--pooling", choices=("mean", "max", "mean+max"), default="mean+max",
-                       help="classification: how a sentence's vectors become one (default mean+max)")
+    train.add_argument(
+        "--pooling",
+        choices=("mean", "max", "mean+max"),
+        default="mean+max",
+        help="classification: how a sentence's vectors become one (default mean+max)",
+    )
     train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     train.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
     train.add_argument("--dry-run", action="store_true", help="train and print metrics but store nothing")
@@ -240,13 +244,24 @@ def compute_features(args: argparse.Namespace, data: TaskData, cache_name: str) 
         started = time.perf_counter()
         bar = tqdm(total=len(part), unit="sent", desc=f"features {split}", disable=args.no_progress, dynamic_ncols=True)
         out[split] = cache_features(
-            embedder.embed_tokens, part.sentences, args.cache, f"{cache_name}.{split}", key, chunk=256,
+            embedder.embed_tokens,
+            part.sentences,
+            args.cache,
+            f"{cache_name}.{split}",
+            key,
+            chunk=256,
             progress=lambda done, total, bar=bar: bar.update(done - bar.n),
-        )  # fmt: skip
+        )
         bar.update(len(part) - bar.n)  # a cached split: complete at once
         bar.close()
-        log.info("features %s/%s: %d sentences, %d tokens, %.1fs", cache_name, split, len(part), part.n_tokens,
-                 time.perf_counter() - started)  # fmt: skip
+        log.info(
+            "features %s/%s: %d sentences, %d tokens, %.1fs",
+            cache_name,
+            split,
+            len(part),
+            part.n_tokens,
+            time.perf_counter() - started,
+        )
     return out
 
 
@@ -285,7 +300,7 @@ def train_command(args: argparse.Namespace) -> dict:
             pooling=args.pooling,
             seed=args.seed,
             patience=args.patience,
-        )  # fmt: skip
+        )
         for layer_norm in norm_options
     ]
     cache_name = f"{args.task}-{_data_tag(args, data)}"
@@ -361,15 +376,25 @@ def train_command(args: argparse.Namespace) -> dict:
         json.loads((Path(args.model) / "onnx.json").read_text()) if (Path(args.model) / "onnx.json").is_file() else {}
     )
     task, head = to_task(
-        best_model, args.task, labels, metrics=metrics, data={"name": data.name, **data.describe()},
+        best_model,
+        args.task,
+        labels,
+        metrics=metrics,
+        data={"name": data.name, **data.describe()},
         model={"onnx_sha256": model_key(Path(args.model)), "checkpoint_sha256": onnx_meta.get("checkpoint_sha256")},
-    )  # fmt: skip
-    summary = {"task": args.task, "metric": metric,
-               **{k: _rounded(v) for k, v in results.items() if k != "mix_vs_best_layer"}}  # fmt: skip
+    )
+    summary = {
+        "task": args.task,
+        "metric": metric,
+        **{k: _rounded(v) for k, v in results.items() if k != "mix_vs_best_layer"},
+    }
     if "mix_vs_best_layer" in results:
         comparison = results["mix_vs_best_layer"]
-        summary["mix_vs_best_layer"] = {**comparison, "difference": round(comparison["difference"], 4),
-                                        "ci95": [round(x, 4) for x in comparison["ci95"]]}  # fmt: skip
+        summary["mix_vs_best_layer"] = {
+            **comparison,
+            "difference": round(comparison["difference"], 4),
+            "ci95": [round(x, 4) for x in comparison["ci95"]],
+        }
     if not args.dry_run:
         summary["stored"] = str(save_task(args.model, task, head))
     return {"task": task, "summary": summary, "metrics": metrics}
@@ -441,12 +466,19 @@ def apple_experiment(embedder) -> dict:
     layers = []
     for layer in range(vectors.shape[1]):
         sims = cosine_matrix(vectors[:, layer].astype(np.float64))
-        layers.append({
-            "layer": layer, "matrix": sims.round(4).tolist(),
-            "within_sense": float(sims[same].mean()), "across_sense": float(sims[across].mean()),
-        })  # fmt: skip
-    return {"sentences": sentences, "labels": [f"F{i + 1}" for i in range(n_fruit)]
-            + [f"C{i + 1}" for i in range(len(sentences) - n_fruit)], "layers": layers}  # fmt: skip
+        layers.append(
+            {
+                "layer": layer,
+                "matrix": sims.round(4).tolist(),
+                "within_sense": float(sims[same].mean()),
+                "across_sense": float(sims[across].mean()),
+            }
+        )
+    return {
+        "sentences": sentences,
+        "labels": [f"F{i + 1}" for i in range(n_fruit)] + [f"C{i + 1}" for i in range(len(sentences) - n_fruit)],
+        "layers": layers,
+    }
 
 
 def results_table(tasks, split: str | None = None) -> str:
@@ -469,8 +501,11 @@ def results_table(tasks, split: str | None = None) -> str:
         line += f"{weights} ({task.gamma:.2f}) |"
         if comparing:
             c = m.get("mix_vs_best_layer")
-            line += (f" {c['difference']:+.4f} vs {c['layer']} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]: "
-                     f"{verdict(c)} |" if c else " |")  # fmt: skip
+            line += (
+                f" {c['difference']:+.4f} vs {c['layer']} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]: {verdict(c)} |"
+                if c
+                else " |"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -516,8 +551,10 @@ def write_report(model_dir: Path, out: Path, threads: int = 2) -> list[Path]:
         image = ax.imshow(np.array(layer["matrix"]), vmin=low, vmax=1.0, cmap="viridis")
         ax.set_xticks(range(len(apple["labels"])), apple["labels"], fontsize=7)
         ax.set_yticks(range(len(apple["labels"])), apple["labels"], fontsize=7)
-        ax.set_title(f"layer {layer['layer']}: within {layer['within_sense']:.2f} / across {layer['across_sense']:.2f}",
-                     fontsize=8)  # fmt: skip
+        ax.set_title(
+            f"layer {layer['layer']}: within {layer['within_sense']:.2f} / across {layer['across_sense']:.2f}",
+            fontsize=8,
+        )
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle("cosine similarity of 'pingguo' (apple): F = fruit sentences, C = company sentences", fontsize=9)
     written.append(_save(fig, out / "apple_similarity.png"))
@@ -525,20 +562,36 @@ def write_report(model_dir: Path, out: Path, threads: int = 2) -> list[Path]:
     md = ["# Scalar-mix tasks of " + str(model_dir), "", results_table(tasks), ""]
     stale = {t.name: t.stale for t in tasks if t.stale}
     if stale:
-        md += [f"**Stale** ({', '.join(stale)}): {next(iter(stale.values()))}. Their scores above are those of the",
-               "earlier weights; the mixes still answer, but retrain them on this model.", ""]  # fmt: skip
-    md += ["Bold: the mix is at least as good as the best single layer. The same on the dev sets (which chose the",
-           "epoch and the layer-norm setting of every variant):", "", results_table(tasks, "dev"), ""]  # fmt: skip
+        md += [
+            f"**Stale** ({', '.join(stale)}): {next(iter(stale.values()))}. Their scores above are those of the",
+            "earlier weights; the mixes still answer, but retrain them on this model.",
+            "",
+        ]
+    md += [
+        "Bold: the mix is at least as good as the best single layer. The same on the dev sets (which chose the",
+        "epoch and the layer-norm setting of every variant):",
+        "",
+        results_table(tasks, "dev"),
+        "",
+    ]
     for task in tasks:
         md.append(f"- **{task.name}** ({task.kind}, labels: {len(task.labels)}): {_data_line(task.data)}")
     md += ["", f"## {APPLE}: fruit vs company", "", "| id | sentence |", "|---|---|"]
     md += [f"| {lab} | {sent} |" for lab, sent in zip(apple["labels"], apple["sentences"])]
     md += ["", "| layer | mean cosine within a sense | mean cosine across senses | gap |", "|---|---|---|---|"]
-    md += [f"| {x['layer']} | {x['within_sense']:.3f} | {x['across_sense']:.3f} | "
-           f"{x['within_sense'] - x['across_sense']:.3f} |" for x in apple["layers"]]  # fmt: skip
-    md += ["", "## Word-sense benchmark (elmo/senses)", "",
-           "Leave-one-out nearest-neighbour same-sense accuracy of each ambiguous word's vector among its other",
-           "occurrences, per layer and per task mix (chance: what a context-blind vector scores).", ""]  # fmt: skip
+    md += [
+        f"| {x['layer']} | {x['within_sense']:.3f} | {x['across_sense']:.3f} | "
+        f"{x['within_sense'] - x['across_sense']:.3f} |"
+        for x in apple["layers"]
+    ]
+    md += [
+        "",
+        "## Word-sense benchmark (elmo/senses)",
+        "",
+        "Leave-one-out nearest-neighbour same-sense accuracy of each ambiguous word's vector among its other",
+        "occurrences, per layer and per task mix (chance: what a context-blind vector scores).",
+        "",
+    ]
     md += markdown_tables(senses)
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     written.append(out / "report.md")
@@ -556,8 +609,11 @@ def plot_senses(senses: dict, path: Path) -> Path:
     for ax, (language, scores) in zip(axes[0], senses.items()):
         names = [f"layer {j}" for j in range(len(scores["layers"]))] + list(scores["mixes"])
         values = [x["accuracy"] for x in scores["layers"]] + [x["accuracy"] for x in scores["mixes"].values()]
-        ax.bar(range(len(values)), values, color=["#999999"] + ["#4477aa"] * (len(scores["layers"]) - 1)
-               + ["#228833"] * len(scores["mixes"]))  # fmt: skip
+        ax.bar(
+            range(len(values)),
+            values,
+            color=["#999999"] + ["#4477aa"] * (len(scores["layers"]) - 1) + ["#228833"] * len(scores["mixes"]),
+        )
         ax.axhline(scores["layers"][0]["chance"], color="#cc6677", linestyle="--", label="chance")
         ax.set_xticks(range(len(values)), names, rotation=30, ha="right", fontsize=7)
         ax.set_ylim(0, 1)

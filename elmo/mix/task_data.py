@@ -100,15 +100,45 @@ class TaskData:
 # -- Brown POS -------------------------------------------------------------------------------------------------
 UNIVERSAL_TAGS = ("ADJ", "ADP", "ADV", "CONJ", "DET", "NOUN", "NUM", "PRON", "PRT", "VERB", ".", "X")
 _BROWN_EXACT = {
-    "cc": "CONJ", "cs": "ADP", "in": "ADP", "cd": "NUM", "od": "ADJ", "ex": "DET", "md": "VERB", "rp": "PRT",
-    "to": "PRT", "uh": "X", "nil": "X", "fw": "X", "at": "DET", "ap": "DET", "abn": "DET", "abx": "DET",
-    "abl": "ADV", "wdt": "DET", "wql": "ADV", "wrb": "ADV", "rn": "ADV",
-}  # fmt: skip
+    "cc": "CONJ",
+    "cs": "ADP",
+    "in": "ADP",
+    "cd": "NUM",
+    "od": "ADJ",
+    "ex": "DET",
+    "md": "VERB",
+    "rp": "PRT",
+    "to": "PRT",
+    "uh": "X",
+    "nil": "X",
+    "fw": "X",
+    "at": "DET",
+    "ap": "DET",
+    "abn": "DET",
+    "abx": "DET",
+    "abl": "ADV",
+    "wdt": "DET",
+    "wql": "ADV",
+    "wrb": "ADV",
+    "rn": "ADV",
+}
 _BROWN_PREFIX = (
-    ("be", "VERB"), ("do", "VERB"), ("hv", "VERB"), ("vb", "VERB"), ("jj", "ADJ"), ("nn", "NOUN"), ("np", "NOUN"),
-    ("nr", "NOUN"), ("pn", "PRON"), ("pp", "PRON"), ("prp", "PRON"), ("wp", "PRON"), ("rb", "ADV"), ("ql", "ADV"),
+    ("be", "VERB"),
+    ("do", "VERB"),
+    ("hv", "VERB"),
+    ("vb", "VERB"),
+    ("jj", "ADJ"),
+    ("nn", "NOUN"),
+    ("np", "NOUN"),
+    ("nr", "NOUN"),
+    ("pn", "PRON"),
+    ("pp", "PRON"),
+    ("prp", "PRON"),
+    ("wp", "PRON"),
+    ("rb", "ADV"),
+    ("ql", "ADV"),
     ("dt", "DET"),
-)  # fmt: skip
+)
 
 
 def brown_to_universal(tag: str) -> str:

@@ -127,5 +127,3 @@ class EmbedStats:
     tokens: int
     padded_tokens: int
     runs: int
-
-

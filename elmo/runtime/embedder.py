@@ -161,8 +161,14 @@ class Embedder:
         self.cache = TokenVectorCache(options.cache_size)
         request = requested_providers(options.providers)
         settings = (options.intra_op_threads, options.inter_op_threads, options.cuda_options)
-        self._open_sessions(request.providers, settings, options.context_layout, options.wide_batches,
-                            options.runs_in_flight, options.signed_int8)  # fmt: skip
+        self._open_sessions(
+            request.providers,
+            settings,
+            options.context_layout,
+            options.wide_batches,
+            options.runs_in_flight,
+            options.signed_int8,
+        )
         active = self._active_provider(request)
         self.info = EmbedderInfo(
             name=str(self.meta.get("name") or self.model_dir.resolve().name),
@@ -192,9 +198,14 @@ class Embedder:
                 raise
 
     def _open_sessions(
-        self, requested: list[str], settings: tuple, context_layout: str | None, wide_batches: bool,
-        runs_in_flight: int | None, signed_int8: bool | None,
-    ) -> None:  # fmt: skip
+        self,
+        requested: list[str],
+        settings: tuple,
+        context_layout: str | None,
+        wide_batches: bool,
+        runs_in_flight: int | None,
+        signed_int8: bool | None,
+    ) -> None:
         """The encoder graph, the context graph and, on CPU, the parallel runs' copy of it (:meth:`_parallel_runs`).
         The encoder's provider decides the context graph's layout (docs/explanation/runtime.md): a Scan each way on CPU,
         both directions per Scan on CUDA; so where CUDA was asked for, the encoder loads first, and where only the
@@ -212,11 +223,13 @@ class Embedder:
                 )
             self.context_layout = self._pick_layout(context_layout, first, graphs, wide_batches)
             key, default = self._context_graph(graphs, first, signed_int8)
-            self._paths["context"] = member_file(self.model_dir, graphs.get(key, default), "context graph",
-                                                 must_exist=False)  # fmt: skip
+            self._paths["context"] = member_file(
+                self.model_dir, graphs.get(key, default), "context graph", must_exist=False
+            )
             # When CUDA did not load for the first graph, asking again would only repeat onnxruntime's complaint.
-            context = loads.submit(open_session, self._paths["context"], [CPU] if first == CPU else requested,
-                                   *settings)  # fmt: skip
+            context = loads.submit(
+                open_session, self._paths["context"], [CPU] if first == CPU else requested, *settings
+            )
             self.runs_in_flight, run_threads = self._parallel_runs(runs_in_flight, settings[0], first)
             parallel = None
             if self.runs_in_flight > 1:
@@ -245,15 +258,21 @@ class Embedder:
         CPU its u8 x s8 form where ``signed_int8`` (None: this CPU) says so. ``int8_products`` records which."""
         has_signed = CONTEXT_S8_KEY in graphs
         if signed_int8 and not has_signed:
-            raise ModelFileError(f"{self.model_dir}: signed_int8 was demanded but this export has no "
-                                 f"{CONTEXT_S8_FILE} (the current `elmo export --int8` writes it: re-run `elmo "
-                                 "export --int8`)")  # fmt: skip
+            raise ModelFileError(
+                f"{self.model_dir}: signed_int8 was demanded but this export has no "
+                f"{CONTEXT_S8_FILE} (the current `elmo export --int8` writes it: re-run `elmo "
+                "export --int8`)"
+            )
         self.int8_products = None
         if has_signed and self.context_layout == "separate" and provider == CPU:
             signed = int8_accumulates_in_int32() if signed_int8 is None else signed_int8
             self.int8_products = "u8 x s8" if signed else "u8 x u8"
-            log.info("int8 products of %s as %s (%s)", self.model_dir, self.int8_products,
-                     CONTEXT_S8_FILE if signed else CONTEXT_LAYOUTS["separate"][1])  # fmt: skip
+            log.info(
+                "int8 products of %s as %s (%s)",
+                self.model_dir,
+                self.int8_products,
+                CONTEXT_S8_FILE if signed else CONTEXT_LAYOUTS["separate"][1],
+            )
             if signed:
                 return CONTEXT_S8_KEY, CONTEXT_S8_FILE
         return CONTEXT_LAYOUTS[self.context_layout]
@@ -279,8 +298,9 @@ class Embedder:
             self._pool = ThreadPoolExecutor(self.runs_in_flight, thread_name_prefix="elmo-run")
             # Threads are started on first use, so a background call never creates a foreground thread, nor the
             # other way round: each pool's threads keep the priority they were made with.
-            self._background_pool = background_executor(self.runs_in_flight, "elmo-run-background",
-                                                        self.background_nice)  # fmt: skip
+            self._background_pool = background_executor(
+                self.runs_in_flight, "elmo-run-background", self.background_nice
+            )
 
     def close(self) -> None:
         """Release the sessions and thread pools (a server unloading this model version); unusable afterwards. The
@@ -428,8 +448,11 @@ class Embedder:
         chars = np.array([self.scheme.token_ids("a")], dtype=np.int64)
         table = np.concatenate([np.zeros_like(self._boundaries[:1]), self._boundaries, self._boundaries[:1]])
         feeds = self._feeds(table, [[_FIRST_TOKEN_ROW]])
-        for session, output, inputs in ((encoder, "token_vectors", {"char_ids": chars}), (context, "layers", feeds),
-                                        (parallel, "layers", feeds)):  # fmt: skip
+        for session, output, inputs in (
+            (encoder, "token_vectors", {"char_ids": chars}),
+            (context, "layers", feeds),
+            (parallel, "layers", feeds),
+        ):
             options = None if session is None else shrink_run_options(session)
             if options is not None:
                 session.run([output], inputs, options)

@@ -44,8 +44,9 @@ class MemoryOptions:
 
     def validate(self) -> MemoryOptions:
         if self.cpu_memory_arena not in ARENA_CHOICES:
-            raise ConfigError(f"--cpu-memory-arena must be one of {', '.join(ARENA_CHOICES)} "
-                              f"(got {self.cpu_memory_arena!r})")  # fmt: skip
+            raise ConfigError(
+                f"--cpu-memory-arena must be one of {', '.join(ARENA_CHOICES)} (got {self.cpu_memory_arena!r})"
+            )
         if self.malloc_mmap_threshold_bytes < 0:
             got = self.malloc_mmap_threshold_bytes
             raise ConfigError(f"--malloc-mmap-threshold-bytes must be 0 or more (got {got})")
@@ -75,9 +76,13 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("runtime memory")
     for f in fields(MemoryOptions):
         default = getattr(MemoryOptions(), f.name)
-        group.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default,
-                           help=f"{_MEMORY_HELP[f.name]} (default {default})",
-                           **({"choices": list(ARENA_CHOICES)} if f.name == "cpu_memory_arena" else {}))  # fmt: skip
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            help=f"{_MEMORY_HELP[f.name]} (default {default})",
+            **({"choices": list(ARENA_CHOICES)} if f.name == "cpu_memory_arena" else {}),
+        )
 
 
 def memory_from_args(args: argparse.Namespace) -> MemoryOptions:
@@ -181,5 +186,14 @@ def cuda_memory_options(options: MemoryOptions) -> dict[str, str]:
     return {} if keeps_peak else {"arena_extend_strategy": "kSameAsRequested"}
 
 
-__all__ = ["MemoryOptions", "add_memory_arguments", "configure_memory", "cuda_memory_options", "memory_from_args",
-           "memory_options", "register_release", "release_free_memory", "release_memory"]
+__all__ = [
+    "MemoryOptions",
+    "add_memory_arguments",
+    "configure_memory",
+    "cuda_memory_options",
+    "memory_from_args",
+    "memory_options",
+    "register_release",
+    "release_free_memory",
+    "release_memory",
+]

@@ -134,8 +134,10 @@ def read_onnx_metadata(model_dir: str | Path, check_checkpoint: bool = True) -> 
     if not path.is_file():
         raise ModelFileError(f"{path}: export metadata not found (run `elmo export --model {directory}`)")
     if path.stat().st_size > MAX_META_BYTES:
-        raise ModelFileError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_META_BYTES:,} an export's "
-                             "metadata may have: refused unread")  # fmt: skip
+        raise ModelFileError(
+            f"{path}: {path.stat().st_size:,} bytes, over the {MAX_META_BYTES:,} an export's "
+            "metadata may have: refused unread"
+        )
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

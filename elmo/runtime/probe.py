@@ -126,8 +126,11 @@ def judge(probe: Probe, got: Sequence[np.ndarray]) -> ProbeResult:
     finite = sum(int(np.count_nonzero(np.isfinite(g))) for g in got)
     total = sum(g.size for g in got)
     if finite != total:  # broken weights (NaN in a table) or a broken kernel: no distance means anything
-        return ProbeResult(False, f"{total - finite} non-finite values (NaN or inf) of {total} in the probe's vectors",
-                           "finite vectors, then the export's")  # fmt: skip
+        return ProbeResult(
+            False,
+            f"{total - finite} non-finite values (NaN or inf) of {total} in the probe's vectors",
+            "finite vectors, then the export's",
+        )
     if probe.kind == MAX_ABS:
         error = max(float(np.max(np.abs(g.astype(np.float64) - e))) for g, e in zip(got, expected) if e.size)
         bound = float(probe.bar["max_abs_error"])

@@ -196,4 +196,3 @@ def open_session(
         return ort.InferenceSession(str(path), options, providers=with_options)
     except Exception as exc:  # onnxruntime raises its own untyped errors for unreadable graphs
         raise ModelFileError(f"{path}: onnxruntime cannot load this graph ({type(exc).__name__}: {exc})") from None
-

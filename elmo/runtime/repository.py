@@ -208,8 +208,9 @@ def publishing(root: Path, name: str) -> Iterator[Publication]:
             shutil.rmtree(publication.folder, ignore_errors=True)
 
 
-def publish_copy(source: Path, root: Path, name: str,
-                 ignore: Callable[[str, list[str]], list[str]] | None = None) -> Publication:  # fmt: skip
+def publish_copy(
+    source: Path, root: Path, name: str, ignore: Callable[[str, list[str]], list[str]] | None = None
+) -> Publication:
     """Copy the model directory ``source`` (``ignore`` as shutil.copytree's) in as the next version of ``name``."""
     with publishing(root, name) as publication:
         shutil.copytree(source, publication.folder, ignore=ignore, dirs_exist_ok=True, symlinks=False)

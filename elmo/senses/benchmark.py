@@ -107,8 +107,12 @@ def nearest_neighbour_accuracy(vectors: np.ndarray, words: Sequence[str], senses
         per_word[word] = {"accuracy": float(word_hits.mean()), "chance": float(word_chance.mean()), "n": len(rows)}
         hits[rows] = word_hits
         chances.extend(word_chance)
-    return {"accuracy": float(np.mean(hits)), "chance": float(np.mean(chances)), "words": per_word,
-            "hits": [round(float(h), 4) for h in hits]}  # fmt: skip
+    return {
+        "accuracy": float(np.mean(hits)),
+        "chance": float(np.mean(chances)),
+        "words": per_word,
+        "hits": [round(float(h), 4) for h in hits],
+    }
 
 
 def score_language(examples: Sequence[SenseExample], layers: Sequence[np.ndarray], mixes: dict | None = None) -> dict:
@@ -126,8 +130,11 @@ def score_language(examples: Sequence[SenseExample], layers: Sequence[np.ndarray
         vectors = np.stack([word_vector(e, mix(x)) for e, x in zip(examples, layers)])
         result["mixes"][name] = nearest_neighbour_accuracy(vectors, words, senses)
     best = max(range(n_layers), key=lambda j: result["layers"][j]["accuracy"])
-    result["best_layer"] = {"layer": best, "accuracy": result["layers"][best]["accuracy"],
-                            "hits": result["layers"][best]["hits"]}  # fmt: skip
+    result["best_layer"] = {
+        "layer": best,
+        "accuracy": result["layers"][best]["accuracy"],
+        "hits": result["layers"][best]["hits"],
+    }
     return result
 
 

@@ -224,8 +224,9 @@ class ElmoComponent(Pipe):
                     self._backend.check_task(self.output.task)
                 except ElmoError as exc:
                     self._backend = None
-                    raise ElmoSpacyError(f"elmo component '{self.name}': output task:{self.output.task}: {exc}") \
-                        from None
+                    raise ElmoSpacyError(
+                        f"elmo component '{self.name}': output task:{self.output.task}: {exc}"
+                    ) from None
         return self._backend
 
     def _where(self) -> str:
@@ -324,8 +325,10 @@ class ElmoComponent(Pipe):
             for tokens, owner in zip(sentences, owners):
                 if len(tokens) > limit:
                     refusal = over_limit_message(f"the document starting {docs[owner].text[:30]!r}", len(tokens), limit)
-                    raise ElmoSpacyError(f"elmo component '{self.name}': {refusal} (component config: overflow = "
-                                         "\"window\" or \"truncate\")")
+                    raise ElmoSpacyError(
+                        f"elmo component '{self.name}': {refusal} (component config: overflow = "
+                        '"window" or "truncate")'
+                    )
         elif self.overflow is Overflow.TRUNCATE:
             sentences = [tokens[:limit] for tokens in sentences]
         try:
@@ -472,8 +475,17 @@ def make_elmo(
 ) -> ElmoComponent:
     try:
         return ElmoComponent(
-            nlp, name, model=model, server=server, model_name=model_name, output=output, extension=extension,
-            overflow=overflow, cache_mb=cache_mb, bundle=bundle, threads=threads,
-        )  # fmt: skip
+            nlp,
+            name,
+            model=model,
+            server=server,
+            model_name=model_name,
+            output=output,
+            extension=extension,
+            overflow=overflow,
+            cache_mb=cache_mb,
+            bundle=bundle,
+            threads=threads,
+        )
     except InputError as exc:
         raise ElmoSpacyError(f"elmo component '{name}': {exc}") from None

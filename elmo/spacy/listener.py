@@ -67,8 +67,10 @@ class ElmoListener(Model):
         for doc, array in zip(docs, layers):
             shape = getattr(array, "shape", None)
             if shape is None or len(shape) != 3 or shape[1] != len(doc):
-                raise ElmoSpacyError(f"elmo listener: doc._.{self.attrs['extension']} must be (n_layers, {len(doc)}, "
-                                     f"dim) for this Doc, got {shape}")  # fmt: skip
+                raise ElmoSpacyError(
+                    f"elmo listener: doc._.{self.attrs['extension']} must be (n_layers, {len(doc)}, "
+                    f"dim) for this Doc, got {shape}"
+                )
             if want[0] is not None and (shape[0], shape[2]) != want:
                 raise ElmoSpacyError(
                     f"elmo listener: it was trained on {want[0]} layers of width {want[1]}, but the 'elmo' component "

@@ -57,7 +57,9 @@ def export_task(pipeline: str | Path, component: str, model_dir: str | Path, nam
         raise ElmoSpacyError(f"{pipeline}: spaCy cannot load it: {exc}") from None
     task = listener_task(nlp, component, name)
     if (task.n_layers, task.dim) != (int(meta["n_layers"]), int(meta["dim"])):
-        raise ElmoSpacyError(f"component {component!r} mixes {task.n_layers} layers of width {task.dim}; the model "
-                             f"{model_dir} has {meta['n_layers']} of width {meta['dim']}")  # fmt: skip
+        raise ElmoSpacyError(
+            f"component {component!r} mixes {task.n_layers} layers of width {task.dim}; the model "
+            f"{model_dir} has {meta['n_layers']} of width {meta['dim']}"
+        )
     task.data["pipeline"] = str(Path(pipeline).resolve())
     return save_task(model_dir, task)

@@ -144,8 +144,11 @@ def measure(model_dir: Path, vocab: list[str], heldout: list[list[str]]) -> dict
     char_scheme = load_char_scheme(model_dir)
     scores = score_sentences(bilm, Vocab(vocab, char_scheme), heldout).report()
     senses = sense_results(bilm, char_scheme)
-    return {**scores, "senses": {lang: round(r["best_layer"]["accuracy"], 4) for lang, r in senses.items()},
-            "sense_hits": {lang: r["best_layer"]["hits"] for lang, r in senses.items()}}  # fmt: skip
+    return {
+        **scores,
+        "senses": {lang: round(r["best_layer"]["accuracy"], 4) for lang, r in senses.items()},
+        "sense_hits": {lang: r["best_layer"]["hits"] for lang, r in senses.items()},
+    }
 
 
 def senses_change(before: dict, after: dict) -> dict:
@@ -153,11 +156,16 @@ def senses_change(before: dict, after: dict) -> dict:
     benchmark's sentences and its verdict (elmo.significance.verdict)."""
     out = {}
     for language, hits_before in before["sense_hits"].items():
-        counts = [np.stack([np.asarray(h, dtype=np.float64), np.ones(len(h)), np.ones(len(h))], axis=1)
-                  for h in (after["sense_hits"][language], hits_before)]  # fmt: skip
+        counts = [
+            np.stack([np.asarray(h, dtype=np.float64), np.ones(len(h)), np.ones(len(h))], axis=1)
+            for h in (after["sense_hits"][language], hits_before)
+        ]
         comparison = paired_bootstrap("accuracy", *counts)
-        out[language] = {"difference": round(comparison["difference"], 4),
-                         "ci95": [round(v, 4) for v in comparison["ci95"]], "verdict": verdict(comparison)}  # fmt: skip
+        out[language] = {
+            "difference": round(comparison["difference"], 4),
+            "ci95": [round(v, 4) for v in comparison["ci95"]],
+            "verdict": verdict(comparison),
+        }
     return out
 
 
@@ -195,13 +203,20 @@ class Adaptation:
             self.clock = CommandClock(self.s.minutes * 60, spent_in_earlier_runs(self.record, elapsed))
             return
         if path.is_file():
-            raise ConfigError(f"{path}: {self.out} already holds an adaptation: --resume continues it, or choose "
-                              "another --out")  # fmt: skip
+            raise ConfigError(
+                f"{path}: {self.out} already holds an adaptation: --resume continues it, or choose another --out"
+            )
         if self.out.exists() and any(p.name != WORK_DIR for p in self.out.iterdir()):
             raise ConfigError(f"{self.out}: not empty; adapt writes a new model directory")
         shutil.rmtree(self.work, ignore_errors=True)  # a split cut short before the record was written
-        self.record = {"model": str(self.model.resolve()), "text": str(self.text), "text_sha256": sha256_of(self.text),
-                       "tokenized": self.tokenized, "settings": asdict(self.s), "started": time.time()}  # fmt: skip
+        self.record = {
+            "model": str(self.model.resolve()),
+            "text": str(self.text),
+            "text_sha256": sha256_of(self.text),
+            "tokenized": self.tokenized,
+            "settings": asdict(self.s),
+            "started": time.time(),
+        }
 
     def save(self) -> None:
         self.record["spent_s"] = round(self.clock.spent_s(), 1)
@@ -231,12 +246,16 @@ class Adaptation:
         replayed = self._write_replay(sum(map(len, train_part)))
         pieces = chunk_long(train_part + replayed, DataConfig.max_sentence_tokens)
         self.record["split"] = {
-            "train_sentences": len(train_part), "train_tokens": sum(map(len, train_part)),
-            "heldout_sentences": len(heldout), "heldout_tokens": sum(map(len, heldout)),
+            "train_sentences": len(train_part),
+            "train_tokens": sum(map(len, train_part)),
+            "heldout_sentences": len(heldout),
+            "heldout_tokens": sum(map(len, heldout)),
             "batches_per_epoch": len(length_batches([len(p) for p in pieces], self.s.tokens_per_batch)),
-            "replay_tokens": sum(map(len, replayed)), "vocab": len(vocab), "new_softmax": not has_softmax,
+            "replay_tokens": sum(map(len, replayed)),
+            "vocab": len(vocab),
+            "new_softmax": not has_softmax,
             "oov_rate": round(Vocab(vocab).oov_rate(heldout), 4),
-        }  # fmt: skip
+        }
         self.save()
 
     def measure_before(self) -> None:
@@ -258,13 +277,21 @@ class Adaptation:
         if "softmax_fit_budget_s" not in self.record:  # fixed when the fit starts, so that a resume keeps it
             trainable = training_time_s(self.clock, reserve_s(None, self.clock.budget_s), 0.0)
             self.record["softmax_fit_budget_s"] = round(self.s.softmax_share * trainable, 1)
-        cfg = self._train_config(self.work / "start", lr=self.s.softmax_lr, epochs=min(self.s.epochs, 2.0),
-                                 max_time_s=self.record["softmax_fit_budget_s"], softmax_only=True)  # fmt: skip
+        cfg = self._train_config(
+            self.work / "start",
+            lr=self.s.softmax_lr,
+            epochs=min(self.s.epochs, 2.0),
+            max_time_s=self.record["softmax_fit_budget_s"],
+            softmax_only=True,
+        )
         state = self._train(cfg, run)
         if "stopped_by" in state:
             return
-        self.record["softmax_fit"] = {"steps": state["step"], "tokens": state["tokens"],
-                                      "elapsed_s": round(state["elapsed_s"], 1)}  # fmt: skip
+        self.record["softmax_fit"] = {
+            "steps": state["step"],
+            "tokens": state["tokens"],
+            "elapsed_s": round(state["elapsed_s"], 1),
+        }
         self._measure_before(run)
 
     def adapt(self, stop_after: int | None = None) -> bool:
@@ -278,8 +305,11 @@ class Adaptation:
             return False
         if stop_after is not None and state["step"] < cfg.train.max_steps and state["elapsed_s"] < max_time_s:
             return False
-        self.record["adapt"] = {"steps": state["step"], "tokens": state["tokens"],
-                                "elapsed_s": round(state["elapsed_s"], 1)}  # fmt: skip
+        self.record["adapt"] = {
+            "steps": state["step"],
+            "tokens": state["tokens"],
+            "elapsed_s": round(state["elapsed_s"], 1),
+        }
         self.save()
         return True
 
@@ -297,8 +327,11 @@ class Adaptation:
         """The training loop in ``run``, resumed when it holds a state; the record notes where the command's clock
         stood when this training (re)started, so that a run killed mid-training is still counted on resume."""
         elapsed = _train_elapsed(run)
-        self.record["training_mark"] = {"run": str(run), "spent_s": round(self.clock.spent_s(), 1),
-                                        "elapsed_s": elapsed or 0.0}  # fmt: skip
+        self.record["training_mark"] = {
+            "run": str(run),
+            "spent_s": round(self.clock.spent_s(), 1),
+            "elapsed_s": elapsed or 0.0,
+        }
         self.save()
         state = train(cfg, run, resume=elapsed is not None, stop_after=stop_after, stop=self.stop)
         self.record.pop("training_mark")
@@ -310,15 +343,21 @@ class Adaptation:
         done = [name for name in ("split", "before", "softmax_fit", "adapt", "after", "export") if name in self.record]
         trained = _train_elapsed(self.out)
         training = f"; training trained {trained:.0f} s so far" if trained is not None and "adapt" not in done else ""
-        return (f"elmo adapt: resuming {self.out} (done: {', '.join(done) or 'nothing'}{training}); "
-                f"{self.clock.spent_s():.0f} s of the {self.clock.budget_s:.0f} s budget used, "
-                f"{max(0.0, self.clock.left_s()):.0f} s left")  # fmt: skip
+        return (
+            f"elmo adapt: resuming {self.out} (done: {', '.join(done) or 'nothing'}{training}); "
+            f"{self.clock.spent_s():.0f} s of the {self.clock.budget_s:.0f} s budget used, "
+            f"{max(0.0, self.clock.left_s()):.0f} s left"
+        )
 
     def stopped(self) -> dict:
         """The record saved; the result line of a run stopped by Ctrl-C / SIGTERM."""
         self.save()
-        return {"stopped_by": self.stop.name, "out": str(self.out), "spent_s": self.record["spent_s"],
-                "resume": f"elmo adapt --model {self.model} --text {self.text} --out {self.out} --resume"}  # fmt: skip
+        return {
+            "stopped_by": self.stop.name,
+            "out": str(self.out),
+            "spent_s": self.record["spent_s"],
+            "resume": f"elmo adapt --model {self.model} --text {self.text} --out {self.out} --resume",
+        }
 
     def finish(self, export: Exporter | None = None, publish: Publisher | None = None) -> dict:
         if "after" not in self.record:
@@ -336,20 +375,29 @@ class Adaptation:
                 self.record["published"] = published
                 self.save()
         if self.record["spent_s"] > self.clock.budget_s * 1.1:
-            log.warning("the adaptation took %.1f minutes, over the --minutes %g budget: scoring and export alone "
-                        "took longer than the budget allowed", self.record["spent_s"] / 60, self.s.minutes)  # fmt: skip
+            log.warning(
+                "the adaptation took %.1f minutes, over the --minutes %g budget: scoring and export alone "
+                "took longer than the budget allowed",
+                self.record["spent_s"] / 60,
+                self.s.minutes,
+            )
         before, after = self.record["before"], self.record["after"]
         return {
-            "before_ppl": before["avg_ppl"], "after_ppl": after["avg_ppl"],
+            "before_ppl": before["avg_ppl"],
+            "after_ppl": after["avg_ppl"],
             "change": round(after["avg_ppl"] / before["avg_ppl"] - 1, 4),
             "tokens": self.record["adapt"]["tokens"] + self.record.get("softmax_fit", {}).get("tokens", 0),
-            "heldout_tokens": self.record["split"]["heldout_tokens"], "oov_rate": self.record["split"]["oov_rate"],
-            "senses_before": before["senses"], "senses_after": after["senses"],
+            "heldout_tokens": self.record["split"]["heldout_tokens"],
+            "oov_rate": self.record["split"]["oov_rate"],
+            "senses_before": before["senses"],
+            "senses_after": after["senses"],
             "senses_change": senses_change(before, after),
-            "softmax_fitted": self.record["split"]["new_softmax"], "stale_tasks": carried,
-            "minutes": round(self.record["spent_s"] / 60, 1), "out": str(self.out),
+            "softmax_fitted": self.record["split"]["new_softmax"],
+            "stale_tasks": carried,
+            "minutes": round(self.record["spent_s"] / 60, 1),
+            "out": str(self.out),
             **({"published": self.record["published"]} if publish is not None else {}),
-        }  # fmt: skip
+        }
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _vocab(self) -> list[str]:
@@ -373,15 +421,31 @@ class Adaptation:
         split = self.record["split"]
         steps = max(1, math.ceil(epochs * split["batches_per_epoch"]))
         train_files = [str(self.work / "train.txt")] + ([str(self.work / "replay.txt")] if self.s.replay else [])
-        data = DataConfig(train=train_files, valid=str(self.work / "heldout.txt"),
-                          vocab=str(self.work / "vocab.txt"), valid_tokens=split["heldout_tokens"])  # fmt: skip
+        data = DataConfig(
+            train=train_files,
+            valid=str(self.work / "heldout.txt"),
+            vocab=str(self.work / "vocab.txt"),
+            valid_tokens=split["heldout_tokens"],
+        )
         optim = OptimConfig(
-            lr=lr, warmup_steps=min(30, max(1, steps // 10)), min_lr_ratio=0.05, clip=5.0,
-            tokens_per_batch=self.s.tokens_per_batch, n_negatives=self.s.n_negatives, max_steps=steps,
-            max_time_s=max_time_s, anneal_by_time=True, seed=self.s.seed, valid_every=max(1, min(100, steps // 4)),
-            checkpoint_every=max(1, min(50, steps // 4)), threads=self.s.threads, init_bias_unigram=False,
-            calibrate_bias_tokens=self.s.calibrate_tokens, init_from=str(start), softmax_only=softmax_only,
-        )  # fmt: skip
+            lr=lr,
+            warmup_steps=min(30, max(1, steps // 10)),
+            min_lr_ratio=0.05,
+            clip=5.0,
+            tokens_per_batch=self.s.tokens_per_batch,
+            n_negatives=self.s.n_negatives,
+            max_steps=steps,
+            max_time_s=max_time_s,
+            anneal_by_time=True,
+            seed=self.s.seed,
+            valid_every=max(1, min(100, steps // 4)),
+            checkpoint_every=max(1, min(50, steps // 4)),
+            threads=self.s.threads,
+            init_bias_unigram=False,
+            calibrate_bias_tokens=self.s.calibrate_tokens,
+            init_from=str(start),
+            softmax_only=softmax_only,
+        )
         return TrainConfig(model=load_config(start), data=data, train=optim)
 
     def _carry_tasks(self) -> list[str]:
@@ -395,9 +459,17 @@ class Adaptation:
         return mark_tasks_stale(self.out, reason)
 
 
-def adapt(model: Path, text: Path, out: Path, tokenized: bool, settings: AdaptSettings, resume: bool,
-          export: Exporter | None = None, stop_after: int | None = None,
-          publish: Publisher | None = None) -> dict:  # fmt: skip
+def adapt(
+    model: Path,
+    text: Path,
+    out: Path,
+    tokenized: bool,
+    settings: AdaptSettings,
+    resume: bool,
+    export: Exporter | None = None,
+    stop_after: int | None = None,
+    publish: Publisher | None = None,
+) -> dict:
     """Run (or continue) every step; returns the result line's content (``{"stopped_at": step}`` when
     ``stop_after`` ended the training early). ``export`` and ``publish`` are the last steps, given by the caller
     (`elmo adapt` passes the export stage's, elmo.export.adapt): training does not reach up the pipeline."""
@@ -427,10 +499,19 @@ def _train_elapsed(run: Path) -> float | None:
 
 
 def settings_from(args: argparse.Namespace) -> AdaptSettings:
-    s = AdaptSettings(minutes=args.time_budget_s / 60, epochs=args.epochs, lr=args.lr, heldout_share=args.heldout_share,
-                      heldout_tokens=args.heldout_tokens, tokens_per_batch=args.tokens_per_batch,
-                      calibrate_tokens=args.calibrate_tokens, replay=args.replay, replay_share=args.replay_share,
-                      threads=args.threads, seed=args.seed)  # fmt: skip
+    s = AdaptSettings(
+        minutes=args.time_budget_s / 60,
+        epochs=args.epochs,
+        lr=args.lr,
+        heldout_share=args.heldout_share,
+        heldout_tokens=args.heldout_tokens,
+        tokens_per_batch=args.tokens_per_batch,
+        calibrate_tokens=args.calibrate_tokens,
+        replay=args.replay,
+        replay_share=args.replay_share,
+        threads=args.threads,
+        seed=args.seed,
+    )
     if not (s.minutes > 0 and s.epochs > 0 and s.lr > 0 and s.tokens_per_batch > 0 and s.calibrate_tokens >= 0):
         raise ConfigError("--time-budget-s, --epochs, --lr and --batch-tokens must be > 0, --calibrate-tokens >= 0")
     if not 0 < s.replay_share < 1:

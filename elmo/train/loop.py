@@ -168,8 +168,14 @@ def validate(bilm: BiLM, vocab: Vocab, valid: list[list[str]], d: Dist) -> dict:
     }
 
 
-def train(cfg: TrainConfig, out: Path, resume: bool, stop_after: int | None = None, d: Dist | None = None,
-          stop: StopRequest | None = None) -> dict:  # fmt: skip
+def train(
+    cfg: TrainConfig,
+    out: Path,
+    resume: bool,
+    stop_after: int | None = None,
+    d: Dist | None = None,
+    stop: StopRequest | None = None,
+) -> dict:
     """Run (or continue) training; returns the final train state. ``stop_after`` ends the process after that
     global step (for tests and for splitting a run) without changing the schedule. Ctrl-C / SIGTERM (``stop``, or
     one of its own) end it after the step in progress with a checkpoint; the state returned then says
@@ -274,12 +280,31 @@ def _set_up(cfg: TrainConfig, out: Path, resume: bool, d: Dist) -> _Run:
         log.info(
             "model %.2f M parameters (+%.2f M softmax), vocab %d, %d train sentences in %d batches/rank/epoch, "
             "world %d, %s softmax",
-            bilm.num_parameters() / 1e6, (bilm.num_parameters(True) - bilm.num_parameters()) / 1e6,
-            len(vocab_tokens), len(train_sentences), batches.per_rank, d.world,
+            bilm.num_parameters() / 1e6,
+            (bilm.num_parameters(True) - bilm.num_parameters()) / 1e6,
+            len(vocab_tokens),
+            len(train_sentences),
+            batches.per_rank,
+            d.world,
             f"sampled ({t.n_negatives})" if sampled else "full",
-        )  # fmt: skip
-    return _Run(cfg, out, d, vocab_tokens, vocab, char_scheme, train_sentences, valid_sentences, batches, bilm,
-                objective, optimizer, sampler, freqs, state)  # fmt: skip
+        )
+    return _Run(
+        cfg,
+        out,
+        d,
+        vocab_tokens,
+        vocab,
+        char_scheme,
+        train_sentences,
+        valid_sentences,
+        batches,
+        bilm,
+        objective,
+        optimizer,
+        sampler,
+        freqs,
+        state,
+    )
 
 
 def _steps(run: _Run, report: TrainingReport, last_step: int, stop: StopRequest) -> bool:
@@ -327,8 +352,7 @@ def _step(run: _Run, stop: StopRequest) -> _Step:
 
     n_tokens = int((targets[:, 1:] != IGNORE).sum())
     # the stop request travels with the step's sums, so that every rank stops after the same step
-    loss_sum, step_tokens, stops = all_reduce_sum([loss.item() * n_tokens, float(n_tokens),
-                                                   float(stop.requested)], d)  # fmt: skip
+    loss_sum, step_tokens, stops = all_reduce_sum([loss.item() * n_tokens, float(n_tokens), float(stop.requested)], d)
     state["step"] = step + 1
     state["tokens"] += int(step_tokens)
     return _Step(lr, grad_norm, loss_sum, int(step_tokens), stops > 0)
@@ -343,8 +367,11 @@ def _checkpoint(run: _Run) -> None:
 def _scores(run: _Run) -> dict:
     """Validation perplexity (all ranks), and the word-sense benchmark where the config asks for it (rank 0)."""
     state = run.state
-    scores = {"step": state["step"], "tokens": state["tokens"], **validate(run.bilm, run.vocab, run.valid_sentences,
-                                                                             run.d)}  # fmt: skip
+    scores = {
+        "step": state["step"],
+        "tokens": state["tokens"],
+        **validate(run.bilm, run.vocab, run.valid_sentences, run.d),
+    }
     if run.cfg.data.sense_benchmark and run.d.main:
         scores.update(sense_scores(run.bilm, run.char_scheme))
     return scores
@@ -366,9 +393,11 @@ def _calibrate_bias(run: _Run) -> None:
     state["history"].append({"step": state["step"], "tokens": state["tokens"], "after": "bias calibration", **final})
     if d.main:
         log.info(
-            "softmax bias calibration: valid avg ppl %.1f -> %.1f (%s)", before["valid_avg_ppl"],
-            after["valid_avg_ppl"], "kept" if kept else "worse on valid: trained bias kept",
-        )  # fmt: skip
+            "softmax bias calibration: valid avg ppl %.1f -> %.1f (%s)",
+            before["valid_avg_ppl"],
+            after["valid_avg_ppl"],
+            "kept" if kept else "worse on valid: trained bias kept",
+        )
         _checkpoint(run)
 
 
@@ -424,12 +453,23 @@ def run(args: argparse.Namespace) -> int:
                 dist.destroy_process_group()
     if d.main:
         last_valid = next((h for h in reversed(state["history"]) if "valid_avg_ppl" in h), {})
-        print(json.dumps({"out": args.out, "step": state["step"], "tokens": state["tokens"],
-                          "elapsed_s": round(state["elapsed_s"], 1), **last_valid}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "out": args.out,
+                    "step": state["step"],
+                    "tokens": state["tokens"],
+                    "elapsed_s": round(state["elapsed_s"], 1),
+                    **last_valid,
+                }
+            )
+        )
     if "stopped_by" not in state:
         return 0
     if d.main:
-        print(f"elmo train: stopped by {state['stopped_by']} at step {state['step']} of {cfg.train.max_steps}; "
-              f"checkpoint in {args.out}; resume with: elmo train --config {args.config} --out {args.out} --resume",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"elmo train: stopped by {state['stopped_by']} at step {state['step']} of {cfg.train.max_steps}; "
+            f"checkpoint in {args.out}; resume with: elmo train --config {args.config} --out {args.out} --resume",
+            file=sys.stderr,
+        )
     return stop.exit_code

@@ -148,5 +148,3 @@ def calibrate_softmax_bias(
     bilm.softmax.bias.copy_(bias)
     bilm.train(was_training)
     return {"calibrated_bias_on_states": int(hidden.shape[0]), "iterations": iterations}
-
-

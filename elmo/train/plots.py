@@ -50,8 +50,12 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
     fig, axes = plt.subplots(1, 2 if senses else 1, figsize=(12 if senses else 7, 4), squeeze=False)
     ax = axes[0][0]
     if train:
-        ax.plot([h["tokens"] / 1e6 for h in train], [math.exp(min(h["loss"], 30)) for h in train],
-                label="train ppl (sampled softmax)" if train[0].get("sampled") else "train ppl", alpha=0.6)  # fmt: skip
+        ax.plot(
+            [h["tokens"] / 1e6 for h in train],
+            [math.exp(min(h["loss"], 30)) for h in train],
+            label="train ppl (sampled softmax)" if train[0].get("sampled") else "train ppl",
+            alpha=0.6,
+        )
     curves = (("valid_forward_ppl", "valid fwd"), ("valid_backward_ppl", "valid bwd"), ("valid_avg_ppl", "valid avg"))
     for key, label in curves:
         if valid:
@@ -75,8 +79,13 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
 def _plot_senses(ax, history: list[dict], stage_ends: list[float]) -> None:
     """Word-sense benchmark accuracy (elmo.senses) of the best layer per language against tokens seen."""
     for language in ("en", "zh"):
-        ax.plot([h["tokens"] / 1e6 for h in history], [h[f"sense_{language}_best"] for h in history], marker="o",
-                ms=3, label=f"{language}: best layer")  # fmt: skip
+        ax.plot(
+            [h["tokens"] / 1e6 for h in history],
+            [h[f"sense_{language}_best"] for h in history],
+            marker="o",
+            ms=3,
+            label=f"{language}: best layer",
+        )
     for end in stage_ends:
         ax.axvline(end, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("training tokens (millions)")

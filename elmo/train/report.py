@@ -44,9 +44,11 @@ class TrainingReport:
             state["history"].append(entry)
             if self.progress is not None:
                 self.progress.set_postfix(
-                    loss=f"{entry['loss']:.3f}", ppl=f"{math.exp(min(entry['loss'], 30)):.1f}",
-                    tok_s=f"{entry['tokens_per_s']:.0f}", refresh=False,
-                )  # fmt: skip
+                    loss=f"{entry['loss']:.3f}",
+                    ppl=f"{math.exp(min(entry['loss'], 30)):.1f}",
+                    tok_s=f"{entry['tokens_per_s']:.0f}",
+                    refresh=False,
+                )
             self._window_loss, self._window_tokens, self._window_start = 0.0, 0, now
         if self.progress is not None:
             run_steps, run_s = state["step"] - self.first_step, time.time() - self.run_start

@@ -74,8 +74,12 @@ def init_from(model_dir: Path, bilm: BiLM, vocab_tokens: list[str]) -> dict:
     load_weights(weights, bilm)
     prior = read_train_state(model_dir) if (model_dir / STATE_FILE).is_file() else {}
     log.info("starting from the weights of %s (%s tokens seen there)", model_dir, prior.get("tokens", "?"))
-    return {"dir": str(model_dir), "steps": prior.get("step"), "tokens": prior.get("tokens"),
-            "elapsed_s": prior.get("elapsed_s")}  # fmt: skip
+    return {
+        "dir": str(model_dir),
+        "steps": prior.get("step"),
+        "tokens": prior.get("tokens"),
+        "elapsed_s": prior.get("elapsed_s"),
+    }
 
 
 def read_train_state(run_dir: Path) -> dict:

@@ -53,8 +53,12 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.signal = signum
-        print(f"{self.command}: {self.name}: stopping after the step in progress and saving a checkpoint "
-              "(again to stop at once, without one)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{self.command}: {self.name}: stopping after the step in progress and saving a checkpoint "
+            "(again to stop at once, without one)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 __all__ = ["StopRequest"]

@@ -18,11 +18,24 @@ from elmo.sizes import human_bytes  # noqa: F401  (the one byte formatter; impor
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
 
 MIB = 1024 * 1024
-TIMEOUTS = ("http_header_timeout", "http_body_timeout", "http_body_deadline_s", "http_idle_timeout",
-            "grpc_idle_timeout", "grpc_message_timeout", "answer_write_timeout_s")  # fmt: skip
+TIMEOUTS = (
+    "http_header_timeout",
+    "http_body_timeout",
+    "http_body_deadline_s",
+    "http_idle_timeout",
+    "grpc_idle_timeout",
+    "grpc_message_timeout",
+    "answer_write_timeout_s",
+)
 # the others must be positive
-NON_NEGATIVE = ("max_delay_ms", "drain_seconds", "shutdown_delay", "window_overlap", "express_tokens",
-                "grpc_connection_age")  # fmt: skip
+NON_NEGATIVE = (
+    "max_delay_ms",
+    "drain_seconds",
+    "shutdown_delay",
+    "window_overlap",
+    "express_tokens",
+    "grpc_connection_age",
+)
 
 
 @dataclass(frozen=True)
@@ -183,9 +196,14 @@ _HELP = {
 
 
 def add_fields_as_flags(
-    group: Any, defaults: object, flag_of: Callable[[str], str], help_of: Mapping[str, str],
-    choices: Mapping[str, list[str]] | None = None, group_of: Mapping[str, Any] | None = None,
-    dest_is_field: bool = False, aliases: Mapping[str, str] | None = None,
+    group: Any,
+    defaults: object,
+    flag_of: Callable[[str], str],
+    help_of: Mapping[str, str],
+    choices: Mapping[str, list[str]] | None = None,
+    group_of: Mapping[str, Any] | None = None,
+    dest_is_field: bool = False,
+    aliases: Mapping[str, str] | None = None,
 ) -> None:
     """One flag per field of the dataclass instance ``defaults`` in ``group`` (a parser or an argument group, or
     ``group_of[name]`` where given): ``--{flag_of(name)}``, typed and defaulted by the field's value, its help from
@@ -201,7 +219,7 @@ def add_fields_as_flags(
             help=f"{help_of[f.name]} (default {default})",
             **({"choices": choices[f.name]} if choices and f.name in choices else {}),
             **({"dest": f.name, "metavar": flag_of(f.name).upper().replace("-", "_")} if dest_is_field else {}),
-        )  # fmt: skip
+        )
         if aliases and f.name in aliases:
             add_alias(where, aliases[f.name], action)
 
@@ -225,10 +243,22 @@ _FLAG_NAMES = {
     "window_overlap": "window-overlap-tokens",
 }
 # --help's group of each limit (elmo serve shows them in this order after the essentials); the rest: batching and limits
-_CONNECTIONS = ("max_concurrent_rpcs", "max_calls_per_peer", "max_streams_per_connection", "grpc_idle_timeout",
-                "grpc_message_timeout", "grpc_connection_age", "max_stream_inflight", "http_header_timeout",
-                "http_body_timeout", "http_body_deadline_s", "http_idle_timeout", "max_connections",
-                "max_connections_per_peer", "answer_write_timeout_s")  # fmt: skip
+_CONNECTIONS = (
+    "max_concurrent_rpcs",
+    "max_calls_per_peer",
+    "max_streams_per_connection",
+    "grpc_idle_timeout",
+    "grpc_message_timeout",
+    "grpc_connection_age",
+    "max_stream_inflight",
+    "http_header_timeout",
+    "http_body_timeout",
+    "http_body_deadline_s",
+    "http_idle_timeout",
+    "max_connections",
+    "max_connections_per_peer",
+    "answer_write_timeout_s",
+)
 _RUNTIME = ("request_workers", "background_nice", "switch_interval_ms")
 _OPERATIONS = ("shutdown_delay", "drain_seconds")
 
@@ -247,9 +277,16 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         **{name: runtime for name in _RUNTIME},
         **{name: parser for name in _OPERATIONS},
     }
-    add_fields_as_flags(_group(parser, "batching and limits"), Limits(), flag_name, _HELP,
-                        choices={"overflow": [o.value for o in Overflow]}, group_of=group_of, dest_is_field=True,
-                        aliases={name: "--" + name.replace("_", "-") for name in _FLAG_NAMES})  # fmt: skip
+    add_fields_as_flags(
+        _group(parser, "batching and limits"),
+        Limits(),
+        flag_name,
+        _HELP,
+        choices={"overflow": [o.value for o in Overflow]},
+        group_of=group_of,
+        dest_is_field=True,
+        aliases={name: "--" + name.replace("_", "-") for name in _FLAG_NAMES},
+    )
 
 
 def _group(parser: argparse.ArgumentParser, title: str) -> Any:
@@ -297,6 +334,12 @@ def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
 
 
 __all__ = [
-    "MIB", "Limits", "add_fields_as_flags", "add_limit_arguments", "flag_name", "grpc_server_settings", "human_bytes",
+    "MIB",
+    "Limits",
+    "add_fields_as_flags",
+    "add_limit_arguments",
+    "flag_name",
+    "grpc_server_settings",
+    "human_bytes",
     "limits_from_args",
-]  # fmt: skip
+]

@@ -49,8 +49,10 @@ class Shares:
         if self.full:
             return f"server busy: {self.total} {self._what} open at once ({self._flags[0]}); retry later"
         if self._held.get(peer, 0) >= self.per_peer:
-            return (f"this client ({peer}) has {self.per_peer} {self._what} open at once, its share "
-                    f"({self._flags[1]}); retry when one has ended")  # fmt: skip
+            return (
+                f"this client ({peer}) has {self.per_peer} {self._what} open at once, its share "
+                f"({self._flags[1]}); retry when one has ended"
+            )
         return None
 
     def take(self, peer: str) -> None:

@@ -161,8 +161,10 @@ class RequestCore:
         started = time.monotonic()
         with self._in_flight(request.model, admitted) as (model, alias_task):
             with tracing.phase("admission"):
-                prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding),
-                                          heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
+                prepared = await self.run(
+                    lambda: self._prepare(request, model, alias_task, encoding),
+                    heavy=request_chars(request) > INLINE_CHARS,
+                )
                 if claim is not None:
                     await claim.take_in_turn(prepared.answer_bytes)
             result = await self._vectors(prepared, deadline, started)
@@ -185,8 +187,10 @@ class RequestCore:
         started = time.monotonic()
         with self._in_flight(request.model, admitted=False) as (model, alias_task):
             with tracing.phase("admission"):
-                prepared = await self.run(lambda: self._prepare(request, model, alias_task, encoding, True, check),
-                                          heavy=request_chars(request) > INLINE_CHARS)  # fmt: skip
+                prepared = await self.run(
+                    lambda: self._prepare(request, model, alias_task, encoding, True, check),
+                    heavy=request_chars(request) > INLINE_CHARS,
+                )
                 if claim is not None:
                     await claim.take_in_turn(prepared.answer_bytes)
             vectors = await self._pooled_vectors(prepared, deadline, started, normalize)
@@ -216,8 +220,9 @@ class RequestCore:
         the per-token limits (``--max-request-tokens``, ``--max-inputs``), as many in flight as the model runs
         calls at once, each chunk's per-token vectors pooled and dropped as it ends. Memory is bounded by the answer
         and the chunks in flight, not by the request; the queue admits each chunk on its own."""
-        chunks = input_chunks([len(s) for s in prepared.sentences], self.limits.max_tokens_per_request,
-                              self.limits.max_inputs)  # fmt: skip
+        chunks = input_chunks(
+            [len(s) for s in prepared.sentences], self.limits.max_tokens_per_request, self.limits.max_inputs
+        )
         vectors: list[np.ndarray | None] = [None] * len(prepared.sentences)
         slots = asyncio.Semaphore(max(1, prepared.model.batcher.workers))
 
@@ -244,9 +249,14 @@ class RequestCore:
 
     # -- preparing: checks, then tokens (thread-safe: runs on a worker for large requests) ---------------------------
     def _prepare(
-        self, request: pb.EmbedRequest, model: ServedModel, alias_task: str, encoding: AnswerEncoding,
-        pooled: bool = False, check: Callable[[ServedModel, Task | None], None] | None = None,
-    ) -> PreparedEmbed:  # fmt: skip
+        self,
+        request: pb.EmbedRequest,
+        model: ServedModel,
+        alias_task: str,
+        encoding: AnswerEncoding,
+        pooled: bool = False,
+        check: Callable[[ServedModel, Task | None], None] | None = None,
+    ) -> PreparedEmbed:
         """Check an EmbedRequest against its resolved version and the limits, cheapest first; tokenize its texts.
         ``pooled``: the answer is one vector per input: the pooled limits hold, and the size limit counts one vector
         per input. ``check(model, task)``: the door's own checks, once the task is known (reading a task may touch

@@ -147,10 +147,18 @@ class HealthServicer:
         self.message_timeout_s = message_timeout_s
         self._status: dict[str, int] = {}
         self._watchers: set[_Watcher] = set()
-        self.watches = Shares(self.limits.max_watches, self.limits.max_watches_per_peer, "health Watch streams",
-                              ("--health-watch-max", "--health-watch-max-per-peer"))  # fmt: skip
-        self.checks = Shares(self.limits.max_checks, self.limits.max_checks_per_peer, "health Check calls",
-                             ("--health-check-max", "--health-check-max-per-peer"))  # fmt: skip
+        self.watches = Shares(
+            self.limits.max_watches,
+            self.limits.max_watches_per_peer,
+            "health Watch streams",
+            ("--health-watch-max", "--health-watch-max-per-peer"),
+        )
+        self.checks = Shares(
+            self.limits.max_checks,
+            self.limits.max_checks_per_peer,
+            "health Check calls",
+            ("--health-check-max", "--health-check-max-per-peer"),
+        )
         self._closing = False
         self.dropped = 0  # watchers dropped for not reading their status
 
@@ -183,8 +191,9 @@ class HealthServicer:
                 watcher.changed.set()
 
     # -- the RPCs (request-streaming handlers: they start at the call's headers) ------------------------------------
-    async def check(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
-                    context: grpc.aio.ServicerContext) -> None:  # fmt: skip
+    async def check(
+        self, requests: AsyncIterator[health_pb2.HealthCheckRequest], context: grpc.aio.ServicerContext
+    ) -> None:
         async with self._place(self.checks, context):
             request = await first_message(requests, context, self.message_timeout_s)
             status = self._status.get(request.service)
@@ -193,8 +202,9 @@ class HealthServicer:
             # a client that does not read holds this write, and with it its place, until it reads or goes
             await context.write(health_pb2.HealthCheckResponse(status=status))
 
-    async def watch(self, requests: AsyncIterator[health_pb2.HealthCheckRequest],
-                    context: grpc.aio.ServicerContext) -> None:  # fmt: skip
+    async def watch(
+        self, requests: AsyncIterator[health_pb2.HealthCheckRequest], context: grpc.aio.ServicerContext
+    ) -> None:
         async with self._place(self.watches, context) as peer:
             request = await first_message(requests, context, self.message_timeout_s)
             watcher = _Watcher(request.service)
@@ -258,8 +268,11 @@ class HealthServicer:
         or the server stops: gRPC then cancels this call), the stream ends with DEADLINE_EXCEEDED."""
         self._watchers.discard(watcher)
         self.dropped += 1
-        log.info("health Watch from %s dropped: its client took no status for %g s (--health-watch-stall-s)",
-                 peer, self.limits.stall_s)  # fmt: skip
+        log.info(
+            "health Watch from %s dropped: its client took no status for %g s (--health-watch-stall-s)",
+            peer,
+            self.limits.stall_s,
+        )
         await write  # cancelled with this call when gRPC cancels it
         await context.abort(
             grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -272,8 +285,10 @@ def health_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler:
     """grpc.health.v1.Health's two methods, served by ``servicer`` as request-streaming handlers (same wire format
     as the unary-request methods of the contract: gRPC starts them at the headers, so a call takes its place in the
     shares before its request message is read)."""
-    kwargs = dict(request_deserializer=health_pb2.HealthCheckRequest.FromString,
-                  response_serializer=health_pb2.HealthCheckResponse.SerializeToString)  # fmt: skip
+    kwargs = dict(
+        request_deserializer=health_pb2.HealthCheckRequest.FromString,
+        response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
+    )
     return grpc.method_handlers_generic_handler(
         HEALTH_SERVICE,
         {
@@ -283,5 +298,11 @@ def health_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler:
     )
 
 
-__all__ = ["HEALTH_SERVICE", "HealthLimits", "HealthServicer", "add_health_arguments", "health_handler",
-           "health_limits_from_args"]  # fmt: skip
+__all__ = [
+    "HEALTH_SERVICE",
+    "HealthLimits",
+    "HealthServicer",
+    "add_health_arguments",
+    "health_handler",
+    "health_limits_from_args",
+]

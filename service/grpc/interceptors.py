@@ -172,8 +172,10 @@ async def first_message(requests: AsyncIterator[T], context: grpc.aio.ServicerCo
     except StopAsyncIteration:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
     except TimeoutError:
-        message = (f"the request message did not arrive within {timeout_s:g} s of the call's headers "
-                   "(--grpc-message-timeout-s); the call is closed")  # fmt: skip
+        message = (
+            f"the request message did not arrive within {timeout_s:g} s of the call's headers "
+            "(--grpc-message-timeout-s); the call is closed"
+        )
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
     raise AssertionError("unreachable: context.abort raises")
 
@@ -190,8 +192,13 @@ class CallGate(WrappingInterceptor):
     because embedding calls are full. Put this interceptor last, so that auth refuses a caller before it counts.
     """
 
-    def __init__(self, shares: Shares, message_timeout: float, stream_idle_timeout: float,
-                 exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,)):  # fmt: skip
+    def __init__(
+        self,
+        shares: Shares,
+        message_timeout: float,
+        stream_idle_timeout: float,
+        exempt_prefixes: tuple[str, ...] = (HEALTH_PREFIX,),
+    ):
         super().__init__()
         self.shares = shares
         self.message_timeout, self.stream_idle_timeout = message_timeout, stream_idle_timeout
@@ -201,8 +208,12 @@ class CallGate(WrappingInterceptor):
     def for_limits(cls, limits: Limits) -> CallGate:
         """The gate of ``limits``: its own shares of --max-concurrent-rpcs calls, --max-calls-per-peer a peer, and
         the request message's clocks (--grpc-message-timeout-s, --grpc-idle-timeout-s)."""
-        calls = Shares(limits.max_concurrent_rpcs, limits.max_calls_per_peer, "calls",
-                       ("--max-concurrent-rpcs", "--max-calls-per-peer"))  # fmt: skip
+        calls = Shares(
+            limits.max_concurrent_rpcs,
+            limits.max_calls_per_peer,
+            "calls",
+            ("--max-concurrent-rpcs", "--max-calls-per-peer"),
+        )
         return cls(calls, limits.grpc_message_timeout, limits.grpc_idle_timeout)
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -228,8 +239,9 @@ class CallGate(WrappingInterceptor):
         return await first_message(requests, context, self.message_timeout)
 
     def _gate(self, handler: grpc.RpcMethodHandler, counted: bool) -> grpc.RpcMethodHandler:
-        kwargs = dict(request_deserializer=handler.request_deserializer,
-                      response_serializer=handler.response_serializer)  # fmt: skip
+        kwargs = dict(
+            request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
         place, first = self._place, self._first
         if handler.unary_unary or handler.stream_unary:
             unary_request = handler.unary_unary is not None

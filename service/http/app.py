@@ -274,8 +274,13 @@ class HttpFrontend:
         except (ClientGone, ConnectionError) as exc:
             # Nobody to answer; aiohttp drops what is written to a closed connection quietly (a re-raise would log
             # an ERROR with a traceback for every client that hangs up). The client's doing, not the server's fault.
-            log.info("client disconnect: %s %s from %s: %s", request.method, request.path, request.remote,
-                     exc or type(exc).__name__)  # fmt: skip
+            log.info(
+                "client disconnect: %s %s from %s: %s",
+                request.method,
+                request.path,
+                request.remote,
+                exc or type(exc).__name__,
+            )
             return web.Response(status=CLIENT_GONE_STATUS)
         except Exception:  # a bug: answer 500, keep serving
             log.exception("%s %s failed", request.method, request.path)
@@ -322,8 +327,12 @@ class HttpFrontend:
                 raise ServiceError(Kind.INVALID_INPUT, f"Expect: {clip(request.headers[hdrs.EXPECT])} is not supported")
             declared = request.content_length
             if declared is not None and declared > self.limits.max_message_bytes:
-                raise ServiceError(Kind.TOO_LARGE, self._explain(web.HTTPRequestEntityTooLarge(
-                    max_size=self.limits.max_message_bytes, actual_size=declared)))  # fmt: skip
+                raise ServiceError(
+                    Kind.TOO_LARGE,
+                    self._explain(
+                        web.HTTPRequestEntityTooLarge(max_size=self.limits.max_message_bytes, actual_size=declared)
+                    ),
+                )
             self._check_token(request)
         except ServiceError as exc:
             status, message = (417 if exc.kind is Kind.INVALID_INPUT else http_status(exc.kind)), exc.message
@@ -377,8 +386,9 @@ class HttpFrontend:
                 model_id = parsed.embed.model  # the name the client asked for
             else:
                 model_id = f"{prepared.model.name}:{prepared.task.name}" if prepared.task else prepared.model.name
-            payload = schema.openai_answer(parsed, result.vectors, prepared.n_tokens, model_id,
-                                           prepared.model.number, prepared.task_stale)  # fmt: skip
+            payload = schema.openai_answer(
+                parsed, result.vectors, prepared.n_tokens, model_id, prepared.model.number, prepared.task_stale
+            )
             return JsonAnswer(encode_json_parts(payload), answer_headers(prepared))
 
         encoding = ENCODINGS[parsed.encoding]

@@ -109,8 +109,9 @@ class _ServiceRequestHandler(RequestHandler):
 
     __slots__ = ()
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:  # fmt: skip
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         return _parser_error_answer(request, status, exc)
 
 
@@ -234,8 +235,12 @@ class ConnectionGuard:
         self._health_only: dict[str, _Connection] = {}  # client address -> its one connection beyond the cap
         self.closed_for: dict[str, int] = dict.fromkeys(REASONS, 0)
         self._served: dict[asyncio.BaseProtocol, _Connection] = {}  # aiohttp's protocol -> its wrapper
-        self._shares = Shares(limits.max_connections, limits.max_connections_per_peer, "connections",
-                              ("--max-connections", "--max-connections-per-peer"))  # fmt: skip
+        self._shares = Shares(
+            limits.max_connections,
+            limits.max_connections_per_peer,
+            "connections",
+            ("--max-connections", "--max-connections-per-peer"),
+        )
         self._refused: set[_Connection] = set()
         self._listener: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -315,8 +320,9 @@ class ConnectionGuard:
         finally:
             conn.set_state(State.IDLE, self.limits.http_idle_timeout)
 
-    async def _health_only_answer(self, conn: _Connection, request: web.Request,
-                                  handler: Handler) -> web.StreamResponse:  # fmt: skip
+    async def _health_only_answer(
+        self, conn: _Connection, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
         """A connection beyond the cap: GET /health is answered, anything else refused as the cap would; either
         way the connection closes after this one answer, giving its place back."""
         assert conn.refusal is not None
@@ -497,5 +503,4 @@ def _timed_out(message: str) -> web.HTTPRequestTimeout:
     return error
 
 
-__all__ = ["COMMON_HEADERS", "REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body",
-           "reset"]  # fmt: skip
+__all__ = ["COMMON_HEADERS", "REASONS", "ClientGone", "ConnectionGuard", "over_capacity_response", "read_body", "reset"]

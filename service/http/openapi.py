@@ -74,7 +74,7 @@ def _admin(operation_id: str, summary: str, method: str) -> dict:
         "responses": {
             "200": {"description": summary, "content": _content(ref("ModelStatus"))},
             **errors(*_ADMIN_ERRORS),
-        },  # fmt: skip
+        },
         "parameters": [
             {
                 "name": "name",
@@ -83,7 +83,7 @@ def _admin(operation_id: str, summary: str, method: str) -> dict:
                 "description": "a model of the repository",
                 "schema": {"type": "string"},
             }
-        ],  # fmt: skip
+        ],
     }
     if method == "post":
         operation["requestBody"] = {"required": False, "content": _content(ref("VersionRequest"))}

@@ -325,7 +325,7 @@ SCHEMAS: dict[str, dict] = {
             "usage",
             "embeddings",
             "timing",
-        ),  # fmt: skip
+        ),
     ),
     "TokenizeRequest": obj(
         {

@@ -442,9 +442,11 @@ class Batcher:
         for item, output in zip(batch, outputs):
             if item.request not in stats:
                 runtime_s = run.started + run.seconds - run.called
-                stats[item.request] = BatchStats(run.started - item.enqueued, run.seconds, len(batch), real, runtime_s,
-                                                 cost.padded_tokens)  # fmt: skip
+                stats[item.request] = BatchStats(
+                    run.started - item.enqueued, run.seconds, len(batch), real, runtime_s, cost.padded_tokens
+                )
             item.answers.answer(item.index, (output, stats[item.request]))
+
 
 def _as_service_error(exc: Exception) -> ServiceError:
     if isinstance(exc, ServiceError):

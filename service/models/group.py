@@ -42,12 +42,14 @@ class Policy:
     round: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({
-            "round": self.round,
-            "pinned": {name: sorted(v) for name, v in self.pinned.items()},
-            "excluded": {name: sorted(v) for name, v in self.excluded.items()},
-            "unwanted": sorted(self.unwanted),
-        })  # fmt: skip
+        return json.dumps(
+            {
+                "round": self.round,
+                "pinned": {name: sorted(v) for name, v in self.pinned.items()},
+                "excluded": {name: sorted(v) for name, v in self.excluded.items()},
+                "unwanted": sorted(self.unwanted),
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Policy:

@@ -109,8 +109,9 @@ class RequestQueue:
         request = self.requests
         answers = Answers(future, len(sentences))
         now = time.monotonic()  # the request's sentences are queued together: one clock reading for all
-        self.items.extend(QueuedSentence(list(tokens), answers, i, deadline, request, now)
-                          for i, tokens in enumerate(sentences))  # fmt: skip
+        self.items.extend(
+            QueuedSentence(list(tokens), answers, i, deadline, request, now) for i, tokens in enumerate(sentences)
+        )
         self._served[request] = 0
         self._sizes[request] = n_tokens
         self.tokens += n_tokens

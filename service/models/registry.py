@@ -220,8 +220,10 @@ class ModelRegistry:
             raise ConfigError(f"{where}: no served model is named '{model_name}' (serving: {', '.join(self.models)})")
         model = self.models[model_name or self.default]
         if task and task not in model.tasks.names():
-            raise ConfigError(f"{where}: model '{model.name}' has no task '{task}' (tasks: "
-                              f"{', '.join(model.tasks.names()) or 'none'})")  # fmt: skip
+            raise ConfigError(
+                f"{where}: model '{model.name}' has no task '{task}' (tasks: "
+                f"{', '.join(model.tasks.names()) or 'none'})"
+            )
 
     def get(self, name: str) -> ServedModel:
         return self.resolve(name)[0]
@@ -250,8 +252,9 @@ class ModelRegistry:
             # the repository's own rule: "²" or "٣" pass str.isdigit() and then break int() (a 500 once)
             if not VERSION_PATTERN.fullmatch(number) or int(number) not in loaded:
                 have = ", ".join(m.ref for m in sorted(loaded.values(), key=lambda m: m.number)) or "none"
-                raise not_found(f"model version '{clip(name)}' is not loaded (loaded versions of '{clip(base)}': "
-                                f"{have})")  # fmt: skip
+                raise not_found(
+                    f"model version '{clip(name)}' is not loaded (loaded versions of '{clip(base)}': {have})"
+                )
             return loaded[int(number)], task
         try:
             return self.models[name], task

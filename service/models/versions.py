@@ -71,8 +71,22 @@ GROUP_POLL_S = 0.05  # how often an admin call looks whether every process of th
 GROUP_SETTLE_S = 300.0  # how long it waits for them (a load takes seconds; a slow disk, more)
 LOADED_STATES = (pb.VERSION_LOADING, pb.VERSION_READY, pb.VERSION_UNLOADING)
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -379,8 +393,14 @@ class ModelManager:
         if serving is not None and (serving.n_layers, serving.dim) != (model.n_layers, model.dim):
             log.warning(
                 "model %s version %d has %d layers of %d, version %d had %d of %d: clients see the change",
-                name, number, model.n_layers, model.dim, serving.number, serving.n_layers, serving.dim,
-            )  # fmt: skip
+                name,
+                number,
+                model.n_layers,
+                model.dim,
+                serving.number,
+                serving.n_layers,
+                serving.dim,
+            )
         record.model, record.state = model, pb.VERSION_READY
         replaced = self.registry.add_version(model)
         self.on_change()
@@ -390,9 +410,13 @@ class ModelManager:
             self.metrics.serving_version.labels(name).set(number)
         log.info(
             "model %s version %d loaded in %.1f s (%s, about %s)%s",
-            name, number, time.monotonic() - started, model.provider, human_bytes(estimate),
+            name,
+            number,
+            time.monotonic() - started,
+            model.provider,
+            human_bytes(estimate),
             f"; it takes new requests from version {replaced.number}" if replaced is not None else "",
-        )  # fmt: skip
+        )
         return record
 
     def _refuse(self, record: VersionRecord, directory: Path, reason: str, memory: bool = False) -> VersionRecord:
@@ -429,8 +453,13 @@ class ModelManager:
         while model.in_flight > 0 and time.monotonic() - started < timeout_s:
             await asyncio.sleep(RELEASE_POLL_S)
         if model.in_flight > 0 and timeout_s > 0:
-            log.warning("model %s version %d: %d requests still in flight after %.0f s; releasing it under them",
-                        record.name, record.number, model.in_flight, timeout_s)  # fmt: skip
+            log.warning(
+                "model %s version %d: %d requests still in flight after %.0f s; releasing it under them",
+                record.name,
+                record.number,
+                model.in_flight,
+                timeout_s,
+            )
         waited = time.monotonic() - started
         if record.model is model:  # (not when the same version was loaded again meanwhile)
             record.model = None
@@ -440,8 +469,9 @@ class ModelManager:
         if record.state == pb.VERSION_UNLOADING:
             record.state, record.memory_bytes = pb.VERSION_UNLOADED, 0
         self.metrics.model_unloads.labels(record.name).inc()
-        log.info("model %s version %d released (%.2f s after it stopped taking requests)",
-                 record.name, record.number, waited)  # fmt: skip
+        log.info(
+            "model %s version %d released (%.2f s after it stopped taking requests)", record.name, record.number, waited
+        )
 
     async def _free(self, model: ServedModel) -> None:
         await model.batcher.close()

@@ -75,14 +75,18 @@ class ServiceMetrics:
         # --model-root (service.models.versions): versions loaded, refused and released while serving
         self.model_loads = Counter("elmo_model_loads", "model versions loaded and serving", ["model"], registry=r)
         self.load_failures = Counter(
-            "elmo_model_load_failures", "model versions refused (failed to load, failed checks, memory)", ["model"],
+            "elmo_model_load_failures",
+            "model versions refused (failed to load, failed checks, memory)",
+            ["model"],
             registry=r,
-        )  # fmt: skip
+        )
         self.model_unloads = Counter("elmo_model_unloads", "model versions released", ["model"], registry=r)
         self.serving_version = Gauge(
-            "elmo_model_serving_version", "the version that takes new requests (0: none, or --model DIR)", ["model"],
+            "elmo_model_serving_version",
+            "the version that takes new requests (0: none, or --model DIR)",
+            ["model"],
             registry=r,
-        )  # fmt: skip
+        )
         self.tokens_per_second = Gauge(
             "elmo_tokens_per_second",
             f"tokens embedded per second over the last {THROUGHPUT_WINDOW_S:.0f} s",

@@ -68,8 +68,13 @@ def add_tracing_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tracing (OpenTelemetry)")
     for f in fields(TracingOptions):
         default = getattr(TracingOptions(), f.name)
-        group.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default, metavar="URL",
-                           help=f"{_HELP[f.name]} (default: none)")  # fmt: skip
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            metavar="URL",
+            help=f"{_HELP[f.name]} (default: none)",
+        )
 
 
 def tracing_from_args(args: argparse.Namespace) -> TracingOptions:
@@ -150,8 +155,11 @@ def batch_spans(queued: float, stats: Iterable[Any]) -> None:
 
     for b in batches:
         started, ended = queued + b.queue_s, queued + b.queue_s + b.inference_s
-        attributes = {"elmo.batch.sentences": b.sentences, "elmo.batch.tokens": b.tokens,
-                      "elmo.batch.padded_tokens": b.padded_tokens}  # fmt: skip
+        attributes = {
+            "elmo.batch.sentences": b.sentences,
+            "elmo.batch.tokens": b.tokens,
+            "elmo.batch.padded_tokens": b.padded_tokens,
+        }
         batch = _tracer.start_span("elmo.batch", start_time=to_ns(started), attributes=attributes)
         within = trace.set_span_in_context(batch)
         runtime_started = ended - (b.runtime_s or b.inference_s)
@@ -173,8 +181,7 @@ def _server_span(name: str, carrier: Mapping[str, str], attributes: dict[str, An
     from opentelemetry import propagate, trace
 
     parent = propagate.extract(carrier)
-    with _tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER,
-                                       attributes=attributes) as span:  # fmt: skip
+    with _tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER, attributes=attributes) as span:
         yield span
 
 
@@ -226,8 +233,13 @@ def _grpc_status(span: Any, context: Any, error: BaseException | None) -> None:
         code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
     if isinstance(code, grpc.StatusCode):
         span.set_attribute("rpc.grpc.status_code", code.value[0])
-        if code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.INVALID_ARGUMENT,
-                        grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED):  # fmt: skip
+        if code not in (
+            grpc.StatusCode.OK,
+            grpc.StatusCode.CANCELLED,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.UNAUTHENTICATED,
+        ):
             span.set_status(StatusCode.ERROR, code.name)
 
 

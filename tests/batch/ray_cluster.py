@@ -161,8 +161,10 @@ class LoopbackCluster:
         self.token_file.write_text(secrets.token_hex(32))  # as `ray get-auth-token --generate` would, but not in ~
         self.token_file.chmod(0o600)
         self.port = free_port()
-        self._start_node("head", ["--head", "--port", str(self.port), "--include-dashboard", "false",
-                                  "--dashboard-port", str(free_port())])  # fmt: skip
+        self._start_node(
+            "head",
+            ["--head", "--port", str(self.port), "--include-dashboard", "false", "--dashboard-port", str(free_port())],
+        )
         wait_until(self.nodes[0].started, "the head node", timeout)
         for index in range(self.workers):
             self._start_node(f"worker{index + 1}", ["--address", self.address])
@@ -172,15 +174,34 @@ class LoopbackCluster:
     def _start_node(self, name: str, role: list[str]) -> None:
         temp_dir = self.root / name
         temp_dir.mkdir()
-        command = [sys.executable, "-m", "tests.batch.ray_cluster", "ray-start", "--block", *role,
-                   "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus), "--num-gpus", "0",
-                   "--object-store-memory", str(self.object_store_bytes), "--temp-dir", str(temp_dir),
-                   "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
-                   "--disable-usage-stats"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "tests.batch.ray_cluster",
+            "ray-start",
+            "--block",
+            *role,
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            str(self.cpus),
+            "--num-gpus",
+            "0",
+            "--object-store-memory",
+            str(self.object_store_bytes),
+            "--temp-dir",
+            str(temp_dir),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--ray-client-server-port",
+            str(free_port()),
+            "--disable-usage-stats",
+        ]
         log = self.root / f"{name}.log"
         with open(log, "wb") as sink:
-            process = subprocess.Popen(command, cwd=REPO, env=self._node_env(), stdout=sink,
-                                       stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            process = subprocess.Popen(
+                command, cwd=REPO, env=self._node_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.nodes.append(Node(name, process, log, temp_dir))
 
     @property
@@ -297,9 +318,27 @@ def fault_scenario(
     assert embed_file(source, reference, "--model", model, "--shard-lines", shard_lines) == 0
     report.seconds_reference = time.perf_counter() - began
 
-    command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model", str(model),
-               "--shard-lines", str(shard_lines), "--engine", "ray", "--ray-address", cluster.address,
-               "--ray-actors", str(cluster.workers), "--threads", "1", "--no-progress"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "elmo.cli",
+        "embed-file",
+        str(source),
+        str(output),
+        "--model",
+        str(model),
+        "--shard-lines",
+        str(shard_lines),
+        "--engine",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--ray-actors",
+        str(cluster.workers),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     env = cluster.driver_env()
 
     # 1. the driver SIGKILLed once shards are committed
@@ -307,8 +346,11 @@ def fault_scenario(
     with open(work / "driver-killed.log", "wb") as sink:
         driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
-            wait_until(lambda: len(committed(output)) >= driver_kill_after or driver.poll() is not None,
-                       f"{driver_kill_after} commits", timeout)  # fmt: skip
+            wait_until(
+                lambda: len(committed(output)) >= driver_kill_after or driver.poll() is not None,
+                f"{driver_kill_after} commits",
+                timeout,
+            )
         finally:
             if driver.poll() is None:
                 driver.kill()
@@ -417,15 +459,27 @@ def _check(argv: list[str]) -> int:
         if model is None:
             from elmo.export.random_model import write_random_model
 
-            model = write_random_model(work / "model", "tiny", seed=0, scale=0.3, export=True, cell_clip=0.5,
-                                       proj_clip=0.5)  # fmt: skip
+            model = write_random_model(
+                work / "model", "tiny", seed=0, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5
+            )
         with LoopbackCluster() as cluster:
             started = time.perf_counter() - began
-            report, _ = fault_scenario(cluster, work, model.resolve(), corpus(args.lines), args.shard_lines,
-                                       args.format, driver_kill_after=3, node_kill_after=5)  # fmt: skip
-        figures = report.as_dict() | {"model": str(args.model or "tiny random"), "format": args.format,
-                                      "seconds_cluster_start": round(started, 1),
-                                      "seconds_total": round(time.perf_counter() - began, 1)}  # fmt: skip
+            report, _ = fault_scenario(
+                cluster,
+                work,
+                model.resolve(),
+                corpus(args.lines),
+                args.shard_lines,
+                args.format,
+                driver_kill_after=3,
+                node_kill_after=5,
+            )
+        figures = report.as_dict() | {
+            "model": str(args.model or "tiny random"),
+            "format": args.format,
+            "seconds_cluster_start": round(started, 1),
+            "seconds_total": round(time.perf_counter() - began, 1),
+        }
         text = json.dumps(figures, indent=1, default=str)
         print(text)
         if args.out:

@@ -155,8 +155,21 @@ def test_a_long_line_is_refused_by_the_scan_then_truncate_completes(tmp_path, ti
     exit 2, nothing left behind; the rerun with the --overflow truncate it suggests runs to completion."""
     source = write_lines(tmp_path / "in.txt", ["the cat sat . " * 1000], final_newline=True)  # 4,000 tokens
     output = tmp_path / "out.h5"
-    command = [sys.executable, "-m", "elmo.cli", "embed-file", str(source), str(output), "--model",
-               str(tiny_model_dir), "--max-sentence-tokens", "500", "--no-progress", "--threads", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "elmo.cli",
+        "embed-file",
+        str(source),
+        str(output),
+        "--model",
+        str(tiny_model_dir),
+        "--max-sentence-tokens",
+        "500",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
     refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2, refused.stderr[-2000:]
     (err,) = error_lines(refused.stderr)

@@ -59,7 +59,7 @@ def test_a_driver_without_the_clusters_token_is_refused_in_one_line(cluster, tmp
         cluster.address,
         "--no-progress",
     ]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("elmo embed-file: error: ")]
     assert len(errors) == 1 and "RAY_AUTH_MODE=token" in errors[0], result.stderr[-3000:]

@@ -103,8 +103,12 @@ def test_the_container_listens_everywhere_and_make_serve_on_this_machine() -> No
 
 def test_every_flag_passed_is_one_serve_shows() -> None:
     shown, _ = serve_flags()
-    for name, flags in {"Dockerfile CMD": dockerfile_cmd(), "compose": compose_command(), "k8s": k8s_args()[0],
-                        "make serve": make_serve()[1]}.items():  # fmt: skip
+    for name, flags in {
+        "Dockerfile CMD": dockerfile_cmd(),
+        "compose": compose_command(),
+        "k8s": k8s_args()[0],
+        "make serve": make_serve()[1],
+    }.items():
         assert not set(flags) - shown, f"{name}: {sorted(set(flags) - shown)}"
     compose, k8s = compose_command(), k8s_args()[0]
     shared = {"--shutdown-delay-s", "--drain-timeout-s", "--threads"}
@@ -114,8 +118,9 @@ def test_every_flag_passed_is_one_serve_shows() -> None:
 def deployment_page() -> Path:
     """The docs page that explains running the container: the one that shows `docker run ... elmo-service` with
     its ports published."""
-    pages = [p for p in sorted((REPO / "docs").rglob("*.md"))
-             if re.search(r"docker run .*-p 50051:50051", p.read_text())]  # fmt: skip
+    pages = [
+        p for p in sorted((REPO / "docs").rglob("*.md")) if re.search(r"docker run .*-p 50051:50051", p.read_text())
+    ]
     assert pages, "a docs page shows `docker run -p 50051:50051 ... elmo-service`"
     return pages[0]
 

@@ -120,10 +120,12 @@ def test_a_client_that_never_reads_is_cut_off_and_its_calls_end_on_the_replica(e
     wait_until(lambda: undelivered(replica) == base_gone + calls, 30, "the replica's calls ended")
     after_rss = rss_bytes(pid)
     answered = a_new_client_is_served(balancer)
-    print(f"zero window through the edge: connection closed {seconds:.1f} s after the answers were computed "
-          f"(client timeout {CLIENT_TIMEOUT_S} s, idle timeout {IDLE_TIMEOUT_S} s); replica RSS "
-          f"{base_rss / MIB:.0f} -> {held_rss / MIB:.0f} -> {after_rss / MIB:.0f} MiB; "
-          f"a new client's Embed {answered:.3f} s")  # fmt: skip
+    print(
+        f"zero window through the edge: connection closed {seconds:.1f} s after the answers were computed "
+        f"(client timeout {CLIENT_TIMEOUT_S} s, idle timeout {IDLE_TIMEOUT_S} s); replica RSS "
+        f"{base_rss / MIB:.0f} -> {held_rss / MIB:.0f} -> {after_rss / MIB:.0f} MiB; "
+        f"a new client's Embed {answered:.3f} s"
+    )
     assert after_rss - base_rss < 64 * MIB
 
 
@@ -147,9 +149,11 @@ def test_an_hpack_bomb_ends_at_the_balancer(edge):
     bombed_rss = rss_bytes(pid)
     answered = a_new_client_is_served(balancer)
     assert embed_outcomes(replica, "OK") == base_calls + 1  # only the new client's: no bombed call reached it
-    print(f"HPACK bomb through the edge: connection closed after {len(peer.streams)} calls sent "
-          f"({len(refused)} ended with a status first); replica RSS {base_rss / MIB:.0f} -> {bombed_rss / MIB:.0f} "
-          f"MiB; a new client's Embed {answered:.3f} s")  # fmt: skip
+    print(
+        f"HPACK bomb through the edge: connection closed after {len(peer.streams)} calls sent "
+        f"({len(refused)} ended with a status first); replica RSS {base_rss / MIB:.0f} -> {bombed_rss / MIB:.0f} "
+        f"MiB; a new client's Embed {answered:.3f} s"
+    )
     assert bombed_rss - base_rss < 16 * MIB
 
 

@@ -48,8 +48,7 @@ def _adapt(capsys, *args: str, code: int = 0) -> tuple[dict, str]:
 
 
 @pytest.mark.slow  # two adaptations
-def test_publish_without_out_stops_resumes_and_publishes_the_next_version(source_model, domain_text, tmp_path,
-                                                                          capsys):  # fmt: skip
+def test_publish_without_out_stops_resumes_and_publishes_the_next_version(source_model, domain_text, tmp_path, capsys):
     root = tmp_path / "repo"
     args = ["--model", str(source_model), "--text", str(domain_text), "--publish", str(root / "docs"), *FAST]
     stopped, err = _adapt(capsys, *args, "--stop-after", "2")
@@ -67,8 +66,16 @@ def test_publish_without_out_stops_resumes_and_publishes_the_next_version(source
     assert scan(root) == {"docs": [1]} and sorted(p.name for p in (root / "docs").iterdir()) == ["1"]  # run removed
     # a model directory like any other, with its provenance, without the run's working files
     names = {p.name for p in version.iterdir()}
-    assert {"model.onnx", "model.onnx.data", "onnx.json", "config.json", "model.safetensors", "vocab.txt",
-            "adapt.json", "curve.png"} <= names  # fmt: skip
+    assert {
+        "model.onnx",
+        "model.onnx.data",
+        "onnx.json",
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+        "adapt.json",
+        "curve.png",
+    } <= names
     assert not names & {"adapt", "optimizer.safetensors", ".export-staging"}
     assert json.loads((version / "onnx.json").read_text())["verification"]["passed"] is True
     (embedded,) = Embedder(version, intra_op_threads=1).embed(["The server polls the root ."])
@@ -76,8 +83,17 @@ def test_publish_without_out_stops_resumes_and_publishes_the_next_version(source
 
     # with --out: the run stays there, the version is a copy; a resume of the finished run publishes nothing more
     out = tmp_path / "run"
-    args = ["--model", str(source_model), "--text", str(domain_text), "--out", str(out), "--publish",
-            str(root / "docs"), *FAST]  # fmt: skip
+    args = [
+        "--model",
+        str(source_model),
+        "--text",
+        str(domain_text),
+        "--out",
+        str(out),
+        "--publish",
+        str(root / "docs"),
+        *FAST,
+    ]
     result, err = _adapt(capsys, *args)
     assert result["published"]["version"] == 2 and result["out"] == str(out)
     assert (out / "adapt" / "heldout.txt").is_file() and (out / "model.onnx").is_file()

@@ -81,11 +81,15 @@ def _scaled_model(directory, names: tuple[str, ...], factor: float, **config):
     "names, factor, config, why",
     [
         (("char_embedding",), 1e6, {}, "is over 1e+04: the weights are not a model's"),
-        (("state_linearity.weight", "state_projection"), 6.0, {"cell_clip": 0, "proj_clip": 0},
-         "the weights amplify rounding, no float export can be exact"),
+        (
+            ("state_linearity.weight", "state_projection"),
+            6.0,
+            {"cell_clip": 0, "proj_clip": 0},
+            "the weights amplify rounding, no float export can be exact",
+        ),
     ],
     ids=["absurd-outputs", "chaotic-recurrence"],
-)  # fmt: skip
+)
 def test_weights_no_float_export_can_match_are_refused_whatever_float32s_error(tmp_path, names, factor, config, why):
     """A bound relative to PyTorch float32's own error would pass anything when that error is itself huge (weights
     read from a host file once gave outputs of 1e27 and "passed")."""
@@ -213,6 +217,13 @@ def test_exported_files_are_readable_by_every_user_whatever_the_umask(unexported
         onnx_export.export_model(unexported_model, threads=1)
     finally:
         os.umask(old)
-    for name in ("model.onnx", "encoder.onnx", "context.onnx", "context_fused.onnx", "model.onnx.data", "probe.bin",
-                 "onnx.json"):  # fmt: skip
+    for name in (
+        "model.onnx",
+        "encoder.onnx",
+        "context.onnx",
+        "context_fused.onnx",
+        "model.onnx.data",
+        "probe.bin",
+        "onnx.json",
+    ):
         assert stat.S_IMODE((unexported_model / name).stat().st_mode) == 0o644, name

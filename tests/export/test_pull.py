@@ -141,8 +141,18 @@ def allennlp_files(bilm_tf_fixture, server) -> dict[str, bytes]:
 
 
 def pull_args(name: str, server: FixtureServer, tmp_path: Path, *extra: str) -> list[str]:
-    return ["pull", name, "--base-url", server.url, "--cache", str(tmp_path / "cache"), "--no-progress",
-            "--threads", "1", *extra]  # fmt: skip
+    return [
+        "pull",
+        name,
+        "--base-url",
+        server.url,
+        "--cache",
+        str(tmp_path / "cache"),
+        "--no-progress",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def last_error(capsys) -> list[str]:
@@ -179,8 +189,9 @@ def test_an_unknown_name_is_one_line(capsys, tmp_path):
 
 # -- download: resume, truncation, pins ------------------------------------------------------------------------------
 @pytest.mark.slow  # 4.5 s (two imports + exports, 2 busy cores): the slow tier's rule is a call of 2 s or more
-def test_an_interrupted_download_resumes_and_the_model_serves(server, allennlp_files, bilm_tf_fixture, tmp_path,
-                                                              capsys):  # fmt: skip
+def test_an_interrupted_download_resumes_and_the_model_serves(
+    server, allennlp_files, bilm_tf_fixture, tmp_path, capsys
+):
     weights = SMALL.files[1]
     cut = 100_000
     server.drop_after[path_of(weights)] = cut
@@ -323,8 +334,9 @@ def pinned_small(allennlp_files: dict[str, bytes]) -> Entry:
     return Entry("small", "allennlp", SMALL.title, (options, pinned), SMALL.licence)
 
 
-def test_a_tampered_download_of_a_pinned_file_is_refused_and_nothing_kept(server, allennlp_files, tmp_path, capsys,
-                                                                          monkeypatch):  # fmt: skip
+def test_a_tampered_download_of_a_pinned_file_is_refused_and_nothing_kept(
+    server, allennlp_files, tmp_path, capsys, monkeypatch
+):
     weights = SMALL.files[1]
     monkeypatch.setattr(pull_module, "CATALOGUE", {"small": pinned_small(allennlp_files)})
     tampered = bytearray(allennlp_files[weights.file])
@@ -407,8 +419,16 @@ def test_an_endless_download_is_cut_off_at_the_cap(server, tmp_path, size, cap):
     server.endless["/endless.bin"] = True
     dest = tmp_path / "cache" / "endless.bin"
     with pytest.raises(DataError, match=f"sent more than {cap} bytes") as refused:
-        fetch(f"{server.url}/endless.bin", dest, "x/endless.bin", Pins(tmp_path / "pins.json"), size, retries=0,
-              progress=False, max_bytes=300_000)  # fmt: skip
+        fetch(
+            f"{server.url}/endless.bin",
+            dest,
+            "x/endless.bin",
+            Pins(tmp_path / "pins.json"),
+            size,
+            retries=0,
+            progress=False,
+            max_bytes=300_000,
+        )
     assert "\n" not in str(refused.value) and "cut off" in str(refused.value)
     assert not dest.exists() and not dest.with_name("endless.bin.part").exists()
     assert not (tmp_path / "pins.json").exists()  # nothing pinned
@@ -427,8 +447,15 @@ def test_a_redirect_to_another_origin_is_refused(server, tmp_path):
         with pytest.raises(DataError, match="HTTP 302 redirect to another origin .*: refused"):
             fetch(f"{server.url}/w.bin", tmp_path / "cache" / "w.bin", "x/w.bin", pins, None, retries=0, progress=False)
         assert other.log == [] and pins.get("x/w.bin") is None
-        same = fetch(f"{server.url}/same.bin", tmp_path / "cache" / "same.bin", "x/same.bin", pins, None, retries=0,
-                     progress=False)  # fmt: skip
+        same = fetch(
+            f"{server.url}/same.bin",
+            tmp_path / "cache" / "same.bin",
+            "x/same.bin",
+            pins,
+            None,
+            retries=0,
+            progress=False,
+        )
         assert same.path.read_bytes() == b"v" * 100  # a redirect on the same origin is followed
     finally:
         other.close()

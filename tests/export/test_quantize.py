@@ -189,8 +189,13 @@ def test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate(tiny_model_di
         env = avx2_env()
     except MaskUnavailable as exc:
         pytest.skip(f"this machine cannot hide CPU features from a process: {exc}")
-    run = subprocess.run([sys.executable, "-c", ON_AVX2, str(tiny_model_dir), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", ON_AVX2, str(tiny_model_dir), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     verdicts = json.loads(run.stdout.splitlines()[-1])
     assert "verification against float32 failed: FAILED: int8 vs float32" in verdicts["u8s8"]
@@ -209,8 +214,14 @@ def test_each_scheme_quantizes_to_its_weight_type(tiny_model_dir, scheme):
     model = load_model(tiny_model_dir).float()
     state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
     graph = quantize_graph(build_context_graph(state, model.cfg), scheme)
-    types = {t.data_type for node in graph.graph.node for a in node.attribute if a.type == onnx.AttributeProto.GRAPH
-             for t in a.g.initializer if t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)}  # fmt: skip
+    types = {
+        t.data_type
+        for node in graph.graph.node
+        for a in node.attribute
+        if a.type == onnx.AttributeProto.GRAPH
+        for t in a.g.initializer
+        if t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    }
     assert types == {onnx.TensorProto.UINT8 if SCHEMES[scheme]["weight_type"] == "QUInt8" else onnx.TensorProto.INT8}
 
 

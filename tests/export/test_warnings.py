@@ -57,8 +57,13 @@ def test_boundaries_are_the_same_without_f_pad():
 
 def test_the_export_command_prints_no_warning(tmp_path):
     model_dir = write_random_model(tmp_path / "model", "tiny", seed=2, scale=0.3, cell_clip=0.5, proj_clip=0.5)
-    proc = subprocess.run([sys.executable, "-m", "elmo.cli", "export", "--model", str(model_dir)], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "elmo.cli", "export", "--model", str(model_dir)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr

@@ -53,8 +53,14 @@ MEASURE = (
 def run_import(tmp_path: Path, *argv: str) -> tuple[int, str, float]:
     """``elmo ARGV`` in a child process -> (exit status, stderr, its peak RSS in MiB)."""
     report = tmp_path / "peak_rss_kib"
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(report), str(ELMO), *argv], cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(report), str(ELMO), *argv],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
     return done.returncode, done.stderr, int(report.read_text()) / 1024  # ru_maxrss: KiB on Linux
 
 
@@ -180,8 +186,14 @@ class _Tensor:
         self.storage, self.shape, self.stride, self.offset = storage, shape, stride, offset
 
     def __reduce__(self):
-        return torch._utils._rebuild_tensor_v2, (self.storage, self.offset, self.shape, self.stride, False,
-                                                 collections.OrderedDict())  # fmt: skip
+        return torch._utils._rebuild_tensor_v2, (
+            self.storage,
+            self.offset,
+            self.shape,
+            self.stride,
+            False,
+            collections.OrderedDict(),
+        )
 
 
 class _StatePickler(pickle.Pickler):
@@ -244,12 +256,17 @@ def test_both_torch_layouts_import_to_the_same_model(tmp_path, legacy):
     torch.testing.assert_close(state["encoder.projection.weight"], token["projection.weight"], rtol=0, atol=0)
     torch.testing.assert_close(state["encoder.char_embedding.weight"][1:], token["char_emb_layer.embedding.weight"])
     encoder = torch.load(folder / "encoder.pkl", weights_only=True)
-    torch.testing.assert_close(state["backward_layers.1.state_projection.weight"],
-                               encoder["backward_layer_1.state_projection.weight"], rtol=0, atol=0)  # fmt: skip
+    torch.testing.assert_close(
+        state["backward_layers.1.state_projection.weight"],
+        encoder["backward_layer_1.state_projection.weight"],
+        rtol=0,
+        atol=0,
+    )
 
 
-def _declare_in_token_embedder(folder: Path, legacy: bool, name: str, shape, stride, numel: int, data: bytes,
-                               kind=torch.FloatStorage) -> None:  # fmt: skip
+def _declare_in_token_embedder(
+    folder: Path, legacy: bool, name: str, shape, stride, numel: int, data: bytes, kind=torch.FloatStorage
+) -> None:
     """token_embedder.pkl re-forged: its real tensors, and ``name`` declared as given (storage key "x")."""
     state = torch.load(folder / "token_embedder.pkl", weights_only=True)
     tensors, blobs = {}, {}

@@ -34,14 +34,41 @@ def model_dir(tiny_model_dir, tmp_path):
 
 
 def _train(model_dir, tmp_path, *extra: str) -> int:
-    return main(["mix", "train", "--model", str(model_dir), "--cache", str(tmp_path / "cache"), "--epochs", "2",
-                 "--threads", "1", *extra])  # fmt: skip
+    return main(
+        [
+            "mix",
+            "train",
+            "--model",
+            str(model_dir),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def test_train_tagging_stores_a_servable_task(model_dir, tmp_path, capsys):
     tokens, labels = _tagging_files(tmp_path)
-    assert _train(model_dir, tmp_path, "--task", "toy_pos", "--data", str(tokens), "--labels", str(labels),
-                  "--kind", "tagging", "--compare") == 0  # fmt: skip
+    assert (
+        _train(
+            model_dir,
+            tmp_path,
+            "--task",
+            "toy_pos",
+            "--data",
+            str(tokens),
+            "--labels",
+            str(labels),
+            "--kind",
+            "tagging",
+            "--compare",
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["task"] == "toy_pos" and summary["metric"] == "accuracy"
     assert set(summary) >= {"layer0", "layer1", "layer2", "mix", "stored"}
@@ -79,8 +106,22 @@ def test_train_classification_from_tsv_with_test_file(model_dir, tmp_path, capsy
 
 def test_dry_run_stores_nothing(model_dir, tmp_path):
     tokens, labels = _tagging_files(tmp_path, n=12)
-    assert _train(model_dir, tmp_path, "--task", "x", "--data", str(tokens), "--labels", str(labels),
-                  "--kind", "tagging", "--dry-run") == 0  # fmt: skip
+    assert (
+        _train(
+            model_dir,
+            tmp_path,
+            "--task",
+            "x",
+            "--data",
+            str(tokens),
+            "--labels",
+            str(labels),
+            "--kind",
+            "tagging",
+            "--dry-run",
+        )
+        == 0
+    )
     assert TaskStore(model_dir).names() == []
 
 
@@ -127,9 +168,26 @@ def test_report_writes_table_and_plots(model_dir, tmp_path, capsys):
     tokens, labels = _tagging_files(tmp_path, n=20)
     (tmp_path / "test").mkdir()
     test_tokens, test_labels = _tagging_files(tmp_path / "test", n=10, seed=1)
-    assert _train(model_dir, tmp_path, "--task", "toy_pos", "--data", str(tokens), "--labels", str(labels),
-                  "--test", str(test_tokens), "--test-labels", str(test_labels), "--kind", "tagging",
-                  "--compare") == 0  # fmt: skip
+    assert (
+        _train(
+            model_dir,
+            tmp_path,
+            "--task",
+            "toy_pos",
+            "--data",
+            str(tokens),
+            "--labels",
+            str(labels),
+            "--test",
+            str(test_tokens),
+            "--test-labels",
+            str(test_labels),
+            "--kind",
+            "tagging",
+            "--compare",
+        )
+        == 0
+    )
     comparison = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mix_vs_best_layer"]
     assert comparison["layer"] in ("layer0", "layer1", "layer2") and comparison["resamples"] == 1000
     assert comparison["ci95"][0] <= comparison["difference"] <= comparison["ci95"][1]

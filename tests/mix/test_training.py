@@ -56,10 +56,33 @@ def model_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
 def test_trained_mix_beats_the_majority_baseline_on_held_out_sentences(model_dir: Path, tmp_path: Path, capsys):
     train, train_labels, _ = _write_split(tmp_path, "train", 80, seed=1)
     test, test_labels, gold = _write_split(tmp_path, "test", 40, seed=2)
-    argv = ["mix", "train", "--model", str(model_dir), "--task", "made_up", "--data", str(train), "--labels",
-            str(train_labels), "--kind", "tagging", "--test", str(test), "--test-labels", str(test_labels),
-            "--cache", str(tmp_path / "cache"), "--epochs", "30", "--batch-size", "8", "--no-compare",
-            "--threads", "1"]  # fmt: skip
+    argv = [
+        "mix",
+        "train",
+        "--model",
+        str(model_dir),
+        "--task",
+        "made_up",
+        "--data",
+        str(train),
+        "--labels",
+        str(train_labels),
+        "--kind",
+        "tagging",
+        "--test",
+        str(test),
+        "--test-labels",
+        str(test_labels),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--epochs",
+        "30",
+        "--batch-size",
+        "8",
+        "--no-compare",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 

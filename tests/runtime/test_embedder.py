@@ -261,7 +261,7 @@ def _name_in_onnx_json(directory, edit) -> None:
         "symlinked-graph",
         "symlinked-weights",
         "symlinked-probe",
-    ],  # fmt: skip
+    ],
 )
 def test_files_outside_the_model_folder_are_refused(model_copy, tamper, message):
     """onnx.json names files inside its folder, and those are the folder's own: a path or a symlink could make the
@@ -389,9 +389,12 @@ def test_plan_batches_plain_python_and_numpy_windows_make_the_same_plan(monkeypa
     from elmo.runtime import batching
 
     rng = np.random.default_rng(1)
-    cases = [(sorted(int(n) for n in rng.integers(lo, hi, size=size)), budget, cost)
-             for size, lo, hi in ((40, 3, 12), (200, 3, 90), (300, 20, 21))
-             for budget in (64, 512, 4096, 16384) for cost in (CPU_STEP_COST, CUDA_STEP_COST)]  # fmt: skip
+    cases = [
+        (sorted(int(n) for n in rng.integers(lo, hi, size=size)), budget, cost)
+        for size, lo, hi in ((40, 3, 12), (200, 3, 90), (300, 20, 21))
+        for budget in (64, 512, 4096, 16384)
+        for cost in (CPU_STEP_COST, CUDA_STEP_COST)
+    ]
     plans = {}
     for window in (0, 10**9):  # every window in numpy, every window in Python
         monkeypatch.setattr(batching, "PYTHON_WINDOW", window)

@@ -59,8 +59,13 @@ print(json.dumps({"before": before, "after": rss_mib()}))
 
 def measure(arena: str, mmap_threshold: int, release: str) -> dict:
     """``release``: "all" (arenas shrunk, then glibc's trim) or "trim" (glibc's trim alone)."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(MODEL), arena, str(mmap_threshold), release],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(MODEL), arena, str(mmap_threshold), release],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 

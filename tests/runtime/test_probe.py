@@ -152,8 +152,20 @@ def test_judging_by_max_abs_and_by_cosine():
 def test_serve_refuses_the_model_with_one_line_naming_cpu_figures_and_bar(model_copy):
     edit_a_graph_after_export(model_copy)
     proc = subprocess.run(
-        [sys.executable, "-m", "elmo.cli", "serve", "--model", str(model_copy), "--port", "0", "--http-port", "off",
-         "--threads", "1"],
+        [
+            sys.executable,
+            "-m",
+            "elmo.cli",
+            "serve",
+            "--model",
+            str(model_copy),
+            "--port",
+            "0",
+            "--http-port",
+            "off",
+            "--threads",
+            "1",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

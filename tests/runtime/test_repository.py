@@ -49,8 +49,11 @@ def fake_export(folder: Path, passed: object = True, data: bytes = b"w" * 64, ch
         for start in range(0, len(data), step):
             handle.write(data[start : start + step])
             handle.flush()
-    meta = {"graphs": GRAPHS, "weights_data": {"file": "model.onnx.data", "bytes": len(data)},
-            "verification": {"passed": passed}}  # fmt: skip
+    meta = {
+        "graphs": GRAPHS,
+        "weights_data": {"file": "model.onnx.data", "bytes": len(data)},
+        "verification": {"passed": passed},
+    }
     (folder / "onnx.json").write_text(json.dumps(meta))
     return folder
 
@@ -248,8 +251,9 @@ def test_a_published_version_is_readable_by_every_user_whatever_the_umask(tmp_pa
     finally:
         os.umask(old)
     assert stat.S_IMODE(publication.path.stat().st_mode) == 0o755
-    modes = {p.relative_to(publication.path).as_posix(): stat.S_IMODE(p.stat().st_mode)
-             for p in publication.path.rglob("*")}  # fmt: skip
+    modes = {
+        p.relative_to(publication.path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in publication.path.rglob("*")
+    }
     assert modes["tasks"] == 0o755 and modes["tasks/pos.json"] == 0o644 and modes["model.onnx.data"] == 0o644
     assert set(modes.values()) == {0o755, 0o644}
 

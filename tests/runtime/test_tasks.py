@@ -44,8 +44,10 @@ torch.set_num_threads(1)
 
 
 def _sentences(rng: np.random.Generator, lengths=(5, 1, 3), n_layers=3, dim=8) -> list[np.ndarray]:
-    return [rng.normal(size=(n_layers, n, dim)).astype(np.float32) * (1 + np.arange(n_layers))[:, None, None]
-            for n in lengths]  # fmt: skip
+    return [
+        rng.normal(size=(n_layers, n, dim)).astype(np.float32) * (1 + np.arange(n_layers))[:, None, None]
+        for n in lengths
+    ]
 
 
 def _padded(sentences: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,8 +247,18 @@ def test_bad_names_and_bad_files_are_clear_errors(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ModelFileError, match="task.json: not valid JSON"):
         TaskStore(tmp_path).get("pos")
-    path.write_text(json.dumps({"format": 1, "name": "pos", "kind": "tagging", "n_layers": 3, "dim": 4,
-                                "mix": {"weights": [0.0, 0.0], "gamma": 1.0}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "name": "pos",
+                "kind": "tagging",
+                "n_layers": 3,
+                "dim": 4,
+                "mix": {"weights": [0.0, 0.0], "gamma": 1.0},
+            }
+        )
+    )
     with pytest.raises(ModelFileError, match="mix has 2 weights for 3 layers"):
         TaskStore(tmp_path).get("pos")
 

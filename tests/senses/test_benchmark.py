@@ -93,4 +93,3 @@ def test_runtime_benchmark_layer_zero_is_context_blind(tiny_model_dir):
     assert flat["sense_en_best"] == round(result["en"]["best_layer"]["accuracy"], 4)
     table = "\n".join(markdown_tables(result))
     assert "| 苹果 |" in table and "mix top" in table
-

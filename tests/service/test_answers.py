@@ -37,8 +37,9 @@ def result_of(
         vectors = [batch[i, :, : len(s)] for i, s in enumerate(sentences)]
     else:
         vectors = [rng.standard_normal((3, len(s), 8)).astype(np.float32) for s in sentences]
-    prepared = PreparedEmbed(Version(), sentences, offsets, layers, task, omit_layers, dtype,
-                             truncated or [0] * len(sentences), 1024, 0)  # fmt: skip
+    prepared = PreparedEmbed(
+        Version(), sentences, offsets, layers, task, omit_layers, dtype, truncated or [0] * len(sentences), 1024, 0
+    )
     stats = [BatchStats(0.002, 0.010, 5, 80), BatchStats(0.001, 0.020, 9, 40)]
     return EmbedResult(prepared, vectors, stats, started=0.0)
 
@@ -51,15 +52,21 @@ def answered_layers(prepared: PreparedEmbed) -> list[int]:
 def built_message(result: EmbedResult, request_id: str) -> pb.EmbedResponse:
     """The answer built with protobuf's own API, one field at a time."""
     prepared = result.prepared
-    response = pb.EmbedResponse(model="default", model_version=3, task_stale=prepared.task_stale,
-                                request_id=request_id, layers=answered_layers(prepared))  # fmt: skip
+    response = pb.EmbedResponse(
+        model="default",
+        model_version=3,
+        task_stale=prepared.task_stale,
+        request_id=request_id,
+        layers=answered_layers(prepared),
+    )
     for tokens, spans, cut, layers in zip(prepared.sentences, prepared.offsets, prepared.truncated, result.vectors):
         embedding = response.embeddings.add(tokens=tokens, truncated_tokens=cut)
         for start, end in spans or ():
             embedding.offsets.add(start=start, end=end)
         if not prepared.omit_layers:
-            to_tensor(layers if prepared.layers is None else layers[prepared.layers], prepared.dtype,
-                      out=embedding.layers)  # fmt: skip
+            to_tensor(
+                layers if prepared.layers is None else layers[prepared.layers], prepared.dtype, out=embedding.layers
+            )
         if prepared.task is not None:
             to_tensor(prepared.task.apply(layers), prepared.dtype, out=embedding.mix)
     response.timing.CopyFrom(pb.Timing(**timing_of(result)))

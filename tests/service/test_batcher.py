@@ -294,8 +294,9 @@ def test_requests_arriving_pass_after_pass_hold_a_batch_until_max_delay_then_let
     async def scenario():
         loop = asyncio.get_running_loop()
         recorder = Recorder(runtime)
-        batcher = make(recorder, max_delay_s=max_delay, max_queue_tokens=10**9, max_batch_tokens=10**6,
-                       max_batch_sentences=10**6)  # fmt: skip
+        batcher = make(
+            recorder, max_delay_s=max_delay, max_queue_tokens=10**9, max_batch_tokens=10**6, max_batch_sentences=10**6
+        )
         dispatched: list[float] = []
         dispatch = batcher._dispatch
         batcher._dispatch = lambda batch, express: (dispatched.append(time.monotonic()), dispatch(batch, express))
@@ -364,9 +365,15 @@ def test_what_queued_while_a_batch_ran_goes_when_it_ends_whatever_the_loop_has_r
     async def scenario():
         gate = Gate(runtime)
         batcher = Batcher(
-            gate.embed, name="tiny", observer=gate, workers=1,
-            max_batch_tokens=64, max_batch_sentences=8, max_delay_s=60.0, max_queue_tokens=100,
-        )  # fmt: skip
+            gate.embed,
+            name="tiny",
+            observer=gate,
+            workers=1,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=60.0,
+            max_queue_tokens=100,
+        )
         batcher.start()
         first = asyncio.ensure_future(batcher.embed([sentence(3, "a")]))
         await until(lambda: gate.inside == 1)
@@ -500,9 +507,15 @@ def test_workers_bound_the_runtime_calls_in_flight(runtime, workers):
     async def scenario():
         gate = Gate(runtime)
         batcher = Batcher(
-            gate.embed, name="tiny", observer=gate, workers=workers,
-            max_batch_tokens=10, max_batch_sentences=8, max_delay_s=0.0, max_queue_tokens=100,
-        )  # fmt: skip
+            gate.embed,
+            name="tiny",
+            observer=gate,
+            workers=workers,
+            max_batch_tokens=10,
+            max_batch_sentences=8,
+            max_delay_s=0.0,
+            max_queue_tokens=100,
+        )
         batcher.start()
         calls = [asyncio.ensure_future(batcher.embed([sentence(10, f"r{i}_")])) for i in range(3)]
         await until(lambda: gate.inside == workers)
@@ -532,9 +545,15 @@ def test_a_partial_batch_waits_for_company_within_max_delay_in_whole_millisecond
         loop = asyncio.get_running_loop()
         gate = Gate(runtime)
         batcher = Batcher(
-            gate.embed, name="tiny", observer=gate, workers=2,
-            max_batch_tokens=64, max_batch_sentences=8, max_delay_s=max_delay, max_queue_tokens=100,
-        )  # fmt: skip
+            gate.embed,
+            name="tiny",
+            observer=gate,
+            workers=2,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=max_delay,
+            max_queue_tokens=100,
+        )
         batcher.start()
         wakeups: list[tuple[float, float]] = []  # (the wake-up as the selector rounds it, the request's bound)
         call_at = loop.call_at
@@ -571,8 +590,14 @@ def test_served_model_runs_as_many_calls_as_the_runtime_runs_batches(tiny_model_
         served = serve_model(embedder, tiny_model_dir, Limits(), BatcherObserver())
         assert served.batcher.workers == runs
     with pytest.raises(ValueError, match="workers must be >= 1"):
-        Batcher(lambda sentences: None, workers=0, max_batch_tokens=1, max_batch_sentences=1, max_delay_s=0.0,
-                max_queue_tokens=1)  # fmt: skip
+        Batcher(
+            lambda sentences: None,
+            workers=0,
+            max_batch_tokens=1,
+            max_batch_sentences=1,
+            max_delay_s=0.0,
+            max_queue_tokens=1,
+        )
 
 
 class Gated:
@@ -712,10 +737,16 @@ def test_a_long_request_yields_to_short_ones_only_while_they_are_about(runtime, 
 
     async def scenario():
         batcher = Batcher(
-            recording("foreground"), background_fn=recording("background"), background_nice=5,
-            max_batch_tokens=64, max_batch_sentences=8, max_delay_s=0.0, max_queue_tokens=200, name="tiny",
+            recording("foreground"),
+            background_fn=recording("background"),
+            background_nice=5,
+            max_batch_tokens=64,
+            max_batch_sentences=8,
+            max_delay_s=0.0,
+            max_queue_tokens=200,
+            name="tiny",
             express_tokens=10,
-        )  # fmt: skip
+        )
         batcher.start()
         try:
             await batcher.embed([sentence(30, "long")])  # no short request yet

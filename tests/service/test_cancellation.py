@@ -91,8 +91,9 @@ def repository(tiny_model_dir, tmp_path) -> Path:
 
 def swappable_server(root: Path, http: bool) -> ServerThread:
     options = RepositoryOptions(root, open_runtime, release_timeout_s=NEVER_RELEASED_S)
-    limits = limits_with(overflow="window", drain_seconds=1.0, max_response_bytes=1 << 20,
-                         max_queue_tokens=4096, max_batch_tokens=4096)
+    limits = limits_with(
+        overflow="window", drain_seconds=1.0, max_response_bytes=1 << 20, max_queue_tokens=4096, max_batch_tokens=4096
+    )
     server = ServerThread({}, limits, http=http, repository=options)
     server.warm_up()
     return server
@@ -161,9 +162,7 @@ def test_an_http_client_that_leaves_at_each_await_point_gives_the_version_back(r
         server.stop()
 
 
-def test_a_request_held_during_a_swap_is_answered_by_its_version_which_is_released_after(
-    repository, second_model
-):
+def test_a_request_held_during_a_swap_is_answered_by_its_version_which_is_released_after(repository, second_model):
     """The old version keeps serving the request that holds it (and is not released under it), then goes at once."""
     server = swappable_server(repository, http=False)
     try:
@@ -216,8 +215,9 @@ def test_openai_dimensions_are_checked_against_the_version_that_embeds_them(repo
 
 
 def post(server: ServerThread, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(server.http_url + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        server.http_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -229,4 +229,3 @@ def post(server: ServerThread, path: str, body: dict) -> tuple[int, dict]:
 def second_model(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny_model_seed1")
     return write_random_model(directory, "tiny", seed=1, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5)
-

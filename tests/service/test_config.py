@@ -113,8 +113,23 @@ def _toml(value: Any) -> str:
 
 def test_print_config_round_trips_and_leaves_tokens_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     environ = {"ELMO_AUTH_TOKEN": "s3cret-token", "ELMO_MAX_DELAY_MS": "4.5"}
-    argv = ["--model", "a=/models/a", "--model", "/models/b", "--http-port", "off", "--drain-timeout-s", "12",
-            "--model-alias", "ada=a", "--normalize", "--tls-cert", "c.pem", "--tls-key", "k.pem"]  # fmt: skip
+    argv = [
+        "--model",
+        "a=/models/a",
+        "--model",
+        "/models/b",
+        "--http-port",
+        "off",
+        "--drain-timeout-s",
+        "12",
+        "--model-alias",
+        "ada=a",
+        "--normalize",
+        "--tls-cert",
+        "c.pem",
+        "--tls-key",
+        "k.pem",
+    ]
     with pytest.raises(SystemExit) as exit_:
         parse_configured(serve_parser(), [*argv, "--print-config"], environ)
     assert exit_.value.code == 0
@@ -134,8 +149,11 @@ def test_print_config_round_trips_and_leaves_tokens_out(tmp_path: Path, capsys: 
 
 
 def test_the_typed_configuration_holds_what_was_parsed() -> None:
-    args = parse_configured(serve_parser(), ["--model", "/m", "--port", "0", "--max-batch-tokens", "4096",
-                                             "--health-check-max", "64"], {"ELMO_AUTH_TOKEN": "t"})  # fmt: skip
+    args = parse_configured(
+        serve_parser(),
+        ["--model", "/m", "--port", "0", "--max-batch-tokens", "4096", "--health-check-max", "64"],
+        {"ELMO_AUTH_TOKEN": "t"},
+    )
     config = serve_config(args)
     assert isinstance(config, ServeConfig)
     assert (config.models.model, config.network.port, config.network.host) == (("/m",), 0, "127.0.0.1")
@@ -170,8 +188,14 @@ def test_old_flag_names_still_work_hidden_from_help() -> None:
 
 def _serve(argv: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", **environ}
-    return subprocess.run([sys.executable, "-m", "elmo.cli", "serve", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "elmo.cli", "serve", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_essentials_come_first_in_help() -> None:

@@ -155,8 +155,10 @@ def test_every_http_answer_is_documented_and_none_is_a_server_error(case, fuzz_s
 @pytest.mark.slow
 def test_random_http_requests_are_documented_and_none_is_a_server_error(fuzz_server, admin_server):
     """The random tier: valid and invalid cases for every operation, from the run's seed."""
-    cases = st.one_of(schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
-                      schema.as_strategy(schemathesis.GenerationMode.NEGATIVE))  # fmt: skip
+    cases = st.one_of(
+        schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
+        schema.as_strategy(schemathesis.GenerationMode.NEGATIVE),
+    )
 
     @fuzz("random", 400)
     @given(case=cases)

@@ -76,8 +76,18 @@ def call_until(stop: threading.Event, done: threading.Event, grpc_port: int, see
 def test_every_process_swaps_to_the_same_version(tiny_model_dir: Path, second_model: Path, tmp_path: Path) -> None:
     root = tmp_path / "models"
     publish_copy(tiny_model_dir, root, "tiny")
-    args = ["--model-root", str(root), "--processes", str(PROCESSES), "--poll-interval-s", "0.5",
-            "--admin-token", ADMIN, "--metrics-port", "0"]  # fmt: skip
+    args = [
+        "--model-root",
+        str(root),
+        "--processes",
+        str(PROCESSES),
+        "--poll-interval-s",
+        "0.5",
+        "--admin-token",
+        ADMIN,
+        "--metrics-port",
+        "0",
+    ]
     with ServeProcess(args, tmp_path / "serve") as server:
         server.wait_serving(120)
         grpc_port, metrics_port = (int(line) for line in server.port_file.read_text().split("\n")[:2])

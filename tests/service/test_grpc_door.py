@@ -56,8 +56,7 @@ async def _attack_and_probe(target: str, token: str | None) -> dict:
         embed = polite.unary_unary(
             "/elmo.v1.Embedder/Embed", pb.EmbedRequest.SerializeToString, pb.EmbedResponse.FromString
         )
-        answer = await embed(pb.EmbedRequest(inputs=[pb.Input(text="a b")]), metadata=metadata,
-                             timeout=30)  # fmt: skip
+        answer = await embed(pb.EmbedRequest(inputs=[pb.Input(text="a b")]), metadata=metadata, timeout=30)
         refused = []
         if token:  # no token: refused at the headers, before the message that never comes
             for call in calls[:50]:
@@ -73,8 +72,9 @@ async def _attack_and_probe(target: str, token: str | None) -> dict:
 
 
 @pytest.mark.parametrize("token", [None, TOKEN], ids=["open", "with-auth-token"])
-def test_calls_that_never_send_leave_health_serving_and_others_answered(tiny_model_dir: Path, tmp_path: Path,
-                                                                        token: str | None) -> None:  # fmt: skip
+def test_calls_that_never_send_leave_health_serving_and_others_answered(
+    tiny_model_dir: Path, tmp_path: Path, token: str | None
+) -> None:
     args = ["--model", str(tiny_model_dir), *(["--auth-token", token] if token else [])]
     with ServeProcess(args, tmp_path) as server:
         target = server.wait_serving()
@@ -178,9 +178,14 @@ def test_a_message_that_never_completes_and_a_silent_stream_are_closed(tiny_mode
 
 @pytest.mark.parametrize(
     ("peer", "address"),
-    [("ipv4:10.0.0.7:5312", "10.0.0.7"), ("ipv6:[::1]:5312", "::1"), ("ipv6:[fe80::1%eth0]:80", "fe80::1%eth0"),
-     ("10.0.0.7:80", "10.0.0.7"), ("unix:/run/elmo.sock", "unix:/run/elmo.sock")],
-)  # fmt: skip
+    [
+        ("ipv4:10.0.0.7:5312", "10.0.0.7"),
+        ("ipv6:[::1]:5312", "::1"),
+        ("ipv6:[fe80::1%eth0]:80", "fe80::1%eth0"),
+        ("10.0.0.7:80", "10.0.0.7"),
+        ("unix:/run/elmo.sock", "unix:/run/elmo.sock"),
+    ],
+)
 def test_a_peer_is_its_address_without_the_port(peer: str, address: str) -> None:
     assert peer_address(peer) == address
 

@@ -188,9 +188,22 @@ def test_a_health_flood_keeps_no_check_or_embed_out(
         pytest.skip("needs 127.0.0.2-4 as client addresses (Linux routes all of 127/8 to lo)")
     # gRPC's own cap on open calls is 2 x 16 + 256 (+ the health shares' 8 + 16 on this server): 3 x 100 health calls
     # held open would fill it if they were not counted in shares of their own
-    args = ["--model", str(tiny_model_dir), "--max-concurrent-rpcs", "16", "--max-calls-per-peer", "16",
-            "--health-watch-max", "8", "--health-watch-max-per-peer", "4",
-            "--health-check-max", "16", "--health-check-max-per-peer", "4"]  # fmt: skip
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--max-concurrent-rpcs",
+        "16",
+        "--max-calls-per-peer",
+        "16",
+        "--health-watch-max",
+        "8",
+        "--health-watch-max-per-peer",
+        "4",
+        "--health-check-max",
+        "16",
+        "--health-check-max-per-peer",
+        "4",
+    ]
     watch = method == HEALTH_WATCH
     flag = "--health-watch-max" if watch else "--health-check-max"
     env = {"ELMO_AUTH_TOKEN": token} if token else None
@@ -236,8 +249,16 @@ def test_http_health_is_not_stalled_by_a_client_that_never_reads(tiny_model_dir:
     """GET /health answers from the server's state at once: a client that pipelines probes and reads no answer holds
     only its own connection (aiohttp stops reading it), and SIGTERM still turns it 503 and ends the process."""
     delay_s, drain_s, slack_s = 1.0, 2.0, 3.0  # slack: the process's teardown, and the HTTP door's own close
-    args = ["--model", str(tiny_model_dir), "--http-port", "0", "--shutdown-delay-s", f"{delay_s:g}",
-            "--drain-timeout-s", f"{drain_s:g}"]  # fmt: skip
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--http-port",
+        "0",
+        "--shutdown-delay-s",
+        f"{delay_s:g}",
+        "--drain-timeout-s",
+        f"{drain_s:g}",
+    ]
     with ServeProcess(args, tmp_path) as server:
         server.wait_serving()
         http_port = int(server.port_file.read_text().split("\n")[2])  # lines: gRPC, metrics, HTTP
@@ -283,8 +304,18 @@ def test_http_health_has_headroom_while_other_clients_hold_every_connection(
     the cap's 503 like everyone else."""
     if not _loopback_alias_works():
         pytest.skip("needs 127.0.0.2-5 as client addresses (Linux routes all of 127/8 to lo)")
-    args = ["--model", str(tiny_model_dir), "--http-port", "0", "--max-connections", "8",
-            "--max-connections-per-peer", "2", "--health-http-connections", str(reserve)]  # fmt: skip
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--http-port",
+        "0",
+        "--max-connections",
+        "8",
+        "--max-connections-per-peer",
+        "2",
+        "--health-http-connections",
+        str(reserve),
+    ]
     with ServeProcess(args, tmp_path) as server:
         server.wait_serving()
         http_port = int(server.port_file.read_text().split("\n")[2])  # lines: gRPC, metrics, HTTP

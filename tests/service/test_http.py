@@ -121,8 +121,9 @@ def test_every_route_takes_its_texts_as_input_and_the_older_names_as_aliases(ser
     assert status == 200 and [item["index"] for item in pooled["data"]] == [0, 1]
     status, embedded = call(server.http_url, "/v1/embed", {"input": texts, "encoding_format": "base64"})
     assert status == 200 and len(embedded["embeddings"]) == 2
-    assert call(server.http_url, "/v1/embed", {"inputs": texts, "encoding": "base64"})[1]["embeddings"] == (
-        embedded["embeddings"]
+    assert (
+        call(server.http_url, "/v1/embed", {"inputs": texts, "encoding": "base64"})[1]["embeddings"]
+        == (embedded["embeddings"])
     )
     status, one = call(server.http_url, "/v1/embed", {"input": texts[0]})  # one string: one input
     assert status == 200 and one["embeddings"][0]["tokens"] == embedded["embeddings"][0]["tokens"]
@@ -188,11 +189,19 @@ BAD = [
     ("/v1/tokenize", {"texts": []}, 400, "texts is empty"),
     ("/v1/nothing", {}, 404, "no such endpoint"),
     # a field that cannot take effect is refused, never echoed as if applied; a field and its alias are one field
-    ("/v1/embed", {"input": ["x"], "layers": [2], "task": "pos_demo", "omit_layers": True}, 400,
-     "layers has no effect with omit_layers"),
+    (
+        "/v1/embed",
+        {"input": ["x"], "layers": [2], "task": "pos_demo", "omit_layers": True},
+        400,
+        "layers has no effect with omit_layers",
+    ),
     ("/v1/embed", {"input": ["x"], "inputs": ["x"]}, 400, "'inputs' is an alias of 'input'"),
-    ("/v1/embed", {"input": "x", "encoding": "base64", "encoding_format": "float"}, 400,
-     "'encoding' is an alias of 'encoding_format'"),
+    (
+        "/v1/embed",
+        {"input": "x", "encoding": "base64", "encoding_format": "float"},
+        400,
+        "'encoding' is an alias of 'encoding_format'",
+    ),
     ("/v1/embed", {"layers": [1]}, 400, "'input' is missing"),
     ("/v1/tokenize", {"input": "x", "text": "x"}, 400, "'text' is an alias of 'input'"),
     ("/v1/tokenize", {"text": "x", "texts": ["x"]}, 400, "both are aliases of 'input'"),
@@ -285,10 +294,13 @@ def test_expect_100_continue_is_answered_only_after_the_size_and_the_token(runti
     srv = ServerThread({"tiny": runtime}, Limits(drain_seconds=1.0), auth_token=TOKEN, http=True)
     srv.warm_up()
     try:
+
         def head(length: int, token: str | None = TOKEN, expect: str = "100-continue") -> str:
             auth = f"Authorization: Bearer {token}\r\n" if token else ""
-            return (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
-                    f"Content-Length: {length}\r\nExpect: {expect}\r\n\r\n")  # fmt: skip
+            return (
+                f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+                f"Content-Length: {length}\r\nExpect: {expect}\r\n\r\n"
+            )
 
         huge, _ = _expect_exchange(srv.http_url, head(10 * 1024**3))
         assert huge.startswith(b"HTTP/1.1 413") and b"(--max-message-bytes)" in huge

@@ -42,19 +42,25 @@ MAX_BODY = 1024  # the test app's client_max_size
 HANDLER_SECONDS = 1.0  # GET /slow: longer than every SHORT timeout
 
 
-def limits(header: float = LONG, body: float = LONG, idle: float = LONG, cap: int = 1000,
-           per_peer: int = 1000) -> Limits:  # fmt: skip
+def limits(
+    header: float = LONG, body: float = LONG, idle: float = LONG, cap: int = 1000, per_peer: int = 1000
+) -> Limits:
     return replace(
-        Limits(), http_header_timeout=header, http_body_timeout=body, http_idle_timeout=idle, max_connections=cap,
+        Limits(),
+        http_header_timeout=header,
+        http_body_timeout=body,
+        http_idle_timeout=idle,
+        max_connections=cap,
         max_connections_per_peer=per_peer,
-    ).validate()  # fmt: skip
+    ).validate()
 
 
 class Served:
     """The test app behind a ConnectionGuard on its own event loop thread; ``seen`` gets what the routes saw."""
 
-    def __init__(self, limits: Limits, ssl_context: ssl.SSLContext | None = None,
-                 health_connections: int = HEALTH_CONNECTIONS):  # fmt: skip
+    def __init__(
+        self, limits: Limits, ssl_context: ssl.SSLContext | None = None, health_connections: int = HEALTH_CONNECTIONS
+    ):
         self.limits = limits
         self.seen: queue.Queue[object] = queue.Queue()
         self.loop = asyncio.new_event_loop()
@@ -69,8 +75,14 @@ class Served:
 
     async def _runner(self) -> web.AppRunner:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self.guard.middleware])
-        app.add_routes([web.get("/ok", self.ok), web.get("/slow", self.slow), web.post("/echo", self.echo),
-                        web.get("/health", self.ok)])  # fmt: skip
+        app.add_routes(
+            [
+                web.get("/ok", self.ok),
+                web.get("/slow", self.slow),
+                web.post("/echo", self.echo),
+                web.get("/health", self.ok),
+            ]
+        )
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         return runner
@@ -376,8 +388,10 @@ def test_one_client_address_holds_at_most_its_share_of_the_connections(serve):
             third.sendall(get("/ok"))
             status, _, body = parse_response(wait_closed(third))
         assert status == 503
-        message = ("this client (127.0.0.1) has 2 connections open at once, its share (--max-connections-per-peer); "
-                   "retry when one has ended")  # fmt: skip
+        message = (
+            "this client (127.0.0.1) has 2 connections open at once, its share (--max-connections-per-peer); "
+            "retry when one has ended"
+        )
         assert json.loads(body)["error"]["message"] == message
         closed_for(served, over_peer_share=1)
         first.close()
@@ -392,14 +406,17 @@ def test_one_client_address_holds_at_most_its_share_of_the_connections(serve):
 
 @pytest.mark.parametrize(
     ("request_bytes", "phrase"),
-    [(b"G\x00T / HTTP/1.1\r\nHost: x\r\n\r\n", b"no valid HTTP method"),
-     (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\x01: <script>\r\n\r\n", b"invalid header token"),
-     (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"too long"),
-     (b"POST /ok HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz<script>\r\n", b"chunk size")],
+    [
+        (b"G\x00T / HTTP/1.1\r\nHost: x\r\n\r\n", b"no valid HTTP method"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\x01: <script>\r\n\r\n", b"invalid header token"),
+        (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"too long"),
+        (b"POST /ok HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz<script>\r\n", b"chunk size"),
+    ],
     ids=["method", "header", "long-line", "chunked"],
-)  # fmt: skip
-def test_what_aiohttps_parser_refuses_is_answered_as_json_without_echo_or_traceback(serve, caplog, request_bytes,
-                                                                                      phrase):  # fmt: skip
+)
+def test_what_aiohttps_parser_refuses_is_answered_as_json_without_echo_or_traceback(
+    serve, caplog, request_bytes, phrase
+):
     served = serve(limits())
     caplog.set_level(logging.DEBUG, logger="aiohttp")
     caplog.set_level(logging.DEBUG, logger="service.http.connections")

@@ -76,8 +76,10 @@ def post(port: int, path: str, body: bytes, source: str | None = None, rcvbuf: i
         sock.bind((source, 0))
     sock.settimeout(60)
     sock.connect(("127.0.0.1", port))
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     sock.sendall(head + body)
     return sock
 
@@ -125,8 +127,10 @@ def test_a_body_trickled_slower_than_its_deadline_gets_408_and_the_connection_cl
         port = ports_of(server).http
         body = b'{"inputs": ["a b c"]}'.ljust(64)
         sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        head = (f"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        head = (
+            f"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         sock.sendall(head)
         sent = 0
         sock.settimeout(0.3)
@@ -210,8 +214,10 @@ def test_unread_http_answers_hold_their_share_until_the_write_timeout_closes_the
         assert embedded_tokens(ports.metrics) == base_tokens + 8000  # refused before its vectors were computed
         seconds = another_client_is_served(target)
         held_rss = rss_bytes(pid)
-        print(f"HTTP unread: RSS {base_rss / MIB:.0f} -> {held_rss / MIB:.0f} MiB with 2 answers held; "
-              f"another client's Embed {seconds:.3f} s")  # fmt: skip
+        print(
+            f"HTTP unread: RSS {base_rss / MIB:.0f} -> {held_rss / MIB:.0f} MiB with 2 answers held; "
+            f"another client's Embed {seconds:.3f} s"
+        )
         assert held_rss - base_rss < 400 * MIB
 
         assert all(closed_by_server(sock, 60) for sock in stalled)  # the write timeout aborted them
@@ -248,8 +254,10 @@ def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_close
             assert embedded_tokens(ports.metrics) == base_tokens + 2 * 7984  # refused before computing
             seconds = another_client_is_served(target)
             held_rss = rss_bytes(pid)
-            print(f"gRPC zero window: RSS {base_rss / MIB:.0f} -> {held_rss / MIB:.0f} MiB with 2 answers held; "
-                  f"another client's Embed {seconds:.3f} s")  # fmt: skip
+            print(
+                f"gRPC zero window: RSS {base_rss / MIB:.0f} -> {held_rss / MIB:.0f} MiB with 2 answers held; "
+                f"another client's Embed {seconds:.3f} s"
+            )
             assert held_rss - base_rss < 400 * MIB
             assert closed_by_server(peer.sock, 90)  # the connection's age (20 s) and its grace (5 s)
         after_tokens = embedded_tokens(ports.metrics)
@@ -284,14 +292,25 @@ def test_an_hpack_bomb_is_refused_and_costs_no_memory(tiny_model_dir, tmp_path):
             assert len(refused) >= 0.9 * len(bombed), {i: peer.streams[i] for i in bombed if i not in refused}
             bombed_rss = rss_bytes(pid)
             seconds = another_client_is_served(target)
-        print(f"HPACK bomb: RSS {base_rss / MIB:.0f} -> {bombed_rss / MIB:.0f} MiB; another client's Embed "
-              f"{seconds:.3f} s")  # fmt: skip
+        print(
+            f"HPACK bomb: RSS {base_rss / MIB:.0f} -> {bombed_rss / MIB:.0f} MiB; another client's Embed "
+            f"{seconds:.3f} s"
+        )
         assert bombed_rss - base_rss < 64 * MIB
 
 
 def test_a_per_peer_share_over_the_whole_budget_is_refused_at_start(tmp_path):
-    finished = serve_until_exit(["--model", str(tmp_path / "never-read"), "--in-flight-answer-bytes", str(64 * MIB),
-                                 "--in-flight-answer-bytes-per-peer", str(128 * MIB)], tmp_path)  # fmt: skip
+    finished = serve_until_exit(
+        [
+            "--model",
+            str(tmp_path / "never-read"),
+            "--in-flight-answer-bytes",
+            str(64 * MIB),
+            "--in-flight-answer-bytes-per-peer",
+            str(128 * MIB),
+        ],
+        tmp_path,
+    )
     assert finished.returncode == 2
     assert finished.error_lines() == [
         "elmo serve: error: --in-flight-answer-bytes-per-peer must not exceed --in-flight-answer-bytes"

@@ -222,8 +222,7 @@ def test_a_port_taken_without_sharing_is_named(tiny_model_dir: Path, tmp_path: P
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        finished = serve_until_exit(["--model", str(tiny_model_dir), "--processes", "2", "--port", str(port)],
-                                    tmp_path)  # fmt: skip
+        finished = serve_until_exit(["--model", str(tiny_model_dir), "--processes", "2", "--port", str(port)], tmp_path)
     assert finished.returncode == 2
     assert finished.error_lines() == [
         f"elmo serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (stop what listens there or pick "
@@ -254,8 +253,18 @@ def test_each_process_serves_its_metrics_to_the_supervisor_and_leaves_the_reposi
     group's on the given one); under --model-root it does not poll (the supervisor watches for the group)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    given = ["--model-root", "r", "--processes", "2", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
-             "--poll-interval-s", "5"]  # fmt: skip
+    given = [
+        "--model-root",
+        "r",
+        "--processes",
+        "2",
+        "--metrics-port",
+        "9090",
+        "--metrics-host",
+        "0.0.0.0",
+        "--poll-interval-s",
+        "5",
+    ]
     args = parser.parse_args(given)
     args.command_line = ["serve", *given]
     one = parser.parse_args(process_command(args, 50123, None, Path("process-0.port"))[4:])

@@ -62,8 +62,20 @@ def test_a_model_imported_as_root_is_served_by_nobody(bilm_tf_fixture: Path, sha
     out = root / "en" / "1"
     old_umask = os.umask(0o077)  # the strictest umask root might have: the writers must set the modes themselves
     try:
-        assert elmo_main(["import-allennlp", "--options", str(bilm_tf_fixture / "options.json"),
-                          "--weights", str(bilm_tf_fixture / "lm_weights.hdf5"), "--out", str(out)]) == 0  # fmt: skip
+        assert (
+            elmo_main(
+                [
+                    "import-allennlp",
+                    "--options",
+                    str(bilm_tf_fixture / "options.json"),
+                    "--weights",
+                    str(bilm_tf_fixture / "lm_weights.hdf5"),
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         assert elmo_main(["export", "--model", str(out), "--threads", "1"]) == 0
     finally:
         os.umask(old_umask)
@@ -71,21 +83,42 @@ def test_a_model_imported_as_root_is_served_by_nobody(bilm_tf_fixture: Path, sha
     assert not unreadable, unreadable
 
     port_file = shared_dir / "serve.port"
-    command = [sys.executable, "-c", LAUNCH.format(uid=NOBODY), "serve", "--model-root", str(root),
-               "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--threads", "1",
-               "--http-port", "off"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        LAUNCH.format(uid=NOBODY),
+        "serve",
+        "--model-root",
+        str(root),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--threads",
+        "1",
+        "--http-port",
+        "off",
+    ]
     log = shared_dir / "serve.stderr"
     with open(log, "w") as err:
         server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, env=clean_env())
     try:
-        wait_until(lambda: server.poll() is not None or port_file.is_file() and bool(port_file.read_text().strip()),
-                   60, "the server listening")  # fmt: skip
+        wait_until(
+            lambda: server.poll() is not None or port_file.is_file() and bool(port_file.read_text().strip()),
+            60,
+            "the server listening",
+        )
         assert server.poll() is None, log.read_text()
         target = f"127.0.0.1:{port_file.read_text().split()[0]}"
         wait_until(lambda: server.poll() is not None or health_status(target) == "SERVING", 60, "health SERVING")
         assert server.poll() is None, log.read_text()
-        ids = [line.split()[1:] for line in Path(f"/proc/{server.pid}/status").read_text().splitlines()
-               if line.startswith(("Uid:", "Gid:"))]  # fmt: skip
+        ids = [
+            line.split()[1:]
+            for line in Path(f"/proc/{server.pid}/status").read_text().splitlines()
+            if line.startswith(("Uid:", "Gid:"))
+        ]
         assert ids == [[str(NOBODY)] * 4] * 2  # real, effective, saved and filesystem ids: all nobody's
         with EmbedderClient(target) as client:
             (result,) = client.embed(["The apple fell ."], model="en")

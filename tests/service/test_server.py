@@ -564,12 +564,29 @@ def serve_process(model_dir: Path, tmp_path: Path, *flags: str) -> tuple[subproc
     """`elmo serve` as its own process on free loopback ports: (the process, its log, its port file's lines:
     gRPC, metrics, HTTP port), once the ports are open."""
     port_file, log_path = tmp_path / "port", tmp_path / "server.log"
-    command = [sys.executable, "-m", "elmo.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-               "--port", "0", "--port-file", str(port_file), "--threads", "1", "--http-port", "off",
-               *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "elmo.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--threads",
+        "1",
+        "--http-port",
+        "off",
+        *flags,
+    ]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
+        proc = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1")
+        )
     _wait_until(lambda: port_file.is_file() and port_file.read_text().strip() != "" or proc.poll() is not None, 60)
     assert proc.poll() is None, log_path.read_text()
     return proc, log_path, port_file.read_text().split("\n")
@@ -621,8 +638,9 @@ def http_health(port: str) -> int:
 def test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering(tiny_model_dir, tmp_path):
     """--shutdown-delay-s: after SIGTERM both health checks say NOT_SERVING at once, yet new calls are answered (a
     balancer that has not looked yet sends no failure); a second SIGTERM ends the delay and the drain exits 0."""
-    proc, log_path, ports = serve_process(tiny_model_dir, tmp_path, "--http-port", "0", "--shutdown-delay-s", "120",
-                                          "--drain-timeout-s", "5")  # fmt: skip
+    proc, log_path, ports = serve_process(
+        tiny_model_dir, tmp_path, "--http-port", "0", "--shutdown-delay-s", "120", "--drain-timeout-s", "5"
+    )
     try:
         target, http_port = f"127.0.0.1:{ports[0]}", ports[2]
         with EmbedderClient(target, timeout=10) as c:
@@ -633,8 +651,9 @@ def test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering
             assert http_health(http_port) == 503
             assert c.embed(["after the signal"])[0].tokens == ["after", "the", "signal"]  # still answered
             body = json.dumps({"inputs": ["over HTTP"]}).encode()
-            request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/embed", data=body,
-                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{http_port}/v1/embed", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=10) as reply:
                 assert json.loads(reply.read())["embeddings"][0]["tokens"] == ["over", "HTTP"]
             assert proc.poll() is None and "drained" not in log_path.read_text()

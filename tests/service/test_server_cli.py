@@ -155,8 +155,18 @@ def test_server_takes_the_token_from_the_environment(env_token_server: str, monk
 
 
 def _elmo_embed(target: str, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "elmo.cli", "embed", "--server", target, "--timeout-s", "30", *flags,
-               "hello world"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "elmo.cli",
+        "embed",
+        "--server",
+        target,
+        "--timeout-s",
+        "30",
+        *flags,
+        "hello world",
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=clean_env(env))
 
 
@@ -244,5 +254,6 @@ def test_an_empty_token_variable_is_named_as_the_variable(tiny_model_dir: Path, 
     """ELMO_AUTH_TOKEN reaches the flag through the configuration (elmo.flags); an empty one is refused by its name."""
     finished = serve_until_exit(["--model", str(tiny_model_dir)], tmp_path / "serve", env={AUTH_ENV: ""})
     assert finished.returncode == 2
-    assert finished.error_lines() == ["elmo serve: error: $ELMO_AUTH_TOKEN is empty (an unset variable?): give a "
-                                      "token, or leave it out to serve open"]  # fmt: skip
+    assert finished.error_lines() == [
+        "elmo serve: error: $ELMO_AUTH_TOKEN is empty (an unset variable?): give a token, or leave it out to serve open"
+    ]

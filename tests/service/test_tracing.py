@@ -126,8 +126,9 @@ def test_a_grpc_call_is_traced_under_the_callers_traceparent(receiver, traced_se
     (root,) = spans["elmo.v1.Embedder/Embed"]
     attributes = {a.key: a.value for a in root.attributes}
     assert attributes["rpc.grpc.status_code"].int_value == 0
-    assert sum(a.value.int_value for b in spans["elmo.batch"] for a in b.attributes
-               if a.key == "elmo.batch.tokens") >= 6  # fmt: skip
+    assert (
+        sum(a.value.int_value for b in spans["elmo.batch"] for a in b.attributes if a.key == "elmo.batch.tokens") >= 6
+    )
 
 
 @pytest.mark.slow  # a served model (its module fixture) and the receiver: `make test`, not `make check`
@@ -136,8 +137,9 @@ def test_an_http_request_is_traced_under_the_callers_traceparent(receiver, trace
     _, _, url = traced_server
     header, trace_id, caller_span = traceparent()
     body = json.dumps({"inputs": [{"text": "the river bank flooded"}]}).encode()
-    request = urllib.request.Request(f"{url}/v1/embed", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "traceparent": header})  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/embed", data=body, method="POST", headers={"Content-Type": "application/json", "traceparent": header}
+    )
     with urllib.request.urlopen(request, timeout=60) as reply:
         assert reply.status == 200
     spans = arrived(servicer, trace_id, "POST /v1/embed")
@@ -154,8 +156,9 @@ def test_a_refused_call_is_traced_with_its_status(receiver, traced_server):
     _, target, _ = traced_server
     header, trace_id, caller_span = traceparent()
     with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as refused:
-        pb_grpc.EmbedderStub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text="x")], layers=[99]),
-                                            metadata=[("traceparent", header)], timeout=60)  # fmt: skip
+        pb_grpc.EmbedderStub(channel).Embed(
+            pb.EmbedRequest(inputs=[pb.Input(text="x")], layers=[99]), metadata=[("traceparent", header)], timeout=60
+        )
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     wait_until(lambda: any(s.name == "elmo.admission" for s in servicer.of(trace_id)), 60, "the refused trace")
     wait_until(lambda: any(s.name == "elmo.v1.Embedder/Embed" for s in servicer.of(trace_id)), 60, "its span")

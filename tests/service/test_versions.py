@@ -47,8 +47,14 @@ def open_runtime(directory: Path) -> Embedder:
 
 def repository_server(root: Path, poll: float = 0.0, http: bool = True, **options) -> ServerThread:
     max_memory = options.pop("max_memory", None)
-    repository = RepositoryOptions(root, open_runtime, poll_interval_s=poll, max_memory=max_memory,
-                                   release_timeout_s=10.0, keep_versions=options.pop("keep_versions", 1))  # fmt: skip
+    repository = RepositoryOptions(
+        root,
+        open_runtime,
+        poll_interval_s=poll,
+        max_memory=max_memory,
+        release_timeout_s=10.0,
+        keep_versions=options.pop("keep_versions", 1),
+    )
     server = ServerThread({}, limits_with(drain_seconds=1.0), http=http, repository=repository, **options)
     server.warm_up()
     return server
@@ -198,7 +204,9 @@ def test_admin_api_needs_its_token_and_loads_unloads_lists(tiny_model_dir, secon
             # pin the older version: both stay loaded, new requests still go to the latest
             status = stub.LoadModel(pb.LoadModelRequest(name="default", version=1), metadata=admin, timeout=60)
             assert {v.version: v.state for v in status.versions if v.state == pb.VERSION_READY} == {
-                1: pb.VERSION_READY, 2: pb.VERSION_READY}  # fmt: skip
+                1: pb.VERSION_READY,
+                2: pb.VERSION_READY,
+            }
             assert embed(server, "default@1", metadata=client).model_version == 1
             assert embed(server, metadata=client).model_version == 2
             with pytest.raises(grpc.RpcError) as refused:

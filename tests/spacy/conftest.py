@@ -66,8 +66,20 @@ def toy_data(tmp_path_factory) -> Path:
 
 def spacy_train(config: Path, data: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     """`python -m spacy train` as a user runs it (a real process), on the toy data."""
-    command = [sys.executable, "-m", "spacy", "train", str(config), "--output", str(out),
-               "--paths.train", str(data / "train.spacy"), "--paths.dev", str(data / "dev.spacy"), *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "spacy",
+        "train",
+        str(config),
+        "--output",
+        str(out),
+        "--paths.train",
+        str(data / "train.spacy"),
+        "--paths.dev",
+        str(data / "dev.spacy"),
+        *overrides,
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -77,8 +89,19 @@ def spacy_train(config: Path, data: Path, out: Path, *overrides: str) -> subproc
 def trained_pipeline(tmp_path_factory, spacy_model, toy_data) -> Path:
     """configs/spacy/tagger_elmo.cfg trained for 15 epochs on the toy tags with the tiny model (a few seconds)."""
     out = tmp_path_factory.mktemp("spacy_trained")
-    spacy_train(TAGGER_CONFIG, toy_data, out, "--paths.elmo_model", str(spacy_model), "--training.max_epochs", "15",
-                "--training.eval_frequency", "20", "--components.tagger.model.tok2vec.width", "32")  # fmt: skip
+    spacy_train(
+        TAGGER_CONFIG,
+        toy_data,
+        out,
+        "--paths.elmo_model",
+        str(spacy_model),
+        "--training.max_epochs",
+        "15",
+        "--training.eval_frequency",
+        "20",
+        "--components.tagger.model.tok2vec.width",
+        "32",
+    )
     return out / "model-last"
 
 

@@ -47,8 +47,10 @@ def test_the_forward_pass_is_the_served_mix_and_the_gradient_is_right() -> None:
 
     def loss(w: np.ndarray, g: float) -> float:  # in float64 throughout (mix_layers computes in float32)
         scale = g * np.exp(w - w.max()) / np.exp(w - w.max()).sum()
-        return sum(float((u * np.tensordot(scale, d._.elmo_layers.astype(np.float64), axes=1)).sum())
-                   for u, d in zip(upstream, docs))  # fmt: skip
+        return sum(
+            float((u * np.tensordot(scale, d._.elmo_layers.astype(np.float64), axes=1)).sum())
+            for u, d in zip(upstream, docs)
+        )
 
     step, numeric = 1e-4, []
     for index in range(4):
@@ -100,8 +102,12 @@ def test_spacy_train_with_the_listener_improves_the_dev_score(trained_pipeline, 
     trained = spacy.load(trained_pipeline)
     config = trained.config.copy()
     untrained = spacy.util.load_model_from_config(config, auto_fill=True)
-    untrained.initialize(lambda: [Example(untrained.make_doc(d.text), d) for d in
-                                  DocBin().from_disk(toy_data / "train.spacy").get_docs(untrained.vocab)])  # fmt: skip
+    untrained.initialize(
+        lambda: [
+            Example(untrained.make_doc(d.text), d)
+            for d in DocBin().from_disk(toy_data / "train.spacy").get_docs(untrained.vocab)
+        ]
+    )
     before, after = tag_accuracy(untrained, dev), tag_accuracy(trained, dev)
     assert after > before + 0.25, (before, after)
     mix = find_mix(trained.get_pipe("tagger").model)
@@ -114,8 +120,15 @@ def test_the_listener_learns_inside_nlp_update_without_an_annotating_component(s
     """Linked by spaCy (find_listeners), the listener asks the component for layers a Doc lacks."""
     nlp = spacy.blank("en")
     nlp.add_pipe("elmo", config={"model": str(spacy_model)})
-    tagger = nlp.add_pipe("tagger", config={"model": {"@architectures": "spacy.Tagger.v2", "tok2vec": {
-        "@architectures": "elmo.ElmoListener.v1", "width": 16, "upstream": "elmo"}}})  # fmt: skip
+    tagger = nlp.add_pipe(
+        "tagger",
+        config={
+            "model": {
+                "@architectures": "spacy.Tagger.v2",
+                "tok2vec": {"@architectures": "elmo.ElmoListener.v1", "width": 16, "upstream": "elmo"},
+            }
+        },
+    )
     doc = Doc(nlp.vocab, words=["the", "cat", "runs"])
     for token, tag in zip(doc, ["DET", "NOUN", "VERB"]):
         token.tag_ = tag
@@ -138,12 +151,31 @@ def test_textcat_and_spancat_learn_through_the_listener(spacy_model) -> None:
     nlp = spacy.blank("en")
     nlp.add_pipe("elmo", config={"model": str(spacy_model)})
     listener = {"@architectures": "elmo.ElmoListener.v1", "width": 16, "upstream": "elmo"}
-    nlp.add_pipe("textcat", config={"model": {"@architectures": "spacy.TextCatReduce.v1", "tok2vec": listener,
-                 "exclusive_classes": True, "use_reduce_first": False, "use_reduce_last": False,
-                 "use_reduce_max": True, "use_reduce_mean": True}})  # fmt: skip
-    nlp.add_pipe("spancat", config={"model": {"@architectures": "spacy.SpanCategorizer.v1", "tok2vec": listener,
-                 "reducer": {"@layers": "spacy.mean_max_reducer.v1", "hidden_size": 16},
-                 "scorer": {"@layers": "spacy.LinearLogistic.v1"}}})  # fmt: skip
+    nlp.add_pipe(
+        "textcat",
+        config={
+            "model": {
+                "@architectures": "spacy.TextCatReduce.v1",
+                "tok2vec": listener,
+                "exclusive_classes": True,
+                "use_reduce_first": False,
+                "use_reduce_last": False,
+                "use_reduce_max": True,
+                "use_reduce_mean": True,
+            }
+        },
+    )
+    nlp.add_pipe(
+        "spancat",
+        config={
+            "model": {
+                "@architectures": "spacy.SpanCategorizer.v1",
+                "tok2vec": listener,
+                "reducer": {"@layers": "spacy.mean_max_reducer.v1", "hidden_size": 16},
+                "scorer": {"@layers": "spacy.LinearLogistic.v1"},
+            }
+        },
+    )
     examples = []
     for text, label in [("the cat runs", "A"), ("a dog sees", "B"), ("every bird runs", "A"), ("this cow sees", "B")]:
         reference = nlp.make_doc(text)

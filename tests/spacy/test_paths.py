@@ -37,8 +37,10 @@ def load_and_embed(folder: Path, caplog: pytest.LogCaptureFixture) -> tuple[np.n
 
 
 def outside_line(component: Path, what: str, shown: Path, real: Path) -> str:
-    return (f"elmo component 'elmo': {component / 'cfg.json'} names a {what}; {shown} leads outside {component}, "
-            f"to {real}: loaded from there ({OUTSIDE_RULE})")  # fmt: skip
+    return (
+        f"elmo component 'elmo': {component / 'cfg.json'} names a {what}; {shown} leads outside {component}, "
+        f"to {real}: loaded from there ({OUTSIDE_RULE})"
+    )
 
 
 @pytest.fixture
@@ -99,8 +101,10 @@ def test_bundling_copies_a_task_folder_that_leads_outside_and_names_it(tmp_path:
     with caplog.at_level(logging.WARNING):
         nlp.to_disk(tmp_path / "pipeline")
     said = [r.getMessage() for r in caplog.records if "leads outside" in r.getMessage()]
-    assert said == [f"task folder {model / 'tasks' / 'pos_demo'} leads outside {model}, to {shared}: loaded from "
-                    f"there ({OUTSIDE_RULE})"]  # fmt: skip
+    assert said == [
+        f"task folder {model / 'tasks' / 'pos_demo'} leads outside {model}, to {shared}: loaded from "
+        f"there ({OUTSIDE_RULE})"
+    ]
     bundled = tmp_path / "pipeline" / "elmo" / "model" / "tasks" / "pos_demo"
     assert not bundled.is_symlink() and (bundled / "task.json").is_file()
     shutil.rmtree(shared)

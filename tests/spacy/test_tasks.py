@@ -27,10 +27,25 @@ def one_example(nlp: spacy.Language) -> list[Example]:
 SENTENCES = [["the", "cat", "runs"], ["a", "dog", "sees", "every", "bird"], ["Apple", "shares", "rose", "."]]
 
 
-def test_the_exported_mix_is_served_equal_to_the_listeners_output(trained_pipeline, spacy_model, spacy_server,
-                                                                   capsys) -> None:  # fmt: skip
-    assert main(["spacy", "export-task", str(trained_pipeline), "--component", "tagger", "--model", str(spacy_model),
-                 "--task", "spacy_toy_tags"]) == 0  # fmt: skip
+def test_the_exported_mix_is_served_equal_to_the_listeners_output(
+    trained_pipeline, spacy_model, spacy_server, capsys
+) -> None:
+    assert (
+        main(
+            [
+                "spacy",
+                "export-task",
+                str(trained_pipeline),
+                "--component",
+                "tagger",
+                "--model",
+                str(spacy_model),
+                "--task",
+                "spacy_toy_tags",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["task"] == "spacy_toy_tags"
     nlp = spacy.load(trained_pipeline)
     mix = find_mix(nlp.get_pipe("tagger").model)
@@ -50,8 +65,18 @@ def test_a_stored_task_starts_a_listener(trained_pipeline, spacy_model) -> None:
     stored = TaskStore(spacy_model).get("spacy_start")
     nlp = spacy.blank("en")
     nlp.add_pipe("elmo", config={"model": str(spacy_model)})
-    tagger = nlp.add_pipe("tagger", config={"model": {"@architectures": "spacy.Tagger.v2", "tok2vec": {
-        "@architectures": "elmo.ElmoListener.v1", "init_task": str(spacy_model / "tasks" / "spacy_start")}}})
+    tagger = nlp.add_pipe(
+        "tagger",
+        config={
+            "model": {
+                "@architectures": "spacy.Tagger.v2",
+                "tok2vec": {
+                    "@architectures": "elmo.ElmoListener.v1",
+                    "init_task": str(spacy_model / "tasks" / "spacy_start"),
+                },
+            }
+        },
+    )
     nlp.initialize(lambda: one_example(nlp))
     mix = find_mix(tagger.model)
     np.testing.assert_array_equal(mix.get_param("W"), np.array(stored.weights, np.float32))

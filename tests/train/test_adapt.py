@@ -61,8 +61,9 @@ def test_split_holds_out_a_contiguous_tail():
         split_heldout(sentences[:100], share=0.1, max_tokens=20000)
 
 
-def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(trained_tiny_lm, domain_text, tmp_path,
-                                                                         capsys):  # fmt: skip
+def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(
+    trained_tiny_lm, domain_text, tmp_path, capsys
+):
     source = _model_copy(trained_tiny_lm, tmp_path / "source")
     save_task(source, Task("pos_demo", "tagging", 3, 32, [0.4, -0.9, 1.7], 0.8))
     out = tmp_path / "adapted"
@@ -100,11 +101,22 @@ def test_adapting_lowers_heldout_perplexity_and_leaves_a_model_directory(trained
     assert TaskStore(out).stale_names() == []
 
 
-def test_a_stopped_adaptation_resumes_with_replayed_general_text(trained_tiny_lm, brown_corpus, domain_text,
-                                                                 tmp_path, capsys):  # fmt: skip
+def test_a_stopped_adaptation_resumes_with_replayed_general_text(
+    trained_tiny_lm, brown_corpus, domain_text, tmp_path, capsys
+):
     out = tmp_path / "adapted"
-    args = ["--model", str(trained_tiny_lm), "--text", str(domain_text), "--out", str(out), *FAST, "--no-export",
-            "--replay", str(brown_corpus / "train.txt")]  # fmt: skip
+    args = [
+        "--model",
+        str(trained_tiny_lm),
+        "--text",
+        str(domain_text),
+        "--out",
+        str(out),
+        *FAST,
+        "--no-export",
+        "--replay",
+        str(brown_corpus / "train.txt"),
+    ]
     assert _run(capsys, *args, "--stop-after", "5")["stopped_at"] == 5
     assert json.loads((out / "train_state.json").read_text())["step"] == 5
 
@@ -128,8 +140,20 @@ def test_a_stopped_adaptation_resumes_with_replayed_general_text(trained_tiny_lm
 
 def test_an_imported_allennlp_model_gets_a_softmax_fitted_first(bilm_tf_fixture, domain_text, tmp_path, capsys):
     imported = tmp_path / "imported"
-    assert main(["import-allennlp", "--options", str(bilm_tf_fixture / "options.json"),
-                 "--weights", str(bilm_tf_fixture / "lm_weights.hdf5"), "--out", str(imported)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "import-allennlp",
+                "--options",
+                str(bilm_tf_fixture / "options.json"),
+                "--weights",
+                str(bilm_tf_fixture / "lm_weights.hdf5"),
+                "--out",
+                str(imported),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     out = tmp_path / "adapted"
     result = _run(capsys, "--model", str(imported), "--text", str(domain_text), "--out", str(out), *FAST)
@@ -181,11 +205,36 @@ def test_clear_errors(trained_tiny_lm, tmp_path, capsys):
     assert main(["adapt", "--model", str(no_vocab_file), "--text", str(long_text), "--out", str(tmp_path / "b")]) == 2
     assert "config.json says char_scheme 'vocab'" in capsys.readouterr().err
 
-    assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(tmp_path / "missing.txt"),
-                 "--out", str(tmp_path / "c")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "adapt",
+                "--model",
+                str(trained_tiny_lm),
+                "--text",
+                str(tmp_path / "missing.txt"),
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 2
+    )
     assert "missing.txt: text file not found" in capsys.readouterr().err
-    assert main(["adapt", "--model", str(trained_tiny_lm), "--text", str(long_text), "--out", str(tmp_path / "d"),
-                 "--resume"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "adapt",
+                "--model",
+                str(trained_tiny_lm),
+                "--text",
+                str(long_text),
+                "--out",
+                str(tmp_path / "d"),
+                "--resume",
+            ]
+        )
+        == 2
+    )
     assert "nothing to resume" in capsys.readouterr().err
 
 
@@ -197,8 +246,20 @@ def test_the_fresh_softmax_depends_on_the_seed_only(bilm_tf_fixture, tmp_path):
     from elmo.train.adapt import write_start_with_new_softmax
 
     imported = tmp_path / "imported"
-    assert main(["import-allennlp", "--options", str(bilm_tf_fixture / "options.json"),
-                 "--weights", str(bilm_tf_fixture / "lm_weights.hdf5"), "--out", str(imported)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "import-allennlp",
+                "--options",
+                str(bilm_tf_fixture / "options.json"),
+                "--weights",
+                str(bilm_tf_fixture / "lm_weights.hdf5"),
+                "--out",
+                str(imported),
+            ]
+        )
+        == 0
+    )
     vocab, train = ["<S>", "</S>", "<UNK>", "the", "cat"], [["the", "cat"]]
     softmax = {}
     for run, (global_seed, seed) in enumerate([(1, 0), (2, 0), (1, 5)]):
@@ -229,10 +290,31 @@ def _random_lm(directory: Path, text: Path) -> Path:
 def test_a_signal_stops_an_adaptation_that_resumes_on_the_same_clock(domain_text, tmp_path, capsys):
     """issue 30: a kill + --resume of `adapt --minutes 3` took 4.3 minutes and never said that it resumed."""
     model, out = _random_lm(tmp_path / "model", domain_text), tmp_path / "adapted"
-    args = ["--model", str(model), "--text", str(domain_text), "--out", str(out), "--time-budget-s", "1800",
-            "--epochs", "50", "--batch-tokens", "400", "--threads", "1", "--no-export"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "elmo.cli", "adapt", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    args = [
+        "--model",
+        str(model),
+        "--text",
+        str(domain_text),
+        "--out",
+        str(out),
+        "--time-budget-s",
+        "1800",
+        "--epochs",
+        "50",
+        "--batch-tokens",
+        "400",
+        "--threads",
+        "1",
+        "--no-export",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elmo.cli", "adapt", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     for line in proc.stderr:  # the training loop logs the model's size as it starts (split and "before" are done)
         if "parameters" in line:
             break

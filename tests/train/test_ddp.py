@@ -40,27 +40,62 @@ def _corpus(directory: Path, lengths: list[int]) -> dict:
     (directory / "train.txt").write_text("\n".join(lines) + "\n")
     (directory / "valid.txt").write_text("the cat sat on a mat .\na dog ran .\n")
     (directory / "vocab.txt").write_text("".join(f"{t}\n" for t in ["<S>", "</S>", "<UNK>", *WORDS]))
-    return {"train": str(directory / "train.txt"), "valid": str(directory / "valid.txt"),
-            "vocab": str(directory / "vocab.txt"), "valid_tokens": 100}  # fmt: skip
+    return {
+        "train": str(directory / "train.txt"),
+        "valid": str(directory / "valid.txt"),
+        "vocab": str(directory / "vocab.txt"),
+        "valid_tokens": 100,
+    }
 
 
 def _config(path: Path, data: dict, tokens_per_batch: int) -> Path:
     cfg = {
-        "model": {"char_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "projection_dim": 8, "cell_dim": 16,
-                  "n_layers": 2, "dropout": 0.0},
+        "model": {
+            "char_dim": 4,
+            "filters": [[1, 8], [2, 8]],
+            "n_highway": 1,
+            "projection_dim": 8,
+            "cell_dim": 16,
+            "n_layers": 2,
+            "dropout": 0.0,
+        },
         "data": data,
-        "train": {"optimizer": "adagrad", "lr": 0.2, "schedule": "constant", "warmup_steps": 0, "n_negatives": 0,
-                  "tokens_per_batch": tokens_per_batch, "max_steps": 1, "valid_every": 1, "checkpoint_every": 1,
-                  "log_every": 1, "threads": 1, "seed": 3},
-    }  # fmt: skip
+        "train": {
+            "optimizer": "adagrad",
+            "lr": 0.2,
+            "schedule": "constant",
+            "warmup_steps": 0,
+            "n_negatives": 0,
+            "tokens_per_batch": tokens_per_batch,
+            "max_steps": 1,
+            "valid_every": 1,
+            "checkpoint_every": 1,
+            "log_every": 1,
+            "threads": 1,
+            "seed": 3,
+        },
+    }
     path.write_text(json.dumps(cfg))
     return path
 
 
 def _two_processes(config: Path, out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "elmo.cli", "train", "--config", str(config), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "elmo.cli",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -76,8 +111,6 @@ def _initial_weights(config: Path) -> dict[str, torch.Tensor]:
     torch.manual_seed(cfg["train"]["seed"])
     model = BiLM(ModelConfig.from_dict({**cfg["model"], "vocab_size": 3 + len(WORDS)}))
     return {k: v.detach().clone() for k, v in model.state_dict().items() if k != "softmax.bias"}
-
-
 
 
 @pytest.mark.parametrize(

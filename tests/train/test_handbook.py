@@ -32,10 +32,18 @@ def _book(root: Path, folder: str, pages: dict[str, str], order: list[str]) -> N
 
 
 def test_reading_order_duplicates_and_untranslated_chinese(tmp_path):
-    _book(tmp_path, "en-US", {"b.html": "Second page.", "a.html": "Third page.", "c.html": "Second page."},
-          ["b.html", "a.html", "c.html"])  # fmt: skip
-    _book(tmp_path, "zh-CN", {"b.html": "软件包管理系统是核心。", "a.html": "This paragraph was not translated."},
-          ["b.html", "a.html"])  # fmt: skip
+    _book(
+        tmp_path,
+        "en-US",
+        {"b.html": "Second page.", "a.html": "Third page.", "c.html": "Second page."},
+        ["b.html", "a.html", "c.html"],
+    )
+    _book(
+        tmp_path,
+        "zh-CN",
+        {"b.html": "软件包管理系统是核心。", "a.html": "This paragraph was not translated."},
+        ["b.html", "a.html"],
+    )
     assert book_paragraphs(tmp_path, "en") == ["Index of en-US.", "Second page.", "Third page."]
     assert book_paragraphs(tmp_path, "zh") == ["软件包管理系统是核心。"]
     stats = write_handbook(tmp_path, tmp_path / "out")

@@ -28,8 +28,15 @@ def _history(model_dir):
 
 
 def test_ci_training_run_learns_and_writes_a_model_directory(trained_tiny_lm):
-    for name in ("config.json", "model.safetensors", "vocab.txt", "optimizer.safetensors", "train_state.json",
-                 "train_config.json", "curve.png"):  # fmt: skip
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+        "optimizer.safetensors",
+        "train_state.json",
+        "train_config.json",
+        "curve.png",
+    ):
         assert (trained_tiny_lm / name).is_file(), name
     assert (trained_tiny_lm / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     valid = [h for h in _history(trained_tiny_lm) if "valid_avg_ppl" in h]
@@ -71,8 +78,14 @@ def test_a_signal_stops_training_with_a_checkpoint_and_resume_continues_exactly(
     config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
     stopped_dir = tmp_path / "stopped"
     cmd = [sys.executable, "-m", "elmo.cli", "train", "--config", str(config), "--out", str(stopped_dir)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:  # the model's size is logged when the data is read, just before the first step
         if "parameters" in line:
             break
@@ -105,16 +118,25 @@ def test_the_progress_bar_ends_where_the_time_budget_does():
     assert expected_last_step(state, OptimConfig(max_steps=6000), 6000, 100, 800.0) == 6000  # no time budget
     assert expected_last_step(state, budget, 6000, run_steps=0, run_s=0.0) == 6000  # no pace yet
     line = resume_line(Path("runs/x"), {"step": 100, "tokens": 2048, "elapsed_s": 800.0}, budget)
-    assert line == ("resuming runs/x from step 100 of 6000 (2,048 tokens seen; 800 s of the 4800 s time budget used, "
-                    "4000 s left)")  # fmt: skip
+    assert line == (
+        "resuming runs/x from step 100 of 6000 (2,048 tokens seen; 800 s of the 4800 s time budget used, 4000 s left)"
+    )
 
 
 def test_init_from_starts_from_another_runs_weights(tmp_path, brown_corpus):
     first = write_train_config(tmp_path / "a.json", brown_corpus, max_steps=4, valid_every=4, checkpoint_every=4)
     assert main(["train", "--config", str(first), "--out", str(tmp_path / "a")]) == 0
     # lr 0: the second stage must end with exactly the weights it started from, and record where they came from
-    second = write_train_config(tmp_path / "b.json", brown_corpus, max_steps=2, valid_every=2, checkpoint_every=2,
-                                lr=0.0, init_from=str(tmp_path / "a"), init_bias_unigram=False)  # fmt: skip
+    second = write_train_config(
+        tmp_path / "b.json",
+        brown_corpus,
+        max_steps=2,
+        valid_every=2,
+        checkpoint_every=2,
+        lr=0.0,
+        init_from=str(tmp_path / "a"),
+        init_bias_unigram=False,
+    )
     assert main(["train", "--config", str(second), "--out", str(tmp_path / "b")]) == 0
     a = load_state(tmp_path / "a" / "model.safetensors")
     b = load_state(tmp_path / "b" / "model.safetensors")
@@ -137,8 +159,9 @@ def test_init_from_a_missing_or_mismatched_model_is_one_clear_error(tmp_path, ca
 
 
 def test_bias_calibration_is_kept_only_when_it_helps_on_valid(tmp_path, brown_corpus):
-    config = write_train_config(tmp_path / "c.json", brown_corpus, max_steps=6, valid_every=6, checkpoint_every=6,
-                                calibrate_bias_tokens=2000)  # fmt: skip
+    config = write_train_config(
+        tmp_path / "c.json", brown_corpus, max_steps=6, valid_every=6, checkpoint_every=6, calibrate_bias_tokens=2000
+    )
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "o")]) == 0
     state = json.loads((tmp_path / "o" / "train_state.json").read_text())
     calibration = state["bias_calibrated"]
@@ -158,8 +181,21 @@ def test_two_process_data_parallel_with_torchrun(tmp_path, brown_corpus):
     overrides = {"max_steps": 6, "log_every": 3, "valid_every": 6, "checkpoint_every": 6}
     config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "elmo.cli", "train", "--config", str(config), "--out", str(tmp_path / "ddp")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "elmo.cli",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     state = json.loads((tmp_path / "ddp" / "train_state.json").read_text())

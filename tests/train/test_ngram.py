@@ -108,8 +108,21 @@ def test_directional_scores_count_the_same_targets_as_the_bilm():
 
 def test_baseline_cli_on_real_brown(brown_corpus, capsys):
     test_file = brown_corpus / "test.en.txt"
-    assert main(["baseline", "--train", str(brown_corpus / "train.txt"), "--vocab", str(brown_corpus / "vocab.txt"),
-                 "--text", str(test_file), "--tokenized"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "baseline",
+                "--train",
+                str(brown_corpus / "train.txt"),
+                "--vocab",
+                str(brown_corpus / "vocab.txt"),
+                "--text",
+                str(test_file),
+                "--tokenized",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out.strip())
     assert result["tokens"] == sum(len(line.split()) + 1 for line in test_file.read_text().splitlines())
     assert 20 < result["avg_ppl"] < 3000

@@ -31,8 +31,14 @@ def _libgomp_settings(extra_env: dict[str, str]) -> dict[str, str]:
     """What libgomp read, in a fresh `elmo eval-lm --help` (its module imports torch, so libgomp loads)."""
     env = {k: v for k, v in os.environ.items() if k not in (WAIT_POLICY, SPIN_COUNT)}
     env.update(extra_env, OMP_DISPLAY_ENV="VERBOSE", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "elmo.cli", "eval-lm", "--help"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "elmo.cli", "eval-lm", "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return dict(re.findall(r"^\s+(\w+) = '([^']*)'", proc.stderr, flags=re.M))
 

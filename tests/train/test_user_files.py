@@ -72,17 +72,38 @@ def test_baseline_text_and_corpus(files, tmp_path, capsys):
 def test_adapt_text_and_replay(files, tmp_path, capsys):
     model, gb = str(files["model"]), str(files["gb"])
     _refused(capsys, ["adapt", "--model", model, "--text", gb, "--out", str(tmp_path / "a")], files["gb"])
-    _refused(capsys, ["adapt", "--model", model, "--text", str(files["text"]), "--out", str(tmp_path / "b"),
-                      "--replay", gb, "--no-export"], files["gb"])  # fmt: skip
+    _refused(
+        capsys,
+        [
+            "adapt",
+            "--model",
+            model,
+            "--text",
+            str(files["text"]),
+            "--out",
+            str(tmp_path / "b"),
+            "--replay",
+            gb,
+            "--no-export",
+        ],
+        files["gb"],
+    )
 
 
 def test_train_text_and_config(files, tmp_path, capsys):
     corpus = files["corpus"]
-    config = {"model": {"char_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "projection_dim": 8,
-                        "cell_dim": 16, "n_layers": 2},
-              "data": {"train": str(files["gb"]), "valid": str(corpus / "train.txt"),
-                       "vocab": str(corpus / "vocab.txt")},
-              "train": {"max_steps": 1}}  # fmt: skip
+    config = {
+        "model": {
+            "char_dim": 4,
+            "filters": [[1, 8], [2, 8]],
+            "n_highway": 1,
+            "projection_dim": 8,
+            "cell_dim": 16,
+            "n_layers": 2,
+        },
+        "data": {"train": str(files["gb"]), "valid": str(corpus / "train.txt"), "vocab": str(corpus / "vocab.txt")},
+        "train": {"max_steps": 1},
+    }
     path = tmp_path / "train.json"
     path.write_text(json.dumps(config), encoding="utf-8")
     _refused(capsys, ["train", "--config", str(path), "--out", str(tmp_path / "run")], files["gb"])
