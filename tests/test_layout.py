@@ -18,11 +18,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # folder -> the dotted name an install gives it (pyproject.toml's package-dir): one package, `elmo`
 PACKAGES = {"elmo": "elmo", "service": "elmo.service", "export": "elmo.export"}
-# folder -> dotted name of the development folders: run from a checkout (`python -m bench.service.loadgen`), never
+# folder -> dotted name of the development folders: run from a checkout (`python -m bench.service.latency`), never
 # installed; their modules are checked with the project's (stages, cycles, size) but kept out of the wheel
 LAB = {"bench": "bench"}
 # The stages, lowest first: a module may import its own stage and the ones before it, never a later one. The runtime
 # sits low because both sides stand on it: export verifies through it and training reads model directories with it.
+# Export sits below training and the importers: it turns any model directory into ONNX, and `elmo adapt` and
+# `elmo pull` end by exporting the directory they produced.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     (
         "core",
@@ -39,8 +41,8 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("runtime", ("elmo.runtime",)),
     ("model", ("elmo.model",)),
-    ("train", ("elmo.train", "elmo.importers")),
     ("export", ("elmo.export",)),
+    ("train", ("elmo.train", "elmo.importers")),
     ("tasks", ("elmo.mix",)),
     ("callers", ("elmo.service", "elmo.batch", "elmo.client", "elmo.backends", "elmo.features", "elmo.spacy")),
     ("commands", ("elmo.cli", "elmo.bench")),
@@ -169,7 +171,7 @@ def test_the_benches_are_checked_and_not_installed():
     """bench/ is in the checks (its kit and a script of each subject), `elmo bench` and its figures are installed,
     and nothing maps bench/ into the package."""
     modules = project_modules()
-    assert {"bench.kit.serve", "bench.kit.load", "bench.service.loadgen", "bench.batch.throughput"} <= set(modules)
+    assert {"bench.kit.serve", "bench.kit.load", "bench.service.latency", "bench.batch.throughput"} <= set(modules)
     assert {"elmo.bench.run", "elmo.bench.figures"} <= set(modules)
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert not any(name == "bench" or name.startswith("bench.") for name in config["packages"])

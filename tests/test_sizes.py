@@ -23,11 +23,11 @@ def test_human_bytes(n, text):
 
 
 def test_every_caller_formats_with_the_one_formatter(tmp_path):
-    from elmo.export.catalogue import CATALOGUE
-    from elmo.export.catalogue import _size as catalogue_size
     from elmo.service.common import limits
 
     from elmo.batch.job import _size
+    from elmo.importers.catalogue import CATALOGUE
+    from elmo.importers.catalogue import _size as catalogue_size
 
     assert limits.human_bytes is human_bytes
     (tmp_path / "part").write_bytes(b"x" * 3000)

@@ -53,7 +53,8 @@ def int8_copy(model: Path, heldout: Path | None, scheme: str) -> Path:
     float32 export or the exporter's sources changed). Raises ModelFileError when the int8 graphs fail their gate on
     this CPU."""
     from elmo.export.onnx_export import export_model, heldout_sentences
-    from elmo.export.random_model import exporter_digest
+
+    from elmo.bench.random_model import exporter_digest
 
     out = REPO / "runs" / "int8" / f"{model.resolve().name}-{scheme}"
     stamp = (model / "onnx.json").read_text() + f"exporter sha256 {exporter_digest()}\n"

@@ -16,7 +16,7 @@ def prepare_model(args: argparse.Namespace) -> tuple[Path, str]:
     """(model directory, how the report names it) from ``args.model`` or ``args.preset``."""
     if args.model:
         return Path(args.model), str(args.model)
-    from elmo.export.random_model import cached_random_model
+    from elmo.bench.random_model import cached_random_model
 
     directory = cached_random_model(MODELS_CACHE / f"elmo-{args.preset}", args.preset)
     return directory, f"ELMo-{args.preset} shape, random weights ({directory.relative_to(REPO)})"

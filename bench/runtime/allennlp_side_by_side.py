@@ -6,7 +6,7 @@ same batches, taking turns in one run.
 
 Both sides hold the same weights in AllenNLP's published format (options.json + weights.hdf5): ``default`` is
 models/default written out in that format; ``small`` and ``original`` are random weights of the published ELMo-small
-(1024/128) and ELMo-original (4096/512) shapes (elmo.export.random_model), which ``elmo import-allennlp`` and ``elmo
+(1024/128) and ELMo-original (4096/512) shapes (elmo.bench.random_model), which ``elmo import-allennlp`` and ``elmo
 export`` turn into this project's model directory. Those files are made once under ``--work``.
 
 AllenNLP runs in its own venv (bench/runtime/allennlp_worker.py: ``batch_to_ids``, ``_ElmoBiLm`` under
@@ -88,9 +88,9 @@ def prepare(name: str, work: Path, elmo: Path) -> tuple[Path, Path]:
     files, model = work / name / "allennlp", work / name / "model"
     if name == "default":
         if not (files / WEIGHTS).is_file():
-            from elmo.export.random_model import bilm_tf_options
             from safetensors.numpy import load_file
 
+            from elmo.bench.random_model import bilm_tf_options
             from elmo.model.config import ModelConfig
 
             cfg = ModelConfig.load(DEFAULT_MODEL)
@@ -100,7 +100,7 @@ def prepare(name: str, work: Path, elmo: Path) -> tuple[Path, Path]:
             (files / OPTIONS).write_text(json.dumps(bilm_tf_options(cfg), indent=2) + "\n")
         return files, DEFAULT_MODEL
     if not (model / "onnx.json").is_file():
-        from elmo.export.random_model import write_bilm_tf_files
+        from elmo.bench.random_model import write_bilm_tf_files
 
         print(f"writing random {name}-shape weights in AllenNLP's format, importing and exporting them", flush=True)
         write_bilm_tf_files(files, name, seed=0)

@@ -70,7 +70,7 @@ def model_directory(name: str) -> Path:
         return DEFAULT_MODEL
     if (Path(name) / "onnx.json").is_file():
         return Path(name)
-    from elmo.export.random_model import cached_random_model
+    from elmo.bench.random_model import cached_random_model
 
     return cached_random_model(MODELS_CACHE / f"elmo-{name}", name)
 

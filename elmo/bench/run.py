@@ -86,7 +86,7 @@ def text_sentences(path: Path, n: int) -> list[list[str]]:
 
 def random_shape_model(shape: str, cache: Path) -> Path:
     """``cache``/<shape>: random weights of a published shape, exported by this exporter (once)."""
-    from elmo.export.random_model import cached_random_model
+    from elmo.bench.random_model import cached_random_model
 
     return cached_random_model(cache / shape, shape)
 

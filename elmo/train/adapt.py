@@ -314,7 +314,7 @@ class Adaptation:
         return True
 
     def adapt_config(self) -> TrainConfig:
-        """The training configuration of the adapt step (also what bench/train/wait_policy.py times). Its time budget
+        """The training configuration of the adapt step (also what the thread-policy study timed). Its time budget
         is what the command's budget still holds after the reserve for the final scoring and the export, plus what
         an earlier run of this adaptation already trained (the loop counts its seconds across a resume)."""
         start = self.work / "softmax-fit" if self.record["split"]["new_softmax"] else self.model
@@ -472,7 +472,7 @@ def adapt(
 ) -> dict:
     """Run (or continue) every step; returns the result line's content (``{"stopped_at": step}`` when
     ``stop_after`` ended the training early). ``export`` and ``publish`` are the last steps, given by the caller
-    (`elmo adapt` passes the export stage's, elmo.export.adapt): training does not reach up the pipeline."""
+    (`elmo adapt`, elmo.train.adapt_cli, passes the ONNX export): a run without them keeps PyTorch weights only."""
     job = Adaptation(model, text, out, tokenized, settings)
     job.open(resume)
     if resume:

@@ -457,7 +457,7 @@ def _check(argv: list[str]) -> int:
     try:
         model = args.model
         if model is None:
-            from elmo.export.random_model import write_random_model
+            from elmo.bench.random_model import write_random_model
 
             model = write_random_model(
                 work / "model", "tiny", seed=0, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5

@@ -7,7 +7,6 @@ import elmo.export.onnx_export as onnx_export
 import numpy as np
 import pytest
 import torch
-from elmo.export.random_model import random_bilm, write_random_model
 from elmo.export.verify import (
     FLOAT32_SAMPLES,
     float32_error,
@@ -17,6 +16,7 @@ from elmo.export.verify import (
     verification_cases,
 )
 
+from elmo.bench.random_model import random_bilm, write_random_model
 from elmo.cli import main
 from elmo.errors import ModelFileError
 from elmo.model.checkpoint import save_model

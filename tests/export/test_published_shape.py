@@ -1,7 +1,7 @@
 """A user's published-size weights through the whole CPU chain, as the README has them typed:
 ``import-allennlp → export → embed-file --tokenized --layers all``, on the ELMo-small shape (cell 1024, projection
 128, 2048 char filters up to width 7, clips 3) with random weights at a trained model's recurrent scales
-(export/random_model.py: LSTM kernels N(0, 1.5/√fan_in), recurrent projection N(0, 2/√1024)). Over hundreds of
+(elmo/bench/random_model.py: LSTM kernels N(0, 1.5/√fan_in), recurrent projection N(0, 2/√1024)). Over hundreds of
 steps such an LSTM amplifies float32 rounding, so "exact" means: as close to the float64 truth as float32 gets.
 
 The truth is the independent float64 NumPy reference (tests/numpy_reference.py, translated from the hdf5 layout by
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 from elmo.export.onnx_export import FP32_BOUND
-from elmo.export.random_model import write_bilm_tf_files
 from elmo.export.verify import float32_error, rounding_variants
 
+from elmo.bench.random_model import write_bilm_tf_files
 from elmo.cli import main
 from elmo.model.checkpoint import load_model
 from tests.importers.test_allennlp import reference_config, reference_weights

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 from elmo.export.onnx_export import _trace, build_graphs
-from elmo.export.random_model import write_random_model
 
+from elmo.bench.random_model import write_random_model
 from elmo.model.bilm import add_sentence_boundaries
 from elmo.text.chars import BOS_IDS, EOS_IDS, batch_to_char_ids
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from elmo.export.random_model import write_random_model
 from elmo.service.server import RepositoryOptions
 
+from elmo.bench.random_model import write_random_model
 from elmo.runtime.repository import publish_copy
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc

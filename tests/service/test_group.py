@@ -26,7 +26,7 @@ PROCESSES = 3
 @pytest.fixture(scope="module")
 def second_model(tmp_path_factory) -> Path:
     """Another tiny model (seed 1) to publish as version 2."""
-    from elmo.export.random_model import write_random_model
+    from elmo.bench.random_model import write_random_model
 
     directory = tmp_path_factory.mktemp("tiny_model_seed1")
     return write_random_model(directory, "tiny", seed=1, scale=0.3, export=True, cell_clip=0.5, proj_clip=0.5)

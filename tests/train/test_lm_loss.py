@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from elmo.export.random_model import random_bilm
 
+from elmo.bench.random_model import random_bilm
 from elmo.train.evaluate import score_sentences
 from elmo.train.objective import LMObjective
 from elmo.train.vocab import Piece, Vocab, lm_arrays

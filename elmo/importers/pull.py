@@ -1,9 +1,9 @@
 """``elmo pull NAME``: a published ELMo model by name, from its publisher's address to a servable model directory.
 
-1. Download the files the catalogue (export/catalogue.py) lists for NAME into the download cache: resumable, a
+1. Download the files the catalogue (elmo.importers.catalogue) lists for NAME into the download cache: resumable, a
    progress bar, the size checked, the SHA-256 checked against the one the catalogue pins where a publisher's (or
    a mirror's LFS pointer) was found, else pinned on first download and verified on every later one
-   (export/download.py). Nothing else in this project downloads at run time; this command does only when asked.
+   (elmo.importers.download). Nothing else in this project downloads at run time; this command does only when asked.
 2. Import them through the existing importers: AllenNLP's ``options.json`` + ``weights.hdf5``
    (elmo.importers.allennlp, read with h5py) or ELMoForManyLangs' zip (extracted, checked for unsafe paths, then
    elmo.importers.manylangs, whose ``.pkl`` state dicts are read without unpickling); both importers check every
@@ -28,13 +28,13 @@ import zipfile
 from pathlib import Path
 
 import torch
-from elmo.export.catalogue import ALLENNLP, CATALOGUE, Entry, markdown_table, resolve_url
-from elmo.export.download import DEFAULT_MAX_DOWNLOAD_BYTES, Fetched, Pins, fetch
-from elmo.export.onnx_export import export_model
 
 from elmo.errors import ConfigError, DataError, ElmoError, ModelFileError
+from elmo.export.onnx_export import export_model
 from elmo.importers.allennlp import import_allennlp
 from elmo.importers.budget import DEFAULT_MAX_WEIGHT_BYTES, add_budget_argument, checked_budget
+from elmo.importers.catalogue import ALLENNLP, CATALOGUE, Entry, markdown_table, resolve_url
+from elmo.importers.download import DEFAULT_MAX_DOWNLOAD_BYTES, Fetched, Pins, fetch
 from elmo.importers.manylangs import import_manylangs
 from elmo.runtime.repository import check_model_name, publishing
 

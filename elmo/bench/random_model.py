@@ -1,11 +1,12 @@
-"""Random-weight models of the published shapes, for tests, benchmarks and the GPU check.
+"""Random-weight models of the published shapes, for `elmo bench`, the tests, the development benchmarks and the GPU
+check.
 
 Two forms:
 - a model directory (config.json + model.safetensors, optionally exported):
-  ``python -m export.random_model --preset small --out DIR [--export]``;
+  ``python -m elmo.bench.random_model --preset small --out DIR [--export]``;
 - AllenNLP / bilm-tf files (options.json + weights.hdf5, bilm-tf's dump_weights layout), what a user of the
   published models holds, to feed ``elmo import-allennlp``:
-  ``python -m export.random_model --preset original --bilm-tf --out DIR``.
+  ``python -m elmo.bench.random_model --preset original --bilm-tf --out DIR``.
 
 The bilm-tf weights are drawn at the scales of a trained model's recurrence rather than PyTorch's initialisation:
 LSTM input/recurrent kernels N(0, 1.5/√fan_in), the recurrent projection N(0, 2/√cell). Over hundreds of steps such
@@ -78,9 +79,12 @@ EXPORTER_STAMP = "exporter.sha256"
 
 
 def exporter_digest() -> str:
-    """sha256 over the exporter's sources (export/*.py): what a cached export was made by."""
+    """sha256 over the exporter's sources (export/*.py, wherever elmo.export is installed): what a cached export was
+    made by."""
+    import elmo.export
+
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in sorted(Path(elmo.export.__file__).parent.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -1,5 +1,5 @@
 """``elmo adapt``: continue training a model on the user's text (elmo.train.adapt), then export and verify the
-result here, in the export stage, so that training never imports up the pipeline (tests/test_layout.py).
+result (elmo.export.onnx_export, a stage below training) and, when asked, publish it.
 
 ``--publish ROOT/NAME`` adds a last step: the exported, verified directory is copied in as the next version of NAME
 in the model repository ROOT (elmo.runtime.repository.publishing: a hidden folder renamed to the next number, so a
@@ -17,9 +17,8 @@ import signal
 import sys
 from pathlib import Path
 
-from elmo.export.onnx_export import STAGING, export_model
-
 from elmo.errors import ConfigError
+from elmo.export.onnx_export import STAGING, export_model
 from elmo.flags import DeprecatedAlias, add_alias
 from elmo.runtime.repository import check_model_name, is_complete, publish_copy
 from elmo.train.adapt import WORK_DIR, AdaptSettings, adapt, settings_from

@@ -1,6 +1,6 @@
 """The published ELMo models that ``elmo pull NAME`` knows: one table, name -> files, publishers' addresses, sizes,
-licence. docs/how-to/pretrained.md carries the same table, written by ``python -m elmo.export.catalogue`` (and
-tests/export/test_pull.py checks that the two agree). Torch-free.
+licence. docs/how-to/pretrained.md carries the same table, written by ``python -m elmo.importers.catalogue`` (and
+tests/importers/test_pull.py checks that the two agree). Torch-free.
 
 Sources (checked against the publishers' own pages):
 
@@ -233,5 +233,5 @@ def _pin(source: Source) -> str:
     return f"{short}: {source.pin}"
 
 
-if __name__ == "__main__":  # python -m elmo.export.catalogue > the table for docs/how-to/pretrained.md
+if __name__ == "__main__":  # python -m elmo.importers.catalogue > the table for docs/how-to/pretrained.md
     sys.stdout.write(markdown_table())

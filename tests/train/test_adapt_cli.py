@@ -1,4 +1,4 @@
-"""``elmo adapt --publish ROOT/NAME`` (export/adapt.py): the adapted, exported, verified model becomes the next
+"""``elmo adapt --publish ROOT/NAME`` (elmo/train/adapt_cli.py): the adapted, exported, verified model becomes the next
 version of NAME in a model repository, whole or not at all; a stopped run resumes and publishes once; the errors
 come before any training."""
 

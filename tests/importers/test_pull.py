@@ -1,4 +1,4 @@
-"""elmo.export.pull (`elmo pull NAME`) against a local HTTP server, never the network.
+"""elmo.importers.pull (`elmo pull NAME`) against a local HTTP server, never the network.
 
 The server (http.server in a thread on 127.0.0.1, Range requests answered with 206) serves fixture files at the
 publishers' paths, through ``--base-url``: the bilm-tf fixture (AllenNLP's options.json + weights.hdf5 layout, read
@@ -22,13 +22,13 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from elmo.export import pull as pull_module
-from elmo.export.catalogue import CATALOGUE, MANYLANGS_MODELS, Entry, Source, markdown_table, resolve_url
-from elmo.export.download import Pins
-from elmo.export.pull import download, extract_zip
 
 from elmo.cli import main as elmo_main
 from elmo.errors import DataError
+from elmo.importers import pull as pull_module
+from elmo.importers.catalogue import CATALOGUE, MANYLANGS_MODELS, Entry, Source, markdown_table, resolve_url
+from elmo.importers.download import Pins
+from elmo.importers.pull import download, extract_zip
 from elmo.runtime import Embedder
 from elmo.runtime.repository import complete_versions
 from tests.importers.test_manylangs import write_synthetic_folder
@@ -176,7 +176,7 @@ def test_the_catalogue_names_the_published_models():
 
 
 def test_docs_pretrained_shows_the_catalogue_table():
-    """docs/how-to/pretrained.md carries the table `python -m elmo.export.catalogue` writes, unchanged."""
+    """docs/how-to/pretrained.md carries the table `python -m elmo.importers.catalogue` writes, unchanged."""
     assert markdown_table() in (REPO / "docs" / "how-to" / "pretrained.md").read_text()
 
 
@@ -314,7 +314,7 @@ def test_an_altered_file_is_refused_against_its_pin(server, allennlp_files, tmp_
 # -- published checksums: pinned in the catalogue, never trusted on first use ---------------------------------------
 def test_the_list_shows_which_files_are_pinned_by_a_published_checksum(capsys):
     weights = CATALOGUE["original"].files[1]
-    # the Git LFS pointer of the Hugging Face mirror (cited in export/catalogue.py): its oid and size
+    # the Git LFS pointer of the Hugging Face mirror (cited in elmo/importers/catalogue.py): its oid and size
     assert weights.sha256 == "a6b92b9ccbb13fe489faacd2221c795d4bebe84b75f8aded9d85ea464fa5c994"
     assert weights.size == 374_434_792
     assert elmo_main(["pull", "--list"]) == 0
@@ -414,7 +414,7 @@ def test_a_zip_with_an_unsafe_path_is_refused(tmp_path):
 @pytest.mark.parametrize("size, cap", [(None, "300,000"), (1000, "1,000")], ids=["unknown-size", "known-size"])
 def test_an_endless_download_is_cut_off_at_the_cap(server, tmp_path, size, cap):
     """No Content-Length and no end: cut off at the size the catalogue gives, else at the download cap."""
-    from elmo.export.download import fetch
+    from elmo.importers.download import fetch
 
     server.endless["/endless.bin"] = True
     dest = tmp_path / "cache" / "endless.bin"
@@ -435,7 +435,7 @@ def test_an_endless_download_is_cut_off_at_the_cap(server, tmp_path, size, cap):
 
 
 def test_a_redirect_to_another_origin_is_refused(server, tmp_path):
-    from elmo.export.download import fetch
+    from elmo.importers.download import fetch
 
     other = FixtureServer()  # another port: another origin
     try:
