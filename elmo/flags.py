@@ -21,7 +21,8 @@ import math
 import os
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -86,6 +87,54 @@ def add_alias(group: Any, old: str, new_action: argparse.Action) -> None:
         kwargs["nargs"] = 0
         kwargs["const"] = new_action.const
     group.add_argument(old, action=DeprecatedAlias, dest=new_action.dest, new=new_action.option_strings[0], **kwargs)
+
+
+# -- a configuration's dataclass as flags --------------------------------------------------------------------------
+def dashed(field_name: str) -> str:
+    """A field's flag, without the dashes, where the flag is named as the field: ``max_age_s`` -> ``max-age-s``."""
+    return field_name.replace("_", "-")
+
+
+def add_fields_as_flags(
+    group: Any,
+    defaults: object,
+    help_of: Mapping[str, str],
+    flag_of: Callable[[str], str] = dashed,
+    choices: Mapping[str, Sequence[str]] | None = None,
+    group_of: Mapping[str, Any] | None = None,
+    dest_is_field: bool = False,
+    aliases: Mapping[str, str] | None = None,
+    metavars: Mapping[str, str] | None = None,
+) -> None:
+    """One flag per field of the frozen dataclass instance ``defaults`` in ``group`` (a parser or an argument group,
+    or ``group_of[name]`` where given): ``--{flag_of(name)}``, typed and defaulted by the field's value, its help
+    from ``help_of`` with the default said ("(default: none)" for an empty one). The parsed value lands under the
+    flag's own name, dashes as underscores (under the field's name with ``dest_is_field``): what
+    :func:`fields_from_args` reads back. ``aliases`` maps a field to an older flag name still accepted (hidden)."""
+    for f in fields(defaults):  # type: ignore[arg-type]
+        default = getattr(defaults, f.name)
+        where = (group_of or {}).get(f.name, group)
+        extra: dict[str, Any] = {}
+        if choices and f.name in choices:
+            extra["choices"] = list(choices[f.name])
+        if dest_is_field:
+            extra["dest"] = f.name
+            extra["metavar"] = flag_of(f.name).upper().replace("-", "_")
+        if metavars and f.name in metavars:
+            extra["metavar"] = metavars[f.name]
+        said = f"(default {default})" if default not in ("", None) else "(default: none)"
+        action = where.add_argument(
+            f"--{flag_of(f.name)}", type=type(default), default=default, help=f"{help_of[f.name]} {said}", **extra
+        )
+        if aliases and f.name in aliases:
+            add_alias(where, aliases[f.name], action)
+
+
+def fields_from_args(cls: type, args: argparse.Namespace, flag_of: Callable[[str], str] | None = None) -> Any:
+    """``cls`` from the flags :func:`add_fields_as_flags` added for it: each field from the flag's value, read under
+    the field's name (``dest_is_field``, or a flag named as its field), else under ``flag_of``'s name."""
+    dest = (lambda name: name) if flag_of is None else (lambda name: flag_of(name).replace("-", "_"))
+    return cls(**{f.name: getattr(args, dest(f.name)) for f in fields(cls)})
 
 
 # -- the environment and the file ----------------------------------------------------------------------------------
@@ -295,9 +344,12 @@ __all__ = [
     "ENV_PREFIX",
     "FlagParser",
     "add_alias",
+    "add_fields_as_flags",
     "config_toml",
     "configurable",
+    "dashed",
     "env_name",
+    "fields_from_args",
     "make_configurable",
     "order_groups",
     "parse_configured",

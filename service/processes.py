@@ -50,16 +50,16 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from elmo.service.common.limits import add_fields_as_flags
 from elmo.service.common.ports import bind_port
 from elmo.service.models.group import RECONCILE_SIGNAL, ModelGroup, describe
 from elmo.service.telemetry.group_metrics import GroupCollector, serve_group_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from elmo.errors import ConfigError
+from elmo.flags import add_fields_as_flags, fields_from_args
 from elmo.runtime.host import usable_cores
 from elmo.runtime.repository import scan, version_dir
 
@@ -101,12 +101,11 @@ _RESTART_HELP = {
 
 
 def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
-    add_fields_as_flags(parser, RestartPolicy(), _RESTART_FLAGS.__getitem__, _RESTART_HELP)
+    add_fields_as_flags(parser, RestartPolicy(), _RESTART_HELP, _RESTART_FLAGS.__getitem__)
 
 
 def restart_policy_from_args(args: argparse.Namespace) -> RestartPolicy:
-    values = {f.name: getattr(args, _RESTART_FLAGS[f.name].replace("-", "_"), f.default) for f in fields(RestartPolicy)}
-    return RestartPolicy(**values).validate()
+    return fields_from_args(RestartPolicy, args, _RESTART_FLAGS.__getitem__).validate()
 
 
 def check_options(args: argparse.Namespace) -> None:

@@ -15,9 +15,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from elmo.errors import ConfigError
+from elmo.flags import add_fields_as_flags, fields_from_args
 
 log = logging.getLogger("elmo.runtime")
 
@@ -74,19 +75,11 @@ _memory = MemoryOptions(cpu_memory_arena="on", malloc_mmap_threshold_bytes=0, me
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("runtime memory")
-    for f in fields(MemoryOptions):
-        default = getattr(MemoryOptions(), f.name)
-        group.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=type(default),
-            default=default,
-            help=f"{_MEMORY_HELP[f.name]} (default {default})",
-            **({"choices": list(ARENA_CHOICES)} if f.name == "cpu_memory_arena" else {}),
-        )
+    add_fields_as_flags(group, MemoryOptions(), _MEMORY_HELP, choices={"cpu_memory_arena": ARENA_CHOICES})
 
 
 def memory_from_args(args: argparse.Namespace) -> MemoryOptions:
-    return MemoryOptions(**{f.name: getattr(args, f.name) for f in fields(MemoryOptions)}).validate()
+    return fields_from_args(MemoryOptions, args).validate()
 
 
 def configure_memory(options: MemoryOptions) -> None:

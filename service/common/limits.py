@@ -7,12 +7,11 @@ deliberately (see docs/reference/commands.md, elmo serve).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from elmo.errors import ConfigError, InputError
-from elmo.flags import add_alias
+from elmo.flags import add_fields_as_flags, fields_from_args
 from elmo.runtime.priority import BACKGROUND_NICE, MAX_NICE
 from elmo.sizes import human_bytes  # noqa: F401  (the one byte formatter; importers of this module use it)
 from elmo.text.overflow import DEFAULT_WINDOW_OVERLAP, Overflow
@@ -195,35 +194,6 @@ _HELP = {
 }
 
 
-def add_fields_as_flags(
-    group: Any,
-    defaults: object,
-    flag_of: Callable[[str], str],
-    help_of: Mapping[str, str],
-    choices: Mapping[str, list[str]] | None = None,
-    group_of: Mapping[str, Any] | None = None,
-    dest_is_field: bool = False,
-    aliases: Mapping[str, str] | None = None,
-) -> None:
-    """One flag per field of the dataclass instance ``defaults`` in ``group`` (a parser or an argument group, or
-    ``group_of[name]`` where given): ``--{flag_of(name)}``, typed and defaulted by the field's value, its help from
-    ``help_of``; the parsed value lands under the flag's own name, dashes as underscores (under the field's name with
-    ``dest_is_field``). ``aliases`` maps a field to an older flag name still accepted (hidden, elmo.flags)."""
-    for f in fields(defaults):
-        default = getattr(defaults, f.name)
-        where = (group_of or {}).get(f.name, group)
-        action = where.add_argument(
-            f"--{flag_of(f.name)}",
-            type=type(default),
-            default=default,
-            help=f"{help_of[f.name]} (default {default})",
-            **({"choices": choices[f.name]} if choices and f.name in choices else {}),
-            **({"dest": f.name, "metavar": flag_of(f.name).upper().replace("-", "_")} if dest_is_field else {}),
-        )
-        if aliases and f.name in aliases:
-            add_alias(where, aliases[f.name], action)
-
-
 # Flags whose name is not the field's: units said (-s, -tokens, -bytes), threads named as such. Each field's older
 # flag still works, hidden (elmo.flags.DeprecatedAlias).
 _FLAG_NAMES = {
@@ -280,8 +250,8 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     add_fields_as_flags(
         _group(parser, "batching and limits"),
         Limits(),
-        flag_name,
         _HELP,
+        flag_name,
         choices={"overflow": [o.value for o in Overflow]},
         group_of=group_of,
         dest_is_field=True,
@@ -298,7 +268,7 @@ def _group(parser: argparse.ArgumentParser, title: str) -> Any:
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
-    return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)}).validate()
+    return fields_from_args(Limits, args).validate()
 
 
 METADATA_SOFT_BYTES = 8 * 1024
@@ -336,7 +306,6 @@ def grpc_server_settings(limits: Limits, reuse_port: bool = False) -> dict:
 __all__ = [
     "MIB",
     "Limits",
-    "add_fields_as_flags",
     "add_limit_arguments",
     "flag_name",
     "grpc_server_settings",

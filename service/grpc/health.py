@@ -29,12 +29,12 @@ from dataclasses import dataclass, fields
 import grpc
 import grpc.aio
 from elmo.service.common.errors import ServiceError, grpc_code
-from elmo.service.common.limits import add_fields_as_flags
 from elmo.service.common.shares import Shares, peer_address
 from elmo.service.grpc.interceptors import first_message
 from grpc_health.v1 import health_pb2
 
 from elmo.errors import ConfigError
+from elmo.flags import add_fields_as_flags, fields_from_args
 
 log = logging.getLogger("service.health")
 
@@ -108,15 +108,11 @@ _HELP = {
 
 def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("health checks (grpc.health.v1, GET /health)")
-    add_fields_as_flags(group, HealthLimits(), _FLAGS.__getitem__, _HELP)
-
-
-def _dest(field_name: str) -> str:
-    return _FLAGS[field_name].replace("-", "_")
+    add_fields_as_flags(group, HealthLimits(), _HELP, _FLAGS.__getitem__)
 
 
 def health_limits_from_args(args: argparse.Namespace) -> HealthLimits:
-    return HealthLimits(**{f.name: getattr(args, _dest(f.name)) for f in fields(HealthLimits)}).validate()
+    return fields_from_args(HealthLimits, args, _FLAGS.__getitem__).validate()
 
 
 class _Watcher:

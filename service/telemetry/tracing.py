@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -33,6 +33,7 @@ import grpc.aio
 from elmo.service.common.handlers import WrappingInterceptor, wrap_handler
 
 from elmo.errors import ConfigError
+from elmo.flags import add_fields_as_flags, fields_from_args
 
 log = logging.getLogger("service.tracing")
 
@@ -66,19 +67,11 @@ _HELP = {
 
 def add_tracing_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tracing (OpenTelemetry)")
-    for f in fields(TracingOptions):
-        default = getattr(TracingOptions(), f.name)
-        group.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=type(default),
-            default=default,
-            metavar="URL",
-            help=f"{_HELP[f.name]} (default: none)",
-        )
+    add_fields_as_flags(group, TracingOptions(), _HELP, metavars={"otlp_endpoint": "URL"})
 
 
 def tracing_from_args(args: argparse.Namespace) -> TracingOptions:
-    return TracingOptions(**{f.name: getattr(args, f.name) for f in fields(TracingOptions)})
+    return fields_from_args(TracingOptions, args)
 
 
 # -- the process's tracer ------------------------------------------------------------------------------------------
