@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from elmo.service.models.registry import serve_model
 from elmo.service.server import ElmoServer, TlsFiles
 from elmo.service.telemetry.metrics import ServiceMetrics
 
+from elmo.client import EmbedderClient, RemoteError
 from elmo.runtime.tasks import Task, save_task
 
 # Small limits so that every hard edge is cheap to reach with the tiny model (dim 16, 3 layers: 192 B per token).
@@ -137,6 +139,33 @@ class ServerThread:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
+
+
+@contextlib.contextmanager
+def calling(target: str, call: Callable[[EmbedderClient], object], threads: int) -> Iterator[list]:
+    """``threads`` caller threads, each on a connection of its own to ``target``, making ``call(client)`` again and
+    again while the block runs: the list it gives holds every outcome as it comes, the call's result or, where the
+    client gave up (after its documented retries), the error's text. The callers finish their call in flight and
+    are joined when the block ends, whatever ended it."""
+    stop, outcomes = threading.Event(), []
+
+    def call_until_stopped() -> None:
+        with EmbedderClient(target, timeout=30) as client:
+            while not stop.is_set():
+                try:
+                    outcomes.append(call(client))
+                except RemoteError as error:
+                    outcomes.append(str(error))
+
+    callers = [threading.Thread(target=call_until_stopped, name=f"test-caller-{i}") for i in range(threads)]
+    for caller in callers:
+        caller.start()
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join(60)
 
 
 def limits_with(**changes) -> Limits:

@@ -5,6 +5,7 @@ version; the admin API, which reaches one process, moves all three and answers o
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,7 @@ from elmo.runtime.repository import publish_copy
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
 from tests.serve_process import ServeProcess, wait_until
-from tests.service_helpers import metric_value, scrape
+from tests.service_helpers import calling, metric_value, scrape
 
 ADMIN = "admin-secret"
 FRESH_CALLS = 30  # each on a connection of its own: one process missed by all has odds of (2/3) ** 30
@@ -61,15 +62,17 @@ def versions_named(grpc_port: int, calls: int = FRESH_CALLS) -> set[int]:
     return named
 
 
-def call_until(stop: threading.Event, done: threading.Event, grpc_port: int, seen: list[tuple[bool, object]]):
-    """Calls on one connection until ``stop``: (sent after the group said the swap was done, version or error)."""
-    with EmbedderClient(f"127.0.0.1:{grpc_port}", timeout=30) as client:
-        while not stop.is_set():
-            after = done.is_set()
-            try:
-                seen.append((after, client.embed(["a call during the swap"])[0].model_version))
-            except RemoteError as error:
-                seen.append((after, str(error)))
+def version_or_error(done: threading.Event) -> Callable[[EmbedderClient], tuple[bool, object]]:
+    """A call that says whether it was sent after the group said the swap was done, and its version or error."""
+
+    def call(client: EmbedderClient) -> tuple[bool, object]:
+        after = done.is_set()
+        try:
+            return after, client.embed(["a call during the swap"])[0].model_version
+        except RemoteError as error:
+            return after, str(error)
+
+    return call
 
 
 @pytest.mark.slow  # ~40 s on 2 cores: three processes, two swaps each and an admin call
@@ -94,20 +97,13 @@ def test_every_process_swaps_to_the_same_version(tiny_model_dir: Path, second_mo
         wait_until(lambda: "every server process serves tiny@1" in server.stderr(), 60, "the group on version 1")
         assert versions_named(grpc_port) == {1}
 
-        stop, done, seen = threading.Event(), threading.Event(), []
-        callers = [threading.Thread(target=call_until, args=(stop, done, grpc_port, seen)) for _ in range(3)]
-        for caller in callers:
-            caller.start()
-        try:
+        done = threading.Event()
+        with calling(f"127.0.0.1:{grpc_port}", version_or_error(done), threads=3) as seen:
             publish_copy(second_model, root, "tiny")
             wait_until(lambda: "every server process serves tiny@2" in server.stderr(), 120, "the group on version 2")
             done.set()
             reported = len(seen)
             wait_until(lambda: len(seen) >= reported + 30, 60, "calls after the swap")
-        finally:
-            stop.set()
-            for caller in callers:
-                caller.join(60)
         assert all(answer in (1, 2) for _, answer in seen), [a for _, a in seen if a not in (1, 2)][:3]
         assert {answer for after, answer in seen if after} == {2}  # no call sent after "done" met version 1
         assert versions_named(grpc_port) == {2}

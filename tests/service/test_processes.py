@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from elmo.service.server import add_arguments
 from elmo.client import EmbedderClient, RemoteError
 from tests.conftest import REPO
 from tests.serve_process import ServeProcess, serve_until_exit, wait_until
-from tests.service_helpers import metric_value, scrape
+from tests.service_helpers import calling, metric_value, scrape
 
 CALLS = 24  # per protocol, each on a connection of its own: all on one process has odds of 2 ** -23
 DEFAULT_MODEL = REPO / "models" / "default"  # its warm-up takes seconds: long enough for a cold process to be seen
@@ -120,36 +119,23 @@ def test_both_processes_answer_on_the_shared_ports_and_stop_together(two_process
     assert "2 server processes listening" in server.stderr()
 
 
-def call_until(stop: threading.Event, grpc_port: int, outcomes: list[str]) -> None:
-    """Embed calls on one connection until ``stop``, through the documented client retry policy (a call in flight
-    on a killed process's connection fails UNAVAILABLE and is sent again): each outcome, "OK" or the error."""
-    with EmbedderClient(f"127.0.0.1:{grpc_port}", timeout=30) as client:
-        while not stop.is_set():
-            try:
-                client.embed_texts(["a call while a process is killed"])
-                outcomes.append("OK")
-            except RemoteError as error:
-                outcomes.append(str(error))
+def _embed_once(client: EmbedderClient) -> str:
+    client.embed_texts(["a call while a process is killed"])
+    return "OK"
 
 
 @pytest.mark.slow  # ~15 s on 2 cores: a process killed under load, started again and warmed up
 def test_a_killed_process_is_started_again_while_the_other_keeps_serving(two_processes) -> None:
     server, grpc_port, _, _ = two_processes
     first, second = children(server.proc.pid)
-    stop, outcomes = threading.Event(), []
-    callers = [threading.Thread(target=call_until, args=(stop, grpc_port, outcomes)) for _ in range(4)]
-    for caller in callers:
-        caller.start()
-    try:
+    # through the documented client retry policy: a call in flight on the killed process's connection fails
+    # UNAVAILABLE and is sent again
+    with calling(f"127.0.0.1:{grpc_port}", _embed_once, threads=4) as outcomes:
         wait_until(lambda: len(outcomes) >= 20, 60, "calls answered before the kill")
         os.kill(first, signal.SIGKILL)
         wait_until(lambda: "is warm: it takes connections now" in server.stderr(), 120, "a process warm in its place")
         after_restart = len(outcomes)
         wait_until(lambda: len(outcomes) >= after_restart + 20, 60, "calls answered after the restart")
-    finally:
-        stop.set()
-        for caller in callers:
-            caller.join(60)
     failed = [outcome for outcome in outcomes if outcome != "OK"]
     assert not failed, f"{len(failed)} of {len(outcomes)} calls failed: {failed[:3]}"
     now = children(server.proc.pid)
