@@ -328,7 +328,7 @@ def build_context_graph(
 ) -> onnx.ModelProto:
     """``state``: the BiLM state dict as float32 numpy arrays -> the context graph (see the module docstring).
     ``inputs_in_step``: the separate layout's layers above 0 take their input product inside each step (see
-    _separate_layer; context_in_step.onnx; measured by bench.runtime.recurrence)."""
+    _separate_layer; context_in_step.onnx; measured in bench/notes/runtime-studies.md)."""
     graph = _Graph(cfg, time_major=not fuse_directions)
     g = graph.g
     tokens = g.op("Mul", [g.op("Gather", ["table", "index"], axis=0), graph.batch_mask])  # (B, S, P)

@@ -7,7 +7,7 @@
 # 3. the serve memory defaults reach the CUDA provider (its arena grows by what a run asks) and the idle release
 #    shrinks the device arena (onnxruntime accepts memory.enable_memory_arena_shrinkage for gpu:N);
 # 4. scripts/gpu_check.py: a plain start picks CUDA by itself, CUDA vs CPU parity, ELMo-original tokens/s at batch
-#    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/service/loadgen.py).
+#    1/64/512 sentences, and `elmo serve` on CUDA under 16 gRPC clients (bench/kit/load.py).
 # Environment: PYTHON=/path/to/python uses that interpreter as it is (no venv, no installs: for machines that
 # cannot reach a registry and already hold onnxruntime-gpu); GPU_SITE=DIR (implies PYTHON=python3 unless set):
 # onnxruntime-gpu and the gRPC wheels come from that private folder (scripts/gpu-wheels.sh receive fills it),

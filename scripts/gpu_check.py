@@ -34,7 +34,7 @@ from elmo.errors import ElmoError  # noqa: E402
 from elmo.runtime import CPU, CUDA, Embedder, requested_providers  # noqa: E402
 
 PARITY_TOLERANCE = 2e-3  # cuBLAS/cuDNN sum in other orders (and may use TF32): far below a semantic error (~1)
-SENTENCES_PER_REQUEST = 8  # bench.service.loadgen's default request size
+SENTENCES_PER_REQUEST = 8  # bench.service.compiled_load's request size
 SERVED_WARMUP_S = 3.0
 
 

@@ -163,8 +163,8 @@ class Record:
 class ClosedLoop:
     """One thread per step: thread i calls ``steps[i](turn)`` back to back (turn 0, 1, ...) until :meth:`stop` or
     ``seconds`` have passed; every call timed and kept as a :class:`Record` with what it returned or the exception
-    it raised (counted, never raised). The benches whose clients check each answer (bench.service.mixed_load, swap,
-    replicas) run their calls through it; :func:`drive` / :func:`drive_http` are the pure-throughput loops.
+    it raised (counted, never raised). The benches whose clients check each answer (bench.service.mixed_load,
+    replicas) run their calls through it; :func:`drive` is the pure-throughput loop.
 
         loop = ClosedLoop([grpc_call, http_call], seconds=60).run()      # or .start() ... .stop()
         [r.seconds for r in loop.records if r.error is None]"""
@@ -335,65 +335,6 @@ async def drive(
         for channel in channels:
             await channel.close()
     return window.result("grpc", concurrency, counts, errors, latencies)
-
-
-def drive_http(
-    address: str,
-    requests: list[tuple[bytes, int, int]],
-    concurrency: int,
-    duration: float,
-    max_requests: int,
-    auth_token: str | None = None,
-    server_pid: int | None = None,
-    warmup_s: float = 0.0,
-) -> LoadResult:
-    """:func:`drive` over HTTP: ``concurrency`` clients, a thread and one kept-alive connection (:class:`Http`) each,
-    ``POST /v1/embed`` back to back until ``duration`` or ``max_requests``; the answers are read, not decoded. A
-    transport failure is counted as ``conn:<exception>`` and the client reconnects."""
-    host, port = split_address(address)
-    lock = threading.Lock()
-    latencies: list[float] = []
-    errors: dict[str, int] = {}
-    counts = {"requests": 0, "sentences": 0, "tokens": 0, "issued": 0}
-    clients = [Http(host, port, REQUEST_TIMEOUT_S, auth_headers(auth_token)) for _ in range(concurrency)]
-    for one in clients:  # connect first, as drive waits for its channels: the window sees no handshakes
-        one.connect()  # refused: the client retries, and counts the failure
-
-    def client(index: int, window: Window) -> None:
-        rng = random.Random(index)
-        while time.monotonic() < window.end:
-            with lock:
-                if counts["issued"] >= max_requests:
-                    break
-                counts["issued"] += 1
-            body, n_sentences, n_tokens = requests[rng.randrange(len(requests))]
-            started = time.perf_counter()
-            status, data = clients[index].call("POST", "/v1/embed", body)
-            elapsed = time.perf_counter() - started
-            with lock:
-                if status != "200":  # every error counts, in the warm-up and the tail too
-                    errors[status] = errors.get(status, 0) + 1
-                elif data and window.inside():
-                    latencies.append(elapsed)
-                    counts["requests"] += 1
-                    counts["sentences"] += n_sentences
-                    counts["tokens"] += n_tokens
-            if status.startswith("conn:"):
-                time.sleep(0.01)  # a server that is gone: no busy loop of refused connections
-        clients[index].close()
-
-    window = Window(duration, warmup_s, server_pid)
-    threads = [threading.Thread(target=client, args=(i, window), daemon=True) for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    time.sleep(max(0.0, window.start - time.monotonic()))
-    window.mark("start")
-    while time.monotonic() < window.end:
-        time.sleep(window.sample())
-    window.mark("end")
-    for thread in threads:
-        thread.join()
-    return window.result("http", concurrency, counts, errors, latencies)
 
 
 def check_answers(

@@ -1,7 +1,6 @@
 """What a process costs, read the same way by every bench (Linux): resident memory (``VmRSS``) and its peak
-(``VmHWM``, resettable) from /proc/PID/status, sampled in a thread or read once; CPU time from /proc/PID/stat, and
-this process's by thread; and a child command's wall time, peak memory and CPU time from its own rusage
-(``os.wait4``)."""
+(``VmHWM``) from /proc/PID/status; CPU time from /proc/PID/stat, and this process's by thread; and a child command's
+wall time, peak memory and CPU time from its own rusage (``os.wait4``)."""
 
 from __future__ import annotations
 
@@ -26,17 +25,8 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
 
 
 def peak_rss_mib(pid: int) -> float | None:
-    """The process's peak resident set (``VmHWM``) in MiB, since it started or since :func:`reset_peak`."""
+    """The process's peak resident set (``VmHWM``) in MiB, since it started."""
     return rss_mib(pid, "VmHWM")
-
-
-def reset_peak(pid: int) -> bool:
-    """Reset the process's VmHWM to its current RSS (Linux: ``echo 5 > /proc/PID/clear_refs``); False if refused."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
@@ -87,30 +77,6 @@ class _Sampler:
     def _stop_sampling(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-class RssSampler(_Sampler):
-    """VmRSS of ``pid`` every ``interval`` s in a thread: [(monotonic time, MiB)].
-
-    sampler = RssSampler(pid, 1.0).start(); ...; samples = sampler.stop()"""
-
-    def __init__(self, pid: int, interval: float = 1.0):
-        super().__init__(interval, "rss-sampler")
-        self.pid = pid
-        self.samples: list[tuple[float, float]] = []
-
-    def sample(self) -> None:
-        value = rss_mib(self.pid)
-        if value is not None:
-            self.samples.append((time.monotonic(), value))
-
-    def start(self) -> RssSampler:
-        self._start()
-        return self
-
-    def stop(self) -> list[tuple[float, float]]:
-        self._stop_sampling()
-        return self.samples
 
 
 NATIVE = "native"  # threads that Python did not start (onnxruntime's own pool, for one)

@@ -10,7 +10,6 @@ free loopback ports; wait until it is SERVING, stop it; and refuse any address b
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import signal
 import socket
@@ -24,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.kit.revision import REPO, tree_env
+from bench.kit.revision import tree_env
 
 REQUEST_TIMEOUT_S = 120.0
 LOOPBACK = "127.0.0.1"
@@ -110,17 +109,6 @@ class Server:
         self.process_metrics_ports = [int(port) for port in lines[3].split()] if len(lines) >= 4 else []
         return True
 
-    def histogram(self, name: str) -> tuple[float, float]:
-        """(sum, count) of the Prometheus histogram ``name`` on the server's ``/metrics``, over all its labels
-        (the server must have been started with ``--metrics-port``)."""
-        assert self.metrics_port is not None, f"{self.label} serves no metrics (start it with --metrics-port 0)"
-        totals = {"_sum": 0.0, "_count": 0.0}
-        for sample in metric_samples(self.metrics_port, name):
-            suffix = sample.name.removeprefix(name)
-            if suffix in totals:
-                totals[suffix] += sample.value
-        return totals["_sum"], totals["_count"]
-
     def wait_ready(self, http: bool = True, timeout: float = 120.0) -> Server:
         """Until the ports are written and gRPC health says SERVING; SystemExit (with the log's tail) if it dies."""
         deadline = time.monotonic() + timeout
@@ -142,16 +130,6 @@ class Server:
 
     def log_tail(self, chars: int = 2000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
-
-    def health(self) -> str:
-        """GET /health's status: SERVING, NOT_SERVING (503: warming up or draining) or DOWN (no answer)."""
-        try:
-            with urllib.request.urlopen(f"{self.http_url}/health", timeout=5) as reply:
-                return json.loads(reply.read())["status"]
-        except urllib.error.HTTPError:
-            return "NOT_SERVING"
-        except OSError:
-            return "DOWN"
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:
@@ -176,7 +154,6 @@ class Server:
 
 def serve_command(
     model: Path | None,
-    model_root: Path | None,
     port_file: Path,
     threads: int | None,
     serve_args: Sequence[str],
@@ -189,8 +166,6 @@ def serve_command(
     command = [sys.executable, "-m", "elmo.cli", "serve"]
     if model is not None:
         command += ["--model", str(Path(model).resolve())]
-    if model_root is not None:
-        command += ["--model-root", str(Path(model_root).resolve())]
     command += ["--host", LOOPBACK, "--port", "0", "--port-file", str(port_file)]
     given = {a.split("=")[0] for a in serve_args}
     if "--http-port" not in given and (http or not older):  # an older revision's HTTP is off unless asked for
@@ -207,47 +182,28 @@ def serve_command(
 def launch(
     model: Path | None = None,
     *,
-    model_root: Path | None = None,
     threads: int | None = None,
     serve_args: Sequence[str] = (),
     http: bool = True,
     tree: Path | None = None,
-    own_session: bool = False,
     env: dict[str, str] | None = None,
     workdir: Path | None = None,
     label: str = "after",
-    kind: type[Server] = Server,
 ) -> Server:
     """Start ``elmo serve`` (not waited for: :meth:`Server.wait_ready`). ``tree``: serve that checkout's code (a
-    worktree of an older revision) with this model. ``own_session``: in a session of its own, as systemd or a
-    container starts it (with the kernel's autogroup its threads then share the CPU among themselves, not with the
-    bench's clients thread by thread). Log and port file go to ``workdir`` (default: a fresh temporary folder).
-    ``kind``: a subclass of Server with a bench's own calls (bench.service.swap's admin API)."""
+    worktree of an older revision) with this model. Log and port file go to ``workdir`` (default: a fresh temporary
+    folder)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="elmo-serve-"))
     port_file, log_path = workdir / f"{label}.port", workdir / f"{label}.log"
-    command = serve_command(model, model_root, port_file, threads, serve_args, http, older=tree is not None)
+    command = serve_command(model, port_file, threads, serve_args, http, older=tree is not None)
     environment = dict(os.environ if env is None else env)
     options: dict = {}
     if tree is not None:
         options = {"cwd": tree}
         environment = tree_env(tree, environment)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session, env=environment, **options
-        )
-    return kind(label, proc, port_file, log_path)
-
-
-def start_child_server(argv: list[str], what: str) -> tuple[subprocess.Popen, int]:
-    """A bench's own bare server: ``python -m`` + ``argv`` from the repository root, which prints its loopback port
-    as its first line. (the process, its port); the process is killed and RuntimeError raised if it prints anything
-    else (``what`` names it)."""
-    server = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    line = server.stdout.readline()
-    if not line.strip().isdigit():
-        server.kill()
-        raise RuntimeError(f"{what} did not start (it printed {line!r})")
-    return server, int(line)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, **options)
+    return Server(label, proc, port_file, log_path)
 
 
 def start_server(model: Path | None = None, *, timeout: float = 120.0, http: bool = True, **options) -> Server:

@@ -4,8 +4,8 @@ torch's CPU kernels run on GNU OpenMP (libgomp). Left alone, libgomp lets a thre
 for a while (about 3 ms) before it sleeps. The biLM's LSTM runs a few small parallel regions per time step, so its
 threads wait often: on an idle machine the spinning is harmless, but on a busy one a spinning thread burns the time
 slice that the thread it waits for needs, and training crawls (154 tokens/s with libgomp's default, 1,915 with
-``OMP_WAIT_POLICY=PASSIVE``, on the same busy 2-core machine). ``python -m bench.train.wait_policy`` measures
-the variants side by side, idle and busy; docs/how-to/train.md holds the figures behind the choice below.
+``OMP_WAIT_POLICY=PASSIVE``, on the same busy 2-core machine). bench/notes/thread-policy.md holds the variants
+measured side by side, idle and busy: the figures behind the choice below.
 
 libgomp reads the variables once, when it is loaded (the first ``import torch``), so ``elmo`` sets them before it
 imports the command's module; a value the user set wins. Torch-free, so that ``elmo`` itself stays torch-free.

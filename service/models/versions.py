@@ -61,9 +61,9 @@ from elmo.v1 import embedder_pb2 as pb
 
 log = logging.getLogger("service.models")
 
-# RSS a loaded version adds per byte of its graph and weight files, measured with bench/service/swap.py --rss-model
+# RSS a loaded version adds per byte of its graph and weight files, measured with the model-swap bench
 # after a few requests (CPU; the context graph is opened twice, for parallel runs): 2.9 for an ELMo-original-shape
-# model (4096/512, 357 MiB of files), 2.2 for the small preset. See docs/how-to/models.md.
+# model (4096/512, 357 MiB of files), 2.2 for the small preset. See bench/notes/model-swaps.md.
 MODEL_MEMORY_FACTOR = 3.0
 MODEL_FILE_SUFFIXES = (".onnx", ".data")
 RELEASE_POLL_S = 0.02

@@ -553,7 +553,7 @@ def group_metric_families() -> dict[str, tuple[str, tuple[str, ...]]]:
 def test_serving_path_imports_no_torch():
     code = (
         "import sys, elmo.service.server, elmo.client, elmo.runtime, elmo.runtime.tasks, elmo.service.grpc.servicer; "
-        "import bench.service.loadgen; "
+        "import bench.kit.load; "
         "sys.exit('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
