@@ -313,7 +313,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPE_NAMES), help="vector number type (default float32)"
     )
-    parser.add_argument("--model", default="", help="served model name (default: the server's default)")
+    # --server-model, as in embed-file: --model names a model directory in every command that has it
+    model = parser.add_argument(
+        "--server-model",
+        default="",
+        dest="model",
+        metavar="NAME",
+        help="model name on the server (default: its default model)",
+    )
+    add_alias(parser, "--model", model)
     parser.add_argument(
         "--overflow",
         default=None,

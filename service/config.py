@@ -298,13 +298,15 @@ def _add_runtime(group: argparse._ArgumentGroup) -> None:
         help="rows x longest sentence per onnxruntime run inside one batch (default: the runtime's, "
         "4096 on CPU, 16384 on CUDA)",
     )
-    group.add_argument(
-        "--token-cache",
+    token_cache = group.add_argument(
+        "--token-cache-entries",
         type=int,
         default=None,
+        dest="token_cache",
         metavar="ENTRIES",
         help="entries in the runtime's LRU of token-encoder vectors (default: the runtime's; 0 = off)",
     )
+    add_alias(group, "--token-cache", token_cache)
     group.add_argument(
         "--providers",
         default=None,

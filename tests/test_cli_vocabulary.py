@@ -28,6 +28,7 @@ SAME_KNOB = {
     "tokens shared by neighbouring windows": ("--window-overlap-tokens", ("serve", "embed-file")),
     "the bearer token": ("--auth-token", ("serve", "embed", "embed-file")),
     "a running server": ("--server", ("embed", "embed-file")),
+    "a model's name on the server": ("--server-model", ("embed", "embed-file")),
     "the CA of the server's certificate": ("--tls-ca", ("embed", "embed-file")),
     "the vectors' number type": ("--dtype", ("embed", "embed-file")),
     "a model repository": ("--model-root", ("serve", "pull")),
@@ -52,6 +53,8 @@ RETIRED = (
     "--minutes",
     "--seconds",
     "--timeout",
+    "--model@embed",  # a model's name on the server is --server-model: --model names a directory
+    "--token-cache",
 )
 
 
@@ -160,3 +163,19 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert durations == ["--drain-seconds", "--grpc-idle-timeout"]
     assert sizes == ["--max-tokens-per-request", "--max-model-memory"]
     assert all(takes_a_number(a) for a in bad.values())
+
+
+@pytest.mark.parametrize(
+    ("command", "old", "new", "dest"),
+    [
+        ("embed", "--model", "--server-model", "model"),
+        ("serve", "--token-cache", "--token-cache-entries", "token_cache"),
+    ],
+)
+def test_a_renamed_flag_still_works_under_its_old_name(command, old, new, dest, capsys) -> None:
+    """A script written with the old name keeps working, and is told the new one."""
+    parser = command_parser(command)[1]
+    needed = ["a text"] if command == "embed" else []
+    assert getattr(parser.parse_args([*needed, new, "7"]), dest) in ("7", 7)
+    assert getattr(parser.parse_args([*needed, old, "7"]), dest) in ("7", 7)
+    assert f"{old} is now {new}" in capsys.readouterr().err
