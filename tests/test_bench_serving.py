@@ -102,7 +102,7 @@ def test_compiled_load_rounds_take_the_servers_in_turn_both_ways(tiny_model_dir)
     calls: list[tuple[str, str]] = []
 
     class Loads:
-        args = SimpleNamespace(duration=0.2, batch=8, protocols=["grpc", "http"])
+        args = SimpleNamespace(duration=0.2, batch=8, protocols=["grpc", "http"], one_sentence_s=0)
 
         def grpc(self, target):
             calls.append(("grpc", target))

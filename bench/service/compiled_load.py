@@ -42,6 +42,7 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import REPO, code_trees, in_turn, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
+from bench.service.tricks import one_sentence, variant_info, variant_trees
 from elmo.bench.figures import machine
 
 GENERATORS = {"h2load": "nghttp2-client", "wrk": "wrk"}
@@ -99,8 +100,8 @@ def h2load(target: str, body: Path, options: list[str]) -> str:
     return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
-def run_h2load(target: str, body: Path, connections: int, duration: int) -> dict:
-    output = h2load(target, body, ["-t", "1", "-c", str(connections), "-D", str(duration)])
+def run_h2load(target: str, body: Path, connections: int, duration: int, more: tuple | list = ()) -> dict:
+    output = h2load(target, body, ["-t", "1", "-c", str(connections), "-D", str(duration), *more])
     done = re.search(
         r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", output
     )
@@ -249,13 +250,17 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
     grpc_body, _, tokens = build_requests(texts[: args.per_request], args.per_request, [], "float32")[0]
     http_body = build_http_requests(texts[: args.per_request], args.per_request, [], "float32")[0][0]
     (work / "grpc.bin").write_bytes(grpc_frame(grpc_body))
+    one_body, _, one_tokens = build_requests(texts[:1], 1, [], "float32")[0]  # --one-sentence-s
+    (work / "one.bin").write_bytes(grpc_frame(one_body))
     embedder = load_embedder(model, args.threads, texts, args.batch)
     servers = start_servers(args, model, trees)
-    loads = Loads(args, work, http_body)
+    loads = Loads(args, work, http_body, build_http_requests(texts[:1], 1, [], "float32")[0][0])
     rounds = []
     try:
         for server in servers.values():
             check_answers(server.grpc_target, server.http_address, texts[: args.per_request], tokens)
+            if args.one_sentence_s:
+                check_answers(server.grpc_target, server.http_address, texts[:1], one_tokens)
         for index in range(args.rounds):
             rounds.append(measure_round(loads, embedder, texts, tokens, servers, index))
             print(f"{name} round {index + 1}: {round_line(rounds[-1])}", flush=True)
@@ -280,8 +285,8 @@ def measure_model(args, name: str, trees: list, work: Path) -> dict:
 class Loads:
     """The two generators' runs against an address, with the machine's busy cores while each ran."""
 
-    def __init__(self, args, work: Path, http_body: bytes):
-        self.args, self.work, self.http_body = args, work, http_body
+    def __init__(self, args, work: Path, http_body: bytes, one_http: bytes = b""):
+        self.args, self.work, self.http_body, self.one_http = args, work, http_body, one_http
 
     def grpc(self, target: str) -> dict:
         args = self.args
@@ -343,6 +348,8 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
             entry[f"{label}_grpc"] = local.judge(loads.grpc(server.grpc_target))
         if "http" in args.protocols:
             entry[f"{label}_http"] = local.judge(loads.http(server.http_address))
+        if args.one_sentence_s:
+            entry[f"{label}_one"] = one_sentence(loads, server)
     return {**local.summary(), **entry}
 
 
@@ -367,6 +374,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--models", nargs="+", default=["tiny", "default"], help="default, a random preset, or a model directory"
     )
     parser.add_argument("--before", help="also serve this git revision's code, alternating with this checkout")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        metavar="NAME=REV",
+        help="also serve each revision REV (a trick taken out: bench.service.tricks), in turn with this checkout",
+    )
+    parser.add_argument(
+        "--one-sentence-s",
+        type=int,
+        default=0,
+        help="seconds of one-sentence calls on one connection per server and round (gRPC, HTTP, HTTP beside a "
+        "gRPC load): their p50 (default 0: none)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=int, default=15, help="seconds per measurement")
     parser.add_argument("--connections", type=int, default=16)
@@ -412,9 +433,11 @@ def main(argv: list[str] | None = None) -> None:
         "connections": args.connections,
         "duration_s": args.duration,
         "code": revision_info(args.before),
+        "variants": variant_info(args.variants),
+        "one_sentence_s": args.one_sentence_s,
         "models": {},
     }
-    with code_trees(args.before) as trees:
+    with variant_trees(args.variants) if args.variants else code_trees(args.before) as trees:
         work = Path(tempfile.mkdtemp(prefix="compiled-load-"))
         try:
             for name in args.models:

@@ -102,10 +102,16 @@ _PARSER_ERRORS: tuple[tuple[type[Exception], str], ...] = (
 )
 
 
+# aiohttp's RequestHandler options the service serves with: no aiohttp access log (the service logs its own)
+HANDLER_OPTIONS = {"access_log": None}
+
+
 class _ServiceRequestHandler(RequestHandler):
-    """aiohttp's protocol with the service's answer to what its parser refuses. aiohttp makes its RequestHandler
-    itself (web.Server has no parameter for the class), so the guard re-classes each one it is handed; no slot is
-    added, so the objects' layout is the same."""
+    """aiohttp's protocol with the service's answer to what its parser refuses. aiohttp offers no hook for that
+    answer but ``handle_error``, a public method of its public RequestHandler: the guard makes each connection's
+    handler of this subclass itself, as ``web.Server()`` would (the same constructor, the runner's server,
+    :data:`HANDLER_OPTIONS`). Kept for what users get (a JSON error that does not echo the client's bytes), not for
+    speed: docs/speed.md, "What each trick is worth", measures what it costs."""
 
     __slots__ = ()
 
@@ -244,7 +250,7 @@ class ConnectionGuard:
         self._refused: set[_Connection] = set()
         self._listener: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._server: web.Server | None = None  # the runner's: it counts and shuts down the connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._at_capacity = False  # one warning per episode of refusals, not one per connection
         timeouts = (limits.http_header_timeout, limits.http_body_timeout, limits.http_idle_timeout)
@@ -277,7 +283,7 @@ class ConnectionGuard:
         if self._listener is not None:
             raise RuntimeError("ConnectionGuard is already listening")
         self._loop = asyncio.get_running_loop()
-        self._factory = runner.server
+        self._server = runner.server
         # The header deadline starts once TLS is up; the handshake gets as long again, not asyncio's 60 s.
         tls = {"ssl": ssl_context, "ssl_handshake_timeout": self.limits.http_header_timeout} if ssl_context else {}
         try:
@@ -357,10 +363,8 @@ class ConnectionGuard:
         return self._refuse(conn, reason, why)
 
     def _serve(self, conn: _Connection, header_timeout: float) -> asyncio.Protocol:
-        assert self._factory is not None
-        inner = self._factory()
-        if type(inner) is RequestHandler:  # aiohttp's own error answers, in the service's form
-            inner.__class__ = _ServiceRequestHandler
+        assert self._server is not None
+        inner = _ServiceRequestHandler(self._server, loop=self.loop, **HANDLER_OPTIONS)
         self._served[inner] = conn
         conn.set_state(State.HEADERS, header_timeout)
         return inner

@@ -20,8 +20,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     "no public way to find an argument group by its title; read once at start-up, never while serving",
     ("service/config.py", "parser._optionals"): "argparse: the only way to retitle the shared options group in --help",
     ("service/config.py", "argparse._ArgumentGroup"): "argparse: the argument group's type, in annotations only",
-    ("service/http/connections.py", "inner.__class__"): "aiohttp's RequestHandler given the service's error answers; "
-    "the connections work (service/http/connections.py) is replacing it with aiohttp's documented hooks",
 }
 
 
