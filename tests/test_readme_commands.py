@@ -165,25 +165,12 @@ README_COMMANDS: dict[str, Coverage] = {
     ),
     ".venv/bin/elmo spacy export-task training/brown/model-last --component tagger --model models/default --task "
     "spacy_pos": Coverage(SPACY),
-    ".venv/bin/python -m bench.spacy.served_mix --pipeline training/brown/model-last --component tagger --sentences "
-    "500": Coverage(
-        SPACY,
-        run_as=".venv/bin/python -m bench.spacy.served_mix --pipeline training/brown/model-last --component tagger "
-        "--sentences 20 --out served.json",
-        why="20 sentences take the same path as 500; --out keeps the checkout's bench/results/ as it is",
-    ),
     (
         ".venv/bin/python -m bench.spacy.compare --set brown-pos --epochs 8 --out bench/results/spacy_brown_pos.json"
     ): Coverage(NOT_RUN, why="trains three systems for 8 epochs (about 10 minutes); tests/spacy train its configs"),
     ".venv/bin/python -m bench.spacy.compare --set msra-ner --train 6000 --epochs 8 --out "
     "bench/results/spacy_msra_ner.json": Coverage(
         NOT_RUN, why="trains three NER systems for 8 epochs (about 40 minutes); tests/spacy train its configs"
-    ),
-    ".venv/bin/python -m bench.spacy.throughput --sentences 2000 --batch-size 128 --rounds 5": Coverage(
-        SPACY,
-        run_as=".venv/bin/python -m bench.spacy.throughput --sentences 100 --batch-size 128 --rounds 1 "
-        "--out throughput.json",
-        why="100 sentences and one round take the same path; --out keeps the checkout's bench/results/ as it is",
     ),
 }
 
@@ -755,21 +742,18 @@ def test_readme_spacy_blocks_run_as_written() -> None:
 
 def test_docs_spacy_commands_run_in_order(tmp_path) -> None:
     """docs/how-to/spacy.md's commands, in page order, in a scratch folder holding a copy of models/default (export-task
-    writes into it) and the checkout's configs/, bench/ and .venv: data, a short `spacy train`, the export, the served
-    mix against the listener, the throughput bench."""
+    writes into it) and the checkout's configs/, bench/ and .venv: data, a short `spacy train`, the export of the
+    learned mix as a served task."""
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     for folder in ("configs", "bench"):
         (tmp_path / folder).symlink_to(REPO / folder)
     shutil.copytree(DEFAULT_MODEL, tmp_path / "models" / "default", ignore=shutil.ignore_patterns("report", "*.png"))
     commands = commands_covered_by(SPACY)
-    assert len(commands) == 5, commands
+    assert len(commands) == 3, commands
     outputs = [run_command(README_COMMANDS[command].run_as or command, tmp_path, timeout=900) for command in commands]
     assert json.loads(outputs[0].strip().splitlines()[-1])["train"]["sentences"] == 300
     task = json.loads((tmp_path / "models" / "default" / "tasks" / "spacy_pos" / "task.json").read_text())
     assert task["data"]["component"] == "tagger" and len(task["mix"]["weights"]) == 3
-    served = json.loads((tmp_path / "served.json").read_text())
-    assert served["sentences"] == 20 and served["max_abs_difference"] <= 1e-5
-    assert json.loads((tmp_path / "throughput.json").read_text())["sentences"] == 100
 
 
 # -- the OpenAI-compatible clients' snippets, in the clients' own environment, against `make serve` ----------------

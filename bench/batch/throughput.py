@@ -2,11 +2,6 @@
 
     python -m bench.batch.throughput --model models/default [--lines 9000] [--threads 2] [--repeat 3]
     python -m bench.batch.throughput --preset small          # ELMo-small shape, random weights (exported once)
-    python -m bench.batch.throughput --preset small --before 5ad4e74 --text data/handbook/handbook.en.txt
-
-``--before REV``: the same measurement of an older revision, side by side in one run: REV is checked out in a
-temporary git worktree, exports its own random model (same preset and seed: the same weights) and reads the same
-text; the two trees alternate ``--repeat`` times, one subprocess each, and the best of each is compared.
 
 *runtime*: ``Embedder.embed_tokens`` on the sentences tokenized beforehand, ``--shard-lines`` sentences per call
 (the runtime sorts and batches them), outputs discarded: the ceiling. Also ``Embedder.embed_texts`` on the raw
@@ -41,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from bench.kit.models import prepare_model
 from bench.kit.results import result_path
-from bench.kit.revision import REPO, revision_tree
+from bench.kit.revision import REPO
 from bench.kit.sample import ThreadCpuSampler, run_measured
 from bench.kit.texts import corpus_lines
 from elmo.bench.figures import machine
@@ -154,11 +149,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="also peak RSS at 1x and 4x --lines (subprocesses)")
     parser.add_argument("--out", type=Path, default=result_path("batch_throughput.json"))
     parser.add_argument("--text", type=Path, help="input text (default: data/corpus/test.txt, else synthetic)")
-    parser.add_argument("--before", metavar="REV", help="compare with git revision REV, side by side (see above)")
     args = parser.parse_args()
-    if args.before:
-        compare_revisions(args)
-        return
 
     model, model_name = prepare_model(args)
     lines, corpus_name = corpus_lines(args.lines, args.text)
@@ -255,64 +246,6 @@ def main() -> None:
     print("embed-file CPU by thread (fastest run): " + ", ".join(f"{k} {v:.2f} s" for k, v in by_thread.items()))
     if "peak_rss_mb" in result:
         print("peak RSS:", ", ".join(f"{k}: {v:.0f} MB" for k, v in result["peak_rss_mb"].items()))
-
-
-def bench_module(tree: Path) -> str:
-    """This bench's module in ``tree``: bench.batch.throughput, or bench.batch_throughput in a revision from before
-    bench/ was grouped by subject (issue 40)."""
-    grouped = (tree / "bench" / "batch" / "throughput.py").is_file()
-    return "bench.batch.throughput" if grouped else "bench.batch_throughput"
-
-
-def compare_revisions(args: argparse.Namespace) -> None:
-    """``--before REV``: this tree and REV's, alternating, each a subprocess of its own bench (``--repeat 1``)."""
-    lines, corpus_name = corpus_lines(args.lines, args.text)
-    with revision_tree(args.before, prefix="batch-bench-before-") as old:
-        work = old.parent
-        for tree in (old, REPO):  # older benches read data/corpus/test.txt only: both trees get the same lines
-            text = tree / "runs" / "bench" / "compare-input.txt"
-            text.parent.mkdir(parents=True, exist_ok=True)
-            text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        (old / "data" / "corpus").mkdir(parents=True, exist_ok=True)
-        shutil.copy(old / "runs" / "bench" / "compare-input.txt", old / "data" / "corpus" / "test.txt")
-        runs: dict[str, list[dict]] = {"before": [], "after": []}
-        for _ in range(args.repeat):
-            for name, tree in (("before", old), ("after", REPO)):
-                out = work / f"{name}.json"
-                command = [sys.executable, "-m", bench_module(tree), "--preset", args.preset, "--repeat", "1"]
-                command += ["--lines", str(args.lines), "--threads", str(args.threads), "--out", str(out)]
-                command += ["--shard-lines", str(args.shard_lines), "--layers", args.layers, "--format", args.format]
-                if tree == REPO:
-                    command += ["--text", str(tree / "runs" / "bench" / "compare-input.txt")]
-                subprocess.run(command, check=True, cwd=tree, stdout=subprocess.DEVNULL)
-                runs[name].append(json.loads(out.read_text()))
-                print(f"{name}: {runs[name][-1]['embed_file_tokens_per_s']:,.0f} tokens/s (embed-file)", flush=True)
-    keys = ("embed_file_tokens_per_s", "runtime_tokens_per_s")
-    best = {name: {key: max(r[key] for r in results) for key in keys} for name, results in runs.items()}
-    median = {name: {key: statistics.median(r[key] for r in results) for key in keys} for name, results in runs.items()}
-    result = {
-        "before": args.before,
-        "model": f"ELMo-{args.preset} shape, random weights (seed 0)",
-        "corpus": corpus_name,
-        "threads": args.threads,
-        "tokens": runs["after"][0]["tokens"],
-        "best": best,
-        "speed_up_embed_file": best["after"]["embed_file_tokens_per_s"] / best["before"]["embed_file_tokens_per_s"],
-        "speed_up_runtime": best["after"]["runtime_tokens_per_s"] / best["before"]["runtime_tokens_per_s"],
-        "median": median,
-        "speed_up_embed_file_median": median["after"][keys[0]] / median["before"][keys[0]],
-        "round_speed_ups_embed_file": [a[keys[0]] / b[keys[0]] for b, a in zip(runs["before"], runs["after"])],
-        "runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['model']}; {corpus_name}; {result['tokens']} tokens; {args.threads} threads; best of {args.repeat}")
-    print(f"| path | before ({args.before}) | after | speed-up | speed-up of the medians |\n|---|---:|---:|---:|---:|")
-    for key, label in zip(keys, ("`elmo embed-file`, whole job", "runtime")):
-        ratio, of_medians = best["after"][key] / best["before"][key], median["after"][key] / median["before"][key]
-        before, after = best["before"][key], best["after"][key]
-        print(f"| {label} | {before:,.0f} | {after:,.0f} | {ratio:.2f}x | {of_medians:.2f}x |")
-    print("speed-up per round (embed-file): " + ", ".join(f"{r:.2f}x" for r in result["round_speed_ups_embed_file"]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ installed elmo.bench.figures:
   checkout or a revision's tree; Server (ports, health, stop); check_loopback
 - bench.kit.revision: revision_tree / code_trees (``--before REV`` worktrees), in_turn, tree_env, revision_info
 - bench.kit.load: the gRPC load loop (drive: throughput in a measured window), ClosedLoop (client threads whose
-  every call is checked: mixed_load, replicas), requests built up front, Http, check_answers, the in-process
+  every call is checked: replicas), requests built up front, Http, check_answers, the in-process
   baseline (measure_in_process), LoadResult
 - bench.kit.sample: RSS, peak memory (VmHWM), CPU time of a process or thread; ThreadCpuSampler; run_measured (a
   child command's wall time, peak RSS and CPU time)

@@ -163,8 +163,9 @@ class Record:
 class ClosedLoop:
     """One thread per step: thread i calls ``steps[i](turn)`` back to back (turn 0, 1, ...) until :meth:`stop` or
     ``seconds`` have passed; every call timed and kept as a :class:`Record` with what it returned or the exception
-    it raised (counted, never raised). The benches whose clients check each answer (bench.service.mixed_load,
-    replicas) run their calls through it; :func:`drive` is the pure-throughput loop.
+    it raised (counted, never raised). The benches and tests whose clients check each answer
+    (bench.service.replicas, tests/service/test_http.py) run their calls through it; :func:`drive` is the
+    pure-throughput loop.
 
         loop = ClosedLoop([grpc_call, http_call], seconds=60).run()      # or .start() ... .stop()
         [r.seconds for r in loop.records if r.error is None]"""

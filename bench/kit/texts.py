@@ -1,11 +1,9 @@
 """The benches' input text, deterministic: short load-test sentences (:func:`make_texts`), real English sentences
-of a chosen length (:func:`sentences`), the first lines of a corpus (:func:`corpus_lines`), and the Brown text of
-the batch job's figures (:func:`brown_lines`, written by ``python -m bench.kit.texts --brown brown.txt``).
-``elmo bench``'s own Zipf text is elmo.bench.run.synthetic_sentences (installed)."""
+of a chosen length (:func:`sentences`) and the first lines of a corpus (:func:`corpus_lines`). ``elmo bench``'s own
+Zipf text is elmo.bench.run.synthetic_sentences (installed)."""
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 from pathlib import Path
@@ -15,7 +13,6 @@ from bench.kit.revision import REPO
 CORPUS = REPO / "data" / "corpus" / "test.txt"  # `elmo data`, when it has run
 HANDBOOK = REPO / "data" / "handbook" / "handbook.en.txt"  # `elmo data handbook`, when it has run
 SENSES = REPO / "elmo" / "senses" / "en.tsv"  # shipped: hand-written English sentences
-BROWN = REPO / "data" / "corpus" / "raw" / "brown" / "package"  # `elmo data fetch`, when it has run
 
 _WORDS = (
     "the of and to in a is that for it as was with be by on not he I this are or his from at which but have an they "
@@ -92,33 +89,3 @@ def corpus_lines(n: int, text: Path | None = None) -> tuple[list[str], str]:
     words = [f"w{i}" for i in range(5000)]
     lines = [" ".join(rng.choice(words, size=max(1, int(rng.lognormal(3.0, 0.6))))) for _ in range(n)]
     return lines, f"synthetic ({n} lines, log-normal lengths)"
-
-
-def brown_lines(package: Path = BROWN, files: int = 80, min_words: int = 8, max_words: int = 60) -> list[str]:
-    """The batch job's bench text (docs/explanation/runtime.md): the sentences of the first ``files`` files of
-    the fetched Brown package (``c*``, in name order; one tagged sentence a line) of ``min_words``-``max_words``
-    words, tags dropped, one a line."""
-    found = sorted(path for path in package.glob("c*") if path.is_file())[:files]
-    if not found:
-        raise SystemExit(f"no Brown files under {package}: run `elmo data fetch` first")
-    lines = []
-    for path in found:
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            words = [tagged.rsplit("/", 1)[0] for tagged in line.split()]
-            if min_words <= len(words) <= max_words:
-                lines.append(" ".join(words))
-    return lines
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="write a bench text")
-    parser.add_argument("--brown", type=Path, required=True, help="write the Brown text (brown_lines) here")
-    parser.add_argument("--package", type=Path, default=BROWN, help="the Brown package's folder (default: %(default)s)")
-    args = parser.parse_args()
-    lines = brown_lines(args.package)
-    args.brown.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    print(f"{args.brown}: {len(lines)} sentences")
-
-
-if __name__ == "__main__":
-    main()

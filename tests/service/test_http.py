@@ -373,12 +373,31 @@ def test_a_5000_token_text_under_each_overflow_policy_on_http_and_grpc(server, g
 
 
 # -- load --------------------------------------------------------------------------------------------------------
-def test_http_and_grpc_clients_mixed_under_load_see_no_errors(server):
-    """16 clients, half HTTP (OpenAI route and /v1/embed), half gRPC, for a few seconds: every answer is right."""
-    from bench.service.mixed_load import run_mixed_load
+def test_http_and_grpc_clients_mixed_under_load_see_no_errors(server, grpc_client):
+    """16 client threads, half gRPC, half HTTP (the OpenAI route and /v1/embed in turn), for a few seconds: every
+    answer is the vectors gRPC gave for the same text alone (pooled for /v1/embeddings), none fails."""
+    from bench.kit.load import ClosedLoop
 
-    report = run_mixed_load(server.target, server.http_url, clients=16, seconds=4.0, texts=TEXTS)
-    assert report.errors == [] and report.requests["http"] > 0 and report.requests["grpc"] > 0
+    alone = [embedding.layers for embedding in (grpc_client.embed([text])[0] for text in TEXTS)]
+
+    def grpc_call(turn: int) -> None:
+        got = grpc_client.embed([TEXTS[turn % len(TEXTS)]])[0].layers
+        np.testing.assert_allclose(got, alone[turn % len(TEXTS)], atol=1e-5)
+
+    def http_call(turn: int) -> None:
+        i = turn % len(TEXTS)
+        if turn % 2:
+            status, answer = call(server.http_url, "/v1/embeddings", {"input": [TEXTS[i]]})
+            got, want = answer["data"][0]["embedding"], alone[i].astype(np.float64).mean(axis=(0, 1))
+        else:
+            status, answer = call(server.http_url, "/v1/embed", {"inputs": [TEXTS[i]]})
+            got, want = answer["embeddings"][0]["layers"], alone[i]
+        assert status == 200, answer
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+    records = ClosedLoop([grpc_call, http_call] * 8, seconds=4.0).run().records
+    assert [repr(r.error) for r in records if r.error is not None] == []
+    assert {r.client % 2 for r in records} == {0, 1}  # both protocols answered
 
 
 def test_a_drain_finishes_http_requests_in_flight_and_refuses_new_ones(runtime):
