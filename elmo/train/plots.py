@@ -47,7 +47,8 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
     train = [h for h in history if "loss" in h]
     valid = [h for h in history if "valid_avg_ppl" in h]
     senses = [h for h in valid if "sense_en_best" in h]
-    fig, axes = plt.subplots(1, 2 if senses else 1, figsize=(12 if senses else 7, 4), squeeze=False)
+    width = 12 if senses else 7
+    fig, axes = plt.subplots(1, 2 if senses else 1, figsize=(width, 4), squeeze=False)
     ax = axes[0][0]
     if train:
         ax.plot(
@@ -70,7 +71,11 @@ def plot_curve(history: list[dict], path: Path, stage_ends: list[float] = ()) ->
         ax.legend()
     if senses:
         _plot_senses(axes[0][1], senses, stage_ends)
-    fig.tight_layout()
+    # fixed margins (inches) on a fixed-size figure: tight_layout drew the whole figure once more at every
+    # checkpoint only to measure its labels, doubling the plot's cost for the same picture
+    fig.subplots_adjust(
+        left=0.65 / width, right=1 - 0.12 / width, bottom=0.13, top=0.92 if senses else 0.96, wspace=0.25
+    )
     fig.savefig(path.with_suffix(".tmp.png"), dpi=90)
     plt.close(fig)
     os.replace(path.with_suffix(".tmp.png"), path)
