@@ -26,11 +26,14 @@ from elmo.train.adapt import split_heldout
 from tests.lm_fixtures import ADAPT_FAST, REPO, write_domain_text
 
 FAST = ADAPT_FAST
+DOMAIN_CHARS = 100_000
 
 
 @pytest.fixture(scope="module")
 def domain_text(tmp_path_factory) -> Path:
-    return write_domain_text(tmp_path_factory.mktemp("domain") / "docs.txt")
+    # a third of the docs-sized text (as tests/train/test_adapt_cli.py): every step of `elmo adapt` still runs and
+    # the held-out slice still holds thousands of tokens, at a third of the training and scoring
+    return write_domain_text(tmp_path_factory.mktemp("domain") / "docs.txt", max_chars=DOMAIN_CHARS)
 
 
 def _run(capsys, *args: str) -> dict:
