@@ -349,7 +349,7 @@ def measure_round(loads: Loads, embedder, texts: list[str], tokens: int, servers
         if "http" in args.protocols:
             entry[f"{label}_http"] = local.judge(loads.http(server.http_address))
         if args.one_sentence_s:
-            entry[f"{label}_one"] = one_sentence(loads, server)
+            entry[f"{label}_one"] = one_sentence(loads, server, run_h2load, run_wrk)
     return {**local.summary(), **entry}
 
 

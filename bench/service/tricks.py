@@ -70,10 +70,9 @@ def h2load_p50(run_h2load, target: str, body: Path, seconds: int, work: Path) ->
     return statistics.median(int(row[2]) for row in rows) / 1000
 
 
-def one_sentence(loads, server) -> dict:
-    """One sentence at a time: gRPC, HTTP, and HTTP beside a gRPC load of the loads' own requests."""
-    from bench.service.compiled_load import run_h2load, run_wrk
-
+def one_sentence(loads, server, run_h2load, run_wrk) -> dict:
+    """One sentence at a time: gRPC, HTTP, and HTTP beside a gRPC load of the loads' own requests (the generators'
+    runs: bench.service.compiled_load's ``run_h2load`` and ``run_wrk``)."""
     seconds, work = loads.args.one_sentence_s, loads.work
     result = {
         "grpc_p50_ms": h2load_p50(run_h2load, server.grpc_target, work / "one.bin", seconds, work),
