@@ -66,15 +66,3 @@ def test_bench_writes_where_it_is_run_and_never_overwrites_unasked(tiny_model_di
     assert main([*argv, "--name", "../cpu"]) == 2
     assert "--name '../cpu': a file name, without folders" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-results"]
-
-
-def test_load_check_bench_times_the_check_and_names_the_machine(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    import bench.runtime.load_check as load_check
-
-    out = tmp_path / "load_check.json"
-    argv = ["load_check", "--model", str(tiny_model_dir), "--repeat", "2", "--threads", "1", "--out", str(out)]
-    monkeypatch.setattr("sys.argv", argv)
-    load_check.main()
-    result = json.loads(out.read_text())
-    assert len(result["rounds"]) == 2 and result["median"]["check_ms"] > 0 and result["host"]["cpu"]
-    assert "load-time check" in capsys.readouterr().out

@@ -62,7 +62,7 @@ def save_figure(fig, path: Path) -> None:
 
 
 def bench_parser(module: str, doc: str | None, model: bool = True) -> argparse.ArgumentParser:
-    """``python -m bench.MODULE``'s parser (MODULE: ``service.noisy``), with the module docstring as its help and,
+    """``python -m bench.MODULE``'s parser (MODULE: ``service.latency``), with the module docstring as its help and,
     when ``model``, the common ``--model`` (default models/default)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m bench.{module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -55,34 +55,10 @@ def _process_cpu_clock(pid: int) -> int:
     return ((~pid) << 3) | 2
 
 
-class _Sampler:
-    """Calls ``sample()`` every ``interval`` s in a thread of its own, from :meth:`start` to :meth:`stop`."""
-
-    def __init__(self, interval: float, name: str):
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
-
-    def sample(self) -> None:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
-
-    def _start(self) -> None:
-        self._thread.start()
-
-    def _stop_sampling(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 NATIVE = "native"  # threads that Python did not start (onnxruntime's own pool, for one)
 
 
-class ThreadCpuSampler(_Sampler):
+class ThreadCpuSampler:
     """This process's CPU seconds by thread from :meth:`start` to :meth:`stop`, read from /proc/self/task every
     ``interval`` s, summed by Python thread name with a pool's trailing ``_N`` dropped (``elmo-run_0`` and
     ``elmo-run_1`` are ``elmo-run``); threads Python did not start are :data:`NATIVE`. A thread that ends between
@@ -91,7 +67,9 @@ class ThreadCpuSampler(_Sampler):
     sampler = ThreadCpuSampler().start(); ...; seconds_by_name = sampler.stop()"""
 
     def __init__(self, interval: float = 0.1):
-        super().__init__(interval, "thread-cpu-sampler")
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="thread-cpu-sampler")
         self._before: dict[int, float] = {}  # CPU of the threads alive at start(), not counted
         self._last: dict[int, tuple[str, float]] = {}  # thread id -> (its name, its CPU at the last reading)
 
@@ -109,13 +87,19 @@ class ThreadCpuSampler(_Sampler):
             known = self._last.get(tid, (NATIVE, 0.0))[0]
             self._last[tid] = (names.get(tid, known), seconds)
 
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
     def start(self) -> ThreadCpuSampler:
         self._before = self._readings()
-        self._start()
+        self._thread.start()
         return self
 
     def stop(self) -> dict[str, float]:
-        self._stop_sampling()
+        self._stop.set()
+        self._thread.join()
         self.sample()
         totals: dict[str, float] = {}
         for tid, (name, seconds) in self._last.items():

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import grpc
 from bench.kit.sample import rss_mib
 from bench.kit.serve import Server, start_server
 from bench.kit.texts import sentences
+from elmo.bench.figures import machine
 from elmo.v1 import embedder_pb2 as pb
 from elmo.v1 import embedder_pb2_grpc as pb_grpc
 
@@ -70,13 +70,6 @@ def burst(server: Server, requests: list[pb.EmbedRequest], clients: int) -> floa
             replies = list(pool.map(lambda request: stub.Embed(request, timeout=600), requests))
         seconds = time.perf_counter() - started
     return sum(len(e.tokens) for reply in replies for e in reply.embeddings) / seconds
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def settle_rss(pid: int, seconds: float = 2.0) -> float:
@@ -131,7 +124,7 @@ def run(args: argparse.Namespace) -> dict:
             server.stop()
     return {
         "command": "python -m bench.service.memory_after_burst " + " ".join(args.argv),
-        "cpu": f"{cpu_name()}, {os.cpu_count()} cores",
+        **machine(),  # the CPU, its flags, cores, load (elmo.bench.figures)
         "model": str(args.model),
         "threads": args.threads,
         "burst": f"{args.requests} requests of {REQUEST_SENTENCES} x {SENTENCE_TOKENS} tokens, {args.clients} at once",

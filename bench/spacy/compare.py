@@ -9,7 +9,7 @@ epochs with ``--seed`` (the same batches: same data, same batcher), in turn, eac
 last model is scored on the test split with the gold tokens. The difference (ELMo − tok2vec) comes with a 95 %
 interval from a paired bootstrap over test sentences (elmo.significance). Training time per epoch is the run's
 wall time divided by the epochs (for ELMo, the first epoch also runs the biLM on every sentence; later ones read
-its cache). Writes JSON, a Markdown table and a PNG beside it. A benchmark: the figures depend on the machine.
+its cache). Writes JSON and a Markdown table beside it. A benchmark: the figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.kit.results import bench_parser, pyplot, result_path, save_figure, save_result, write_text
+from bench.kit.results import bench_parser, result_path, write_json, write_text
 from bench.kit.revision import REPO
 from elmo.bench.figures import machine
 from elmo.significance import paired_bootstrap, score_counts, verdict
@@ -36,23 +36,9 @@ SETS = {"brown-pos": ("tagger", "accuracy", "tagger"), "msra-ner": ("ner", "enti
 
 def train(config: Path, data: Path, out: Path, epochs: int, seed: int) -> float:
     """``spacy train`` as a user runs it; returns its wall time in seconds."""
-    command = [
-        sys.executable,
-        "-m",
-        "spacy",
-        "train",
-        str(config),
-        "--output",
-        str(out),
-        "--paths.train",
-        str(data / "train.spacy"),
-        "--paths.dev",
-        str(data / "dev.spacy"),
-        "--training.max_epochs",
-        str(epochs),
-        "--system.seed",
-        str(seed),
-    ]
+    command = [sys.executable, "-m", "spacy", "train", str(config), "--output", str(out)]
+    command += ["--paths.train", str(data / "train.spacy"), "--paths.dev", str(data / "dev.spacy")]
+    command += ["--training.max_epochs", str(epochs), "--system.seed", str(seed)]
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=REPO, check=True)
@@ -128,33 +114,6 @@ def table(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def plot(result: dict, png: Path) -> None:
-    plt = pyplot()
-    names = list(result["systems"])
-    scores = [result["systems"][n]["score"] for n in names]
-    base = result["systems"]["tok2vec"]["score"]
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    ax.bar(names, scores, color=["#999999", "#8fb3e8", "#3b7dd8"][: len(names)])
-    for index, name in enumerate(names):
-        diff = result["systems"][name].get("minus_tok2vec")
-        if diff:  # the interval of the difference, drawn around the system's score
-            low, high = base + diff["ci95"][0], base + diff["ci95"][1]
-            ax.errorbar(
-                [index],
-                [scores[index]],
-                yerr=[[scores[index] - low], [high - scores[index]]],
-                fmt="none",
-                ecolor="black",
-                capsize=6,
-            )
-    ax.set_ylim(min(scores) - 0.05, min(1.0, max(scores) + 0.03))
-    ax.set_ylabel(f"{result['metric']} (test)")
-    ax.set_title(
-        f"{result['set']}: {result['epochs']} epochs each, bars: 95 % CI of the difference to tok2vec", fontsize=9
-    )
-    save_figure(fig, png)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("spacy.compare", __doc__, model=False)
     parser.add_argument("--set", choices=tuple(SETS), required=True)
@@ -164,11 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{split}", type=int, help=f"{split} sentences (a seeded subsample; default all)")
     parser.add_argument("--work", help="folder for the data and the trained pipelines (default: a new temp folder)")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     out = args.out or result_path(f"spacy_{args.set.replace('-', '_')}.json")
     result = compare(args)
-    save_result(out, result, plot, args.no_plot)
+    write_json(out, result)
     write_text(out.with_suffix(".md"), table(result))
     print(table(result))
 
