@@ -2,11 +2,11 @@
 installed elmo.bench.figures:
 
 - bench.kit.serve: ``elmo serve`` as a child process, one (start_server) or N replicas (start_replicas), of this
-  checkout or a revision's tree; Server (ports, health, stop); check_loopback
+  checkout or a revision's tree; Server (ports, readiness, stop)
 - bench.kit.revision: revision_tree / code_trees (``--before REV`` worktrees), in_turn, tree_env, revision_info
 - bench.kit.load: the gRPC load loop (drive: throughput in a measured window), ClosedLoop (client threads whose
-  every call is checked: replicas), requests built up front, Http, check_answers, the in-process
-  baseline (measure_in_process), LoadResult
+  every call is kept: replicas), requests built up front, Http, the in-process baseline (measure_in_process),
+  LoadResult
 - bench.kit.sample: RSS, peak memory (VmHWM), CPU time of a process or thread; ThreadCpuSampler; run_measured (a
   child command's wall time, peak RSS and CPU time)
 - bench.kit.texts: make_texts, sentences (real English), corpus_lines

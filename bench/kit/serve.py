@@ -1,6 +1,6 @@
 """``elmo serve`` as a child process, for every bench that drives a real server: one (:func:`start_server`) or N
 replicas (:func:`start_replicas`), of this checkout's code or of a git revision's (``tree``: bench.kit.revision), on
-free loopback ports; wait until it is SERVING, stop it; and refuse any address but loopback.
+free loopback ports; wait until it is SERVING, stop it.
 
     server = start_server(Path("models/default"), threads=2)            # gRPC, metrics and HTTP on free ports
     server.grpc_target, server.http_url, server.pid                       # '127.0.0.1:PORT', 'http://127.0.0.1:PORT'
@@ -9,7 +9,6 @@ free loopback ports; wait until it is SERVING, stop it; and refuse any address b
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import socket
@@ -27,23 +26,6 @@ from bench.kit.revision import tree_env
 
 REQUEST_TIMEOUT_S = 120.0
 LOOPBACK = "127.0.0.1"
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` too) -> (host, port)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def check_loopback(target: str) -> None:
-    """Refuse anything but a loopback address: a bench must never load someone else's server."""
-    host, _, port = target.rpartition(":")
-    host = host.strip("[]")
-    if not host or not (port.isascii() and port.isdigit()):
-        raise SystemExit(f"--server must be HOST:PORT, got {target!r}")
-    addresses = {info[4][0] for info in socket.getaddrinfo(host, int(port))}
-    if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        raise SystemExit(f"the benches drive loopback servers only; {host} resolves to {sorted(addresses)}")
 
 
 def free_port() -> int:
