@@ -33,10 +33,11 @@ def test_the_table_reads_each_server_s_rounds():
     ]
     judged = tricks.table({"variants": {"gc-freeze": "rev"}, "models": {"tiny": {"rounds": rounds}}})
     rows = judged["gc-freeze"]["tiny"]
-    assert rows["load, gRPC: served ÷ in-process"]["without"] == [0.5, 0.51, 0.52]
+    assert rows["gRPC load: served ÷ in-process"]["without"] == [0.5, 0.51, 0.52]
     assert [row["pays"] for row in rows.values()] == [True, False, False, False, False]
     text = tricks.markdown(judged)
-    assert "| gc-freeze | tiny | load, gRPC: served ÷ in-process | 0.91 (0.90–0.92) | 0.51 (0.50–0.52) | yes |" in text
+    assert "| today | 0.91 (0.90–0.92) | 0.80 (0.80–0.80) | 3.00 (3.00–3.00) |" in text
+    assert "| without gc-freeze | **0.51 (0.50–0.52)** | 0.80 (0.80–0.80) | 3.00 (3.00–3.00) |" in text
 
 
 def test_variants_are_name_equals_revision():

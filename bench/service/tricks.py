@@ -30,11 +30,11 @@ from bench.kit.revision import describe, revision_tree
 TODAY = "today"
 # (row, the round entry's key under a server's label, higher is better)
 ROWS = (
-    ("load, gRPC: served ÷ in-process", "grpc", True),
-    ("load, HTTP: served ÷ in-process", "http", True),
-    ("one sentence, gRPC: p50 ms", "one/grpc_p50_ms", False),
-    ("one sentence, HTTP: p50 ms", "one/http_p50_ms", False),
-    ("one sentence beside gRPC load, HTTP: p50 ms", "one/http_beside_load_p50_ms", False),
+    ("gRPC load: served ÷ in-process", "grpc", True),
+    ("HTTP load: served ÷ in-process", "http", True),
+    ("gRPC, 1 sentence: p50 ms", "one/grpc_p50_ms", False),
+    ("HTTP, 1 sentence: p50 ms", "one/http_p50_ms", False),
+    ("HTTP, 1 sentence beside a gRPC load: p50 ms", "one/http_beside_load_p50_ms", False),
 )
 
 
@@ -116,16 +116,26 @@ def table(result: dict) -> dict:
 
 
 def markdown(judged: dict) -> str:
-    def cell(values: list[float]) -> str:
-        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+    """Per model, a table: today's medians (range over the rounds), then each variant's, ``**bold**`` where the
+    trick pays on that row."""
 
-    lines = ["| trick | model | row | today | without it | pays |", "|---|---|---|---:|---:|---|"]
-    for name, models in judged.items():
-        for model, rows in models.items():
-            for row, j in rows.items():
-                pays = "yes" if j["pays"] else "no"
-                lines.append(f"| {name} | {model} | {row} | {cell(j['today'])} | {cell(j['without'])} | {pays} |")
-    return "\n".join(lines)
+    def cell(values: list[float], pays: bool = False) -> str:
+        text = f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+        return f"**{text}**" if pays else text
+
+    out = []
+    models = list(dict.fromkeys(model for rows in judged.values() for model in rows))
+    for model in models:
+        variants = {name: rows[model] for name, rows in judged.items() if model in rows}
+        names = list(next(iter(variants.values())))
+        out += [f"{model}:", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        today = next(iter(variants.values()))
+        out.append("| today | " + " | ".join(cell(today[row]["today"]) for row in names) + " |")
+        for name, rows in variants.items():
+            cells = [cell(rows[row]["without"], rows[row]["pays"]) for row in names]
+            out.append(f"| without {name} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
