@@ -15,8 +15,9 @@ makes a process use the loopback address (it only forbids starting a *worker nod
 
 ``fault_scenario`` is the check itself, shared by the CI test (tests/batch/test_ray_cluster.py, small) and
 scripts/ray-cluster-check.sh (the full form, with figures): the job's driver SIGKILLed mid-job, the same command run
-again (it resumes), and a worker node's raylet SIGKILLed while that run has shards in flight; the output must equal
-the local engine's, every shard committed once.
+again (it resumes), and a worker node lost (its raylet and workers SIGKILLed), if it can be caught so while one
+of its actors runs a shard, known by freezing that worker first (``LoopbackCluster.lose_a_node_mid_task``); the
+output must equal the local engine's, every shard committed once.
 
 Every process started here is stopped by its process group (SIGKILL: ``ray start --block`` takes seconds to honour
 SIGTERM), then any process left whose command line names this cluster's own temp dir; ``ray stop`` is never used (it
@@ -65,6 +66,15 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.05)
+
+
+def _signal(pid: int, number: int) -> bool:
+    """Send ``number`` to ``pid``; False if it is gone."""
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _processes() -> list[tuple[int, int, bytes]]:
@@ -119,8 +129,25 @@ class Node:
                 return pid
         return None
 
+    def actor_workers(self) -> list[int]:
+        return [pid for pid, command in self.group() if command.startswith(ACTOR_TITLE)]
+
     def hosts_actor(self) -> bool:
-        return any(command.startswith(ACTOR_TITLE) for _, command in self.group())
+        return bool(self.actor_workers())
+
+
+def in_a_method(pid: int) -> bool:
+    """Whether Ray's actor worker ``pid`` is inside one of its methods (a shard's task) right now: Ray titles the
+    process ``ray::Class.method`` while a method runs and ``ray::Class`` between them (the class name may hold
+    parentheses: ``ray::MapWorker(MapBatches(ShardEmbedder)).submit``). Its constructor is no task of a shard."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            title = handle.read().split(b"\0")[0]
+    except OSError:
+        return False
+    method = title.rpartition(b")")[2] if b")" in title else title
+    _, dot, name = method.partition(b".")
+    return title.startswith(ACTOR_TITLE) and bool(dot) and not name.startswith(b"__")
 
 
 @dataclass
@@ -216,6 +243,26 @@ class LoopbackCluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def lose_a_node_mid_task(self, within_s: float = 1.0) -> Node | None:
+        """Lose a worker node while one of its actors runs a task, or none (None: the caller tries again). The
+        actor workers' titles are watched for ``within_s``; one seen inside a method is frozen (SIGSTOP) and read
+        again: a frozen worker can neither finish its task nor report it, so one still inside a method then holds
+        that task when its node goes (the raylet SIGKILLed, then the node's workers, which a frozen one could not
+        exit with). A worker done by then is thawed and goes on as if nothing happened."""
+        workers = {pid: node for node in self.worker_nodes for pid in node.actor_workers()}
+        until = time.monotonic() + within_s
+        while workers and time.monotonic() < until:
+            for pid, node in workers.items():
+                if in_a_method(pid) and _signal(pid, signal.SIGSTOP):
+                    if in_a_method(pid):
+                        self.kill_raylet(node)
+                        for worker in node.actor_workers():
+                            _signal(worker, signal.SIGKILL)
+                        return node
+                    _signal(pid, signal.SIGCONT)
+            time.sleep(0.001)
+        return None
+
     def driver_core_logs(self) -> str:
         """The core-worker logs of the drivers attached to the head (Ray writes its retries there)."""
         logs = sorted({p.resolve() for p in (self.root / "head").glob("session_*/logs/python-core-driver-*.log")})
@@ -285,6 +332,7 @@ class FaultReport:
     committed_before_driver_kill: int = 0
     committed_at_node_kill: int = 0
     killed_node: str = ""
+    killed_mid_task: bool = False  # one of its actors was known to be inside a shard's task when the node was lost
     actor_failures: list[str] = field(default_factory=list)  # the GCS's "Actor is failed" lines, restarts left
     tasks_resubmitted: int = 0  # shards' tasks that Ray resubmitted (the driver's core-worker log)
     resubmissions: int = 0  # their attempts in all (backing off 100 ms, 200 ms, ... while the actor restarts)
@@ -365,7 +413,7 @@ def fault_scenario(
     identity = {entry["file"]: _identity(partial / entry["file"]) for entry in kept}  # kept as they are on resume
     assert driver_kill_after <= len(kept) < report.shards, len(kept)
 
-    # 2. the same command again: it resumes; a worker node hosting an actor is lost while shards are in flight
+    # 2. the same command again: it resumes; a worker node is lost while one of its actors runs a shard
     began = time.perf_counter()
     seen: Counter[int] = Counter()
     with open(work / "driver-resumed.log", "wb") as sink:
@@ -381,12 +429,24 @@ def fault_scenario(
                 return enough and any(node.hosts_actor() for node in cluster.worker_nodes)
 
             wait_until(ready, "resumed commits with an actor on a worker node", timeout)
-            assert driver.poll() is None, "the resumed run ended before a node could be killed"
-            victim = next(node for node in cluster.worker_nodes if node.hosts_actor())
+
+            # Tasks of a small job are short: a worker is caught inside one for certain only by chance. Half of what
+            # is left is given to that; then a node hosting an actor is lost whatever it runs (an idle actor holds no
+            # task, and Ray then has nothing to retry: the report says which it was).
+            first = len(kept) + node_kill_after
+            give_up_at = first + (report.shards - first) // 2
+            victim = None
+            while victim is None and driver.poll() is None and len(committed(output)) < give_up_at:
+                ready()  # counts the commits so far
+                victim = cluster.lose_a_node_mid_task(within_s=0.5)
+            report.killed_mid_task = victim is not None
+            if victim is None:
+                assert ready() and driver.poll() is None, "the resumed run ended before a node could be lost"
+                victim = next(node for node in cluster.worker_nodes if node.hosts_actor())
+                cluster.kill_raylet(victim)
+            killed_at = time.perf_counter()
             report.committed_at_node_kill = len(committed(output))
             report.killed_node = victim.name
-            killed_at = time.perf_counter()
-            cluster.kill_raylet(victim)
             while driver.poll() is None:
                 ready()
                 if time.perf_counter() - killed_at > timeout:

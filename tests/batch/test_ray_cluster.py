@@ -2,10 +2,13 @@
 
 A head and two worker nodes, each `ray start` in its own process group (its own raylet), all on 127.0.0.1, token
 authentication on (tests/batch/ray_cluster.py). The job's driver is SIGKILLed mid-job, the same command resumes, and
-a worker node's raylet is SIGKILLed while that run has shards in flight: Ray restarts the lost actor on another node
-and retries its shard (elmo.batch.ray_engine.restart_policy), the job finishes, its output equals the local engine's
-bit for bit and every shard is committed once. This is the CI-sized form; scripts/ray-cluster-check.sh runs the
-same scenario on a bigger input and prints its figures.
+a worker node hosting an actor is lost: Ray restarts the lost actor on another node
+(elmo.batch.ray_engine.restart_policy), the job finishes, its output equals the local engine's bit for bit, every
+shard is committed once and the resumed shards are not written again. Where the node was caught while its actor was
+inside a shard's task (seen inside a method, frozen, seen there still, then the node's raylet and workers
+SIGKILLed), Ray must also have retried that shard; an actor idle at that moment held no task, and there is nothing
+to retry. This is the CI-sized form; scripts/ray-cluster-check.sh runs the same scenario on a bigger input and
+prints its figures.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def test_job_survives_a_lost_node_and_a_killed_driver(cluster, tmp_path, tiny_mo
     assert report.equal and report.duplicate_commits == 0
     restarted = [line for line in report.actor_failures if "need_reschedule = 1" in line]
     assert restarted, (report.actor_failures, log[-3000:])  # Ray's own restart, not a job-level rerun
-    assert report.tasks_resubmitted >= 1, report  # and Ray's own retry of the shard the lost actor held
+    if report.killed_mid_task:  # the lost actor was inside a shard's task: Ray's own retry of that shard
+        assert report.tasks_resubmitted >= 1, report
     assert "a Ray actor died" not in log
 
 
