@@ -42,7 +42,14 @@ from elmo.service.core.answers import EmbedResult, PooledResult, PreparedEmbed
 from elmo.service.core.budget import RETRY_AFTER_S, AnswerBudgetFull, AnswerClaim
 from elmo.service.core.requests import RequestCore
 from elmo.service.http import schema
-from elmo.service.http.connections import COMMON_HEADERS, ClientGone, ConnectionGuard, read_body, reset
+from elmo.service.http.connections import (
+    COMMON_HEADERS,
+    HANDLER_OPTIONS,
+    ClientGone,
+    ConnectionGuard,
+    read_body,
+    reset,
+)
 from elmo.service.http.encode import encode_json_parts
 from elmo.service.http.encodings import ENCODINGS
 from elmo.service.http.openapi import openapi_document
@@ -222,7 +229,7 @@ class HttpFrontend:
         """Listen on host:port (0 = any free port; ``reuse_port``: shared with sibling processes); returns the bound
         port."""
         # (no keepalive_timeout here: the guard owns idle connections, and counts what it closes)
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=1.0, **HANDLER_OPTIONS)
         await self._runner.setup()
         try:
             self.port = await self.guard.listen(self._runner, host, port, ssl_context, reuse_port)
