@@ -43,7 +43,7 @@ from bench.kit.results import bench_parser, result_path, write_json
 from bench.kit.revision import REPO, code_trees, in_turn, revision_info
 from bench.kit.serve import start_server
 from bench.kit.texts import sentences
-from bench.service.tricks import one_sentence, variant_info, variant_trees
+from bench.service.tricks import TODAY, one_sentence, variant_info, variant_trees
 from elmo.bench.figures import machine
 
 GENERATORS = {"h2load": "nghttp2-client", "wrk": "wrk"}
@@ -429,11 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     ensure_generators()
+    load_at_start = os.getloadavg()
     result = {
-        "machine": machine(),
+        "machine": None,  # at the end: the load average then too
         "connections": args.connections,
         "duration_s": args.duration,
-        "code": revision_info(args.before),
+        "code": revision_info(args.before, TODAY if args.variants else "after"),
         "variants": variant_info(args.variants),
         "one_sentence_s": args.one_sentence_s,
         "models": {},
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
                 result["models"][name] = measure_model(args, name, trees, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    result["machine"] = machine(load_at_start)
     write_json(args.out, result)
     for name, entry in result["models"].items():
         print(name, {k: round(v, 3) for k, v in entry["median_served_over_in_process"].items()})
