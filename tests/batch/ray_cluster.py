@@ -255,8 +255,11 @@ class LoopbackCluster:
             for pid, node in workers.items():
                 if in_a_method(pid) and _signal(pid, signal.SIGSTOP):
                     if in_a_method(pid):
+                        # listed before the raylet goes: its orphaned workers are no longer found under it, and a
+                        # frozen one left behind would stay stopped for ever
+                        doomed = {pid, *node.actor_workers()}
                         self.kill_raylet(node)
-                        for worker in node.actor_workers():
+                        for worker in doomed:
                             _signal(worker, signal.SIGKILL)
                         return node
                     _signal(pid, signal.SIGCONT)
