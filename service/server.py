@@ -35,8 +35,6 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from elmo.service.common import switching
-from elmo.service.common.collector import freeze_long_lived
 from elmo.service.common.errors import ServiceError
 from elmo.service.common.limits import Limits, add_limit_arguments, grpc_server_settings
 from elmo.service.common.ports import check_port_free
@@ -230,11 +228,10 @@ class ElmoServer:
             self.health.set(service, status)
 
     def _start_work(self) -> None:
-        """The switch interval and the batchers, once: before :meth:`warm_up`, which may come first (serve())."""
+        """The batchers, once: before :meth:`warm_up`, which may come first (serve())."""
         if self._working:
             return
         self._working = True
-        switching.PROCESS.configure(self.limits.switch_interval_ms / 1000)  # while heavy work runs: common/switching.py
         for model in self.registry:
             model.batcher.start()
 
@@ -536,7 +533,6 @@ async def serve(args: argparse.Namespace) -> int:
         config.operations.port_file.write_text(f"{port}\n{metrics_port or ''}\n{server.http_port or ''}\n")
     if not listen_warm:
         await _warm_up_or_fail(server)
-    freeze_long_lived()  # models, sessions and modules out of the collector's scans (service.common.collector)
     await server.wait()
     return 0
 

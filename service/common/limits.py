@@ -56,7 +56,7 @@ class Limits:
     max_queue_tokens: int = 65536  # tokens waiting across all requests; beyond: RESOURCE_EXHAUSTED "overloaded"
     max_batch_tokens: int = 8192  # real tokens in one runtime call (the runtime cuts padding-minimal sub-batches)
     max_batch_sentences: int = 256
-    max_delay_ms: float = 2.0  # how long a partial batch waits for company (idle: only for the loop's ready work)
+    max_delay_ms: float = 2.0  # while a batch runs, how long a partial batch waits for company
     express_tokens: int = (
         64  # requests this small (about one sentence) may run on one extra runtime worker while all others are busy
     )
@@ -75,7 +75,6 @@ class Limits:
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests get to finish
     request_workers: int = 2  # threads that tokenize, plan windows and build/encode answers (off the event loop)
     background_nice: int = BACKGROUND_NICE  # how much lower long requests' threads run (elmo.runtime.priority)
-    switch_interval_ms: float = 0.5  # longest a busy thread holds the GIL while the event loop waits for it
     # -- HTTP connections (service.http.connections) -------------------------------------------------------------
     http_header_timeout: float = 10.0  # a request's headers must arrive within this (from connect or first byte)
     http_body_timeout: float = 30.0  # longest pause between two reads of a request body
@@ -96,8 +95,6 @@ class Limits:
                 ok = value >= 0
             elif f.name == "background_nice":
                 ok = isinstance(value, int) and 0 <= value <= MAX_NICE
-            elif f.name == "switch_interval_ms":
-                ok = isinstance(value, (int, float)) and 0 < value <= 1000
             elif f.name in TIMEOUTS:
                 ok = isinstance(value, (int, float)) and value > 0
             else:
@@ -125,7 +122,6 @@ class Limits:
 _RANGES = {
     **{name: ">= 0" for name in NON_NEGATIVE},
     "background_nice": f"in 0..{MAX_NICE}",
-    "switch_interval_ms": "in (0, 1000]",
 }
 
 _HELP = {
@@ -150,8 +146,8 @@ _HELP = {
     "max_queue_tokens": "tokens waiting in the queue before new requests get RESOURCE_EXHAUSTED 'overloaded'",
     "max_batch_tokens": "tokens per runtime call (the runtime sorts and sub-batches them)",
     "max_batch_sentences": "sentences per runtime call",
-    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher waits "
-    "while requests keep arriving or the event loop is busy, at most this long)",
+    "max_delay_ms": "while a batch is running, how long a partial batch waits for company (an idle batcher sends "
+    "what one pass of the event loop brought at once)",
     "express_tokens": "requests of at most this many tokens may run on one extra runtime worker while all others "
     "are busy, so that they never wait behind long ones (0 = no express worker)",
     "max_concurrent_rpcs": "gRPC calls open at once before new ones get RESOURCE_EXHAUSTED (health checks are not "
@@ -178,8 +174,6 @@ _HELP = {
     "background_nice": "how much lower (nice) the runtime threads computing long requests (over --express-tokens) run "
     "while short ones are about: the cores go to the short requests first; an idle machine runs long ones at full "
     "speed (0 = the same priority; Linux only)",
-    "switch_interval_ms": "longest a busy worker thread holds Python's GIL once the event loop wants it (Python's "
-    "default is 5 ms: health checks and short requests then wait behind large answers being encoded)",
     "http_header_timeout": "seconds an HTTP request's headers may take to arrive",
     "http_body_timeout": "seconds an HTTP request body may pause between two reads",
     "http_body_deadline_s": "seconds an HTTP request body may take in all, from its headers to its last byte, "
@@ -229,7 +223,7 @@ _CONNECTIONS = (
     "max_connections_per_peer",
     "answer_write_timeout_s",
 )
-_RUNTIME = ("request_workers", "background_nice", "switch_interval_ms")
+_RUNTIME = ("request_workers", "background_nice")
 _OPERATIONS = ("shutdown_delay", "drain_seconds")
 
 

@@ -56,7 +56,7 @@ def check_count(n: int, bounds: Bounds, field: str = "inputs") -> None:
         )
 
 
-YIELD_EVERY_S = 0.0005  # a worker tokenizing gives the GIL away this often (the server's busy switch interval)
+YIELD_EVERY_S = 0.0005  # a worker tokenizing gives the GIL away this often (the event loop waits no longer)
 
 
 def gil_yielder() -> Callable[[], None]:

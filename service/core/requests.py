@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
-from elmo.service.common import switching
 from elmo.service.common.errors import Kind, ServiceError, clip, invalid, too_large
 from elmo.service.common.limits import Limits
 from elmo.service.core.answers import (
@@ -115,7 +114,7 @@ class RequestCore:
         """``work()`` on a worker thread, or in place when it is known to be light."""
         if not heavy:
             return work()
-        return await asyncio.get_running_loop().run_in_executor(self.workers, switching.PROCESS.wrap(work))
+        return await asyncio.get_running_loop().run_in_executor(self.workers, work)
 
     # -- the request's place in flight ---------------------------------------------------------------------------
     def check_open(self) -> None:

@@ -11,11 +11,8 @@ other calls. A worker hands its outcome straight back to the event loop (one hop
 When a worker is free it takes a batch (service.models.queue chooses which sentences):
   * when a batch ends and no other runs, what arrived while it ran goes at once (a loaded runtime, a GPU's above
     all, runs back to back);
-  * when requests arrive at an idle runtime, the queue goes once ``IDLE_QUIET_PASSES`` passes of the event loop
-    have brought no new request and the last pass was quick (under ``BUSY_PASS_S``: a busy loop is handling other
-    requests on their way): no clock, but requests that reach the batcher while the loop works on them (grpc.aio
-    hands a busy loop its calls one event at a time; a batch of each alone costs the runtime a call each) share a
-    batch, at most ``max_delay`` after the oldest; a lone request waits a few quick passes only;
+  * when requests arrive at an idle runtime, those that arrived in one pass of the event loop go together at the
+    end of that pass (one pump per pass);
   * while a batch runs and a worker is free (``workers`` > 1), a partial batch waits at most ``max_delay`` for
     company;
   * results go back to each caller in its own order;
@@ -53,13 +50,6 @@ SHORT_TRAFFIC_S = 1.0  # long batches yield the cores while a short request came
 # a wait up to the next one (a 0.1 ms timer fires after ~1.1 ms). A partial batch waits for company in whole
 # milliseconds, so that the wake-up falls within max_delay; a remainder shorter than this is not waited for.
 TIMER_RESOLUTION_S = 0.001
-# An idle runtime's partial batch goes once this many passes of the event loop have brought no new request: a
-# request on its way reaches the batcher a pass or two after the one before it (grpc.aio's calls, one event each).
-IDLE_QUIET_PASSES = 2
-# ... and while the loop is busy: a pass that took this long ran other work (a request's handling takes about half a
-# millisecond of the loop; a pass with nothing else to do, some microseconds), and more requests are likely on their
-# way. Measured from the outside (the loop's own clock around one pass), not from the loop's private ready queue.
-BUSY_PASS_S = 0.0002
 
 
 @dataclass
@@ -155,11 +145,6 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self._timer: asyncio.TimerHandle | None = None  # pumps again once a partial batch has waited max_delay
         self._pump_queued = False  # a pump is scheduled for this pass of the event loop
-        self._pump_held = False  # an idle runtime's pump waits one pass of the loop (_hold_one_pass)
-        self._seen_requests = 0  # the queue's request count when the idle pump last looked
-        self._quiet_passes = 0  # passes held since a request last arrived
-        self._held_at = 0.0  # the loop's time when the held pump was scheduled
-        self._busy = False  # the last held pass took at least BUSY_PASS_S
         self._closed = False
         self.batches_started = 0
         self.batches_run = 0
@@ -170,7 +155,7 @@ class Batcher:
         """Serve on the running event loop: batches are formed there, once per pass in which requests arrived, when
         a batch ends and when a partial batch has waited ``max_delay`` (:meth:`_pump`; no task of its own)."""
         self._loop = asyncio.get_running_loop()
-        self._pump_queued = self._pump_held = False  # a pump left on a loop that has gone never runs
+        self._pump_queued = False  # a pump left on a loop that has gone never runs
 
     async def close(self) -> None:
         """Refuse new work, fail what is still queued and what is running (UNAVAILABLE), stop the threads."""
@@ -248,8 +233,7 @@ class Batcher:
         """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
         A free worker takes the queue when a full batch is queued, when a batch has just ended and no other runs
         (``batch_ended``: what arrived while it ran goes at once, so a loaded runtime runs back to back), or when
-        no batch runs and :data:`IDLE_QUIET_PASSES` passes of the event loop brought no new request (an idle
-        runtime waits for no clock: :meth:`_more_requests_may_come`); else a partial batch waits for company until
+        no batch runs (an idle runtime waits for no clock); else a partial batch waits for company until
         its oldest item has waited ``max_delay`` (a timer pumps again then, in whole milliseconds:
         :data:`TIMER_RESOLUTION_S`). With every worker busy, the express one takes short requests while a long one
         runs."""
@@ -267,41 +251,10 @@ class Batcher:
                 if wait >= TIMER_RESOLUTION_S:
                     self._pump_in(wait // TIMER_RESOLUTION_S * TIMER_RESOLUTION_S)
                     return
-            elif not batch_ended and self._more_requests_may_come():
-                self._hold_one_pass()
-                return
             batch = self.queue.form_batch()
             if not batch:
                 return
             self._dispatch(batch, express)
-
-    def _more_requests_may_come(self) -> bool:
-        """An idle runtime holds a partial batch while requests keep arriving (until :data:`IDLE_QUIET_PASSES`
-        passes of the event loop have brought none) or the loop is busy (its last pass took :data:`BUSY_PASS_S` or
-        more), and at most until the oldest queued sentence has waited ``max_delay``. A lone caller's request waits
-        a few passes of an idle loop."""
-        if self.queue.full() or self.max_delay_s <= 0:
-            return False
-        if time.monotonic() >= self.queue.items[0].enqueued + self.max_delay_s:
-            return False
-        if self.queue.requests != self._seen_requests:  # a request arrived since the last look: hold afresh
-            self._seen_requests, self._quiet_passes, self._busy = self.queue.requests, 0, False
-        return self._quiet_passes < IDLE_QUIET_PASSES or self._busy
-
-    def _hold_one_pass(self) -> None:
-        """Pump again in the event loop's next pass (one held pump per batcher at a time)."""
-        assert self._loop is not None
-        if not self._pump_held:
-            self._pump_held = True
-            self._held_at = self._loop.time()
-            self._loop.call_soon(self._held_pump)
-
-    def _held_pump(self) -> None:
-        assert self._loop is not None
-        self._pump_held = False
-        self._quiet_passes += 1
-        self._busy = self._loop.time() - self._held_at >= BUSY_PASS_S
-        self._pump()
 
     def _pump_soon(self) -> None:
         """Pump once the requests of this pass of the event loop are all queued (one pump for a burst: requests that

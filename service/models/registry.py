@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from elmo.service.common import switching
 from elmo.service.common.errors import Kind, ServiceError, clip, not_found
 from elmo.service.common.limits import Limits
 from elmo.service.models.batcher import Batcher
@@ -119,7 +118,7 @@ def _background_embed(runtime: Any):
     """The runtime's embed function for long requests: its parallel batches on lowered threads too, where the
     runtime offers that (elmo.runtime.Embedder's ``background``)."""
     embed = _embed_fn(runtime, background=True, views=True)
-    return switching.PROCESS.wrap(embed)  # its Python parts hold the GIL for milliseconds: hand it over fast
+    return embed
 
 
 def parse_alias(value: str) -> tuple[str, tuple[str, str]]:

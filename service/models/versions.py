@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import re
 import time
@@ -48,7 +49,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elmo.service.common.collector import settle
 from elmo.service.common.errors import Kind, ServiceError, clip, not_found
 from elmo.service.common.limits import Limits, human_bytes
 from elmo.service.models.group import RECONCILE_SIGNAL, ModelGroup, Policy, ProcessStatus
@@ -591,7 +591,7 @@ def _state_word(state: int) -> str:
 
 
 def _collect() -> None:
-    settle()  # the released version's cycles too, where the heap was frozen (service.common.collector)
+    gc.collect()  # the released version's cycles, now: its sessions' memory is what the trim gives back
     trim_heap()
 
 

@@ -11,7 +11,6 @@ import time
 from collections import deque
 from typing import Protocol
 
-from elmo.service.common.collector import frozen_objects
 from elmo.service.telemetry.hooks import BatcherObserver
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -95,12 +94,6 @@ class ServiceMetrics:
         self._recent: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
         self.tokens_per_second.set_function(self._throughput)
-        self.gc_frozen = Gauge(
-            "elmo_gc_frozen_objects",
-            "objects Python's cyclic collector no longer scans: the heap alive once the server was warm",
-            registry=r,
-        )
-        self.gc_frozen.set_function(frozen_objects)
         self._http = None
 
     def serve_http(self, port: int, host: str = "0.0.0.0") -> int:

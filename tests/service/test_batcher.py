@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from elmo.service.common.errors import Kind, ServiceError
-from elmo.service.models.batcher import IDLE_QUIET_PASSES, Batcher
+from elmo.service.models.batcher import Batcher
 from elmo.service.telemetry.hooks import BatcherObserver
 
 from elmo.runtime import Embedder
@@ -190,19 +190,6 @@ def test_requests_that_arrive_together_at_an_idle_server_share_its_first_batch(r
     assert [r[1][0].sentences for r in results] == [3, 3, 3]
 
 
-def count_holds(batcher: Batcher) -> list[int]:
-    """A one-item list counting the passes of the event loop ``batcher``'s idle pump is held for."""
-    holds = [0]
-    hold = batcher._hold_one_pass
-
-    def counted() -> None:
-        holds[0] += 1
-        hold()
-
-    batcher._hold_one_pass = counted
-    return holds
-
-
 @contextlib.contextmanager
 def a_callback_always_ready():
     """A callback that keeps itself ready on the running event loop until the block ends: a loop never idle."""
@@ -218,143 +205,6 @@ def a_callback_always_ready():
         yield
     finally:
         busy = False
-
-
-def test_an_idle_runtime_takes_the_requests_already_in_the_loops_hands_into_its_batch(runtime):
-    """As grpc.aio hands a busy loop its calls: one request reaches the batcher per pass of the loop, each started by
-    a callback the pass before. The first finds the runtime idle, and the batch waits while requests keep arriving
-    (no clock: max_delay is a minute here), so all four share it. Dispatched at once, the first would go alone."""
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        recorder = Recorder(runtime)
-        batcher = make(recorder, max_delay_s=60.0)
-        calls = []
-
-        def deliver(n: int) -> None:
-            calls.append(asyncio.ensure_future(batcher.embed([sentence(n, f"g{n}_")])))
-            if n < 5:
-                loop.call_soon(deliver, n + 1)
-
-        deliver(2)
-        await until(lambda: len(calls) == 4)
-        results = await asyncio.wait_for(asyncio.gather(*calls), 30)
-        await batcher.close()
-        return recorder, results
-
-    recorder, results = asyncio.run(scenario())
-    assert recorder.batches == [[2, 3, 4, 5]]
-    assert [r[1][0].sentences for r in results] == [4, 4, 4, 4]
-
-
-def test_a_lone_request_at_an_idle_runtime_waits_a_few_passes_of_the_loop_only(runtime):
-    """Nothing else arrives: the request goes after a few quick passes, whatever max_delay (a minute here: held that
-    long, the call would time out), and whatever quick callback the loop has ready (not a request on its way)."""
-
-    async def scenario():
-        recorder = Recorder(runtime)
-        batcher = make(recorder, max_delay_s=60.0)
-        holds = count_holds(batcher)
-        with a_callback_always_ready():
-            for n in (3, 4):  # one after the other, as a sequential caller sends them
-                await asyncio.wait_for(batcher.embed([sentence(n, f"l{n}_")]), 30)
-        await batcher.close()
-        return recorder, holds
-
-    recorder, holds = asyncio.run(scenario())
-    assert recorder.batches == [[3], [4]]
-    assert holds[0] >= 2 * IDLE_QUIET_PASSES  # each held for the quiet passes (more only where a pass was slow)
-
-
-def test_two_idle_batchers_on_one_loop_do_not_hold_each_others_batches(runtime):
-    """Each batcher counts only its own requests, and a batcher's pump is a quick pass for the other: the two go
-    within a few passes of each other instead of holding each other until max_delay (a minute here: the call would
-    time out first)."""
-
-    async def scenario():
-        first, second = Recorder(runtime), Recorder(runtime)
-        batchers = [make(first, max_delay_s=60.0), make(second, max_delay_s=60.0)]
-        holds = [count_holds(b) for b in batchers]
-        calls = [b.embed([sentence(3, f"t{i}_")]) for i, b in enumerate(batchers)]
-        await asyncio.wait_for(asyncio.gather(*calls), 30)
-        for batcher in batchers:
-            await batcher.close()
-        return first, second, holds
-
-    first, second, holds = asyncio.run(scenario())
-    assert first.batches == [[3]] and second.batches == [[3]]
-    assert all(h[0] >= IDLE_QUIET_PASSES for h in holds)
-
-
-def test_requests_arriving_pass_after_pass_hold_a_batch_until_max_delay_then_let_it_go(runtime):
-    """A request every pass of the loop, for good: the batch is held while they keep coming until the oldest
-    sentence has waited max_delay, then goes (held for good, it would time out)."""
-    max_delay = 0.5
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        recorder = Recorder(runtime)
-        batcher = make(
-            recorder, max_delay_s=max_delay, max_queue_tokens=10**9, max_batch_tokens=10**6, max_batch_sentences=10**6
-        )
-        dispatched: list[float] = []
-        dispatch = batcher._dispatch
-        batcher._dispatch = lambda batch, express: (dispatched.append(time.monotonic()), dispatch(batch, express))
-        calls = []
-        delivering = True
-
-        def deliver() -> None:
-            if delivering:
-                calls.append(asyncio.ensure_future(batcher.embed([sentence(1, "n")])))
-                loop.call_soon(deliver)
-
-        queued = time.monotonic()
-        deliver()
-        await until(lambda: bool(dispatched))
-        delivering = False
-        await asyncio.wait_for(asyncio.gather(*calls), 60)
-        await batcher.close()
-        return recorder, dispatched[0] - queued
-
-    recorder, waited = asyncio.run(scenario())
-    assert len(recorder.batches[0]) > 1  # the requests that came meanwhile share the first batch ...
-    assert waited >= max_delay  # ... which went once the first sentence had waited max_delay, not before
-
-
-def test_a_busy_loop_holds_a_batch_until_max_delay_then_lets_it_go(runtime):
-    """A callback that takes a millisecond every pass (a loop busy with other requests' work): the batch is held for
-    it pass after pass until the oldest sentence has waited max_delay, then goes (held for good, it would time
-    out)."""
-    max_delay = 0.5
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        recorder = Recorder(runtime)
-        batcher = make(recorder, max_delay_s=max_delay)
-        holds = count_holds(batcher)
-        dispatched: list[float] = []
-        dispatch = batcher._dispatch
-        batcher._dispatch = lambda batch, express: (dispatched.append(time.monotonic()), dispatch(batch, express))
-        busy = True
-
-        def work() -> None:
-            if busy:
-                time.sleep(0.001)
-                loop.call_soon(work)
-
-        work()
-        queued = time.monotonic()
-        try:
-            result = await asyncio.wait_for(batcher.embed([sentence(3, "n")]), 30)
-        finally:
-            busy = False
-        await batcher.close()
-        return recorder, holds, dispatched[0] - queued, result
-
-    recorder, holds, waited, result = asyncio.run(scenario())
-    assert recorder.batches == [[3]] and result[1][0].sentences == 1
-    assert holds[0] > IDLE_QUIET_PASSES  # held pass after pass while the loop was busy ...
-    assert waited >= max_delay  # ... until the sentence had waited max_delay, not before
 
 
 def test_what_queued_while_a_batch_ran_goes_when_it_ends_whatever_the_loop_has_ready(runtime):

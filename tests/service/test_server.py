@@ -665,30 +665,3 @@ def test_sigterm_with_a_shutdown_delay_leaves_the_rotation_while_still_answering
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-
-
-def test_the_switch_interval_is_short_only_while_heavy_work_runs(runtime):
-    """--switch-interval-ms holds while a large request is worked on (service.core.switching), and Python's own
-    interval comes back once none is."""
-    from elmo.service.common import switching
-
-    before = sys.getswitchinterval()
-    seen = []
-    try:
-        sys.setswitchinterval(0.005)
-        srv = ServerThread({"tiny": runtime}, limits_with(switch_interval_ms=0.25))
-        try:
-            srv.warm_up()
-            assert sys.getswitchinterval() == pytest.approx(0.005)  # nothing heavy in flight
-            with switching.PROCESS.heavy():
-                seen.append(sys.getswitchinterval())
-                with switching.PROCESS.heavy():  # nested: the interval stays short until the last one ends
-                    pass
-                seen.append(sys.getswitchinterval())
-            seen.append(sys.getswitchinterval())
-        finally:
-            srv.stop()
-    finally:
-        switching.PROCESS.configure(None)
-        sys.setswitchinterval(before)
-    assert seen == [pytest.approx(0.00025), pytest.approx(0.00025), pytest.approx(0.005)]

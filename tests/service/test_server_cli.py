@@ -78,10 +78,6 @@ def _bad_command_lines(model: Path, tmp: Path) -> dict[str, tuple[list[str], str
             ["--model", str(model), "--background-nice", "20"],
             "elmo serve: error: limit --background-nice must be in 0..19 (got 20)",
         ),
-        "--switch-interval-ms zero": (
-            ["--model", str(model), "--switch-interval-ms", "0"],
-            "elmo serve: error: limit --switch-interval-ms must be in (0, 1000] (got 0.0)",
-        ),
         "--auth-token empty (an unset variable)": (
             ["--model", str(model), "--auth-token", ""],
             "elmo serve: error: --auth-token is empty (an unset variable?): give a token, or leave it out to serve "
