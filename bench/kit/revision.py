@@ -24,18 +24,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def revision_tree(rev: str, prefix: str = "bench-before-") -> Iterator[Path]:
-    """Yield a detached worktree of ``rev`` (any git revision) in a fresh temporary folder; remove it afterwards."""
+    """Yield a detached worktree of ``rev`` (any git revision, or a ``.patch`` file: this checkout's HEAD with the
+    patch applied) in a fresh temporary folder; remove it afterwards."""
+    patch = Path(rev).resolve() if rev.endswith(".patch") else None
     work = Path(tempfile.mkdtemp(prefix=prefix))
     tree = work / "tree"
     # git says "HEAD is now at ..." on stdout: sent to stderr, as the benches write their JSON on stdout
     added = subprocess.run(
-        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], stdout=subprocess.PIPE
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), "HEAD" if patch else rev],
+        stdout=subprocess.PIPE,
     )
     sys.stderr.write(added.stdout.decode(errors="replace"))
     if added.returncode:
         shutil.rmtree(work, ignore_errors=True)
         raise subprocess.CalledProcessError(added.returncode, added.args)
     try:
+        if patch:
+            subprocess.run(["git", "-C", str(tree), "apply", str(patch)], check=True)
         yield tree
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
@@ -50,7 +55,9 @@ def tree_env(tree: Path, base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def describe(rev: str) -> str:
-    """``rev`` as ``<short hash> <subject>`` (for the reports)."""
+    """``rev`` as ``<short hash> <subject>`` (for the reports); a patch as ``HEAD + NAME.patch``."""
+    if rev.endswith(".patch"):
+        return f"{describe('HEAD')} + {Path(rev).name}"
     result = subprocess.run(
         ["git", "-C", str(REPO), "log", "-1", "--format=%h %s", rev], capture_output=True, text=True, check=False
     )

@@ -6,7 +6,7 @@
     python -m bench.service.compiled_load --processes 1 2 --rounds 3     # this checkout as 1 and as 2 processes
     python -m bench.service.compiled_load --before 15a6c25 --processes 2 --before-processes 2    # both as 2
     python -m bench.service.compiled_load --serve-args='--max-delay-ms 10'    # more flags for this checkout's servers
-    python -m bench.service.compiled_load --variants gc=trick/gc-freeze --one-sentence-s 2    # bench.service.tricks
+    python -m bench.service.compiled_load --variants nice=bench/notes/tricks/nice.patch --one-sentence-s 2    # tricks
 
 For each model (``--models``: ``default`` = models/default, ``tiny`` = random weights of the tiny shape, where the
 runtime costs little and the door's own cost shows), each round measures in turn, per code tree (this checkout, and

@@ -1,12 +1,14 @@
 """What each of the service's tricks is worth: today's code beside variants that each take one trick out, taking
 turns in one run of bench.service.compiled_load, and the table of what that run found.
 
-    python -m bench.service.compiled_load --models default tiny --rounds 3 --duration 5 --one-sentence-s 3 \\
-        --variants idle-hold=trick/idle-hold gc-freeze=trick/gc-freeze --out bench/results/tricks.json
+    python -m bench.service.compiled_load --models default tiny --rounds 3 --duration 4 --one-sentence-s 2 \\
+        --variants nice=bench/notes/tricks/nice.patch --out bench/results/tricks.json
     python -m bench.service.tricks bench/results/tricks.json        # the table, as Markdown
 
-A variant is ``NAME=REV``: a git revision served from a worktree (bench.kit.revision), today's code with that one
-trick taken out. Every round measures each server under load (served ÷ in-process, gRPC and HTTP) and, with
+A variant is ``NAME=REV``: a git revision, or a ``.patch`` file applied to this checkout's HEAD, served from a
+worktree (bench.kit.revision): today's code with that one trick taken out. bench/notes/tricks/ holds each trick's
+patch; those of the tricks since taken out apply to the code that still had them.
+Every round measures each server under load (served ÷ in-process, gRPC and HTTP) and, with
 ``--one-sentence-s S``, one sentence at a time on one connection for S seconds each: gRPC (h2load, its per-request
 log), HTTP (wrk), and HTTP again while h2load loads the same server over gRPC with 8-sentence requests (a short
 request beside long ones). The table gives each row's median over the rounds and its range (min–max). A trick pays
