@@ -7,7 +7,10 @@ a few seconds); when the repo's data/corpus/raw already holds the tarball it is 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from elmo.cli import main
@@ -97,3 +100,12 @@ def write_train_config(path: Path, corpus: Path, **train_overrides) -> Path:
     cfg["train"].update(train_overrides)
     path.write_text(json.dumps(cfg))
     return path
+
+
+def train_with_torchrun(config: Path, out: Path) -> None:
+    """`elmo train` as two data-parallel processes on this machine (torch.distributed.run, one thread each)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += ["-m", "elmo.cli", "train", "--config", str(config), "--out", str(out)]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -46,6 +46,12 @@ def _eval_lm(capsys, model: Path, text: Path) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+def _import_bilm_tf(fixture: Path, out: Path) -> None:
+    """The bilm-tf reference weights as a model directory (`elmo import-allennlp`)."""
+    weights = ["--options", str(fixture / "options.json"), "--weights", str(fixture / "lm_weights.hdf5")]
+    assert main(["import-allennlp", *weights, "--out", str(out)]) == 0
+
+
 def _model_copy(source: Path, target: Path) -> Path:
     target.mkdir(parents=True)
     for name in ("config.json", "model.safetensors", "vocab.txt"):
@@ -143,20 +149,7 @@ def test_a_stopped_adaptation_resumes_with_replayed_general_text(
 
 def test_an_imported_allennlp_model_gets_a_softmax_fitted_first(bilm_tf_fixture, domain_text, tmp_path, capsys):
     imported = tmp_path / "imported"
-    assert (
-        main(
-            [
-                "import-allennlp",
-                "--options",
-                str(bilm_tf_fixture / "options.json"),
-                "--weights",
-                str(bilm_tf_fixture / "lm_weights.hdf5"),
-                "--out",
-                str(imported),
-            ]
-        )
-        == 0
-    )
+    _import_bilm_tf(bilm_tf_fixture, imported)
     capsys.readouterr()
     out = tmp_path / "adapted"
     result = _run(capsys, "--model", str(imported), "--text", str(domain_text), "--out", str(out), *FAST)
@@ -249,20 +242,7 @@ def test_the_fresh_softmax_depends_on_the_seed_only(bilm_tf_fixture, tmp_path):
     from elmo.train.adapt import write_start_with_new_softmax
 
     imported = tmp_path / "imported"
-    assert (
-        main(
-            [
-                "import-allennlp",
-                "--options",
-                str(bilm_tf_fixture / "options.json"),
-                "--weights",
-                str(bilm_tf_fixture / "lm_weights.hdf5"),
-                "--out",
-                str(imported),
-            ]
-        )
-        == 0
-    )
+    _import_bilm_tf(bilm_tf_fixture, imported)
     vocab, train = ["<S>", "</S>", "<UNK>", "the", "cat"], [["the", "cat"]]
     softmax = {}
     for run, (global_seed, seed) in enumerate([(1, 0), (2, 0), (1, 5)]):

@@ -14,9 +14,6 @@ gradient that is off by a constant factor).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +24,7 @@ from elmo.cli import main
 from elmo.model.bilm import BiLM
 from elmo.model.checkpoint import load_state
 from elmo.model.config import ModelConfig
-from tests.lm_fixtures import REPO
+from tests.lm_fixtures import train_with_torchrun
 
 WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "rug", "."]
 TOKENS_PER_RANK = 24  # four 6-token sentences per batch (length_batches: longest × rows <= budget)
@@ -79,27 +76,6 @@ def _config(path: Path, data: dict, tokens_per_batch: int) -> Path:
     return path
 
 
-def _two_processes(config: Path, out: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "elmo.cli",
-        "train",
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
 class StepMismatch(AssertionError):
     """The two runs' steps differ (what the uneven case is known to hit; any other failure there is not)."""
 
@@ -126,7 +102,7 @@ def _initial_weights(config: Path) -> dict[str, torch.Tensor]:
 )
 def test_a_two_process_step_equals_one_process_on_the_same_global_batch(tmp_path: Path, lengths: list[int]):
     data = _corpus(tmp_path / "corpus", lengths)
-    _two_processes(_config(tmp_path / "ddp.json", data, TOKENS_PER_RANK), tmp_path / "ddp")
+    train_with_torchrun(_config(tmp_path / "ddp.json", data, TOKENS_PER_RANK), tmp_path / "ddp")
     single_config = _config(tmp_path / "single.json", data, 2 * TOKENS_PER_RANK)
     assert main(["train", "--config", str(single_config), "--out", str(tmp_path / "single")]) == 0
 

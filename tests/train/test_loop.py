@@ -20,7 +20,7 @@ from elmo.train.evaluate import score_sentences
 from elmo.train.loop import expected_last_step, lr_at, plot_stages, resume_line
 from elmo.train.objective import LMObjective, NegativeSampler, target_frequencies, use_distinct_token_encoder
 from elmo.train.vocab import BOS_ID, EOS_ID, SPECIALS, Vocab, read_sentences, slice_by_tokens
-from tests.lm_fixtures import REPO, write_train_config
+from tests.lm_fixtures import REPO, train_with_torchrun, write_train_config
 
 
 def _history(model_dir):
@@ -180,24 +180,7 @@ def test_bias_calibration_is_kept_only_when_it_helps_on_valid(tmp_path, brown_co
 def test_two_process_data_parallel_with_torchrun(tmp_path, brown_corpus):
     overrides = {"max_steps": 6, "log_every": 3, "valid_every": 6, "checkpoint_every": 6}
     config = write_train_config(tmp_path / "c.json", brown_corpus, **overrides)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "elmo.cli",
-        "train",
-        "--config",
-        str(config),
-        "--out",
-        str(tmp_path / "ddp"),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    train_with_torchrun(config, tmp_path / "ddp")
     state = json.loads((tmp_path / "ddp" / "train_state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 6
     # each step's token count is the sum over both ranks' different batches
