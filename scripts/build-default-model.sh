@@ -65,10 +65,10 @@ for n, source in enumerate(configs):
         train=[sliced(p) for p in train] if isinstance(train, list) else sliced(train),
         valid=sliced(cfg["data"]["valid"]),
         train_sentences=2000,
-        valid_tokens=1000,
+        valid_tokens=500,
     )
     cfg["train"].update(max_steps=6, max_time_s=0, warmup_steps=2, tokens_per_batch=600, n_negatives=256,
-                        log_every=3, valid_every=6, checkpoint_every=6, threads=1, calibrate_bias_tokens=500)
+                        log_every=3, valid_every=6, checkpoint_every=6, threads=1, calibrate_bias_tokens=100)
     if cfg["train"].get("init_from"):
         # the real chain must be the one this script builds, stage by stage
         assert cfg["train"]["init_from"] == stages[n - 1], f"{source}: init_from is not {stages[n - 1]}"
@@ -103,9 +103,10 @@ for i in $(seq 0 "$LAST"); do
 done
 
 mkdir -p "$MODEL"
-"$PY" -c "from elmo.model.checkpoint import load_model_and_vocab, save_model
-m, v = load_model_and_vocab('${STAGES[$LAST]}'); save_model(m, '$MODEL', v, fp16=True)"
-"$PY" -c "from pathlib import Path; from elmo.train.loop import plot_stages
+"$PY" -c "from pathlib import Path
+from elmo.model.checkpoint import load_model_and_vocab, save_model
+from elmo.train.loop import plot_stages
+m, v = load_model_and_vocab('${STAGES[$LAST]}'); save_model(m, '$MODEL', v, fp16=True)
 plot_stages([Path(p) for p in '${STAGES[*]}'.split()], Path('$MODEL/curve.png'))"
 cp "${CONFIGS[0]}" "$MODEL/train_config.json"
 for i in $(seq 1 "$LAST"); do

@@ -118,8 +118,8 @@ README_COMMANDS: dict[str, Coverage] = {
     ".venv/bin/elmo adapt --model models/default --text my_domain.txt --out models/my-domain": Coverage(
         USER_FILES,
         run_as=".venv/bin/elmo adapt --model models/default --text my_domain.txt --out models/my-domain "
-        "--minutes 3 --epochs 0.5 --calibrate-tokens 0",
-        why="the default budget is 30 minutes; half an epoch (a few steps) takes the same path: split, before, "
+        "--time-budget-s 180 --epochs 0.25 --calibrate-tokens 0",
+        why="the default budget is 30 minutes; a quarter epoch (two steps) takes the same path: split, before, "
         "training, after, stale tasks, export (tests/train/test_adapt.py checks that perplexity falls)",
     ),
     ".venv/bin/elmo import-manylangs --model zhs.model --out models/zhs": Coverage(USER_FILES),

