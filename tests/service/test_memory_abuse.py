@@ -198,7 +198,8 @@ def test_unread_http_answers_hold_their_share_until_the_write_timeout_closes_the
     """Two 15.7 MiB base64 answers that their client (127.0.0.2) never reads fill its 40 MiB share: its third big
     call gets 503 with Retry-After before any vector is computed, while another client is served. The write timeout
     then aborts both connections and frees the share: the same big call is answered."""
-    with serve([*stall_flags(40), "--answer-write-timeout-s", "10"], tmp_path) as server:
+    # 5 s: the third call comes well under a second after the first answer stalls; the share must still be held
+    with serve([*stall_flags(40), "--answer-write-timeout-s", "5"], tmp_path) as server:
         target = server.wait_serving()
         ports, pid = ports_of(server), server.proc.pid
         body = embed_body(16, 250, "base64")  # 4,000 tokens
@@ -236,7 +237,9 @@ def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_close
     never send: they fill its 50 MiB share, and its third call ends RESOURCE_EXHAUSTED before any vector is
     computed, while another client is served. --grpc-connection-age-s then closes the connection after
     --answer-write-timeout-s of grace, which frees the share: the same client's big calls are computed again."""
-    flags = [*stall_flags(50), "--grpc-connection-age-s", "20", "--answer-write-timeout-s", "5"]
+    # an age of 12 s: the two answers are computed and the third call refused within it even with both cores busy
+    # elsewhere (8 s was not enough then)
+    flags = [*stall_flags(50), "--grpc-connection-age-s", "12", "--answer-write-timeout-s", "3"]
     with serve(flags, tmp_path) as server:
         target = server.wait_serving()
         ports, pid = ports_of(server), server.proc.pid
@@ -259,7 +262,7 @@ def test_zero_window_grpc_answers_hold_their_share_until_the_connection_is_close
                 f"another client's Embed {seconds:.3f} s"
             )
             assert held_rss - base_rss < 400 * MIB
-            assert closed_by_server(peer.sock, 90)  # the connection's age (20 s) and its grace (5 s)
+            assert closed_by_server(peer.sock, 90)  # the connection's age (12 s) and its grace (3 s)
         after_tokens = embedded_tokens(ports.metrics)
         with H2Peer("127.0.0.1", ports.grpc, initial_window=0, source=OTHER_CLIENT) as peer:
             again = [peer.send_call(EMBED, request) for _ in range(2)]
