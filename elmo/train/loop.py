@@ -408,8 +408,8 @@ def _final_step_scores(state: dict) -> dict | None:
     """The validation scores of the step the run ended on: the loop always validates its last step, and nothing has
     changed the weights since, so they are the calibration's "before" (one validation pass fewer)."""
     last = next((h for h in reversed(state["history"]) if "valid_avg_ppl" in h), None)
-    if last is None or last["step"] != state["step"] or "after" in last:
-        return None
+    if last is None or last["step"] != state["step"] or "after" in last or not set(VALID_KEYS) <= last.keys():
+        return None  # an entry lacking one of them (a run folder of another version): validated again
     return {key: last[key] for key in VALID_KEYS}
 
 
