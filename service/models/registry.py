@@ -117,8 +117,7 @@ def _embed_fn(runtime: Any, **options: bool):
 def _background_embed(runtime: Any):
     """The runtime's embed function for long requests: its parallel batches on lowered threads too, where the
     runtime offers that (elmo.runtime.Embedder's ``background``)."""
-    embed = _embed_fn(runtime, background=True, views=True)
-    return embed
+    return _embed_fn(runtime, background=True, views=True)
 
 
 def parse_alias(value: str) -> tuple[str, tuple[str, str]]:
