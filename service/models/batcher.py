@@ -229,12 +229,12 @@ class Batcher:
         return [r[0] for r in results], [r[1] for r in results]
 
     # -- forming and dispatching batches --------------------------------------------------------------------------
-    def _pump(self, batch_ended: bool = False) -> None:
+    def _pump(self) -> None:
         """Start every batch that may start now, on the event loop: while work is queued and a worker may take it.
-        A free worker takes the queue when a full batch is queued, when a batch has just ended and no other runs
-        (``batch_ended``: what arrived while it ran goes at once, so a loaded runtime runs back to back), or when
-        no batch runs (an idle runtime waits for no clock); else a partial batch waits for company until
-        its oldest item has waited ``max_delay`` (a timer pumps again then, in whole milliseconds:
+        A free worker takes the queue when a full batch is queued or when no batch runs (what arrived while the last
+        one ran goes the moment it ends, so a loaded runtime runs back to back; an idle runtime waits for no clock);
+        else a partial batch waits for company until its oldest item has waited ``max_delay`` (a timer pumps again
+        then, in whole milliseconds:
         :data:`TIMER_RESOLUTION_S`). With every worker busy, the express one takes short requests while a long one
         runs."""
         while not self._closed:
@@ -352,7 +352,7 @@ class Batcher:
                 self._express_free += 1
             else:
                 self._free += 1
-            self._pump(batch_ended=True)
+            self._pump()
 
     def _in_background(self, long: bool) -> bool:
         """A batch with a long request, while short requests are about (and there is a background pool)."""
