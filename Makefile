@@ -22,6 +22,11 @@ PORT ?= 50051
 HTTP_PORT ?= 8080
 METRICS_PORT ?= 9090
 
+# The tests run on one pytest-xdist worker per core (TEST_WORKERS=0: all in one process), each worker handed whole
+# test files in the order tests/conftest.py gives them (slow-tier files first: no worker ends on a long file alone).
+TEST_WORKERS ?= $(shell nproc)
+PYTEST_WORKERS = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 .PHONY: test check dev serve lint format clean proto browser haproxy generators
 
 $(VENV)/.installed: pyproject.toml
@@ -74,7 +79,7 @@ generators:
 test: $(VENV)/.installed $(CLIENTS_VENV)/.installed browser haproxy generators
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/python -m pytest -q --durations=25
+	$(VENV)/bin/python -m pytest -q $(PYTEST_WORKERS) --durations=25
 
 dev: $(VENV)/.installed
 	@echo "$(VENV) is ready: $(VENV)/bin/elmo --help lists its commands"
@@ -82,7 +87,7 @@ dev: $(VENV)/.installed
 check: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_WORKERS)
 
 # The flavour is decided when `make serve` runs (SERVE_FLAVOUR=cpu|gpu overrides): nvidia-smi ships with the driver.
 serve:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import random
-from collections.abc import Iterable
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -130,6 +133,7 @@ SLOW: tuple[str, ...] = (
     "tests/test_gpu_check.py",  # 7: the GPU machine's tooling, checked here without a GPU
     "tests/export/test_quantize.py::test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate",  # 4.5: 2 exports
     "tests/test_gpu_wheels.py",  # 6: likewise
+    "tests/test_tiers.py::test_every_worker_draws_from_the_seed_the_session_printed",  # 5: a pytest run on 2 workers
     "tests/test_bench_agreement.py",  # 9: each engine against float64
     "tests/export/test_fp16.py",  # 5 besides the trained model's test (trained_tiny_lm)
     # single tests of 2 s or more (the call itself, not a module fixture's set-up that the next test would pay)
@@ -190,8 +194,48 @@ FUZZ_SEED = int(os.environ.get("ELMO_FUZZ_SEED") or random.SystemRandom().randra
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The seed on the first line of every run, `-q` (make test, CI) included, where pytest prints no header."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    if reporter is not None and not is_worker(session.config):
         reporter.write_line(f"fuzz seed: {FUZZ_SEED} (random tier; ELMO_FUZZ_SEED={FUZZ_SEED} replays it)")
+
+
+# -- one worker per core (`make test`: pytest-xdist, `--dist loadfile`) ---------------------------------------------
+# Each worker is a pytest session of its own that imports this file: it takes the seed the session printed (above)
+# instead of drawing one, and is handed whole test files, slow-tier files first, so that the longest files start
+# early and the short ones fill in at the end instead of one worker finishing a long file alone.
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: called only where the plugin runs
+def pytest_configure_node(node) -> None:
+    node.workerinput["elmo_fuzz_seed"] = FUZZ_SEED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global FUZZ_SEED
+    if is_worker(config):
+        FUZZ_SEED = int(config.workerinput["elmo_fuzz_seed"])
+
+
+def slow_files_first(items: list[pytest.Item], tiers: dict[str, bool]) -> list[pytest.Item]:
+    """``items`` with the test files holding a slow-tier test first, each file's tests in their own order."""
+    slow_files = {nodeid.split("::")[0] for nodeid, slow in tiers.items() if slow}
+    return sorted(items, key=lambda item: item.nodeid.split("::")[0] not in slow_files)
+
+
+def repeated_ids(items: list[pytest.Item]) -> list[str]:
+    """The node ids that more than one of ``items`` has: the workers are handed tests by id."""
+    counts = Counter(item.nodeid for item in items)
+    return sorted(nodeid for nodeid, count in counts.items() if count > 1)
+
+
+@pytest.fixture(scope="module")
+def make_serve_ports() -> Iterator[None]:
+    """Held by a test module that runs `make serve` as written (its fixed ports 50051/8080/9090, the checkout's
+    .venv-serve) while it runs: a machine-wide lock, so two workers, or two test sessions, take turns."""
+    with (Path(tempfile.gettempdir()) / "elmo-tests-make-serve.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 COLLECTED_TIERS = pytest.StashKey[dict[str, bool]]()  # every collected node id -> slow?, before any -m deselection
@@ -212,3 +256,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         tiers[item.nodeid] = item.get_closest_marker("slow") is not None  # a test file's own @pytest.mark.slow too
     config.stash[COLLECTED_TIERS] = tiers
+    if repeated := repeated_ids(items):
+        raise pytest.UsageError(f"tests share a node id (pytest-xdist would run only one of each): {repeated}")
+    if is_worker(config):
+        items[:] = slow_files_first(items, tiers)

@@ -66,6 +66,7 @@ DOCUMENTS = (
 )
 DEFAULT_MODEL = REPO / "models" / "default"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8080, 9090
+pytestmark = pytest.mark.usefixtures("make_serve_ports")  # its ports and .venv-serve: one module at a time
 SERVING_DEADLINE_S = 480  # first run builds .venv-serve: pip install of the serve extra on 2 busy cores
 EXIT_DEADLINE_S = 60
 SENTENCE = "The cat sat on the mat ."

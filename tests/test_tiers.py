@@ -18,10 +18,11 @@ import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import COLLECTED_TIERS, REPO, SLOW, SLOW_FIXTURES, is_slow
+from tests.conftest import COLLECTED_TIERS, REPO, SLOW, SLOW_FIXTURES, is_slow, repeated_ids, slow_files_first
 
 TESTS = REPO / "tests"
 
@@ -89,10 +90,14 @@ def pytest_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if " -m pytest" in line]
 
 
+# one worker per core this process may run on (what `nproc` counts), whole files each, in tests/conftest.py's order
+WORKERS = f"-n {len(os.sched_getaffinity(0))} --dist loadfile --no-loadscope-reorder"
+
+
 def test_make_check_runs_ruff_and_the_fast_tier_without_clients_or_chromium() -> None:
     lines = make_dry_run("check")
     assert ".venv/bin/ruff check ." in lines
-    assert pytest_lines(lines) == ['.venv/bin/python -m pytest -q -m "not slow"'], lines
+    assert pytest_lines(lines) == [f'.venv/bin/python -m pytest -q -m "not slow" {WORKERS}'], lines
     assert not [line for line in lines if "venv-clients" in line or "chromium" in line], lines
 
 
@@ -100,8 +105,41 @@ def test_make_test_runs_every_test_and_lists_the_slowest() -> None:
     lines = make_dry_run("test")
     assert ".venv/bin/ruff check ." in lines
     (command,) = pytest_lines(lines)
-    assert "--durations=25" in command.split() and " -m " not in command.replace(" -m pytest", ""), command
+    assert f" {WORKERS} " in command and "--durations=25" in command.split(), command
+    assert " -m " not in command.replace(" -m pytest", ""), command
     assert (REPO / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"  # CI: the full suite
+
+
+def test_every_worker_draws_from_the_seed_the_session_printed(tmp_path) -> None:
+    """Each pytest-xdist worker imports tests/conftest.py afresh: the fuzz seed it draws from must still be the one
+    printed on the session's first line, or ELMO_FUZZ_SEED=N would not replay a failure."""
+    env = {key: value for key, value in os.environ.items() if key != "ELMO_FUZZ_SEED"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/worker_seed_probe.py"],
+        cwd=REPO,
+        env={**env, "ELMO_SEED_PROBE_OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = re.search(r"^fuzz seed: (\d+) ", done.stdout, flags=re.MULTILINE)
+    assert printed, done.stdout
+    drawn = {path.name: path.read_text() for path in tmp_path.iterdir()}
+    assert len(drawn) == 4 and {name.split("-")[0] for name in drawn} == {"gw0", "gw1"}, drawn
+    assert set(drawn.values()) == {printed.group(1)}, (printed.group(0), drawn)
+
+
+def test_a_repeated_node_id_is_found() -> None:
+    items = [SimpleNamespace(nodeid=nodeid) for nodeid in ("a.py::x", "a.py::y", "b.py::x", "a.py::x", "a.py::x")]
+    assert repeated_ids(items) == ["a.py::x"]
+    assert repeated_ids(items[:3]) == []
+
+
+def test_workers_take_the_files_holding_slow_tests_first() -> None:
+    tiers = {"a.py::x": False, "a.py::v": False, "b.py::y": False, "b.py::z": True, "c.py::w": False, "d.py::u": True}
+    ordered = [item.nodeid for item in slow_files_first([SimpleNamespace(nodeid=nodeid) for nodeid in tiers], tiers)]
+    assert ordered == ["b.py::y", "b.py::z", "d.py::u", "a.py::x", "a.py::v", "c.py::w"]
 
 
 def test_the_slow_marker_is_registered_and_markers_are_strict() -> None:

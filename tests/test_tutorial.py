@@ -53,6 +53,7 @@ from tests.test_readme_commands import (
 )
 
 TUTORIAL = REPO / "docs" / "tutorial.md"
+pytestmark = pytest.mark.usefixtures("make_serve_ports")  # `make serve`'s ports and .venv-serve: one module at a time
 SERVE_COMMAND = "make serve"
 SERVING_DEADLINE_S = 120  # the venvs exist already: loading and warming models/default
 STOP_DEADLINE_S = 60
