@@ -3,13 +3,12 @@
 #                `gpu` extra where `nvidia-smi -L` lists a GPU)
 #   make test    install everything the tests need into .venv (the README's OpenAI-compatible clients into
 #                .venv-clients, Debian's chromium, haproxy, wrk and h2load for the browser, balancer and load
-#                generator tests), run them all
-#                (what CI runs), then list the 25 slowest
+#                generator tests), run them all on one worker per core (what CI runs), then list the 25 slowest
 #   make dev     only create .venv (what `make test` installs first): the serving install plus torch, for the
 #                training commands (train, adapt, mix train, export, imports) of the README, and the spaCy extra
 # and, for the inner loop:
-#   make check   ruff (lint and format) and the fast tier, `pytest -m "not slow"` (under 3 minutes on 2 cores; .venv only: no
-#                .venv-clients, no chromium). tests/conftest.py says which tests are slow and how that was chosen.
+#   make check   ruff (lint and format) and the fast tier, `pytest -m "not slow"` (about 3.5 minutes on 2 cores; .venv
+#                only: no .venv-clients, no chromium). tests/conftest.py says which tests are slow and how it was chosen.
 PYTHON ?= python3
 VENV ?= .venv
 SERVE_VENV ?= .venv-serve

@@ -229,12 +229,23 @@ def repeated_ids(items: list[pytest.Item]) -> list[str]:
     return sorted(nodeid for nodeid, count in counts.items() if count > 1)
 
 
+MAKE_SERVE_HELD = "TESTS_MAKE_SERVE_HELD"  # set while a test module holds the lock below, for the pytest it runs
+
+
 @pytest.fixture(scope="module")
 def make_serve_ports() -> Iterator[None]:
     """Held by a test module that runs `make serve` as written (its fixed ports 50051/8080/9090, the checkout's
-    .venv-serve) while it runs: a machine-wide lock, so two workers, or two test sessions, take turns."""
-    with (Path(tempfile.gettempdir()) / "elmo-tests-make-serve.lock").open("a") as lock:
+    .venv-serve) while it runs: a machine-wide lock, so two workers, or two test sessions, take turns. A pytest that
+    such a module runs itself (with the variable MAKE_SERVE_HELD) is inside its turn and takes no lock."""
+    if os.environ.get(MAKE_SERVE_HELD):
+        yield
+        return
+    with (
+        (Path(tempfile.gettempdir()) / "elmo-tests-make-serve.lock").open("a") as lock,
+        pytest.MonkeyPatch.context() as env,
+    ):
         fcntl.flock(lock, fcntl.LOCK_EX)
+        env.setenv(MAKE_SERVE_HELD, str(os.getpid()))
         yield
 
 
