@@ -133,7 +133,7 @@ SLOW: tuple[str, ...] = (
     "tests/test_gpu_check.py",  # 7: the GPU machine's tooling, checked here without a GPU
     "tests/export/test_quantize.py::test_u8_weights_pass_on_avx2_kernels_where_s8_weights_saturate",  # 4.5: 2 exports
     "tests/test_gpu_wheels.py",  # 6: likewise
-    "tests/test_tiers.py::test_every_worker_draws_from_the_seed_the_session_printed",  # 5: a pytest run on 2 workers
+    "tests/test_tiers.py::test_every_worker_draws_from_the_seed_the_session_printed",  # 9: a pytest run on 2 workers
     "tests/test_bench_agreement.py",  # 9: each engine against float64
     "tests/export/test_fp16.py",  # 5 besides the trained model's test (trained_tiny_lm)
     # single tests of 2 s or more (the call itself, not a module fixture's set-up that the next test would pay)

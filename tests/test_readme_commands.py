@@ -145,11 +145,11 @@ README_COMMANDS: dict[str, Coverage] = {
     ),
     ".venv/bin/elmo baseline --corpus data/corpus": Coverage(PIPELINE),
     ".venv/bin/elmo export --model runs/default": Coverage(PIPELINE),
-    ".venv/bin/elmo serve --model runs/default --port 50052": Coverage(
+    ".venv/bin/elmo serve --model runs/default --port 50052 --http-port 8082": Coverage(
         PIPELINE,
-        run_as=".venv/bin/elmo serve --model runs/default --port 0 --port-file serve.port",
-        why="50052 may be taken on a test machine (the README picks it to sit beside `make serve`'s 50051); any "
-        "free port instead, read back from --port-file",
+        run_as=".venv/bin/elmo serve --model runs/default --port 0 --http-port 0 --port-file serve.port",
+        why="50052 and 8082 may be taken on a test machine (the page picks them to sit beside `make serve`'s 50051 "
+        "and 8080); any free ports instead, the gRPC one read back from --port-file",
     ),
     # docs/how-to/spacy.md: tests/test_readme_commands.py::test_docs_spacy_commands_run_in_order, in a scratch folder
     ".venv/bin/elmo spacy data brown-pos --out corpus/brown": Coverage(
