@@ -117,7 +117,7 @@ def test_every_worker_draws_from_the_seed_the_session_printed(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/worker_seed_probe.py"],
         cwd=REPO,
-        env={**env, "ELMO_SEED_PROBE_OUT": str(tmp_path)},
+        env={**env, "TESTS_SEED_PROBE_OUT": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,4 +14,4 @@ from tests.conftest import FUZZ_SEED
 @pytest.mark.parametrize("case", range(4))
 def test_write_down_the_seed(case: int) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    (Path(os.environ["ELMO_SEED_PROBE_OUT"]) / f"{worker}-{case}").write_text(str(FUZZ_SEED))
+    (Path(os.environ["TESTS_SEED_PROBE_OUT"]) / f"{worker}-{case}").write_text(str(FUZZ_SEED))
